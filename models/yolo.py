@@ -1,0 +1,339 @@
+"""The Detect head and the YAML-defined detection Model.
+
+A model YAML has ``nc``, ``depth_multiple``, ``width_multiple``, ``anchors`` (pixels, one list
+per output level) and ``backbone`` / ``head`` rows ``[from, number, module, args]``. Module
+names are looked up in an explicit registry; nothing in the file is ever executed.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from torch import nn
+
+from models.common import C3, SPP, SPPF, Bottleneck, Concat, Conv, Focus
+from utils.errors import UserError
+
+MODELS_DIR = Path(__file__).resolve().parent
+
+
+class ModelConfigError(UserError, ValueError):
+    """A model YAML the builder cannot use; the message names the file and the row."""
+
+
+class Detect(nn.Module):
+    """Per-level 1x1 convolutions to ``na * (5 + nc)`` channels; decodes boxes in eval mode.
+
+    ``anchors`` (nl, na, 2) in input pixels and ``stride`` (nl,) are buffers: they follow
+    ``.to()`` and are saved in the state dict. Training mode returns the raw maps, a list of
+    (b, na, ny, nx, 5 + nc); eval mode returns decoded (b, sum(na*ny*nx), 5 + nc) with
+    xywh in input pixels and sigmoid objectness and class scores.
+    """
+
+    def __init__(self, nc: int = 80, anchors: Sequence[Sequence[float]] = (), ch: Sequence[int] = ()) -> None:
+        super().__init__()
+        self.nc = nc
+        self.no = nc + 5
+        self.nl = len(anchors)
+        self.na = len(anchors[0]) // 2
+        self.register_buffer("anchors", torch.tensor(anchors, dtype=torch.float32).view(self.nl, self.na, 2))
+        self.register_buffer("stride", torch.zeros(self.nl))
+        self.m = nn.ModuleList(nn.Conv2d(c, self.no * self.na, 1) for c in ch)
+        self._grids: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def forward(self, xs: list[torch.Tensor]) -> list[torch.Tensor] | torch.Tensor:
+        maps = []
+        for i, conv in enumerate(self.m):
+            x = conv(xs[i])
+            b, _, ny, nx = x.shape
+            maps.append(x.view(b, self.na, self.no, ny, nx).permute(0, 1, 3, 4, 2).contiguous())  # (b,na,ny,nx,no)
+        return maps if self.training else self.decode(maps)
+
+    def decode(self, maps: list[torch.Tensor]) -> torch.Tensor:
+        """Raw maps -> (b, n, 5 + nc): centre xy and wh in input pixels, then sigmoid scores."""
+        out = []
+        for i, x in enumerate(maps):
+            b, _, ny, nx, _ = x.shape
+            grid, anchor_grid = self._grid(i, ny, nx, x)
+            y = x.sigmoid()
+            xy = (y[..., :2] * 2 - 0.5 + grid) * self.stride[i]
+            wh = (y[..., 2:4] * 2) ** 2 * anchor_grid
+            out.append(torch.cat((xy, wh, y[..., 4:]), -1).view(b, -1, self.no))
+        return torch.cat(out, 1)
+
+    def _grid(self, level: int, ny: int, nx: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cell offsets (1, 1, ny, nx, 2) and anchor sizes (1, na, 1, 1, 2), cached per map size.
+
+        While tracing for export the grid is rebuilt from the shapes, so dynamic sizes stay dynamic.
+        """
+        tracing = torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
+        key = (level, ny, nx, like.device, like.dtype)
+        if not tracing and key in self._grids:
+            return self._grids[key]
+        ys = torch.arange(ny, device=like.device, dtype=like.dtype)
+        xs = torch.arange(nx, device=like.device, dtype=like.dtype)
+        yv, xv = torch.meshgrid(ys, xs, indexing="ij")
+        grid = torch.stack((xv, yv), 2).view(1, 1, ny, nx, 2)
+        anchor_grid = self.anchors[level].to(like.dtype).view(1, self.na, 1, 1, 2)
+        if not tracing:
+            self._grids[key] = (grid, anchor_grid)
+        return grid, anchor_grid
+
+    def clear_grid_cache(self) -> None:
+        """Forget cached grids (call after the anchors change, e.g. after autoanchor)."""
+        self._grids.clear()
+
+    def _apply(self, fn, recurse: bool = True):  # .to()/.half(): cached grids would be stale
+        self._grids = {}
+        return super()._apply(fn, recurse)
+
+    def __deepcopy__(self, memo: dict) -> Detect:
+        clone = copy.copy(self)
+        memo[id(self)] = clone
+        clone.__dict__ = {k: copy.deepcopy(v, memo) for k, v in self.__dict__.items() if k != "_grids"}
+        clone._grids = {}
+        return clone
+
+
+REGISTRY: dict[str, type[nn.Module]] = {
+    "Conv": Conv, "Bottleneck": Bottleneck, "C3": C3, "SPP": SPP, "SPPF": SPPF, "Focus": Focus,
+    "Concat": Concat, "Detect": Detect, "nn.Upsample": nn.Upsample, "Upsample": nn.Upsample,
+}
+_CHANNEL_MODULES = (Conv, Bottleneck, C3, SPP, SPPF, Focus)  # args start with c_out; c_in is prepended
+_REPEAT_INSIDE = (C3,)  # ``number`` becomes the block's own n
+
+
+def make_divisible(x: float, divisor: int = 8) -> int:
+    return int(math.ceil(x / divisor) * divisor)
+
+
+def load_model_config(cfg: str | Path | dict) -> tuple[dict, str]:
+    """(config dict, source name) from a dict, a YAML path, or a bare name found in models/."""
+    if isinstance(cfg, dict):
+        return copy.deepcopy(cfg), str(cfg.get("yaml_file", "<dict>"))
+    path = Path(cfg)
+    for candidate in (path, MODELS_DIR / path.name, MODELS_DIR / f"{path.name}.yaml"):
+        if candidate.is_file():
+            path = candidate
+            break
+    if not path.is_file():
+        raise ModelConfigError(f"model config {cfg} not found (looked here and in {MODELS_DIR})")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ModelConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise ModelConfigError(f"{path}: expected a mapping with backbone/head rows")
+    data["yaml_file"] = path.name
+    return data, str(path)
+
+
+def _resolve_arg(value: Any, cfg: dict) -> Any:
+    if value == "nc":
+        return cfg["nc"]
+    if value == "anchors":
+        return cfg["anchors"]
+    if value == "None":
+        return None
+    return value
+
+
+def _check_from(f: Any, index: int, where: str) -> list[int]:
+    sources = [f] if isinstance(f, int) else f
+    if not isinstance(sources, list) or not sources or not all(isinstance(j, int) for j in sources):
+        raise ModelConfigError(f"{where}: 'from' must be an int or a list of ints, got {f!r}")
+    for j in sources:
+        absolute = j if j >= 0 else index + j
+        if j == -1 and len(sources) == 1:
+            continue  # the previous row's output (the image for row 0)
+        if j >= index or absolute < 0 or (j == -1 and index == 0):
+            raise ModelConfigError(f"{where}: 'from' index {j} points {'forward' if j >= index else 'out of range'}"
+                                   f" (row {index} may only use earlier rows)")
+    return sources
+
+
+def parse_model(cfg: dict, ch: int, source: str = "<dict>") -> tuple[nn.Sequential, list[int], list[str]]:
+    """Build the layers of ``cfg``; returns (layers, indices whose outputs are kept, table rows)."""
+    for key in ("nc", "anchors", "backbone", "head"):
+        if key not in cfg:
+            raise ModelConfigError(f"{source}: missing key '{key}'")
+    anchors, nc = cfg["anchors"], cfg["nc"]
+    if not isinstance(nc, int) or nc < 1:
+        raise ModelConfigError(f"{source}: nc must be a positive integer, got {nc!r}")
+    if not (isinstance(anchors, list) and anchors and all(isinstance(a, list) and len(a) % 2 == 0 and a
+                                                           for a in anchors)):
+        raise ModelConfigError(f"{source}: anchors must be a list of per-level [w1, h1, w2, h2, ...] pixel lists")
+    depth, width = cfg.get("depth_multiple", 1.0), cfg.get("width_multiple", 1.0)
+    rows = [("backbone", r) for r in cfg["backbone"]] + [("head", r) for r in cfg["head"]]
+    channels, layers, save, table = [ch], [], [], []
+    for i, (section, row) in enumerate(rows):
+        where = f"{source}: row {i} ({section})"
+        if not (isinstance(row, list) and len(row) == 4):
+            raise ModelConfigError(f"{where}: expected [from, number, module, args], got {row!r}")
+        f, n, name, args = row
+        sources = _check_from(f, i, where)
+        if name not in REGISTRY:
+            raise ModelConfigError(f"{where}: unknown module '{name}' (known: {', '.join(sorted(REGISTRY))})")
+        if not isinstance(n, int) or n < 1:
+            raise ModelConfigError(f"{where}: number must be a positive integer, got {n!r}")
+        module_cls = REGISTRY[name]
+        args = [_resolve_arg(a, cfg) for a in (args if isinstance(args, list) else [args])]
+        n = max(round(n * depth), 1) if n > 1 else n
+        c_in = channels[f] if isinstance(f, int) else None
+        if module_cls in _CHANNEL_MODULES:
+            if not args:
+                raise ModelConfigError(f"{where}: {name} needs at least the output channels as its first argument")
+            c_out = make_divisible(args[0] * width, 8)
+            args = [c_in, c_out, *args[1:]]
+            if module_cls in _REPEAT_INSIDE:
+                args.insert(2, n)
+                n = 1
+        elif module_cls is Concat:
+            c_out = sum(channels[j] for j in sources)
+        elif module_cls is Detect:
+            args.append([channels[j] for j in sources])
+            c_out = 0
+        else:
+            c_out = c_in
+        try:
+            inspect.signature(module_cls).bind(*args)
+            block = nn.Sequential(*(module_cls(*args) for _ in range(n))) if n > 1 else module_cls(*args)
+        except (TypeError, ValueError, IndexError, RuntimeError) as e:
+            raise ModelConfigError(f"{where}: {name}{args} is not valid: {e}") from None
+        qualname = f"{module_cls.__module__}.{module_cls.__name__}"
+        block.i, block.f, block.type = i, f, qualname  # per-instance wiring, read by Model.forward
+        params = sum(p.numel() for p in block.parameters())
+        table.append(f"{i:>3}{str(f):>18}{n:>3}{params:>10}  {qualname:<40}{str(args):<30}")
+        save.extend(j % i for j in sources if j != -1)
+        layers.append(block)
+        if i == 0:
+            channels = []
+        channels.append(c_out)
+    if not isinstance(layers[-1], Detect):
+        raise ModelConfigError(f"{source}: the last head row must be Detect")
+    return nn.Sequential(*layers), sorted(set(save)), table
+
+
+class Model(nn.Module):
+    """A detection model built from a YAML config (path, bare name in models/, or dict)."""
+
+    def __init__(self, cfg: str | Path | dict = "yolov5s.yaml", ch: int = 3, nc: int | None = None,
+                 anchors: list | None = None) -> None:
+        super().__init__()
+        self.yaml, self.yaml_source = load_model_config(cfg)
+        if nc is not None:
+            self.yaml["nc"] = int(nc)
+        if anchors is not None:
+            self.yaml["anchors"] = anchors
+        self.input_channels = ch
+        self.model, self.save, self._table = parse_model(copy.deepcopy(self.yaml), ch, self.yaml_source)
+        self.names = [str(i) for i in range(self.yaml["nc"])]
+        detect = self.detect
+        with torch.no_grad():
+            probe = 256
+            maps = self._forward_raw(torch.zeros(1, ch, probe, probe))
+            detect.stride.copy_(torch.tensor([probe / m.shape[-2] for m in maps]))
+        _check_anchor_order(detect)
+        self._init_weights()
+        self._init_biases()
+
+    @property
+    def detect(self) -> Detect:
+        return self.model[-1]
+
+    @property
+    def stride(self) -> torch.Tensor:
+        return self.detect.stride
+
+    @property
+    def nc(self) -> int:
+        return self.detect.nc
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor] | torch.Tensor:
+        outputs: list[torch.Tensor | None] = []
+        for layer in self.model:
+            if layer.f != -1:
+                x = outputs[layer.f] if isinstance(layer.f, int) else [x if j == -1 else outputs[j] for j in layer.f]
+            x = layer(x)
+            outputs.append(x if layer.i in self.save else None)
+        return x
+
+    def _forward_raw(self, x: torch.Tensor) -> list[torch.Tensor]:
+        was_training = self.training
+        self.train()
+        try:
+            return self.forward(x)
+        finally:
+            self.train(was_training)
+
+    def _init_weights(self) -> None:
+        for m in self.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.eps, m.momentum = 1e-3, 0.03
+            elif isinstance(m, nn.SiLU):
+                m.inplace = True
+
+    def _init_biases(self, class_freq: torch.Tensor | None = None) -> None:
+        """Objectness prior of ~8 objects per 640 px image; class prior 0.6/nc (or class frequencies)."""
+        detect = self.detect
+        with torch.no_grad():
+            for conv, s in zip(detect.m, detect.stride):
+                b = conv.bias.view(detect.na, -1)
+                b[:, 4] += math.log(8 / (640 / float(s)) ** 2)
+                if class_freq is None:
+                    b[:, 5:] += math.log(0.6 / (detect.nc - 0.99))
+                else:
+                    b[:, 5:] += torch.log(class_freq / class_freq.sum())
+
+    def fuse(self) -> Model:
+        """Fold every Conv's BatchNorm into its convolution (for inference)."""
+        for m in self.modules():
+            if isinstance(m, (Conv,)):
+                m.fuse()
+        return self
+
+    def flops(self, img_size: int = 640) -> float:
+        """GFLOPs of one forward pass at ``img_size`` (counted at a small size, scaled by area).
+
+        Convolutions count 2 FLOPs per multiply-add (torch.utils.flop_counter's rule); an
+        un-fused BatchNorm counts 4 per element (subtract mean, divide by std, scale, shift).
+        """
+        from torch.utils.flop_counter import FlopCounterMode
+
+        aten = torch.ops.aten
+        bn_rule = {aten.native_batch_norm: _batch_norm_flops,
+                   aten._native_batch_norm_legit_no_training: _batch_norm_flops}
+        probe = int(max(self.stride.max().item(), 32) * 4)
+        model = copy.deepcopy(self).eval()
+        counter = FlopCounterMode(display=False, custom_mapping=bn_rule)
+        with torch.no_grad(), counter:
+            model(torch.zeros(1, self.input_channels, probe, probe, device=next(model.parameters()).device))
+        return counter.get_total_flops() / 1e9 * (img_size / probe) ** 2
+
+    def info(self, img_size: int = 640, verbose: bool = True) -> str:
+        """Layer table (from, n, params, module, arguments) and ``N layers, P parameters, G GFLOPs``."""
+        n_params = sum(p.numel() for p in self.parameters())
+        n_grads = sum(p.numel() for p in self.parameters() if p.requires_grad)
+        summary = (f"Model summary: {len(list(self.modules()))} layers, {n_params} parameters, {n_grads} gradients, "
+                   f"{self.flops(img_size):.1f} GFLOPs")
+        header = f"{'':>3}{'from':>18}{'n':>3}{'params':>10}  {'module':<40}{'arguments':<30}"
+        return "\n".join([header, *self._table, summary]) if verbose else summary
+
+
+def _batch_norm_flops(*args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    shape = out_shape[0] if isinstance(out_shape[0], (tuple, list, torch.Size)) else out_shape
+    return 4 * math.prod(shape)
+
+
+def _check_anchor_order(detect: Detect) -> None:
+    """Anchors must grow with stride (P3 smallest); flip them when the YAML lists them the other way."""
+    area = detect.anchors.prod(-1).mean(-1)  # (nl,)
+    if (area[-1] - area[0]).sign() != (detect.stride[-1] - detect.stride[0]).sign():
+        detect.anchors.copy_(detect.anchors.flip(0))

@@ -1,0 +1,25 @@
+"""What every script's ``main`` shares: one-line errors for bad input, and exit codes."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from utils.errors import UserError
+
+EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130
+
+
+def run_main(main: Callable[[Any], Any], opt: Any, script: str) -> int:
+    """Call ``main(opt)``; a UserError prints ``script: error: message`` on stderr and returns 2."""
+    try:
+        main(opt)
+    except UserError as e:
+        print(f"{script}: error: {e}", file=sys.stderr, flush=True)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print(f"{script}: interrupted", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    return 0
