@@ -1,0 +1,26 @@
+"""Project paths and run folders (``runs/train/exp``, ``exp2``, ...)."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def data_home() -> Path:
+    """Where datasets live: $YOLO_DATA_DIR, else ``datasets/`` in the project (git-ignored)."""
+    return Path(os.environ.get("YOLO_DATA_DIR", ROOT / "datasets"))
+
+
+def increment_path(path: str | Path, exist_ok: bool = False, mkdir: bool = False) -> Path:
+    """``runs/train/exp`` -> ``runs/train/exp{N}`` with the next free N (unless ``exist_ok``)."""
+    path = Path(path)
+    if path.exists() and not exist_ok:
+        pattern = re.compile(rf"^{re.escape(path.stem)}(\d+)$")
+        used = [int(m.group(1)) for p in path.parent.glob(f"{path.stem}*") if (m := pattern.match(p.stem))]
+        path = path.with_name(f"{path.stem}{max(used, default=1) + 1}{path.suffix}")
+    if mkdir:
+        path.mkdir(parents=True, exist_ok=True)
+    return path
