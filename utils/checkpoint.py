@@ -12,6 +12,11 @@ A checkpoint is a dict of tensors and plain Python types only, so it loads with
 Training adds ``train_state`` (optimizer, EMA, scaler, schedule position, RNG, sampler
 position) for exact resume; inference ignores it. ``detect.py`` and ``export.py`` need
 nothing but the file.
+
+Safety: files are written to a temporary name, flushed, verified and renamed, so a crash leaves
+the previous file whole; ``last.pt`` is written before ``best.pt`` is replaced by a link or copy of
+it, so the two never disappear together. Loading checks the zip structure and every member's
+CRC32 first (``torch.load`` alone accepts flipped bits in tensor data) and names the damaged file.
 """
 
 from __future__ import annotations
@@ -19,7 +24,10 @@ from __future__ import annotations
 import datetime
 import os
 import pickle
+import re
+import shutil
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +35,7 @@ import torch
 
 from models.yolo import Model, ModelConfigError
 from utils.errors import UserError
+from utils.logging import LOGGER
 
 FORMAT = "yolo-ddp"
 VERSION = 1
@@ -68,9 +77,8 @@ def to_plain(obj: Any) -> Any:
 
 
 def save_checkpoint(ckpt: dict, path: str | Path) -> Path:
-    """Write atomically: a temporary file in the same folder, flushed to disk, then renamed over ``path``.
-
-    A crash at any moment leaves either the old file or the new one, never a torn file.
+    """Write atomically: a temporary file in the same folder, flushed to disk, verified, then renamed
+    over ``path``. A crash at any moment leaves either the old file or the new one, never a torn file.
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -80,30 +88,153 @@ def save_checkpoint(ckpt: dict, path: str | Path) -> Path:
             torch.save(ckpt, f)
             f.flush()
             os.fsync(f.fileno())
+        verify_checkpoint(tmp)  # never let a bad write replace a good file
         os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except OSError as e:  # a full disk, a quota, a lost mount: the previous file stays as it was
+        raise CheckpointError(f"cannot write {path} ({e.strerror or e}); the previous {path.name} is unchanged. "
+                              "Free space or fix the folder, then resume from it") from None
     finally:
         if tmp.exists():
             tmp.unlink()
     return path
 
 
-def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", trusted: bool = False) -> dict:
-    """Load and check a checkpoint of this project; raise CheckpointError with the reason otherwise.
+def _fsync_dir(folder: Path) -> None:
+    """Make a rename durable (POSIX); silently skipped where folders cannot be opened."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
-    Only tensors and plain types are accepted (``weights_only=True``). ``trusted=True`` allows
-    full unpickling, for files the user vouches for.
+
+def save_run_checkpoints(ckpt: dict, weights_dir: str | Path, *, is_best: bool = False,
+                         period_name: str | None = None) -> Path:
+    """Write ``last.pt``; then, when ``is_best``, replace ``best.pt`` with it (and ``period_name``, e.g.
+    ``epoch10.pt``). Each file is replaced atomically and ``last.pt`` always exists before ``best.pt``
+    changes, so the two never disappear together. Returns the path of ``last.pt``. Rank 0 only.
+    """
+    weights_dir = Path(weights_dir)
+    _remove_stale_temps(weights_dir)
+    last = save_checkpoint(ckpt, weights_dir / "last.pt")
+    for name in (["best.pt"] if is_best else []) + ([period_name] if period_name else []):
+        _atomic_copy(last, weights_dir / name)
+    return last
+
+
+def _atomic_copy(source: Path, target: Path) -> None:
+    """Make ``target`` a hard link to (or, where links fail, a copy of) ``source``, replacing it atomically."""
+    tmp = target.with_name(f".{target.name}.tmp{os.getpid()}")
+    try:
+        try:
+            os.link(source, tmp)
+        except OSError:
+            shutil.copyfile(source, tmp)
+            with open(tmp, "rb+") as f:
+                os.fsync(f.fileno())
+        os.replace(tmp, target)
+        _fsync_dir(target.parent)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def _remove_stale_temps(folder: Path) -> None:
+    """Delete temporary files that writers killed mid-write left behind (``.last.pt.tmp<pid>``)."""
+    for tmp in folder.glob(".*.pt.tmp*"):
+        match = re.search(r"\.tmp(\d+)$", tmp.name)
+        if match and not _pid_alive(int(match.group(1))):
+            tmp.unlink(missing_ok=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists but belongs to someone else
+        return True
+    return True
+
+
+def verify_checkpoint(path: str | Path) -> None:
+    """Check that ``path`` is a whole PyTorch zip file whose every member passes its CRC32 check.
+
+    Raises CheckpointError naming the file and what is wrong (missing, empty, truncated, corrupt member).
     """
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"weights file {path} not found")
-    if path.stat().st_size == 0:
-        raise CheckpointError(f"weights file {path} is empty (0 bytes)")
+    size = path.stat().st_size
+    if size == 0:
+        raise CheckpointError(f"weights file {path} is empty (0 bytes); it was never written completely")
+    try:
+        with zipfile.ZipFile(path) as archive:
+            bad_member = archive.testzip()
+            names = archive.namelist()
+    except zipfile.BadZipFile as e:
+        raise CheckpointError(f"{path} is damaged: not a complete PyTorch zip file ({size} bytes; {e}); it may "
+                              "be truncated by a crash or a full disk, use an earlier checkpoint") from None
+    except (OSError, EOFError, ValueError, RuntimeError) as e:  # zlib/IO errors while reading members
+        raise CheckpointError(f"{path} is damaged: cannot be read ({str(e).splitlines()[0][:200]})") from None
+    if bad_member is not None:
+        raise CheckpointError(f"{path} is damaged: member {bad_member!r} fails its CRC32 check (the file was "
+                              "altered or partly overwritten); use an earlier checkpoint")
+    if not any(n.endswith("/data.pkl") or n == "data.pkl" for n in names):
+        raise CheckpointError(f"{path} is not a PyTorch checkpoint (a zip file without data.pkl)")
+
+
+def load_first_good(paths: Sequence[str | Path], map_location: str | torch.device = "cpu",
+                    trusted: bool = False) -> tuple[Path, dict]:
+    """Load the first checkpoint of ``paths`` that is whole (e.g. ``last.pt`` then ``best.pt``), warning
+    about each damaged one it skips. Raises CheckpointError listing every reason when none loads."""
+    reasons = []
+    for candidate in map(Path, paths):
+        try:
+            ckpt = load_checkpoint(candidate, map_location=map_location, trusted=trusted)
+        except CheckpointError as e:
+            reasons.append(str(e))
+            if candidate.exists():
+                LOGGER.warning(f"WARNING: {e}; trying the next checkpoint")
+            continue
+        return candidate, ckpt
+    raise CheckpointError("no usable checkpoint: " + "; ".join(reasons))
+
+
+def _unpickling_reason(error: Exception) -> str:
+    """The useful line of torch's weights-only refusal, e.g. 'Unsupported global: GLOBAL __main__.Foo'."""
+    text = str(error)
+    match = re.search(r"Unsupported global: GLOBAL [\w.]+", text)
+    if match:
+        return match.group(0)
+    lines = [ln.strip() for ln in text.splitlines() if re.search(r"GLOBAL|[Uu]nsupported|WeightsUnpickler", ln)]
+    return (lines[0] if lines else text.splitlines()[0] if text else type(error).__name__)[:200]
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", trusted: bool = False) -> dict:
+    """Verify, load and check a checkpoint of this project; raise CheckpointError with the reason otherwise.
+
+    Only tensors and plain types are accepted (``weights_only=True``). ``trusted=True`` (the
+    ``--trust-weights`` flag) allows full unpickling, for files the user vouches for.
+    """
+    path = Path(path)
+    verify_checkpoint(path)
+    if trusted:
+        LOGGER.warning(f"WARNING: --trust-weights: fully unpickling {path}, which can run code stored in it")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=not trusted)
     except pickle.UnpicklingError as e:
-        reason = str(e).split("\n")[0][:200]
         raise CheckpointError(f"{path} holds Python objects that only full unpickling can load, which may run code; "
-                              f"refused ({reason}). Use --trust-weights only for a file you trust") from None
+                              f"refused ({_unpickling_reason(e)}). Use --trust-weights only for a file you trust") \
+            from None
     except (zipfile.BadZipFile, RuntimeError, EOFError, OSError, ValueError) as e:
         raise CheckpointError(f"{path} is damaged or not a PyTorch checkpoint ({str(e).splitlines()[0][:200]})") \
             from None

@@ -155,6 +155,27 @@ def _store_for(env: DistEnv, timeout: datetime.timedelta) -> tdist.Store:
     return tdist.PrefixStore(f"yolo/attempt{env.restart_count}", store)
 
 
+_JOB_STORE: Any = None  # client of torchrun's agent store, opened on first use by job_store()
+
+
+def job_store(timeout_s: float = 60.0) -> tdist.Store | None:
+    """The key-value store that lives as long as the whole torchrun job: torchrun's agent store, shared by
+    every rank and kept across elastic restarts (its keys here are not prefixed with the attempt).
+
+    None when the launcher provides no agent store (plain ``python``, other launchers). Used for facts a
+    restarted attempt must find again, such as the run folder (see utils.resume).
+    """
+    global _JOB_STORE
+    env = read_env()
+    if not env.agent_store:
+        return None
+    if _JOB_STORE is None:
+        client = tdist.TCPStore(env.master_addr, env.master_port, is_master=False,
+                                timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+        _JOB_STORE = tdist.PrefixStore("yolo/job", client)
+    return _JOB_STORE
+
+
 def init_distributed(device: str = "", backend: str = "auto", timeout_s: float = 600.0,
                      long_timeout_s: float = 1800.0, local_rank_flag: int = -1) -> torch.device:
     """Start-up for every launch mode; returns this process's device.
@@ -185,6 +206,34 @@ def init_distributed(device: str = "", backend: str = "auto", timeout_s: float =
     _LONG_GROUP = tdist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=long_timeout_s)) \
         if chosen != "gloo" or long_timeout_s != timeout_s else None
     return device_obj
+
+
+def cpu_share() -> int:
+    """CPU cores available to this process: the machine's (affinity) cores divided among the local ranks."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(cores // max(get_local_world_size(), 1), 1)
+
+
+def configure_threads() -> int:
+    """Size torch's intra-op threads for this rank and return the number chosen.
+
+    Rule: an OMP_NUM_THREADS the user set is respected. torchrun exports OMP_NUM_THREADS=1 to its
+    workers whenever it starts more than one per machine, and that value is indistinguishable from
+    a user's, so with several local ranks "1" is read as torchrun's default and replaced by this
+    rank's share of the cores (cores // local world size; 1 on a 2-core machine with 2 ranks anyway).
+    Without OMP_NUM_THREADS torch's own default (all cores) stands for a single process.
+    Call after init_distributed (it needs the local world size).
+    """
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    local_world = get_local_world_size()
+    if value.isdigit() and int(value) > 0 and not (value == "1" and local_world > 1):
+        threads = int(value)
+    elif local_world > 1:
+        threads = cpu_share()
+    else:
+        return torch.get_num_threads()
+    torch.set_num_threads(threads)
+    return threads
 
 
 def device() -> torch.device:

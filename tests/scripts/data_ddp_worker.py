@@ -1,0 +1,50 @@
+"""Worker for tests/test_data_ddp.py: two gloo ranks build the synthetic set and the label cache once.
+
+Run under ``torch.distributed.run --nproc_per_node 2``. Usage: ``data_ddp_worker.py DATA_DIR OUT_DIR``.
+Each rank counts the generations and cache writes it performed itself and writes
+``OUT_DIR/rank<r>.json`` with those counts, its scan summary and its sample order.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from utils import datasets, dist, synthetic  # noqa: E402
+from utils.loader import create_dataloader, set_epoch  # noqa: E402
+from utils.logging import setup_logging  # noqa: E402
+
+
+def main(data_dir: Path, out_dir: Path) -> None:
+    counts = {"generate": 0, "save_cache": 0}
+    real_generate, real_save = synthetic.generate, datasets.save_cache
+
+    def counting_generate(*args):  # noqa: ANN002, ANN202
+        counts["generate"] += 1
+        return real_generate(*args)
+
+    def counting_save(*args):  # noqa: ANN002, ANN202
+        counts["save_cache"] += 1
+        return real_save(*args)
+
+    synthetic.generate, datasets.save_cache = counting_generate, counting_save
+    dist.init_distributed(device="cpu", backend="gloo", timeout_s=60, long_timeout_s=120)
+    setup_logging(dist.get_rank())
+    try:
+        root = synthetic.ensure_synthetic(data_dir, n_train=10, n_val=4, img_size=64, seed=0)
+        loader, dataset = create_dataloader(root / "images" / "train", 64, 2, 32, shuffle=True, workers=0, nc=3,
+                                            seed=0, cache="ram")
+        set_epoch(loader, 1)
+        order = [p for _, _, paths, _ in loader for p in paths]
+        cached = [i for i, im in enumerate(dataset.ims) if im is not None]
+        result = {"rank": dist.get_rank(), **counts, "found": dataset.scan.found, "order": order, "cached": cached}
+        (out_dir / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
+    finally:
+        dist.cleanup()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]))
