@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,3 +37,35 @@ def tiny_cfg_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("cfg") / "yolov5-tiny.yaml"
     path.write_text(yaml.safe_dump(_tiny_cfg(), sort_keys=False))
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data YAML for a tiny synthetic set (24 train + 12 val images of 64-96 px, 3 classes), made once."""
+    from utils.synthetic import SYNTHETIC_NAMES, ensure_synthetic
+
+    folder = tmp_path_factory.mktemp("tiny_dataset")
+    root = ensure_synthetic(folder / "synthetic", n_train=24, n_val=12, img_size=(64, 96), seed=0)
+    data = {"path": str(root), "train": "images/train", "val": "images/val", "nc": len(SYNTHETIC_NAMES),
+            "names": list(SYNTHETIC_NAMES)}
+    path = folder / "tiny.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+@pytest.fixture
+def yolo_log() -> Iterator[list[str]]:
+    """Messages the 'yolo' logger emits at INFO and above during the test, whatever handlers exist."""
+    import logging
+
+    from utils.logging import LOGGER
+
+    lines: list[str] = []
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    old_level = LOGGER.level
+    LOGGER.addHandler(handler)
+    LOGGER.setLevel(logging.INFO)
+    yield lines
+    LOGGER.removeHandler(handler)
+    LOGGER.setLevel(old_level)
