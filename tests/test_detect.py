@@ -1,0 +1,241 @@
+"""detect.py on images, folders, videos and exported weights; outputs checked against recomputed predictions."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+import detect
+import export
+from models.yolo import Model
+from utils import paths
+from utils.annotate import class_color
+from utils.augment import letterbox
+from utils.boxes import non_max_suppression, scale_boxes, xywhn2xyxy
+from utils.checkpoint import load_model, new_checkpoint, save_checkpoint
+from utils.cli import run_main
+from utils.errors import UserError
+
+NAMES = ["circle", "square", "triangle"]
+LOW_CONF = ["--conf-thres", "0.001", "--max-det", "5"]  # an untrained model's scores are low
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Two threads fight other processes on a shared 2-core machine; one is faster and steadier."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def weights(tiny_cfg_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.manual_seed(0)
+    model = Model(tiny_cfg_file)
+    model.names = list(NAMES)
+    return save_checkpoint(new_checkpoint(model), tmp_path_factory.mktemp("weights") / "best.pt")
+
+
+def scene(seed: int, shape: tuple[int, int] = (48, 64)) -> np.ndarray:
+    """A BGR image with a few filled shapes (so the outputs are not of a flat image)."""
+    rng = np.random.default_rng(seed)
+    image = np.full((*shape, 3), rng.integers(60, 200), np.uint8)
+    for _ in range(3):
+        centre = (int(rng.integers(8, shape[1] - 8)), int(rng.integers(8, shape[0] - 8)))
+        cv2.circle(image, centre, int(rng.integers(4, 12)), tuple(int(c) for c in rng.integers(0, 255, 3)), -1)
+    return image
+
+
+def write_images(folder: Path, count: int, suffix: str = ".png") -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    files = [folder / f"img{i}{suffix}" for i in range(count)]
+    for i, path in enumerate(files):
+        cv2.imwrite(str(path), scene(i))
+    return files
+
+
+def run_detect(*args: str) -> detect.DetectResult:
+    return detect.main(detect.parse_opt([str(a) for a in args]))
+
+
+def recompute(weights: Path, image_file: Path, img_size: int = 64) -> np.ndarray:
+    """Detections (k, 6) in original pixels, computed here without detect.py's code path."""
+    model, _ = load_model(weights)
+    original = cv2.imread(str(image_file))
+    boxed, ratio, pad = letterbox(original, img_size, stride=32, auto=True)
+    x = torch.from_numpy(np.ascontiguousarray(boxed[:, :, ::-1].transpose(2, 0, 1))).float()[None] / 255
+    with torch.no_grad():
+        det = non_max_suppression(model(x), 0.001, 0.45, max_det=5)[0]
+    det[:, :4] = scale_boxes(x.shape[2:], det[:, :4], original.shape[:2], ((ratio[1], ratio[0]), pad))
+    return det.numpy()
+
+
+def test_image_outputs_match_recomputed_predictions(weights: Path, tmp_path: Path, capsys) -> None:
+    image_file = write_images(tmp_path / "src", 1)[0]
+    result = run_detect("--weights", weights, "--source", image_file, "--img-size", 64, *LOW_CONF, "--save-txt",
+                        "--save-conf", "--save-crop", "--project", tmp_path / "runs")
+    out = capsys.readouterr().out
+    assert result.save_dir == tmp_path / "runs" / "exp"
+    assert re.search(r"image 1/1 \S+img0\.png: 64x64 (\d+ (circle|square|triangle)s?(, )?)+, Done\. \(\d+\.\d{3}s\)",
+                     out)
+    assert re.search(r"Speed: [\d.]+/[\d.]+/[\d.]+ ms pre-process/inference/NMS per image at shape \(1, 3, 64, 64\)",
+                     out)
+    assert f"Results saved to {result.save_dir}, 1 labels saved to {result.save_dir / 'labels'}" in out
+    expected = recompute(weights, image_file)
+    assert len(expected) == 5
+    np.testing.assert_allclose(result.detections[0][1], expected, atol=1e-4)
+    rows = np.loadtxt(result.save_dir / "labels" / "img0.txt", ndmin=2)  # cls cx cy w h conf
+    assert rows.shape == (5, 6)
+    np.testing.assert_array_equal(rows[:, 0], expected[:, 5])
+    np.testing.assert_allclose(rows[:, 5], expected[:, 4], rtol=1e-4)
+    np.testing.assert_allclose(xywhn2xyxy(rows[:, 1:5], w=64, h=48), expected[:, :4], atol=1e-3)
+    annotated = cv2.imread(str(result.save_dir / "img0.png"))
+    assert annotated.shape == (48, 64, 3)
+    crops = sorted((result.save_dir / "crops").rglob("*.jpg"))
+    corners = np.round(expected[:, :4]).astype(int)
+    assert len(crops) == int(((corners[:, 2] > corners[:, 0]) & (corners[:, 3] > corners[:, 1])).sum()) > 0
+
+
+def test_drawn_box_is_where_the_label_row_says(weights: Path, tmp_path: Path) -> None:
+    image_file = write_images(tmp_path / "src", 1)[0]
+    big = tmp_path / "src" / "big.png"
+    cv2.imwrite(str(big), cv2.resize(cv2.imread(str(image_file)), (256, 192), interpolation=cv2.INTER_NEAREST))
+    result = run_detect("--weights", weights, "--source", big, "--img-size", 64, "--conf-thres", "0.001",
+                        "--max-det", "1", "--save-txt", "--hide-labels", "--line-thickness", 3,
+                        "--project", tmp_path / "runs")
+    cls, cx, cy, w, h = np.loadtxt(result.save_dir / "labels" / "big.txt")
+    x1, y1, x2, y2 = xywhn2xyxy(np.array([cx, cy, w, h]), w=256, h=192)
+    annotated = cv2.imread(str(result.save_dir / "big.png"))
+    x1, x2 = np.clip([x1, x2], 0, 255)
+    y1, y2 = np.clip([y1, y2], 0, 191)
+    for x, y in (((x1 + x2) / 2, y1), ((x1 + x2) / 2, y2), (x1, (y1 + y2) / 2), (x2, (y1 + y2) / 2)):
+        assert tuple(annotated[int(round(y)), int(round(x))]) == class_color(int(cls))
+
+
+def test_folder_with_a_corrupt_image(weights: Path, tmp_path: Path, capsys) -> None:
+    write_images(tmp_path / "src", 3, ".jpg")
+    (tmp_path / "src" / "broken.jpg").write_bytes(b"not an image")
+    (tmp_path / "src" / "notes.md").write_text("ignored")
+    result = run_detect("--weights", weights, "--source", tmp_path / "src", "--img-size", 64, *LOW_CONF,
+                        "--save-txt", "--project", tmp_path / "runs")
+    out = capsys.readouterr().out
+    assert "WARNING: skipping unreadable image" in out and "broken.jpg" in out
+    assert result.skipped == 1 and len(result.detections) == 3
+    assert sorted(p.name for p in result.save_dir.glob("*.jpg")) == ["img0.jpg", "img1.jpg", "img2.jpg"]
+    assert len(list((result.save_dir / "labels").glob("*.txt"))) == 3
+    assert "image 4/4" in out  # numbering counts the skipped file
+
+
+def test_glob_and_txt_list_sources(weights: Path, tmp_path: Path) -> None:
+    files = write_images(tmp_path / "src", 3)
+    listing = tmp_path / "list.txt"
+    listing.write_text(f"src/{files[0].name}\n{files[2]}\n\n")
+    result = run_detect("--weights", weights, "--source", listing, "--img-size", 64, "--nosave",
+                        "--project", tmp_path / "runs")
+    assert [d.split()[2] for d, _ in result.detections] == [f"{files[0]}:", f"{files[2]}:"]
+    result = run_detect("--weights", weights, "--source", tmp_path / "src" / "img[12].png", "--img-size", 64,
+                        "--nosave", "--project", tmp_path / "runs")
+    assert len(result.detections) == 2 and not list(result.save_dir.glob("*.png"))
+
+
+def test_video_source(weights: Path, tmp_path: Path, capsys) -> None:
+    video = tmp_path / "clip.mp4"
+    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"mp4v"), 10, (64, 48))
+    for i in range(6):
+        writer.write(scene(i))
+    writer.release()
+    result = run_detect("--weights", weights, "--source", video, "--img-size", 64, *LOW_CONF, "--save-txt",
+                        "--project", tmp_path / "runs")
+    out = capsys.readouterr().out
+    assert "video 1/1 (frame 6/6)" in out and len(result.detections) == 6
+    capture = cv2.VideoCapture(str(result.save_dir / "clip.mp4"))
+    frames = 0
+    while capture.read()[0]:
+        frames += 1
+    assert frames == 6 and int(capture.get(cv2.CAP_PROP_FRAME_WIDTH)) == 64
+    capture.release()
+    assert sorted(p.name for p in (result.save_dir / "labels").glob("*.txt"))[:2] == ["clip_1.txt", "clip_2.txt"]
+
+
+def test_exported_files_give_the_same_boxes(weights: Path, tmp_path: Path) -> None:
+    local = tmp_path / "model.pt"
+    local.write_bytes(weights.read_bytes())
+    export.main(export.parse_opt(["--weights", str(local), "--img-size", "64"]))
+    image_file = tmp_path / "wide.png"
+    cv2.imwrite(str(image_file), scene(3, (40, 64)))
+    outputs = {}
+    for suffix in (".pt", ".torchscript", ".onnx"):
+        result = run_detect("--weights", local.with_suffix(suffix), "--source", image_file, "--img-size", 64,
+                            *LOW_CONF, "--project", tmp_path / "runs")
+        outputs[suffix] = result.detections[0][1]
+    assert len(outputs[".pt"]) == 5
+    for suffix in (".torchscript", ".onnx"):
+        assert outputs[suffix].shape == outputs[".pt"].shape
+        assert np.abs(outputs[suffix] - outputs[".pt"]).max() < 1e-3, suffix
+
+
+def test_no_arguments_uses_newest_trained_model(weights: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(paths, "ROOT", tmp_path)
+    with pytest.raises(UserError, match=r"python train\.py"):
+        detect.main(detect.parse_opt([]))
+    older, newer = (tmp_path / "runs" / "train" / name / "weights" / "best.pt" for name in ("exp", "exp2"))
+    for path, mtime in ((newer, 1_000_000), (older, 2_000_000)):  # "exp" is the newer file despite its name
+        path.parent.mkdir(parents=True)
+        path.write_bytes(weights.read_bytes())
+        os.utime(path, (mtime, mtime))
+    write_images(tmp_path / "data" / "images", 2, ".jpg")
+    result = detect.main(detect.parse_opt(["--img-size", "64"]))
+    assert result.weights == older
+    assert result.save_dir == tmp_path / "runs" / "detect" / "exp" and len(result.detections) == 2
+    assert len(list(result.save_dir.glob("*.jpg"))) == 2
+
+
+@pytest.mark.parametrize("case", ["missing", "empty", "bad_video", "half", "bad_weights"])
+def test_bad_input_gives_one_line_errors(case: str, weights: Path, tmp_path: Path, capsys) -> None:
+    source, extra, expected = tmp_path / "nothing.jpg", [], "does not exist"
+    if case == "empty":
+        source = tmp_path / "empty"
+        source.mkdir()
+        expected = "no images or videos found"
+    elif case == "bad_video":
+        source = tmp_path / "broken.mp4"
+        source.write_bytes(b"\x00" * 100)
+        expected = "cannot open video"
+    elif case == "half":
+        source, extra, expected = write_images(tmp_path / "src", 1)[0], ["--half", "--device", "cpu"], "--half"
+    elif case == "bad_weights":
+        (tmp_path / "w.bin").write_bytes(b"x")
+        source, extra, expected = write_images(tmp_path / "src", 1)[0], ["--weights", tmp_path / "w.bin"], "format"
+    args = ["--weights", weights, "--source", source, "--img-size", 64, "--project", tmp_path / "runs", *extra]
+    code = run_main(detect.main, detect.parse_opt([str(a) for a in args]), "detect")
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("detect: error: ") and expected in err and err.count("\n") == 1
+
+
+def test_classes_filter_keeps_only_those_classes(weights: Path, tmp_path: Path) -> None:
+    image_file = write_images(tmp_path / "src", 1)[0]
+    everything = run_detect("--weights", weights, "--source", image_file, "--img-size", 64, "--conf-thres", "0.001",
+                            "--nosave", "--project", tmp_path / "runs").detections[0][1]
+    only = run_detect("--weights", weights, "--source", image_file, "--img-size", 64, "--conf-thres", "0.001",
+                      "--classes", "1", "--nosave", "--project", tmp_path / "runs").detections[0][1]
+    assert len(everything) > len(only) > 0 and set(everything[:, 5]) > {1.0} and set(only[:, 5]) == {1.0}
+
+
+def test_stream_reader_yields_frames(tmp_path: Path) -> None:
+    from utils.sources import LoadWebcam
+
+    video = tmp_path / "cam.avi"
+    writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"MJPG"), 5, (64, 48))
+    for i in range(3):
+        writer.write(scene(i))
+    writer.release()
+    frames = list(LoadWebcam(str(video), img_size=64, stride=32))  # a capture URL/path stands in for a camera
+    assert [f.frame for f in frames] == [1, 2, 3] and frames[0].image.shape == (3, 64, 64)
+    assert frames[2].describe() == f"webcam {video} (frame 3):" and frames[0].fps == 5

@@ -1,0 +1,163 @@
+"""export.py: files next to the weights, metadata, and parity with PyTorch (static and dynamic shapes)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import export
+from models.yolo import Model
+from utils.backends import DetectBackend
+from utils.checkpoint import load_model, new_checkpoint, save_checkpoint
+from utils.cli import run_main
+from utils.errors import UserError
+
+NAMES = ["circle", "square", "triangle"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Two threads fight other processes on a shared 2-core machine; one is faster and steadier."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def weights(tiny_cfg_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    torch.manual_seed(0)
+    model = Model(tiny_cfg_file)
+    model.names = list(NAMES)
+    return save_checkpoint(new_checkpoint(model), tmp_path_factory.mktemp("weights") / "best.pt")
+
+
+def real_images(shape: tuple[int, int], batch: int) -> torch.Tensor:
+    """Letterboxed scenes (not noise) as a float batch in [0, 1], every image different."""
+    from utils.sources import letterbox_image
+    from utils.synthetic import draw_sample, make_spec
+
+    rng = np.random.default_rng(1)
+    spec = make_spec(img_size=(90, 120))
+    rows = [torch.from_numpy(letterbox_image(draw_sample(rng, spec)[0], shape, 32, auto=False)[0])
+            for _ in range(batch)]
+    return torch.stack(rows).float() / 255
+
+
+def pytorch_output(weights: Path, images: torch.Tensor) -> torch.Tensor:
+    model, _ = load_model(weights)
+    with torch.no_grad():
+        return model(images)
+
+
+def test_static_export_parity_and_metadata(weights: Path) -> None:
+    results = export.main(export.parse_opt(["--weights", str(weights), "--img-size", "64"]))
+    assert [r.format for r in results] == ["torchscript", "onnx"]
+    assert [r.file for r in results] == [weights.with_suffix(".torchscript"), weights.with_suffix(".onnx")]
+    assert all(r.error is None and r.max_error < 1e-3 and r.size_mb > 0 for r in results)
+    meta = {p.key: json.loads(p.value) for p in onnx.load(str(weights.with_suffix(".onnx"))).metadata_props}
+    assert meta["stride"] == 32 and meta["names"] == NAMES and meta["img_size"] == [64, 64]
+    images = real_images((64, 64), 1)
+    reference = pytorch_output(weights, images)
+    with pytest.raises(UserError, match="exported on cpu and runs only there"):
+        DetectBackend(weights.with_suffix(".torchscript"), "cuda")
+    for result in results:  # an independent check, outside export.py's own verification
+        backend = DetectBackend(result.file)
+        assert (backend.stride, backend.names, backend.img_size, backend.dynamic) == (32, NAMES, (64, 64), False)
+        output = backend(images)
+        assert output.shape == reference.shape == (1, 3 * (8 * 8 + 4 * 4 + 2 * 2), 8)
+        assert (output - reference).abs().max() < 1e-3
+    assert reference[..., :4].abs().max() > 1  # boxes in pixels: the comparison is not of near-zero values
+
+
+def test_dynamic_export_runs_at_other_sizes(weights: Path, tmp_path: Path) -> None:
+    local = tmp_path / "dyn.pt"
+    local.write_bytes(weights.read_bytes())
+    results = export.main(export.parse_opt(["--weights", str(local), "--img-size", "64", "--dynamic"]))
+    assert all(r.error is None for r in results)
+    onnx_input = onnx.load(str(local.with_suffix(".onnx"))).graph.input[0]
+    assert [d.dim_param or d.dim_value for d in onnx_input.type.tensor_type.shape.dim][1] == 3
+    assert all(d.dim_param for i, d in enumerate(onnx_input.type.tensor_type.shape.dim) if i != 1)
+    for suffix in (".torchscript", ".onnx"):
+        backend = DetectBackend(local.with_suffix(suffix))
+        assert backend.dynamic and backend.img_size is None and backend.batch_size is None
+        for batch, shape in ((1, (64, 64)), (3, (96, 128))):
+            images = real_images(shape, batch)
+            reference = pytorch_output(local, images)
+            output = backend(images)
+            assert output.shape == reference.shape
+            assert (output - reference).abs().max() < 1e-3, (suffix, batch, shape)
+
+
+def test_static_batch_export_runs_any_batch(weights: Path, tmp_path: Path) -> None:
+    local = tmp_path / "b2.pt"
+    local.write_bytes(weights.read_bytes())
+    export.main(export.parse_opt(["--weights", str(local), "--img-size", "64", "--batch-size", "2",
+                                  "--include", "onnx"]))
+    backend = DetectBackend(local.with_suffix(".onnx"))
+    assert backend.batch_size == 2 and not backend.dynamic
+    images = real_images((64, 64), 3)  # one full chunk of 2 and one padded chunk
+    assert (backend(images) - pytorch_output(local, images)).abs().max() < 1e-3
+
+
+def test_failed_export_is_named_and_others_still_run(weights: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    local = tmp_path / "fail.pt"
+    local.write_bytes(weights.read_bytes())
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("exporter exploded")
+
+    monkeypatch.setitem(export.EXPORTERS, "onnx", broken)
+    code = run_main(export.main, export.parse_opt(["--weights", str(local), "--img-size", "64"]), "export")
+    captured = capsys.readouterr()
+    assert code == 2
+    assert local.with_suffix(".torchscript").is_file() and not local.with_suffix(".onnx").exists()
+    assert "onnx export failed (RuntimeError: exporter exploded)" in captured.err
+    assert "torchscript" not in captured.err.split("error:")[1]
+
+
+def test_verification_can_fail(weights: Path, tmp_path: Path, monkeypatch) -> None:
+    local = tmp_path / "strict.pt"
+    local.write_bytes(weights.read_bytes())
+    monkeypatch.setattr(export, "MAX_ERROR", -1.0)  # nothing passes: proves the comparison gates the result
+    with pytest.raises(export.ExportError, match="torchscript export failed .*differs from PyTorch"):
+        export.main(export.parse_opt(["--weights", str(local), "--img-size", "64", "--include", "torchscript"]))
+
+
+def test_bad_options(weights: Path, tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="--include tflite"):
+        export.main(export.parse_opt(["--weights", str(weights), "--include", "tflite"]))
+    with pytest.raises(UserError, match="not found"):
+        export.main(export.parse_opt(["--weights", str(tmp_path / "missing.pt")]))
+    with pytest.raises(UserError, match="--img-size"):
+        export.main(export.parse_opt(["--weights", str(weights), "--img-size", "64", "64", "64"]))
+
+
+def test_compare_outputs_measures_the_largest_difference() -> None:
+    a = torch.zeros(1, 4, 8)
+    b = a.clone()
+    b[0, 2, 5] = 0.25
+    assert export.compare_outputs(a, b) == 0.25
+    with pytest.raises(RuntimeError, match="shape"):
+        export.compare_outputs(a, torch.zeros(1, 5, 8))
+
+
+def test_foreign_or_damaged_exports_are_refused(tmp_path: Path) -> None:
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Identity", ["images"], ["output0"])], "foreign",
+                              [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, 64, 64])],
+                              [helper.make_tensor_value_info("output0", TensorProto.FLOAT, [1, 3, 64, 64])])
+    foreign = tmp_path / "foreign.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(foreign))
+    with pytest.raises(UserError, match="no stride/class-name metadata; re-export"):
+        DetectBackend(foreign)
+    damaged = tmp_path / "damaged.torchscript"
+    damaged.write_bytes(b"PK\x03\x04 truncated")
+    with pytest.raises(UserError, match="not a readable TorchScript file"):
+        DetectBackend(damaged)
