@@ -170,6 +170,9 @@ def parse_model(cfg: dict, ch: int, source: str = "<dict>") -> tuple[nn.Sequenti
     if not (isinstance(anchors, list) and anchors and all(isinstance(a, list) and len(a) % 2 == 0 and a
                                                            for a in anchors)):
         raise ModelConfigError(f"{source}: anchors must be a list of per-level [w1, h1, w2, h2, ...] pixel lists")
+    for section in ("backbone", "head"):
+        if not isinstance(cfg[section], list) or not cfg[section]:
+            raise ModelConfigError(f"{source}: '{section}' must be a list of [from, number, module, args] rows")
     depth, width = cfg.get("depth_multiple", 1.0), cfg.get("width_multiple", 1.0)
     rows = [("backbone", r) for r in cfg["backbone"]] + [("head", r) for r in cfg["head"]]
     channels, layers, save, table = [ch], [], [], []
@@ -188,8 +191,9 @@ def parse_model(cfg: dict, ch: int, source: str = "<dict>") -> tuple[nn.Sequenti
         n = max(round(n * depth), 1) if n > 1 else n
         c_in = channels[f] if isinstance(f, int) else None
         if module_cls in _CHANNEL_MODULES:
-            if not args:
-                raise ModelConfigError(f"{where}: {name} needs at least the output channels as its first argument")
+            if not args or isinstance(args[0], bool) or not isinstance(args[0], (int, float)) or args[0] <= 0:
+                raise ModelConfigError(f"{where}: {name} needs a positive number of output channels as its first "
+                                       f"argument, got {args[:1]}")
             c_out = make_divisible(args[0] * width, 8)
             args = [c_in, c_out, *args[1:]]
             if module_cls in _REPEAT_INSIDE:
@@ -198,6 +202,8 @@ def parse_model(cfg: dict, ch: int, source: str = "<dict>") -> tuple[nn.Sequenti
         elif module_cls is Concat:
             c_out = sum(channels[j] for j in sources)
         elif module_cls is Detect:
+            if len(args) > 1 and isinstance(args[1], list) and len(args[1]) != len(sources):
+                raise ModelConfigError(f"{where}: Detect has {len(sources)} inputs but {len(args[1])} anchor levels")
             args.append([channels[j] for j in sources])
             c_out = 0
         else:
@@ -238,7 +244,11 @@ class Model(nn.Module):
         detect = self.detect
         with torch.no_grad():
             probe = 256
-            maps = self._forward_raw(torch.zeros(1, ch, probe, probe))
+            try:
+                maps = self._forward_raw(torch.zeros(1, ch, probe, probe))
+            except (RuntimeError, TypeError, ValueError, IndexError) as e:
+                raise ModelConfigError(f"{self.yaml_source}: the rows do not fit together "
+                                       f"({str(e).splitlines()[0]})") from None
             detect.stride.copy_(torch.tensor([probe / m.shape[-2] for m in maps]))
         _check_anchor_order(detect)
         self._init_weights()

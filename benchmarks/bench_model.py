@@ -1,0 +1,106 @@
+"""Model forward speed: ms/image at 640 px, batch 1, and GFLOP/s as a fraction of this CPU's fp32 matmul rate.
+
+    python benchmarks/bench_model.py                       # yolov5n and yolov5s, 640 px, 20 timed runs
+    python benchmarks/bench_model.py --models yolov5s yolov5m --runs 50 --threads 1
+    python benchmarks/bench_model.py --threads 1 --clock cpu   # robust on a machine shared with other jobs
+
+Each model is built from its YAML, BatchNorm-fused and run in eval mode under torch.inference_mode
+(untrained weights: the speed does not depend on the values). The forward includes the Detect head's
+box decoding, not NMS. The reference rate is a plain fp32 square matmul (2*n^3 FLOPs) timed in the same
+process with the same threads: the practical ceiling for dense fp32 arithmetic on this machine, so the
+fraction says how much of it the convolutions reach. All figures are medians of the timed runs.
+``--clock cpu`` times with this process's CPU time instead of wall time: with ``--threads 1`` that is the
+compute time even when other jobs share the cores (wall time then also counts the time the process waited).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from models.yolo import Model  # noqa: E402
+
+
+def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["yolov5n", "yolov5s"], help="model YAMLs (names or paths)")
+    parser.add_argument("--img-size", type=int, default=640, help="square input size (pixels)")
+    parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--runs", type=int, default=20, help="timed forwards (the median is reported)")
+    parser.add_argument("--warmup", type=int, default=3, help="untimed forwards first")
+    parser.add_argument("--matmul-size", type=int, default=2048, help="n of the n x n fp32 reference matmul")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="wall time, or this process's CPU time (use with --threads 1 on a busy machine)")
+    return parser.parse_args(argv)
+
+
+def median_seconds(fn: Callable[[], object], runs: int, warmup: int,
+                   clock: Callable[[], float] = time.perf_counter) -> float:
+    """Median time (by ``clock``) of ``runs`` calls of ``fn`` after ``warmup`` untimed calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(runs):
+        start = clock()
+        fn()
+        times.append(clock() - start)
+    return statistics.median(times)
+
+
+def matmul_gflops(n: int, runs: int, warmup: int, clock: Callable[[], float] = time.perf_counter) -> float:
+    """fp32 GFLOP/s of an n x n by n x n matmul (2*n^3 FLOPs), the machine's practical dense-arithmetic rate."""
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(n, n, generator=gen), torch.randn(n, n, generator=gen)
+    out = torch.empty(n, n)
+    seconds = median_seconds(lambda: torch.mm(a, b, out=out), runs, warmup, clock)
+    return 2 * n**3 / seconds / 1e9
+
+
+def bench_model(name: str, img_size: int, batch_size: int, runs: int, warmup: int,
+                clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
+    """ms/image and GFLOP/s of the fused model's forward in inference mode."""
+    torch.manual_seed(0)
+    model = Model(name).fuse().eval()
+    gflops_per_image = model.flops(img_size)  # of the fused model: convolutions only
+    x = torch.rand(batch_size, 3, img_size, img_size)
+    with torch.inference_mode():
+        seconds = median_seconds(lambda: model(x), runs, warmup, clock)
+    return {"ms_per_image": seconds * 1e3 / batch_size, "gflops_per_image": gflops_per_image,
+            "gflops_per_s": gflops_per_image * batch_size / seconds}
+
+
+def main(opt: argparse.Namespace) -> list[dict]:
+    if opt.threads > 0:
+        torch.set_num_threads(opt.threads)
+    clock = time.process_time if opt.clock == "cpu" else time.perf_counter
+    print(f"bench_model: torch {torch.__version__}, {torch.get_num_threads()} threads, {opt.img_size} px, "
+          f"batch {opt.batch_size}, {opt.clock} clock, median of {opt.runs} runs after {opt.warmup} warm-up")
+    peak = matmul_gflops(opt.matmul_size, opt.runs, opt.warmup, clock)
+    print(f"fp32 matmul {opt.matmul_size}x{opt.matmul_size}: {peak:.1f} GFLOP/s (the reference rate)")
+    print(f"{'model':<16}{'ms/image':>10}{'GFLOPs':>9}{'GFLOP/s':>10}{'of matmul':>11}")
+    rows = []
+    for name in opt.models:
+        result = bench_model(name, opt.img_size, opt.batch_size, opt.runs, opt.warmup, clock)
+        result["fraction_of_matmul"] = result["gflops_per_s"] / peak
+        rows.append({"model": name, **result})
+        print(f"{name:<16}{result['ms_per_image']:>10.1f}{result['gflops_per_image']:>9.2f}"
+              f"{result['gflops_per_s']:>10.1f}{result['fraction_of_matmul']:>10.0%}")
+    peak_after = matmul_gflops(opt.matmul_size, opt.runs, opt.warmup, clock)
+    print(f"fp32 matmul again after the models: {peak_after:.1f} GFLOP/s "
+          f"({abs(peak_after - peak) / peak:.0%} apart: a large gap means the machine was busy)")
+    return rows
+
+
+if __name__ == "__main__":
+    main(parse_opt())

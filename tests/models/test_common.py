@@ -1,0 +1,116 @@
+"""The building blocks: shapes, BatchNorm folding, residuals, SPP/SPPF equivalence, Focus's space-to-depth."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from models.common import C3, SPP, SPPF, Bottleneck, Concat, Conv, Focus, autopad
+
+
+def _randomise_batchnorm(module: nn.Module, seed: int = 0) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for bn in (m for m in module.modules() if isinstance(m, nn.BatchNorm2d)):
+            c = bn.num_features
+            bn.running_mean.copy_(torch.randn(c, generator=gen) * 0.3)
+            bn.running_var.copy_(torch.rand(c, generator=gen) + 0.5)
+            bn.weight.copy_(torch.rand(c, generator=gen) + 0.5)
+            bn.bias.copy_(torch.randn(c, generator=gen) * 0.3)
+
+
+def test_autopad() -> None:
+    assert autopad(1) == 0 and autopad(3) == 1 and autopad(6) == 3
+    assert autopad(3, 0) == 0
+    assert autopad([3, 5]) == [1, 2]
+
+
+@pytest.mark.parametrize("kernel, stride, size, expected", [(1, 1, 16, 16), (3, 1, 16, 16), (3, 2, 16, 8),
+                                                            (6, 2, 64, 32)])
+def test_conv_output_size(kernel: int, stride: int, size: int, expected: int) -> None:
+    padding = 2 if kernel == 6 else None  # the 6x6 stem of the current YOLOv5 uses padding 2
+    conv = Conv(3, 8, kernel, stride, padding)
+    assert conv(torch.rand(1, 3, size, size)).shape == (1, 8, expected, expected)
+    assert conv.conv.bias is None and isinstance(conv.act, nn.SiLU)
+
+
+def test_conv_is_conv_bn_silu() -> None:
+    conv = Conv(4, 6, 3).eval()
+    _randomise_batchnorm(conv)
+    x = torch.rand(2, 4, 8, 8)
+    with torch.no_grad():
+        expected = nn.functional.silu(conv.bn(conv.conv(x)))
+        assert torch.equal(conv(x), expected)
+    linear = Conv(4, 6, 1, act=False).eval()
+    _randomise_batchnorm(linear)
+    assert isinstance(linear.act, nn.Identity)
+    with torch.no_grad():
+        assert linear(x).min() < 0  # no activation clips the output
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_conv_fuse_matches(groups: int) -> None:
+    conv = Conv(4, 6, 3, 2, groups=groups).eval()
+    _randomise_batchnorm(conv)
+    x = torch.rand(2, 4, 9, 9)
+    with torch.no_grad():
+        before = conv(x)
+        conv.fuse()
+        after = conv(x)
+    assert isinstance(conv.bn, nn.Identity) and conv.conv.bias is not None and conv.conv.groups == groups
+    torch.testing.assert_close(after, before, atol=1e-5, rtol=1e-5)
+    conv.fuse()  # a second fuse changes nothing
+    with torch.no_grad():
+        assert torch.equal(conv(x), after)
+
+
+def test_bottleneck_residual() -> None:
+    block = Bottleneck(8, 8).eval()
+    x = torch.rand(1, 8, 8, 8)
+    with torch.no_grad():
+        assert block.add
+        assert torch.allclose(block(x), x + block.cv2(block.cv1(x)))
+    no_shortcut = Bottleneck(8, 8, shortcut=False)
+    widening = Bottleneck(8, 16)
+    assert not no_shortcut.add and not widening.add
+    assert widening(x).shape == (1, 16, 8, 8)
+
+
+def test_c3_shapes_and_depth() -> None:
+    block = C3(16, 32, n=3, shortcut=False)
+    assert len(block.m) == 3 and all(not b.add for b in block.m)
+    assert block.cv1.conv.out_channels == 16 and block.cv3.conv.in_channels == 32
+    assert block(torch.rand(2, 16, 8, 8)).shape == (2, 32, 8, 8)
+
+
+def test_sppf_equals_spp_with_the_same_weights() -> None:
+    """Three chained 5x5 max-pools see the same windows as parallel 5, 9 and 13 pools."""
+    torch.manual_seed(0)
+    spp = SPP(16, 24, (5, 9, 13)).eval()
+    sppf = SPPF(16, 24, 5).eval()
+    _randomise_batchnorm(spp)
+    sppf.load_state_dict(spp.state_dict())
+    x = torch.randn(2, 16, 20, 20)
+    with torch.no_grad():
+        torch.testing.assert_close(sppf(x), spp(x))
+    assert sum(p.numel() for p in spp.parameters()) == sum(p.numel() for p in sppf.parameters())
+
+
+def test_focus_space_to_depth() -> None:
+    focus = Focus(2, 8, 3)
+    seen: list[torch.Tensor] = []
+    focus.conv.register_forward_hook(lambda module, inputs, output: seen.append(inputs[0]))
+    x = torch.arange(2 * 4 * 6, dtype=torch.float32).view(1, 2, 4, 6)
+    assert focus(x).shape == (1, 8, 2, 3)
+    stacked = seen[0]
+    assert stacked.shape == (1, 8, 2, 3)
+    # channel blocks: (even row, even col), (odd row, even col), (even row, odd col), (odd row, odd col)
+    for block, (dy, dx) in enumerate([(0, 0), (1, 0), (0, 1), (1, 1)]):
+        assert torch.equal(stacked[0, 2 * block:2 * block + 2], x[0, :, dy::2, dx::2])
+
+
+def test_concat() -> None:
+    a, b = torch.rand(1, 2, 4, 4), torch.rand(1, 3, 4, 4)
+    assert torch.equal(Concat()([a, b]), torch.cat((a, b), 1))
+    assert Concat(3)([a, a]).shape == (1, 2, 4, 8)
