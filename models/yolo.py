@@ -159,8 +159,7 @@ def _check_from(f: Any, index: int, where: str) -> list[int]:
     return sources
 
 
-def parse_model(cfg: dict, ch: int, source: str = "<dict>") -> tuple[nn.Sequential, list[int], list[str]]:
-    """Build the layers of ``cfg``; returns (layers, indices whose outputs are kept, table rows)."""
+def _check_top_level(cfg: dict, source: str) -> None:
     for key in ("nc", "anchors", "backbone", "head"):
         if key not in cfg:
             raise ModelConfigError(f"{source}: missing key '{key}'")
@@ -173,6 +172,35 @@ def parse_model(cfg: dict, ch: int, source: str = "<dict>") -> tuple[nn.Sequenti
     for section in ("backbone", "head"):
         if not isinstance(cfg[section], list) or not cfg[section]:
             raise ModelConfigError(f"{source}: '{section}' must be a list of [from, number, module, args] rows")
+
+
+def _module_args(module_cls: type[nn.Module], args: list, n: int, width: float, channels: list[int],
+                 f: int | list[int], sources: list[int], where: str) -> tuple[list, int, int]:
+    """(constructor args, repeats, output channels) for one row, with channels scaled by ``width``."""
+    name = module_cls.__name__
+    c_in = channels[f] if isinstance(f, int) else None
+    if module_cls in _CHANNEL_MODULES:
+        if not args or isinstance(args[0], bool) or not isinstance(args[0], (int, float)) or args[0] <= 0:
+            raise ModelConfigError(f"{where}: {name} needs a positive number of output channels as its first "
+                                   f"argument, got {args[:1]}")
+        c_out = make_divisible(args[0] * width, 8)
+        args = [c_in, c_out, *args[1:]]
+        if module_cls in _REPEAT_INSIDE:
+            args.insert(2, n)
+            n = 1
+        return args, n, c_out
+    if module_cls is Concat:
+        return args, n, sum(channels[j] for j in sources)
+    if module_cls is Detect:
+        if len(args) > 1 and isinstance(args[1], list) and len(args[1]) != len(sources):
+            raise ModelConfigError(f"{where}: Detect has {len(sources)} inputs but {len(args[1])} anchor levels")
+        return [*args, [channels[j] for j in sources]], n, 0
+    return args, n, c_in
+
+
+def parse_model(cfg: dict, ch: int, source: str = "<dict>") -> tuple[nn.Sequential, list[int], list[str]]:
+    """Build the layers of ``cfg``; returns (layers, indices whose outputs are kept, table rows)."""
+    _check_top_level(cfg, source)
     depth, width = cfg.get("depth_multiple", 1.0), cfg.get("width_multiple", 1.0)
     rows = [("backbone", r) for r in cfg["backbone"]] + [("head", r) for r in cfg["head"]]
     channels, layers, save, table = [ch], [], [], []
@@ -189,25 +217,7 @@ def parse_model(cfg: dict, ch: int, source: str = "<dict>") -> tuple[nn.Sequenti
         module_cls = REGISTRY[name]
         args = [_resolve_arg(a, cfg) for a in (args if isinstance(args, list) else [args])]
         n = max(round(n * depth), 1) if n > 1 else n
-        c_in = channels[f] if isinstance(f, int) else None
-        if module_cls in _CHANNEL_MODULES:
-            if not args or isinstance(args[0], bool) or not isinstance(args[0], (int, float)) or args[0] <= 0:
-                raise ModelConfigError(f"{where}: {name} needs a positive number of output channels as its first "
-                                       f"argument, got {args[:1]}")
-            c_out = make_divisible(args[0] * width, 8)
-            args = [c_in, c_out, *args[1:]]
-            if module_cls in _REPEAT_INSIDE:
-                args.insert(2, n)
-                n = 1
-        elif module_cls is Concat:
-            c_out = sum(channels[j] for j in sources)
-        elif module_cls is Detect:
-            if len(args) > 1 and isinstance(args[1], list) and len(args[1]) != len(sources):
-                raise ModelConfigError(f"{where}: Detect has {len(sources)} inputs but {len(args[1])} anchor levels")
-            args.append([channels[j] for j in sources])
-            c_out = 0
-        else:
-            c_out = c_in
+        args, n, c_out = _module_args(module_cls, args, n, width, channels, f, sources, where)
         try:
             inspect.signature(module_cls).bind(*args)
             block = nn.Sequential(*(module_cls(*args) for _ in range(n))) if n > 1 else module_cls(*args)
@@ -219,9 +229,7 @@ def parse_model(cfg: dict, ch: int, source: str = "<dict>") -> tuple[nn.Sequenti
         table.append(f"{i:>3}{str(f):>18}{n:>3}{params:>10}  {qualname:<40}{str(args):<30}")
         save.extend(j % i for j in sources if j != -1)
         layers.append(block)
-        if i == 0:
-            channels = []
-        channels.append(c_out)
+        channels = [c_out] if i == 0 else [*channels, c_out]
     if not isinstance(layers[-1], Detect):
         raise ModelConfigError(f"{source}: the last head row must be Detect")
     return nn.Sequential(*layers), sorted(set(save)), table
