@@ -6,6 +6,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from utils.dist import read_env
 from utils.errors import UserError
 
 EXIT_USER_ERROR = 2
@@ -13,11 +14,16 @@ EXIT_INTERRUPTED = 130
 
 
 def run_main(main: Callable[[Any], Any], opt: Any, script: str) -> int:
-    """Call ``main(opt)``; a UserError prints ``script: error: message`` on stderr and returns 2."""
+    """Call ``main(opt)``; a UserError prints ``script: error: message`` on stderr and returns 2.
+
+    Under torchrun every rank usually meets the same bad input, so only rank 0 prints it; the
+    other ranks exit with the same code, and torchrun's summary names the ranks that failed.
+    """
     try:
         main(opt)
     except UserError as e:
-        print(f"{script}: error: {e}", file=sys.stderr, flush=True)
+        if read_env().rank == 0:
+            print(f"{script}: error: {e}", file=sys.stderr, flush=True)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:
         print(f"{script}: interrupted", file=sys.stderr, flush=True)

@@ -208,10 +208,15 @@ def init_distributed(device: str = "", backend: str = "auto", timeout_s: float =
     return device_obj
 
 
-def cpu_share() -> int:
-    """CPU cores available to this process: the machine's (affinity) cores divided among the local ranks."""
+def cpu_share_of(local_world_size: int) -> int:
+    """The machine's (affinity) cores divided among ``local_world_size`` processes, at least 1."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(cores // max(get_local_world_size(), 1), 1)
+    return max(cores // max(local_world_size, 1), 1)
+
+
+def cpu_share() -> int:
+    """CPU cores available to this process: the machine's cores divided among the local ranks."""
+    return cpu_share_of(get_local_world_size())
 
 
 def configure_threads() -> int:

@@ -1,0 +1,233 @@
+"""train.py under torch.distributed on CPU (gloo): torchrun runs, one DDP step against one process, two
+"nodes", a failing rank, decisions broadcast from rank 0, and the start-up agreement check."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = [pytest.mark.ddp, pytest.mark.slow]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def train_flags(tiny_cfg_file: Path, tiny_dataset: Path, project: Path, *extra: str) -> list[str]:
+    return ["train.py", "--cfg", str(tiny_cfg_file), "--data", str(tiny_dataset), "--img", "64", "--batch-size", "8",
+            "--epochs", "2", "--device", "cpu", "--workers", "0", "--noautoanchor", "--project", str(project),
+            "--ddp-timeout", "120", *extra]
+
+
+def launch(args: list[str], env_extra: dict | None = None) -> subprocess.Popen:
+    env = {**os.environ, "NO_COLOR": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env_extra or {})}
+    env.pop("WORLD_SIZE", None)
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # bytes: keep tqdm's \r in a line
+
+
+def collect(proc: subprocess.Popen, timeout: float = 240) -> tuple[int, list[tuple[float, str]], float]:
+    """(exit code, timestamped output lines (stdout and stderr), exit time); kills the job on timeout."""
+    lines: list[tuple[float, str]] = []
+
+    def pump(stream):
+        for line in stream:
+            lines.append((time.monotonic(), line.decode(errors="replace").rstrip("\n")))
+
+    pumps = [threading.Thread(target=pump, args=(s,), daemon=True) for s in (proc.stdout, proc.stderr)]
+    for t in pumps:
+        t.start()
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        rc = proc.wait()
+        pytest.fail(f"job did not end within {timeout} s:\n" + "\n".join(text for _, text in lines[-40:]))
+    ended = time.monotonic()
+    for t in pumps:
+        t.join(timeout=10)
+    return rc, lines, ended
+
+
+def text_of(lines: list[tuple[float, str]]) -> str:
+    return "\n".join(text for _, text in lines)
+
+
+def epoch_lines(lines: list[tuple[float, str]], epoch: int, epochs: int) -> list[str]:
+    """Finished epoch progress lines (a tqdm line's last carriage-return segment) for ``epoch``."""
+    tag = f"{epoch}/{epochs - 1}"
+    return [t for _, t in lines if t.split("\r")[-1].split() and t.split("\r")[-1].split()[0] == tag]
+
+
+def test_two_process_run_prints_once_and_exits_promptly(tiny_cfg_file, tiny_dataset, tmp_path):
+    args = ["--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+            *train_flags(tiny_cfg_file, tiny_dataset, tmp_path)]
+    rc, lines, ended = collect(launch(args))
+    output = text_of(lines)
+    assert rc == 0, output[-3000:]
+    assert len(epoch_lines(lines, 0, 2)) == 1 and len(epoch_lines(lines, 1, 2)) == 1, output[-3000:]
+    assert output.count("Starting training for 2 epochs") == 1 and output.count("2 epochs completed in") == 1
+    assert "batch 4 per rank, 2 ranks" in output
+    last_log = max(t for t, text in lines if text.strip())
+    assert ended - last_log < 10, f"exited {ended - last_log:.1f} s after its last line"
+    run_dir = tmp_path / "exp"
+    assert (run_dir / "weights" / "last.pt").is_file() and len((run_dir / "results.csv").read_text().splitlines()) == 3
+
+
+def test_batch_not_divisible_by_world_size_is_a_one_line_error(tiny_cfg_file, tiny_dataset, tmp_path):
+    args = ["--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+            *train_flags(tiny_cfg_file, tiny_dataset, tmp_path), "--batch-size", "3"]
+    rc, lines, _ = collect(launch(args), timeout=120)
+    errors = [t for _, t in lines if t.startswith("train: error:")]
+    assert rc != 0 and errors, text_of(lines)
+    assert "--batch-size 3 must be a positive multiple of the world size 2" in errors[0]
+    assert not any(str(ROOT) in t and "File " in t for _, t in lines), "a traceback from our code"  # torchrun's own
+    # ChildFailedError report follows; the workers themselves printed only the one line
+
+
+def test_two_nodes_on_localhost_with_c10d_rendezvous(tiny_cfg_file, tiny_dataset, tmp_path):
+    endpoint = f"127.0.0.1:{free_port()}"
+    common = ["--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+              "--rdzv-id", f"two-nodes-{os.getpid()}"]
+    flags = train_flags(tiny_cfg_file, tiny_dataset, tmp_path, "--epochs", "1")
+    nodes = [launch([*common, *flags]) for _ in range(2)]
+    results = [collect(node) for node in nodes]
+    for rc, lines, _ in results:
+        assert rc == 0, text_of(lines)[-3000:]
+    combined = "\n".join(text_of(lines) for _, lines, _ in results)
+    assert combined.count("1 epochs completed in") == 1 and "batch 4 per rank, 2 ranks" in combined
+
+
+def test_a_failing_rank_ends_the_job_and_is_named(tiny_cfg_file, tiny_dataset, tmp_path):
+    args = ["--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
+            *train_flags(tiny_cfg_file, tiny_dataset, tmp_path)]
+    rc, lines, ended = collect(launch(args, {"YOLO_TEST_FAIL_AT": "1:0:1"}), timeout=180)
+    output = text_of(lines)
+    assert rc != 0
+    fault = [t for t, text in lines if "rank 1: test fault injected at epoch 0 batch 1" in text]
+    assert fault, output[-3000:]
+    assert ended - fault[0] < 30, "the job waited for the collective timeout instead of ending"  # timeout: 120 s
+    assert "epochs completed" not in output
+
+
+# --- in-process 2-rank group (torch.multiprocessing, gloo) -----------------------------------------------------
+
+
+def _rank_worker(rank: int, port: int, out_dir: str, cfg: dict) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    sys.path.insert(0, str(ROOT))
+    import utils.dist as dist
+
+    dist.init_distributed("cpu", "gloo", 300, 300)
+    try:
+        results = {"ddp_step": _ddp_step(rank, cfg, Path(out_dir)), **_broadcast_decisions(rank)}
+        (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(results))
+    finally:
+        dist.cleanup(clean_exit=True)
+
+
+def _frozen_bn(model: torch.nn.Module) -> torch.nn.Module:
+    """Training mode with BatchNorm on its running statistics: DDP and one process then compute the same."""
+    model.train()
+    for m in model.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            m.eval()
+    return model
+
+
+def _step(model, stepper_model, batch, loss_scale):
+    from utils.engine import train_one_epoch
+    from utils.loss import ComputeLoss
+    from utils.optim import LRSchedule, ModelEMA, Stepper, build_optimizer, unwrap
+
+    hyp = {"lr0": 0.01, "lrf": 1.0, "momentum": 0.9, "weight_decay": 5e-4, "warmup_epochs": 0.0, "box": 0.05,
+           "cls": 0.5, "obj": 1.0, "anchor_t": 4.0}
+    optimizer = build_optimizer(stepper_model, "SGD", hyp["lr0"], hyp["momentum"], hyp["weight_decay"])
+    stepper = Stepper(stepper_model, optimizer, LRSchedule(hyp, 1, 1), ema=ModelEMA(stepper_model))
+    train_model = model
+    _frozen_bn(unwrap(model))
+    train_model.train = lambda mode=True: train_model  # keep the frozen BN through train_one_epoch's .train()
+    train_one_epoch(train_model, [batch], stepper, ComputeLoss(unwrap(model), hyp, 64), device=torch.device("cpu"),
+                    epoch=0, epochs=1, img_size=64, loss_scale=loss_scale, show_progress=False)
+    assert stepper.steps == 1
+    return torch.cat([p.detach().flatten() for p in unwrap(model).parameters()])
+
+
+def _ddp_step(rank: int, cfg: dict, out_dir: Path) -> str:
+    from models.yolo import Model
+
+    torch.manual_seed(0)
+    model = Model(cfg)
+    reference = copy.deepcopy(model)
+    imgs = torch.randint(0, 256, (4, 3, 64, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    boxes = torch.tensor([[0, 1, 0.5, 0.5, 0.4, 0.5], [0, 2, 0.25, 0.3, 0.2, 0.2], [1, 0, 0.6, 0.4, 0.5, 0.3]])
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    params = _step(ddp, ddp, (imgs[2 * rank:2 * rank + 2], boxes, ("a", "b"), None), loss_scale=2)
+    torch.save(params, out_dir / f"params{rank}.pt")
+    # one process on both ranks' images in one batch; every rank computes it, so no rank waits on another's solo work
+    union = torch.cat((boxes, boxes + torch.tensor([2.0, 0, 0, 0, 0, 0])))
+    single = _step(reference, reference, (imgs, union, ("a", "b", "c", "d"), None), loss_scale=1)
+    torch.save(single, out_dir / f"params_single{rank}.pt")
+    return "done"
+
+
+def _broadcast_decisions(rank: int) -> dict:
+    from types import SimpleNamespace
+
+    import train
+    import utils.dist as dist
+    from utils.callbacks import EarlyStopping
+
+    run = SimpleNamespace(opt=SimpleNamespace(multi_scale=True, seed=rank, img_size=64), grid=32,
+                          train_loader=[None] * 20)
+    sizes = train.step_sizes(run, epoch=3)  # each rank has its own seed; rank 0's draw wins
+    stopper = EarlyStopping(patience=1)
+    stopper(0, 0.5)
+    stop = train.decide_stop(stopper, epoch=1 if rank == 0 else 0, fitness_value=0.1)  # only rank 0 would stop
+    try:
+        dist.check_agreement({"params": 100 + rank, "config": "same"})
+        agreement = "passed"
+    except dist.DistError as e:
+        agreement = str(e)
+    return {"sizes": sizes, "stop": stop, "amp": train.decide_amp(None, torch.device("cpu")),
+            "agreement": agreement}
+
+
+def test_ddp_step_equals_one_process_on_the_union_and_rank0_decisions_are_shared(tiny_cfg, tmp_path):
+    mp.start_processes(_rank_worker, args=(free_port(), str(tmp_path), tiny_cfg), nprocs=2, start_method="spawn")
+    p0, p1 = torch.load(tmp_path / "params0.pt"), torch.load(tmp_path / "params1.pt")
+    single = torch.load(tmp_path / "params_single0.pt")
+    assert torch.equal(single, torch.load(tmp_path / "params_single1.pt"))
+    assert torch.equal(p0, p1)  # DDP keeps the replicas identical
+    initial = torch.cat([p.detach().flatten() for p in _initial_params(tiny_cfg)])
+    assert (p0 - initial).abs().max() > 1e-4  # the step moved the weights
+    assert torch.allclose(p0, single, atol=1e-5, rtol=0), (p0 - single).abs().max()
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert r0["sizes"] == r1["sizes"] and len(set(r0["sizes"])) > 1 and all(s % 32 == 0 for s in r0["sizes"])
+    assert r0["stop"] is True and r1["stop"] is True
+    assert r0["amp"] is False and r1["amp"] is False
+    for r in (r0, r1):
+        assert "ranks [1] differ from rank 0 in params" in r["agreement"]
+
+
+def _initial_params(cfg: dict) -> list[torch.Tensor]:
+    from models.yolo import Model
+
+    torch.manual_seed(0)
+    return list(Model(cfg).parameters())
