@@ -69,3 +69,17 @@ def yolo_log() -> Iterator[list[str]]:
     yield lines
     LOGGER.removeHandler(handler)
     LOGGER.setLevel(old_level)
+
+
+@pytest.fixture(autouse=True)
+def _fresh_yolo_logger() -> Iterator[None]:
+    """Each test starts with the 'yolo' logger as imported (propagating, no handlers), so a script's
+    setup_logging() in one test cannot hide log records from caplog in the next."""
+    import logging
+
+    from utils.logging import LOGGER
+
+    LOGGER.handlers.clear()
+    LOGGER.propagate = True
+    LOGGER.setLevel(logging.NOTSET)
+    yield

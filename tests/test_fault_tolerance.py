@@ -1,5 +1,6 @@
 """Fault tolerance: graceful stop on signals (1 and 2 processes), a writer killed mid-checkpoint, unsafe
-pickles refused, and (once train.py is integrated) restart, exact resume and world-size changes end to end.
+pickles refused, and through train.py: elastic restart after SIGKILL, exact resume, world-size changes,
+SIGTERM, non-finite loss skipped collectively, flat resident memory.
 
 The elastic restart of the process group itself is proven in tests/test_elastic_restart.py.
 """
@@ -13,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -183,112 +184,169 @@ def test_pickled_object_refused_without_running_it(tmp_path: Path) -> None:
     assert marker.is_dir()
 
 
-# ------------------------------------------------------ end to end through train.py (after integration)
-# Faults are injected with train.py's test hook YOLO_TEST_FAIL_AT=RANK:EPOCH:BATCH[:ACTION], ACTION one of
-# raise (default), kill (SIGKILL itself), term (SIGTERM itself), active on the first attempt only
-# (TORCHELASTIC_RESTART_COUNT 0), so each fault lands at a known batch.
-def _train_integrated() -> bool:
-    train = ROOT / "train.py"
-    text = train.read_text() if train.exists() else ""
-    return all(name in text for name in ("plan_run", "GracefulStop", "pack_train_state"))
-
-
-def integration(test: Callable) -> Callable:
-    """End-to-end tests of train.py: reported as xfail, not run, until train.py uses these modules."""
-    marks = [pytest.mark.slow, pytest.mark.ddp,
-             pytest.mark.xfail(not _train_integrated(), run=_train_integrated(), strict=False,
-                               reason="awaiting train.py integration")]
-    for mark in marks:
-        test = mark(test)
-    return test
-
-
+# ------------------------------------------------------------------------------ end to end through train.py
+# Faults are injected with train.py's test hooks, active on the first attempt only (TORCHELASTIC_RESTART_COUNT 0),
+# so each fault lands at a known batch: YOLO_TEST_FAIL_AT=RANK:EPOCH:BATCH[:ACTION], ACTION one of raise
+# (default), kill (SIGKILL itself), term (SIGTERM itself); YOLO_TEST_NAN_AT=RANK:EPOCH:BATCH[:COUNT] (NaN loss).
+# Single-process runs call train.main in this process (no interpreter start-up); DDP runs use torchrun.
 def train_cmd(data: Path, cfg: Path, project: Path, *extra: str, epochs: int = 3) -> list[str]:
     return [str(ROOT / "train.py"), "--data", str(data), "--cfg", str(cfg), "--weights", "", "--img-size", "64",
             "--batch-size", "8", "--epochs", str(epochs), "--workers", "0", "--device", "cpu", "--seed", "0",
             "--project", str(project), "--noautoanchor", *extra]
 
 
-def launch(nproc: int, args: list[str], fault: str | None = None, restarts: int = 0) -> subprocess.Popen:
-    """Start train.py with ``nproc`` processes (plain python for 1), injecting ``fault`` if given."""
-    cmd = torchrun(nproc, *args, restarts=restarts) if nproc > 1 or restarts else [sys.executable, *args]
+def launch(nproc: int, args: list[str], fault: str | None = None, restarts: int = 0,
+           nan: str | None = None) -> subprocess.Popen:
+    """Start train.py with ``nproc`` processes under torchrun, injecting ``fault`` / ``nan`` if given."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    env.pop("YOLO_TEST_FAIL_AT", None)
-    if fault:
-        env["YOLO_TEST_FAIL_AT"] = fault
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+    for name, value in (("YOLO_TEST_FAIL_AT", fault), ("YOLO_TEST_NAN_AT", nan)):
+        env.pop(name, None)
+        if value:
+            env[name] = value
+    return subprocess.Popen(torchrun(nproc, *args, restarts=restarts), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
-def csv_rows(run_dir: Path) -> int:
-    return len((run_dir / "results.csv").read_text().strip().splitlines()) - 1
+@pytest.fixture
+def in_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., int]]:
+    """``run(args, fault=None)``: train.py's main in this process (one torch thread, the logger restored)."""
+    import train
+    from utils.cli import run_main
+    from utils.logging import LOGGER
+
+    threads, handlers, level = torch.get_num_threads(), list(LOGGER.handlers), LOGGER.level
+    torch.set_num_threads(1)
+
+    def run(args: list[str], fault: str | None = None) -> int:
+        monkeypatch.delenv("YOLO_TEST_NAN_AT", raising=False)
+        if fault:
+            monkeypatch.setenv("YOLO_TEST_FAIL_AT", fault)
+        else:
+            monkeypatch.delenv("YOLO_TEST_FAIL_AT", raising=False)
+        return run_main(train.main, train.parse_opt(args[1:]), "train")
+
+    yield run
+    torch.set_num_threads(threads)
+    LOGGER.handlers[:], LOGGER.level = handlers, level
 
 
-@integration
+def csv_epochs(run_dir: Path) -> list[str]:
+    return [line.split(",")[0] for line in (run_dir / "results.csv").read_text().strip().splitlines()[1:]]
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
 def test_train_restart_after_sigkill_finishes_all_epochs(tmp_path: Path, tiny_dataset: Path,
                                                           tiny_cfg_file: Path) -> None:
     project = tmp_path / "runs"
-    args = train_cmd(tiny_dataset, tiny_cfg_file, project, "--name", "exp")
+    args = train_cmd(tiny_dataset, tiny_cfg_file, project, "--name", "exp", "--noval")
     code, out = finish(launch(2, args, fault="1:1:1:kill", restarts=1))  # rank 1 dies in epoch 2 of 3
     assert code == 0, out[-3000:]
-    assert csv_rows(project / "exp") == 3
+    assert csv_epochs(project / "exp") == ["0", "1", "2"]
     assert re.search(r"Resum\w* .*elastic restart 1.*last\.pt", out), out[-3000:]
+    assert "Resuming from epoch 1 of 3, batch 0" in out
     assert sorted(p.name for p in project.iterdir()) == ["exp"]
 
 
-@integration
-def test_interrupted_and_resumed_equals_uninterrupted(tmp_path: Path, tiny_dataset: Path,
-                                                      tiny_cfg_file: Path) -> None:
+@pytest.mark.slow
+def test_interrupted_and_resumed_equals_uninterrupted(tmp_path: Path, tiny_dataset: Path, tiny_cfg_file: Path,
+                                                      in_process: Callable[..., int]) -> None:
     project = tmp_path / "runs"
     args = lambda name: train_cmd(tiny_dataset, tiny_cfg_file, project, "--name", name,  # noqa: E731
                                   "--save-interval-steps", "1", epochs=2)
-    code, out = finish(launch(1, args("whole")))
-    assert code == 0, out[-2000:]
-    code, out = finish(launch(1, args("cut"), fault="0:1:1"))  # crashes mid-epoch 2; last.pt is a step before
-    assert code != 0 and load_checkpoint(project / "cut" / "weights" / "last.pt")["train_state"]["position"][
-        "samples_seen"] > 0, out[-2000:]
-    code, out = finish(launch(1, [str(ROOT / "train.py"), "--resume", str(project / "cut" / "weights" / "last.pt")]))
-    assert code == 0, out[-2000:]
-    whole = load_checkpoint(project / "whole" / "weights" / "last.pt")
-    resumed = load_checkpoint(project / "cut" / "weights" / "last.pt")
-    assert csv_rows(project / "cut") == 2
-    for key, value in whole["model"].items():
-        assert torch.allclose(resumed["model"][key].float(), value.float(), atol=1e-6, rtol=0), key
+    assert in_process(args("whole")) == 0
+    with pytest.raises(RuntimeError, match="test fault injected at epoch 1 batch 1"):
+        in_process(args("cut"), fault="0:1:1")  # crashes mid-epoch 2; last.pt is from the batch before
+    cut_last = project / "cut" / "weights" / "last.pt"
+    assert load_checkpoint(cut_last)["train_state"]["position"]["samples_seen"] == 8
+    assert in_process([str(ROOT / "train.py"), "--resume", str(cut_last)]) == 0
+    whole, resumed = load_checkpoint(project / "whole" / "weights" / "last.pt"), load_checkpoint(cut_last)
+    assert csv_epochs(project / "cut") == ["0", "1"]
     raw_whole, raw_resumed = whole["train_state"]["states"]["model"], resumed["train_state"]["states"]["model"]
-    for key, value in raw_whole.items():
-        assert torch.allclose(raw_resumed[key].float(), value.float(), atol=1e-6, rtol=0), key
+    pairs = [(whole["model"], resumed["model"]), (raw_whole, raw_resumed)]
+    diff = max((a[k].float() - b[k].float()).abs().max().item() for a, b in pairs for k in a)
+    assert diff <= 1e-6, diff
+    assert resumed["train_state"]["states"]["stepper"]["iteration"] == 6
 
 
-@integration
-def test_resume_across_world_sizes_2_to_1_to_2(tmp_path: Path, tiny_dataset: Path, tiny_cfg_file: Path) -> None:
+@pytest.mark.slow
+@pytest.mark.ddp
+def test_resume_across_world_sizes_1_to_2_to_1(tmp_path: Path, tiny_dataset: Path, tiny_cfg_file: Path,
+                                                in_process: Callable[..., int], capsys: pytest.CaptureFixture) \
+        -> None:
     project, run_dir = tmp_path / "runs", tmp_path / "runs" / "exp"
-    code, out = finish(launch(2, train_cmd(tiny_dataset, tiny_cfg_file, project, "--name", "exp"), fault="0:0:1:term"))
-    assert code != 0 and (run_dir / "weights" / "last.pt").exists(), out[-2000:]
+    args = train_cmd(tiny_dataset, tiny_cfg_file, project, "--name", "exp", "--noval")
+    assert in_process(args, fault="0:0:1:term") == 130  # 1 process, stopped in epoch 1 of 3
     resume = [str(ROOT / "train.py"), "--resume", str(run_dir)]
-    code, out = finish(launch(1, resume, fault="0:1:1:term"))  # 2 -> 1 process, stopped again in epoch 2
-    assert code != 0 and "processes 2 -> 1, batch per process 4 -> 8" in out, out[-3000:]
-    assert "kept total batch 8" in out
-    code, out = finish(launch(2, resume))  # 1 -> 2 processes, to the end
-    assert code == 0 and "processes 1 -> 2, batch per process 8 -> 4" in out, out[-3000:]
-    assert csv_rows(run_dir) == 3
+    code, out = finish(launch(2, resume, fault="0:1:1:term"))  # 1 -> 2 processes, stopped again in epoch 2
+    assert code != 0 and "processes 1 -> 2, batch per process 8 -> 4" in out, out[-3000:]
+    assert "kept total batch 8" in out and "Resuming from epoch 0 of 3, batch 2" in out
+    assert load_checkpoint(run_dir / "weights" / "last.pt")["train_state"]["position"]["epoch"] == 1
+    capsys.readouterr()
+    assert in_process(resume) == 0  # 2 -> 1 process, to the end
+    out = capsys.readouterr().out
+    assert "processes 2 -> 1, batch per process 4 -> 8" in out and "Resuming from epoch 1 of 3, batch 2" in out, out
+    assert csv_epochs(run_dir) == ["0", "1", "2"]
+    assert load_checkpoint(run_dir / "weights" / "last.pt")["train_state"]["states"]["stepper"]["iteration"] == 9
 
 
-@integration
+@pytest.mark.slow
 def test_sigterm_single_process_saves_last_and_exits_nonzero(tmp_path: Path, tiny_dataset: Path,
-                                                             tiny_cfg_file: Path) -> None:
+                                                             tiny_cfg_file: Path, in_process: Callable[..., int],
+                                                             capsys: pytest.CaptureFixture) -> None:
     project = tmp_path / "runs"
-    code, out = finish(launch(1, train_cmd(tiny_dataset, tiny_cfg_file, project, "--name", "exp"),
-                              fault="0:0:1:term"))
-    assert code == 130 and "train: interrupted" in out, out[-2000:]
+    before = signal.getsignal(signal.SIGTERM)
+    code = in_process(train_cmd(tiny_dataset, tiny_cfg_file, project, "--name", "exp", "--noval"), fault="0:0:1:term")
+    assert code == 130 and "train: interrupted" in capsys.readouterr().err
     state = load_checkpoint(project / "exp" / "weights" / "last.pt")["train_state"]
-    assert state["position"]["epoch"] == 0 and state["position"]["samples_seen"] > 0
+    assert state["position"] == {**state["position"], "epoch": 0, "samples_seen": 16}
+    assert signal.getsignal(signal.SIGTERM) is before
 
 
-@integration
-def test_train_refuses_pickled_weights(tmp_path: Path, tiny_dataset: Path, tiny_cfg_file: Path) -> None:
+@pytest.mark.slow
+def test_train_refuses_pickled_weights(tmp_path: Path, tiny_dataset: Path, tiny_cfg_file: Path,
+                                       in_process: Callable[..., int], capsys: pytest.CaptureFixture) -> None:
     evil = tmp_path / "evil.pt"
     torch.save({"format": FORMAT, "model": {}, "model_yaml": {}, "hook": CodeRunner(tmp_path / "ran")}, evil)
     args = train_cmd(tiny_dataset, tiny_cfg_file, tmp_path / "runs", epochs=1)
     args[args.index("--weights") + 1] = str(evil)
-    code, out = finish(launch(1, args))
-    assert code == 2 and "train: error:" in out and "refused" in out and not (tmp_path / "ran").exists()
+    assert in_process(args) == 2
+    err = capsys.readouterr().err
+    assert "train: error:" in err and "refused" in err and not (tmp_path / "ran").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+def test_nonfinite_loss_skipped_on_both_ranks_then_reloaded(tmp_path: Path, tiny_dataset: Path,
+                                                             tiny_cfg_file: Path) -> None:
+    project = tmp_path / "runs"
+    args = train_cmd(tiny_dataset, tiny_cfg_file, project, "--name", "exp", "--noval")
+    code, out = finish(launch(2, args, nan="1:1:0:3"))  # rank 1 only: NaN loss in all 3 batches of epoch 1
+    assert code == 0, out[-3000:]
+    assert "Epoch 1: resident memory" in out and "skipped 3 steps with a non-finite loss (3 in all)" in out, out
+    assert re.search(r"non-finite loss in 3 steps in a row: reloaded \S+last\.pt; learning rate halved", out), out
+    last = load_checkpoint(project / "exp" / "weights" / "last.pt")
+    stepper = last["train_state"]["states"]["stepper"]
+    assert stepper["iteration"] == 6  # epochs 0 and 2 stepped; epoch 1 skipped on both ranks
+    assert stepper["optimizer"]["param_groups"][0]["initial_lr"] == pytest.approx(0.5 * last["hyp"]["lr0"])
+    assert all(torch.isfinite(v).all() for v in last["model"].values() if v.is_floating_point())
+    assert csv_epochs(project / "exp") == ["0", "1", "2"]
+
+
+@pytest.mark.slow
+def test_resident_memory_flat_over_epochs(tmp_path: Path, tiny_dataset: Path, tiny_cfg_file: Path,
+                                          in_process: Callable[..., int], capsys: pytest.CaptureFixture) -> None:
+    args = train_cmd(tiny_dataset, tiny_cfg_file, tmp_path / "runs", "--noval", epochs=6)
+    assert in_process(args) == 0
+    rss = [float(m) for m in re.findall(r"Epoch \d+: resident memory (\d+) MB", capsys.readouterr().out)]
+    assert len(rss) == 6 and rss[5] <= 1.10 * rss[2], rss
+
+
+def test_results_csv_drops_rows_after_the_resumed_checkpoint(tmp_path: Path) -> None:
+    from utils.callbacks import ResultsCSV
+
+    results = ResultsCSV(tmp_path / "results.csv")
+    for epoch in range(3):
+        results.write([epoch, *[0.5] * 10])
+    assert results.drop_from(1) == 2 and csv_epochs(tmp_path) == ["0"]
+    assert results.drop_from(1) == 0 and ResultsCSV(tmp_path / "other.csv").drop_from(0) == 0
