@@ -18,7 +18,7 @@ import torch
 from utils import dist
 from utils.backends import check_img_size
 from utils.checkpoint import load_model
-from utils.cli import run_main
+from utils.cli import add_distributed_flags, run_main
 from utils.datasets import DataError, load_data_config
 from utils.engine import EvalResult, evaluate
 from utils.errors import UserError
@@ -58,10 +58,7 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--project", default=str(ROOT / "runs" / "test"), help="save to project/name")
     p.add_argument("--name", default="exp", help="save to project/name")
     p.add_argument("--exist-ok", action="store_true", help="reuse project/name instead of incrementing")
-    p.add_argument("--backend", default="auto", choices=["auto", "nccl", "gloo"], help="torch.distributed backend")
-    p.add_argument("--ddp-timeout", type=float, default=600.0, help="seconds before a collective fails")
-    p.add_argument("--ddp-long-timeout", type=float, default=1800.0, help="seconds for long waits (label cache)")
-    p.add_argument("--local_rank", "--local-rank", dest="local_rank", type=int, default=-1, help=argparse.SUPPRESS)
+    add_distributed_flags(p, long_wait="label cache")
     return p.parse_args(argv)
 
 

@@ -36,7 +36,7 @@ from utils.checkpoint import (
     save_run_checkpoints,
     to_plain,
 )
-from utils.cli import run_main
+from utils.cli import add_distributed_flags, run_main
 from utils.errors import UserError
 from utils.logging import LOGGER, colorstr, print_options, setup_logging
 from utils.loss import ComputeLoss
@@ -119,11 +119,8 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--save-interval-steps", type=int, default=0, help="also save last.pt every N batches (mid-epoch)")
     p.add_argument("--save-interval-minutes", type=float, default=0.0, help="also save last.pt every M minutes")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--backend", default="auto", choices=["auto", "nccl", "gloo"], help="torch.distributed backend")
-    p.add_argument("--ddp-timeout", type=float, default=600.0, help="seconds before a training collective fails")
-    p.add_argument("--ddp-long-timeout", type=float, default=1800.0, help="seconds for long waits (cache, val)")
     p.add_argument("--evolve", type=int, nargs="?", const=300, default=0, help="evolve hyperparameters over N runs")
-    p.add_argument("--local_rank", "--local-rank", dest="local_rank", type=int, default=-1, help=argparse.SUPPRESS)
+    add_distributed_flags(p)
     return p.parse_args(argv)
 
 

@@ -211,9 +211,10 @@ def _broadcast_decisions(rank: int) -> dict:
 
 def test_ddp_step_equals_one_process_on_the_union_and_rank0_decisions_are_shared(tiny_cfg, tmp_path):
     mp.start_processes(_rank_worker, args=(free_port(), str(tmp_path), tiny_cfg), nprocs=2, start_method="spawn")
-    p0, p1 = torch.load(tmp_path / "params0.pt"), torch.load(tmp_path / "params1.pt")
-    single = torch.load(tmp_path / "params_single0.pt")
-    assert torch.equal(single, torch.load(tmp_path / "params_single1.pt"))
+    p0 = torch.load(tmp_path / "params0.pt", weights_only=True)
+    p1 = torch.load(tmp_path / "params1.pt", weights_only=True)
+    single = torch.load(tmp_path / "params_single0.pt", weights_only=True)
+    assert torch.equal(single, torch.load(tmp_path / "params_single1.pt", weights_only=True))
     assert torch.equal(p0, p1)  # DDP keeps the replicas identical
     initial = torch.cat([p.detach().flatten() for p in _initial_params(tiny_cfg)])
     assert (p0 - initial).abs().max() > 1e-4  # the step moved the weights

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -29,3 +30,13 @@ def run_main(main: Callable[[Any], Any], opt: Any, script: str) -> int:
         print(f"{script}: interrupted", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
     return 0
+
+
+def add_distributed_flags(parser: argparse.ArgumentParser, long_wait: str = "label cache, validation") -> None:
+    """The torch.distributed flags every multi-process script shares (train.py, test.py)."""
+    parser.add_argument("--backend", default="auto", choices=["auto", "nccl", "gloo"],
+                        help="torch.distributed backend (auto: nccl on CUDA, else gloo)")
+    parser.add_argument("--ddp-timeout", type=float, default=600.0, help="seconds before a collective fails")
+    parser.add_argument("--ddp-long-timeout", type=float, default=1800.0, help=f"seconds for long waits ({long_wait})")
+    parser.add_argument("--local_rank", "--local-rank", dest="local_rank", type=int, default=-1,
+                        help=argparse.SUPPRESS)  # the legacy torch.distributed.launch flag
