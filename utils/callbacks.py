@@ -16,7 +16,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from utils.logging import LOGGER
+from utils.logging import LOGGER, colorstr
 
 LOSS_NAMES = ("box", "obj", "cls")
 PROGRESS_HEADER = ("Epoch", "gpu_mem", "box", "obj", "cls", "total", "labels", "img_size")
@@ -72,6 +72,8 @@ class TensorBoard:
 
             logging.getLogger("tensorboard").setLevel(logging.WARNING)
             self.writer = SummaryWriter(str(log_dir))
+            LOGGER.info(f"{colorstr('tensorboard: ')}Start with 'tensorboard --logdir {log_dir.parent}', "
+                        "view at http://localhost:6006/")
 
     def scalars(self, values: dict[str, float], step: int) -> None:
         if self.writer is not None:
