@@ -18,12 +18,12 @@ import torch
 from utils import dist
 from utils.backends import check_img_size
 from utils.checkpoint import load_model
-from utils.cli import add_distributed_flags, run_main
+from utils.cli import add_distributed_flags, distributed_session, run_main
 from utils.datasets import DataError, load_data_config
 from utils.engine import EvalResult, evaluate
 from utils.errors import UserError
 from utils.loader import create_dataloader
-from utils.logging import LOGGER, colorstr, print_options, setup_logging
+from utils.logging import LOGGER, colorstr, print_options
 from utils.paths import ROOT, increment_path
 
 
@@ -64,17 +64,9 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(opt: argparse.Namespace) -> EvalResult:
     """Join the process group (under torchrun), validate, and always tear the group down."""
-    device = dist.init_distributed(opt.device, opt.backend, opt.ddp_timeout, opt.ddp_long_timeout, opt.local_rank)
-    setup_logging(dist.get_rank())
-    dist.configure_threads()
-    clean_exit = False
-    try:
+    with distributed_session(opt) as device:
         print_options("test", opt)
-        result = run(opt, device)
-        clean_exit = True
-        return result
-    finally:
-        dist.cleanup(clean_exit=clean_exit)
+        return run(opt, device)
 
 
 def _split(data: object, task: str) -> list[Path]:

@@ -36,9 +36,9 @@ from utils.checkpoint import (
     save_run_checkpoints,
     to_plain,
 )
-from utils.cli import add_distributed_flags, run_main
+from utils.cli import add_distributed_flags, distributed_session, run_main
 from utils.errors import UserError
-from utils.logging import LOGGER, colorstr, print_options, setup_logging
+from utils.logging import LOGGER, colorstr, print_options
 from utils.loss import ComputeLoss
 from utils.optim import (
     LRSchedule,
@@ -126,20 +126,13 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(opt: argparse.Namespace) -> None:
     """Join the process group, train (or evolve), and always tear the group down outside train()."""
-    device = dist.init_distributed(opt.device, opt.backend, opt.ddp_timeout, opt.ddp_long_timeout, opt.local_rank)
-    setup_logging(dist.get_rank())
-    dist.configure_threads()
-    clean_exit = False
-    try:
+    with distributed_session(opt) as device:
         opt, hyp = prepare_run(opt)
         print_options("train", opt)
         if opt.evolve:
             evolve(hyp, opt, device)
         else:
             train(hyp, opt, device)
-        clean_exit = True
-    finally:
-        dist.cleanup(clean_exit=clean_exit)
 
 
 def prepare_run(opt: argparse.Namespace) -> tuple[argparse.Namespace, dict]:

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import torch
+
+from utils import dist
 from utils.dist import read_env
 from utils.errors import UserError
+from utils.logging import setup_logging
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
@@ -40,3 +45,21 @@ def add_distributed_flags(parser: argparse.ArgumentParser, long_wait: str = "lab
     parser.add_argument("--ddp-long-timeout", type=float, default=1800.0, help=f"seconds for long waits ({long_wait})")
     parser.add_argument("--local_rank", "--local-rank", dest="local_rank", type=int, default=-1,
                         help=argparse.SUPPRESS)  # the legacy torch.distributed.launch flag
+
+
+@contextlib.contextmanager
+def distributed_session(opt: argparse.Namespace) -> Iterator[torch.device]:
+    """Join the process group (a no-op for one process), set up rank-0 logging and per-rank threads, and
+    always tear the group down on leaving, outside the work itself, so every exit path ends every rank.
+
+    Yields this process's device. All ranks must enter it.
+    """
+    device = dist.init_distributed(opt.device, opt.backend, opt.ddp_timeout, opt.ddp_long_timeout, opt.local_rank)
+    setup_logging(dist.get_rank())
+    dist.configure_threads()
+    clean_exit = False
+    try:
+        yield device
+        clean_exit = True
+    finally:
+        dist.cleanup(clean_exit=clean_exit)
