@@ -83,3 +83,32 @@ def _fresh_yolo_logger() -> Iterator[None]:
     LOGGER.propagate = True
     LOGGER.setLevel(logging.NOTSET)
     yield
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """Pin torch to one intra-op thread for a module of tiny-tensor tests: faster and steadier on 2 shared cores.
+
+    Use with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``.
+    """
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def tiny_weights(tiny_cfg_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkpoint of the tiny model with seed-0 random weights and the synthetic class names."""
+    import torch
+
+    from models.yolo import Model
+    from utils.checkpoint import new_checkpoint, save_checkpoint
+    from utils.synthetic import SYNTHETIC_NAMES
+
+    torch.manual_seed(0)
+    model = Model(tiny_cfg_file)
+    model.names = list(SYNTHETIC_NAMES)
+    return save_checkpoint(new_checkpoint(model), tmp_path_factory.mktemp("weights") / "best.pt")

@@ -13,12 +13,11 @@ import torch
 
 import detect
 import export
-from models.yolo import Model
 from utils import paths
 from utils.annotate import class_color
 from utils.augment import letterbox
 from utils.boxes import non_max_suppression, scale_boxes, xywhn2xyxy
-from utils.checkpoint import load_model, new_checkpoint, save_checkpoint
+from utils.checkpoint import load_model
 from utils.cli import run_main
 from utils.errors import UserError
 
@@ -26,21 +25,12 @@ NAMES = ["circle", "square", "triangle"]
 LOW_CONF = ["--conf-thres", "0.001", "--max-det", "5"]  # an untrained model's scores are low
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Two threads fight other processes on a shared 2-core machine; one is faster and steadier."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def weights(tiny_cfg_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch.manual_seed(0)
-    model = Model(tiny_cfg_file)
-    model.names = list(NAMES)
-    return save_checkpoint(new_checkpoint(model), tmp_path_factory.mktemp("weights") / "best.pt")
+def weights(tiny_weights: Path) -> Path:
+    return tiny_weights
 
 
 def scene(seed: int, shape: tuple[int, int] = (48, 64)) -> np.ndarray:

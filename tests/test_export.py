@@ -11,30 +11,20 @@ import pytest
 import torch
 
 import export
-from models.yolo import Model
 from utils.backends import DetectBackend
-from utils.checkpoint import load_model, new_checkpoint, save_checkpoint
+from utils.checkpoint import load_model
 from utils.cli import run_main
 from utils.errors import UserError
 
 NAMES = ["circle", "square", "triangle"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Two threads fight other processes on a shared 2-core machine; one is faster and steadier."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def weights(tiny_cfg_file: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    torch.manual_seed(0)
-    model = Model(tiny_cfg_file)
-    model.names = list(NAMES)
-    return save_checkpoint(new_checkpoint(model), tmp_path_factory.mktemp("weights") / "best.pt")
+def weights(tiny_weights: Path) -> Path:
+    return tiny_weights
 
 
 def real_images(shape: tuple[int, int], batch: int) -> torch.Tensor:
