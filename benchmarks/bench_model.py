@@ -1,14 +1,17 @@
 """Model forward speed: ms/image at 640 px, batch 1, and GFLOP/s as a fraction of this CPU's fp32 matmul rate.
 
     python benchmarks/bench_model.py                       # yolov5n and yolov5s, 640 px, 20 timed runs
+    python benchmarks/bench_model.py --quick               # yolov5n, 5 runs: well under a minute
     python benchmarks/bench_model.py --models yolov5s yolov5m --runs 50 --threads 1
     python benchmarks/bench_model.py --threads 1 --clock cpu   # robust on a machine shared with other jobs
 
 Each model is built from its YAML, BatchNorm-fused and run in eval mode under torch.inference_mode
 (untrained weights: the speed does not depend on the values). The forward includes the Detect head's
 box decoding, not NMS. The reference rate is a plain fp32 square matmul (2*n^3 FLOPs) timed in the same
-process with the same threads: the practical ceiling for dense fp32 arithmetic on this machine, so the
-fraction says how much of it the convolutions reach. All figures are medians of the timed runs.
+process with the same threads before and after the models (benchmarks/harness.py): the practical ceiling
+for dense fp32 arithmetic on this machine, so the fraction says how much of it the convolutions reach, and
+it moves less than milliseconds when other jobs share the cores. Figures are medians [min-max] of the timed
+runs. ``--quick``: yolov5n only, 5 runs, a 1024 matmul.
 ``--clock cpu`` times with this process's CPU time instead of wall time: with ``--threads 1`` that is the
 compute time even when other jobs share the cores (wall time then also counts the time the process waited).
 """
@@ -16,10 +19,8 @@ compute time even when other jobs share the cores (wall time then also counts th
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -28,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.harness import Clock, Reference, header, time_call  # noqa: E402
 from models.yolo import Model  # noqa: E402
 
 
@@ -42,63 +44,54 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="wall time, or this process's CPU time (use with --threads 1 on a busy machine)")
-    return parser.parse_args(argv)
-
-
-def median_seconds(fn: Callable[[], object], runs: int, warmup: int,
-                   clock: Callable[[], float] = time.perf_counter) -> float:
-    """Median time (by ``clock``) of ``runs`` calls of ``fn`` after ``warmup`` untimed calls."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(runs):
-        start = clock()
-        fn()
-        times.append(clock() - start)
-    return statistics.median(times)
-
-
-def matmul_gflops(n: int, runs: int, warmup: int, clock: Callable[[], float] = time.perf_counter) -> float:
-    """fp32 GFLOP/s of an n x n by n x n matmul (2*n^3 FLOPs), the machine's practical dense-arithmetic rate."""
-    gen = torch.Generator().manual_seed(0)
-    a, b = torch.randn(n, n, generator=gen), torch.randn(n, n, generator=gen)
-    out = torch.empty(n, n)
-    seconds = median_seconds(lambda: torch.mm(a, b, out=out), runs, warmup, clock)
-    return 2 * n**3 / seconds / 1e9
+    parser.add_argument("--quick", action="store_true", help="yolov5n, 5 runs, 1024 matmul")
+    opt = parser.parse_args(argv)
+    if opt.quick:
+        opt.models, opt.runs, opt.matmul_size = opt.models[:1], 5, 1024
+    return opt
 
 
 def bench_model(name: str, img_size: int, batch_size: int, runs: int, warmup: int,
-                clock: Callable[[], float] = time.perf_counter) -> dict[str, float]:
-    """ms/image and GFLOP/s of the fused model's forward in inference mode."""
+                clock: Clock = time.perf_counter) -> dict:
+    """ms/image and GFLOP/s of the fused model's forward in inference mode (medians; ``ms`` holds the Stats)."""
     torch.manual_seed(0)
     model = Model(name).fuse().eval()
     gflops_per_image = model.flops(img_size)  # of the fused model: convolutions only
     x = torch.rand(batch_size, 3, img_size, img_size)
     with torch.inference_mode():
-        seconds = median_seconds(lambda: model(x), runs, warmup, clock)
-    return {"ms_per_image": seconds * 1e3 / batch_size, "gflops_per_image": gflops_per_image,
-            "gflops_per_s": gflops_per_image * batch_size / seconds}
+        seconds = time_call(lambda: model(x), runs, warmup, clock)
+    return {"ms_per_image": seconds.median * 1e3 / batch_size, "gflops_per_image": gflops_per_image,
+            "gflops_per_s": gflops_per_image * batch_size / seconds.median,
+            "ms": seconds.scaled(1e3 / batch_size)}
 
 
 def main(opt: argparse.Namespace) -> list[dict]:
     if opt.threads > 0:
         torch.set_num_threads(opt.threads)
     clock = time.process_time if opt.clock == "cpu" else time.perf_counter
-    print(f"bench_model: torch {torch.__version__}, {torch.get_num_threads()} threads, {opt.img_size} px, "
-          f"batch {opt.batch_size}, {opt.clock} clock, median of {opt.runs} runs after {opt.warmup} warm-up")
-    peak = matmul_gflops(opt.matmul_size, opt.runs, opt.warmup, clock)
+    print(header(f"bench_model: {opt.img_size} px, batch {opt.batch_size}, median [min-max] of {opt.runs} runs "
+                 f"after {opt.warmup} warm-up", clock=opt.clock))
+    reference = Reference(n=opt.matmul_size, runs=opt.runs, clock=clock)
+    reference.measure()
+    peak = reference.gflops(reference.before)
     print(f"fp32 matmul {opt.matmul_size}x{opt.matmul_size}: {peak:.1f} GFLOP/s (the reference rate)")
-    print(f"{'model':<16}{'ms/image':>10}{'GFLOPs':>9}{'GFLOP/s':>10}{'of matmul':>11}")
+    print(f"{'model':<16}{'ms/image':>10}{'[min-max]':>16}{'GFLOPs':>9}{'GFLOP/s':>10}{'of matmul':>11}"
+          f"{'x matmul':>10}")
     rows = []
     for name in opt.models:
         result = bench_model(name, opt.img_size, opt.batch_size, opt.runs, opt.warmup, clock)
         result["fraction_of_matmul"] = result["gflops_per_s"] / peak
+        ms = result.pop("ms")
         rows.append({"model": name, **result})
-        print(f"{name:<16}{result['ms_per_image']:>10.1f}{result['gflops_per_image']:>9.2f}"
-              f"{result['gflops_per_s']:>10.1f}{result['fraction_of_matmul']:>10.0%}")
-    peak_after = matmul_gflops(opt.matmul_size, opt.runs, opt.warmup, clock)
+        spread = f"[{ms.low:.1f}-{ms.high:.1f}]"
+        print(f"{name:<16}{result['ms_per_image']:>10.1f}{spread:>16}{result['gflops_per_image']:>9.2f}"
+              f"{result['gflops_per_s']:>10.1f}{result['fraction_of_matmul']:>10.0%}"
+              f"{reference.ratio(result['ms_per_image'] / 1e3):>10.2f}")
+    reference.measure()
+    peak_after = reference.gflops(reference.after)
     print(f"fp32 matmul again after the models: {peak_after:.1f} GFLOP/s "
           f"({abs(peak_after - peak) / peak:.0%} apart: a large gap means the machine was busy)")
+    print("('x matmul': ms/image divided by the time of one reference matmul, measured before the models)")
     return rows
 
 

@@ -1,13 +1,18 @@
-"""Validation throughput: images/s and per-stage ms for yolov5n, on 1 rank and on N ranks (torchrun, gloo).
+"""Validation throughput: images/s and per-image pre-process, inference and NMS ms, on 1 rank and on N ranks.
 
-    python benchmarks/bench_val.py                    # yolov5n, 320 px, 64 images, 1 vs 2 ranks on CPU
+    python benchmarks/bench_val.py --quick            # ~1 min: yolov5n, 160 px, 1 rank, 3 passes
+    python benchmarks/bench_val.py                    # yolov5n, 160 px, 64 images, 1 vs 2 ranks on CPU, 5 passes
     python benchmarks/bench_val.py --img 640 --images 128 --ranks 1 2 4 --repeats 5
     python benchmarks/bench_val.py --threads 1       # every rank on 1 thread: scaling without intra-op threads
 
-Each rank count runs in its own torchrun launch; inside it, ``evaluate`` runs ``--repeats`` times after a
-warm-up pass and the median wall time (rank 0, between barriers) is reported. Speed-ups are ratios to the
-1-rank figure measured in the same invocation. The model has random weights (speed does not depend on them,
-except through the number of boxes NMS sees; ``--conf-thres`` is reported with the figures).
+Each rank count runs in its own torchrun launch (gloo); inside it, ``evaluate`` runs ``--repeats`` times after a
+warm-up pass on the synthetic validation set (conf-thres 0.001, multi-label NMS, max_det 300, as test.py).
+Figures are the median [min-max] over the passes: wall time of rank 0 between barriers, and the per-image
+stage times ``evaluate`` reports. NMS/infer is the ratio of the two per pass (goal: <= 1.0). Rank 0 times
+a reference fp32 matmul before and after its passes (benchmarks/harness.py); each figure is also given in
+units of it, which stay comparable when other jobs share the machine. Speed-ups are ratios to the first rank
+count of the same invocation. The model has random weights (speed does not depend on them, except through
+the number of boxes NMS sees).
 """
 
 from __future__ import annotations
@@ -16,7 +21,6 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -27,21 +31,27 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.harness import Reference, Stats, header  # noqa: E402
+
 
 def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--cfg", default="yolov5n", help="model YAML")
-    p.add_argument("--img", type=int, default=320, help="validation image size")
-    p.add_argument("--images", type=int, default=64, help="val images (synthetic, 256-320 px)")
+    p.add_argument("--img", type=int, default=160, help="validation image size")
+    p.add_argument("--images", type=int, default=64, help="val images (synthetic, 0.8-1 x --img px)")
     p.add_argument("--batch-size", type=int, default=16, help="total batch over all ranks")
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 2], help="rank counts to compare (first = base)")
-    p.add_argument("--repeats", type=int, default=3, help="timed passes per rank count (median reported)")
+    p.add_argument("--repeats", type=int, default=5, help="timed passes per rank count (median and spread)")
+    p.add_argument("--quick", action="store_true", help="1 rank, 3 passes: about a minute on a 2-core CPU")
     p.add_argument("--conf-thres", type=float, default=0.001)
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=0,
                    help="OMP_NUM_THREADS for every rank (0: each rank takes its share of the cores)")
     p.add_argument("--worker", nargs=2, metavar=("DATA_ROOT", "OUT_JSON"), help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    opt = p.parse_args(argv)
+    if opt.quick:
+        opt.ranks, opt.repeats = opt.ranks[:1], 3
+    return opt
 
 
 def worker(opt: argparse.Namespace) -> None:
@@ -70,6 +80,8 @@ def worker(opt: argparse.Namespace) -> None:
             return evaluate(model, loader, device=device, names=SYNTHETIC_NAMES, conf_thres=opt.conf_thres)
 
         run()  # warm-up
+        reference = Reference(device=str(device))
+        reference.measure()
         walls, speeds = [], []
         for _ in range(opt.repeats):
             dist.barrier()
@@ -78,11 +90,12 @@ def worker(opt: argparse.Namespace) -> None:
             dist.barrier()
             walls.append(time.perf_counter() - start)
             speeds.append(result.speed)
+        reference.measure()
         if dist.is_main_process():
-            wall = statistics.median(walls)
             Path(opt.worker[1]).write_text(json.dumps({
-                "world": world, "threads_per_rank": threads, "images": result.seen, "wall_s": wall,
-                "images_per_s": result.seen / wall, "speed_ms": [statistics.median(s) for s in zip(*speeds)]}))
+                "world": world, "threads_per_rank": threads, "images": result.seen, "walls": walls,
+                "speeds_ms": speeds, "device": str(device),
+                "reference_s": [reference.before.samples, reference.after.samples]}))
     finally:
         dist.cleanup()
 
@@ -110,26 +123,51 @@ def launch(opt: argparse.Namespace, ranks: int, data_root: Path, out: Path) -> d
     return json.loads(out.read_text())
 
 
+def summarize(row: dict) -> dict:
+    """A worker's raw samples -> Stats of images/s, per-image stage ms, NMS/inference, and the reference."""
+    pre, inf, nms = (Stats.of(stage) for stage in zip(*row["speeds_ms"]))
+    reference = Reference(device=row["device"])
+    reference.before, reference.after = (Stats.of(s) for s in row["reference_s"])
+    return {**row, "images_per_s": Stats.of(row["images"] / wall for wall in row["walls"]), "pre": pre,
+            "inf": inf, "nms": nms, "nms_per_inf": Stats.of(n / i for _, i, n in row["speeds_ms"]),
+            "reference": reference}
+
+
+def report(opt: argparse.Namespace, rows: list[dict]) -> None:
+    """The table (median [min-max] over the passes) and the same figures in reference-matmul units."""
+    base = rows[0]["images_per_s"].median
+    print(f"\nvalidation, {opt.cfg} at {opt.img} px, {rows[0]['images']} images, batch {opt.batch_size} total, "
+          f"conf-thres {opt.conf_thres}, {opt.device}; median [min-max] of {opt.repeats} passes")
+    print(f"{'ranks':>5} {'threads/rank':>12} {'images/s':>18} {'pre ms':>18} {'infer ms':>18} {'NMS ms':>18} "
+          f"{'NMS/infer':>18} {'speed-up':>8}")
+    for row in rows:
+        print(f"{row['world']:>5} {row['threads_per_rank']:>12} {row['images_per_s'].fmt(1, 18)} "
+              f"{row['pre'].fmt(2, 18)} {row['inf'].fmt(2, 18)} {row['nms'].fmt(2, 18)} "
+              f"{row['nms_per_inf'].fmt(2, 18)} {row['images_per_s'].median / base:>7.2f}x")
+    print("(ms per image per rank; 'NMS' is NMS alone, matching and metrics are in the wall time; "
+          "NMS/infer goal: <= 1.0)")
+    print("in reference matmuls (each figure divided by the time of one, rank 0's median before and after):")
+    for row in rows:
+        ref = row["reference"]
+        per_image = {name: ref.ratio(row[name].median / 1e3) for name in ("pre", "inf", "nms")}
+        print(f"{row['world']:>5} ranks: pre {per_image['pre']:.4f}, infer {per_image['inf']:.4f}, "
+              f"NMS {per_image['nms']:.4f} per image; {row['images_per_s'].median * ref.seconds:.2f} images "
+              f"per matmul time; {ref.describe()}")
+
+
 def main(opt: argparse.Namespace) -> list[dict]:
     from utils.synthetic import ensure_synthetic
 
     if opt.worker:
         worker(opt)
         return []
+    print(header(f"bench_val: {opt.cfg} validation at {opt.img} px, ranks {' '.join(map(str, opt.ranks))}",
+                 opt.device))
     with tempfile.TemporaryDirectory() as tmp:
-        data_root = ensure_synthetic(Path(tmp) / "synthetic", n_train=2, n_val=opt.images, img_size=(256, 320),
-                                     seed=0)
-        rows = [launch(opt, ranks, data_root, Path(tmp) / f"ranks{ranks}.json") for ranks in opt.ranks]
-    base = rows[0]["images_per_s"]
-    print(f"\nvalidation, {opt.cfg} at {opt.img} px, {rows[0]['images']} images, batch {opt.batch_size} total, "
-          f"conf-thres {opt.conf_thres}, {opt.device}, {os.cpu_count()} cores; median of {opt.repeats}")
-    print(f"{'ranks':>5} {'threads/rank':>12} {'images/s':>9} {'pre ms':>7} {'infer ms':>9} {'NMS+ ms':>8} "
-          f"{'speed-up':>8}")
-    for row in rows:
-        pre, inf, nms = row["speed_ms"]
-        print(f"{row['world']:>5} {row['threads_per_rank']:>12} {row['images_per_s']:>9.1f} {pre:>7.2f} {inf:>9.2f} "
-              f"{nms:>8.2f} {row['images_per_s'] / base:>7.2f}x")
-    print("(ms per image per rank; 'NMS+' is NMS alone, matching and metrics are in the wall time)")
+        data_root = ensure_synthetic(Path(tmp) / "synthetic", n_train=2, n_val=opt.images,
+                                     img_size=(opt.img * 4 // 5, opt.img), seed=0)
+        rows = [summarize(launch(opt, ranks, data_root, Path(tmp) / f"ranks{ranks}.json")) for ranks in opt.ranks]
+    report(opt, rows)
     return rows
 
 

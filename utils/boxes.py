@@ -138,37 +138,130 @@ def bbox_iou(box1: torch.Tensor, box2: torch.Tensor, xywh: bool = True, kind: st
     return iou - (centre2 / diag2 + v * alpha)
 
 
+# The first NMS pass over an image takes half of its candidates, but at least 2 and at most 4 x max_det of them
+# (see _greedy_nms). Exact whatever the values: they only set the speed.
+FIRST_PASS_PER_DET = (2, 4)
+
+
 def non_max_suppression(prediction: torch.Tensor, conf_thres: float = 0.25, iou_thres: float = 0.45,
                         classes: list[int] | None = None, agnostic: bool = False, multi_label: bool = False,
                         max_det: int = 300, max_nms: int = 30000) -> list[torch.Tensor]:
-    """Decoded predictions (b, n, 5 + nc) -> per image (k, 6) [x1, y1, x2, y2, conf, cls].
+    """Decoded predictions (b, n, 5 + nc) -> per image (k, 6) [x1, y1, x2, y2, conf, cls], best first.
 
-    conf = objectness x class score; ``multi_label`` keeps every class above the threshold for
-    a box; ``agnostic`` suppresses across classes. Uses torchvision's batched NMS.
+    conf = objectness x class score; ``multi_label`` keeps every class above the threshold for a box;
+    ``agnostic`` suppresses across classes; the ``max_nms`` best candidates of an image enter NMS and the
+    ``max_det`` best survivors come out. The result is that of torchvision's batched_nms on those candidates
+    (ties between equal scores go to the earlier candidate in (box, class) order); candidates are selected
+    for the whole batch at once, and NMS looks at no more of them than it needs (see _greedy_nms).
     """
     if not 0 <= conf_thres <= 1 or not 0 <= iou_thres <= 1:
         raise ValueError(f"conf_thres {conf_thres} and iou_thres {iou_thres} must be within [0, 1]")
+    image, xywh, row, conf, cls = _candidates(prediction, conf_thres, classes, multi_label)
+    counts = torch.bincount(image, minlength=prediction.shape[0]).tolist()  # the one host sync for the batch
+    return [_nms_image(xywh, *parts, iou_thres, agnostic, max_det, max_nms)
+            for parts in zip(row.split(counts), conf.split(counts), cls.split(counts))]
+
+
+def _candidates(prediction: torch.Tensor, conf_thres: float, classes: list[int] | None,
+                multi_label: bool) -> tuple[torch.Tensor, ...]:
+    """Every candidate of the batch above ``conf_thres``, in (image, box, class) order as a per-image selection
+    gives them: its image (m,), the boxes that pass objectness (k, 4) xywh, and its box row in them, conf
+    and class (m,). Objectness is filtered first (few rows pass at high conf); corners are computed later,
+    only for the candidates that enter NMS."""
     nc = prediction.shape[2] - 5
-    multi_label &= nc > 1
-    output = [torch.zeros((0, 6), device=prediction.device)] * prediction.shape[0]
-    for i, x in enumerate(prediction):  # (n, 5 + nc)
-        x = x[x[:, 4] > conf_thres]
-        if not x.shape[0]:
-            continue
-        scores = x[:, 5:] * x[:, 4:5]
-        boxes = xywh2xyxy(x[:, :4])
-        if multi_label:
-            idx, cls = (scores > conf_thres).nonzero(as_tuple=False).T
-            det = torch.cat((boxes[idx], scores[idx, cls, None], cls[:, None].float()), 1)
-        else:
-            conf, cls = scores.max(1, keepdim=True)
-            det = torch.cat((boxes, conf, cls.float()), 1)[conf.view(-1) > conf_thres]
-        if classes is not None:
-            det = det[(det[:, 5:6] == torch.tensor(classes, device=det.device)).any(1)]
-        if not det.shape[0]:
-            continue
-        det = det[det[:, 4].argsort(descending=True)[:max_nms]]
-        group = torch.zeros_like(det[:, 5]) if agnostic else det[:, 5]
-        keep = torchvision.ops.batched_nms(det[:, :4], det[:, 4], group, iou_thres)[:max_det]
-        output[i] = det[keep]
-    return output
+    image, box = (prediction[..., 4] > conf_thres).nonzero(as_tuple=True)
+    x = prediction[image, box]  # (k, 5 + nc)
+    scores = x[:, 5:] * x[:, 4:5]  # (k, nc)
+    allowed = None if classes is None else \
+        (torch.arange(nc, device=x.device)[:, None] == torch.tensor(classes, device=x.device)).any(1)
+    if multi_label and nc > 1:
+        mask = scores > conf_thres
+        if allowed is not None:
+            mask &= allowed
+        row, cls = mask.nonzero(as_tuple=True)
+        conf = scores[row, cls]
+    else:
+        conf, cls = scores.max(1)
+        mask = conf > conf_thres
+        if allowed is not None:
+            mask &= allowed[cls]
+        row = mask.nonzero().squeeze(1)
+        conf, cls = conf[row], cls[row]
+    return image[row], x[:, :4], row, conf, cls
+
+
+def _nms_image(xywh: torch.Tensor, row: torch.Tensor, conf: torch.Tensor, cls: torch.Tensor, iou_thres: float,
+               agnostic: bool, max_det: int, max_nms: int) -> torch.Tensor:
+    """One image's candidates -> the (k, 6) rows NMS keeps among the ``max_nms`` best, best first."""
+    if conf.shape[0] > max_nms:  # the max_nms best, still in candidate order
+        best = _top_order(conf, max_nms).sort().values
+        row, conf, cls = row[best], conf[best], cls[best]
+    if not conf.shape[0]:
+        return torch.zeros((0, 6), device=conf.device)
+    det = torch.cat((xywh2xyxy(xywh[row]), conf[:, None], cls[:, None].float()), 1)
+    boxes, groups = _nms_boxes(det, agnostic)
+    return det[_greedy_nms(boxes, det[:, 4], groups, iou_thres, max_det)]
+
+
+def _nms_boxes(det: torch.Tensor, agnostic: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The boxes NMS compares, and their classes where NMS must run class by class.
+
+    As torchvision's batched_nms does on these candidates, so that every IoU is computed from the same
+    numbers: up to 1000 boxes on CPU (25,000 elsewhere) it shifts each class by class x (largest coordinate
+    + 1) and runs one nms call; above that, one call per class.
+    """
+    if agnostic:
+        return det[:, :4], None
+    if 4 * det.shape[0] > (4000 if det.device.type == "cpu" else 100_000):
+        return det[:, :4], det[:, 5]
+    return det[:, :4] + det[:, 5:6] * (det[:, :4].max() + 1), None
+
+
+def _greedy_nms(boxes: torch.Tensor, scores: torch.Tensor, groups: torch.Tensor | None, iou_thres: float,
+                max_det: int) -> torch.Tensor:
+    """Indices of the boxes greedy NMS keeps, best first, at most ``max_det``.
+
+    NMS decides each box from the higher-scoring kept boxes only (a suppressed box suppresses nothing), so
+    a first pass over the best candidates (FIRST_PASS_PER_DET) keeps exactly what a pass over all of them
+    would keep among those; while fewer than ``max_det`` survive, the next pass runs on (survivors + as many
+    next candidates as the survival rate so far says are needed). The result is the same as one pass over
+    all, without the all-pairs IoU loop over candidates that cannot make the ``max_det`` cut.
+    """
+    n = scores.shape[0]
+    low, high = FIRST_PASS_PER_DET
+    keep = torch.zeros(0, dtype=torch.long, device=scores.device)
+    done, take = 0, min(n, max(low * max_det, min(n // 2, high * max_det)))
+    while take > 0:
+        index = torch.cat((keep, _top_order(scores, take)[done:]))
+        keep = index[_nms_sorted(boxes[index], None if groups is None else groups[index], iou_thres)]
+        if keep.shape[0] >= max_det or take == n:
+            return keep[:max_det]
+        needed = (max_det - keep.shape[0]) * take / max(keep.shape[0], 1)  # at the survival rate so far
+        done, take = take, int(take + 1.25 * needed)
+        take = n if take > 0.75 * n else take  # close to all of them: one last pass over the rest
+    return keep  # max_det 0
+
+
+def _nms_sorted(boxes: torch.Tensor, groups: torch.Tensor | None, iou_thres: float) -> torch.Tensor:
+    """Positions NMS keeps among boxes sorted best first (class by class when ``groups``), ascending.
+
+    torchvision's kernel gets descending ranks as scores: it then visits the boxes in exactly this order, ties
+    included (its own sort is not stable), and reads them in sequence.
+    """
+    ranks = torch.arange(boxes.shape[0], 0, -1, dtype=boxes.dtype, device=boxes.device)
+    if groups is None:
+        return torchvision.ops.nms(boxes, ranks, iou_thres)
+    by_class = groups.argsort(stable=True)  # positions of each class together, ascending within it
+    counts = torch.unique_consecutive(groups[by_class], return_counts=True)[1].tolist()
+    kept = [part[torchvision.ops.nms(boxes[part], ranks[part], iou_thres)] for part in by_class.split(counts)]
+    return torch.cat(kept).sort().values
+
+
+def _top_order(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Indices of the ``k`` highest scores, highest first, ties in index order: the first ``k`` of a stable
+    descending sort, without sorting all of them when ``k`` is a small part."""
+    if k <= 0 or 4 * k >= scores.shape[0]:
+        return scores.argsort(descending=True, stable=True)[:max(k, 0)]
+    kth = scores.topk(k, sorted=False).values.min()
+    best = (scores >= kth).nonzero().squeeze(1)  # the top k and any ties with the k-th, in index order
+    return best[scores[best].argsort(descending=True, stable=True)][:k]

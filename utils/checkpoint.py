@@ -223,15 +223,21 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     """Verify, load and check a checkpoint of this project; raise CheckpointError with the reason otherwise.
 
     Only tensors and plain types are accepted (``weights_only=True``). ``trusted=True`` (the
-    ``--trust-weights`` flag) allows full unpickling, for files the user vouches for.
+    ``--trust-weights`` flag) allows full unpickling, for files the user vouches for. Official YOLOv5
+    release files (pickled ``models.yolo`` objects) are read by a restricted unpickler and converted,
+    with or without ``trusted``.
     """
     path = Path(path)
     verify_checkpoint(path)
+    if trusted and (release := _load_release_file(path)) is not None:
+        return release
     if trusted:
         LOGGER.warning(f"WARNING: --trust-weights: fully unpickling {path}, which can run code stored in it")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=not trusted)
     except pickle.UnpicklingError as e:
+        if (release := _load_release_file(path)) is not None:
+            return release
         raise CheckpointError(f"{path} holds Python objects that only full unpickling can load, which may run code; "
                               f"refused ({_unpickling_reason(e)}). Use --trust-weights only for a file you trust") \
             from None
@@ -243,6 +249,13 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
         raise CheckpointError(f"{path} is not a checkpoint of this project (found {keys}); "
                               "train one with train.py or pass a .pt written by it")
     return ckpt
+
+
+def _load_release_file(path: Path) -> dict | None:
+    """An official YOLOv5 release file converted to our format (read without running its code), else None."""
+    from utils import release_weights  # imports this module: resolved at call time
+
+    return release_weights.load_release_checkpoint(path) if release_weights.is_release_file(path) else None
 
 
 def model_from_checkpoint(ckpt: dict, source: str = "checkpoint") -> Model:

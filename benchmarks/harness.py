@@ -1,0 +1,208 @@
+"""Shared pieces of the benchmark scripts, so that their figures stay honest on a shared, loaded machine.
+
+- ``Stats``: the median and spread (min-max, quartiles) of repeated measurements, never a single number.
+- ``time_call``: time a callable ``runs`` times after a warm-up (wall or CPU clock, CUDA synchronised).
+- ``Reference``: a fixed fp32 matmul timed in the same run before and after the figures; every figure is
+  also given in units of it (``Reference.ratio``), which moves far less than milliseconds when other jobs
+  share the cores.
+- ``header``: the standard first lines, stating the load average, threads, torch version, CPU model and
+  whether CUDA was used.
+
+Scripts import it as ``from benchmarks.harness import ...`` after putting the repository root on sys.path.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Repeated measurements of one figure (seconds, ms, images/s, a ratio...): median and spread."""
+
+    samples: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.samples:
+            raise ValueError("Stats needs at least one sample")
+
+    @classmethod
+    def of(cls, samples: Iterable[float]) -> Stats:
+        return cls(tuple(float(s) for s in samples))
+
+    @classmethod
+    def merge(cls, *parts: Stats) -> Stats:
+        """One Stats over the samples of several runs or processes."""
+        return cls(tuple(s for part in parts for s in part.samples))
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples)
+
+    @property
+    def low(self) -> float:
+        return min(self.samples)
+
+    @property
+    def high(self) -> float:
+        return max(self.samples)
+
+    @property
+    def quartiles(self) -> tuple[float, float]:
+        """First and third quartiles (inclusive method: both equal the sample with one sample)."""
+        if len(self.samples) == 1:
+            return self.samples[0], self.samples[0]
+        q1, _, q3 = statistics.quantiles(self.samples, n=4, method="inclusive")
+        return q1, q3
+
+    @property
+    def spread(self) -> float:
+        """(max - min) / median: 0.1 means the runs were within 10% of the median."""
+        return (self.high - self.low) / self.median if self.median else 0.0
+
+    def scaled(self, factor: float) -> Stats:
+        """Every sample times ``factor`` (seconds -> ms with 1e3, per batch -> per image with 1 / batch)."""
+        return Stats(tuple(s * factor for s in self.samples))
+
+    def fmt(self, digits: int = 2, width: int = 0) -> str:
+        """'median [min-max]', e.g. '3.10 [2.95-3.40]'."""
+        text = f"{self.median:.{digits}f} [{self.low:.{digits}f}-{self.high:.{digits}f}]"
+        return f"{text:>{width}}"
+
+
+def time_call(fn: Callable[[], object], runs: int = 5, warmup: int = 1, clock: Clock = time.perf_counter,
+              sync: Callable[[], None] | None = None) -> Stats:
+    """Seconds of each of ``runs`` calls of ``fn`` after ``warmup`` untimed calls; ``sync`` (e.g.
+    torch.cuda.synchronize) runs before each reading so queued GPU work is counted."""
+    if runs < 1:
+        raise ValueError(f"runs must be >= 1, got {runs}")
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(runs):
+        if sync is not None:
+            sync()
+        start = clock()
+        fn()
+        if sync is not None:
+            sync()
+        samples.append(clock() - start)
+    return Stats.of(samples)
+
+
+def cuda_sync(device: torch.device | str) -> Callable[[], None] | None:
+    """torch.cuda.synchronize for a CUDA device, None elsewhere (the ``sync`` of time_call)."""
+    return torch.cuda.synchronize if torch.device(device).type == "cuda" else None
+
+
+@dataclass
+class Reference:
+    """A fixed n x n fp32 matmul (2 n^3 FLOPs), timed with the figures' threads and clock before and after them.
+
+    A figure divided by one matmul's time (``ratio``) says how much work it is on this machine as loaded
+    now; a large gap between before and after says the load changed during the run.
+    """
+
+    n: int = 1024
+    runs: int = 5
+    device: str = "cpu"
+    clock: Clock = time.perf_counter
+    before: Stats | None = None
+    after: Stats | None = None
+    _operands: tuple[torch.Tensor, ...] = field(default=(), repr=False)
+
+    def measure(self) -> Stats:
+        """Time the matmul: the first call fills ``before``, later calls ``after``."""
+        if not self._operands:
+            gen = torch.Generator().manual_seed(0)
+            a, b = (torch.randn(self.n, self.n, generator=gen).to(self.device) for _ in range(2))
+            self._operands = (a, b, torch.empty_like(a))
+        a, b, out = self._operands
+        stats = time_call(lambda: torch.mm(a, b, out=out), self.runs, 1, self.clock, cuda_sync(self.device))
+        if self.before is None:
+            self.before = stats
+        else:
+            self.after = stats
+        return stats
+
+    @property
+    def seconds(self) -> float:
+        """Median seconds of one matmul over every measurement so far."""
+        parts = [s for s in (self.before, self.after) if s is not None]
+        if not parts:
+            raise RuntimeError("Reference.measure() has not run")
+        return Stats.merge(*parts).median
+
+    def gflops(self, stats: Stats | None = None) -> float:
+        """GFLOP/s of the matmul (of ``stats``, else of every measurement)."""
+        seconds = stats.median if stats is not None else self.seconds
+        return 2 * self.n**3 / seconds / 1e9
+
+    def ratio(self, seconds: float) -> float:
+        """``seconds`` in units of one reference matmul: comparable between runs on a busy machine."""
+        return seconds / self.seconds
+
+    def describe(self) -> str:
+        """One line: the rate before and after, and how far apart they are."""
+        text = f"reference: fp32 matmul {self.n}x{self.n} on {self.device}"
+        if self.before is not None:
+            text += f", {self.before.median * 1e3:.2f} ms = {self.gflops(self.before):.1f} GFLOP/s before"
+        if self.after is not None:
+            gap = abs(self.after.median - self.before.median) / self.before.median
+            text += (f", {self.after.median * 1e3:.2f} ms = {self.gflops(self.after):.1f} GFLOP/s after "
+                     f"({gap:.0%} apart{': the load changed' if gap > 0.15 else ''})")
+        return text
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (platform.processor() elsewhere)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def load_average() -> str:
+    """'1.42 0.67 0.27' (1, 5, 15 minutes), or 'unknown' where the OS has none."""
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
+
+
+def cuda_device_name(device: torch.device | str) -> str | None:
+    """The GPU's name when ``device`` is a CUDA device (torch.device, 'cuda:1', or a CLI index like '0' or '0,1'),
+    else None."""
+    text = str(device).strip().lower()
+    if text.startswith("cuda"):
+        index = torch.device(text).index or 0
+    elif text.replace(",", "").isdigit():
+        index = int(text.split(",")[0])
+    else:
+        return None
+    return torch.cuda.get_device_name(index) if torch.cuda.is_available() else "unavailable"
+
+
+def header(title: str, device: torch.device | str = "cpu", clock: str = "wall") -> str:
+    """The standard first lines of a benchmark: what runs, and the state of the machine it runs on."""
+    gpu = cuda_device_name(device)
+    if gpu is not None:
+        cuda = f"CUDA used ({gpu})"
+    else:
+        cuda = f"CUDA not used ({'available' if torch.cuda.is_available() else 'not available'})"
+    return (f"{title}\n"
+            f"machine: {cpu_model()}, {os.cpu_count()} CPUs, load average {load_average()} (1/5/15 min)\n"
+            f"torch {torch.__version__}, {torch.get_num_threads()} threads, {cuda}, {clock} clock")

@@ -1,0 +1,82 @@
+"""torch.hub entry points: ``torch.hub.load(REPO_DIR, "yolov5s", source="local", pretrained=True, classes=80)``.
+
+Each returns a :class:`models.hub.Detector` (images in, detections in original pixels out; see models/hub.py).
+``pretrained=True`` fetches the official YOLOv5 release file (``yolov5s.pt``; cached, see utils/downloads.py for
+``YOLO_WEIGHTS_DIR`` / ``YOLO_WEIGHTS_URL``) and reads it without running pickled code. ``classes`` other than the
+file's 80 re-initialise the head and transfer every other tensor. ``custom(path=...)`` loads a checkpoint of ours.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from models.hub import Detector, transfer_weights
+from models.yolo import Model
+from utils.checkpoint import load_checkpoint, model_from_checkpoint
+from utils.dist import select_device
+from utils.downloads import attempt_download_once_per_node
+from utils.logging import LOGGER
+
+dependencies = ["torch", "torchvision", "numpy", "cv2", "yaml", "tqdm"]
+Device = str | torch.device | None
+
+
+def _device(device: Device) -> torch.device:
+    return select_device("" if device is None else str(device))
+
+
+def _create(name: str, pretrained: bool = True, classes: int = 80, device: Device = None,
+            autoshape: bool = True) -> Detector | Model:
+    """Build ``name`` (a models/*.yaml), with release weights when ``pretrained``, wrapped in a Detector."""
+    if pretrained:
+        weights = attempt_download_once_per_node(f"{name}.pt")
+        ckpt = load_checkpoint(weights)
+        model = model_from_checkpoint(ckpt, str(weights))
+        if classes != model.nc:  # a new head: everything else comes from the file
+            pretrained_model, model = model, Model(ckpt["model_yaml"], nc=classes)
+            count = transfer_weights(model, pretrained_model.state_dict())
+            LOGGER.info(f"Transferred {count}/{len(model.state_dict())} items from {weights} "
+                        f"(the Detect head is re-initialised for {classes} classes)")
+    else:
+        model = Model(f"{name}.yaml", nc=classes)
+    model = model.to(_device(device))
+    return Detector(model) if autoshape else model
+
+
+def custom(path: str | Path, device: Device = None, autoshape: bool = True) -> Detector | Model:
+    """A checkpoint of this project (or a release file) at ``path``, wrapped in a Detector."""
+    weights = attempt_download_once_per_node(path)
+    model = model_from_checkpoint(load_checkpoint(weights), str(weights)).to(_device(device))
+    return Detector(model) if autoshape else model
+
+
+def yolov5n(pretrained: bool = True, classes: int = 80, device: Device = None,
+            autoshape: bool = True) -> Detector | Model:
+    """YOLOv5n: 1.9 M parameters, 4.6 GFLOPs at 640 px (the reference's figures)."""
+    return _create("yolov5n", pretrained, classes, device, autoshape)
+
+
+def yolov5s(pretrained: bool = True, classes: int = 80, device: Device = None,
+            autoshape: bool = True) -> Detector | Model:
+    """YOLOv5s: 7.2 M parameters, 16.6 GFLOPs at 640 px (the reference's figures)."""
+    return _create("yolov5s", pretrained, classes, device, autoshape)
+
+
+def yolov5m(pretrained: bool = True, classes: int = 80, device: Device = None,
+            autoshape: bool = True) -> Detector | Model:
+    """YOLOv5m: 21.2 M parameters, 49.2 GFLOPs at 640 px (the reference's figures)."""
+    return _create("yolov5m", pretrained, classes, device, autoshape)
+
+
+def yolov5l(pretrained: bool = True, classes: int = 80, device: Device = None,
+            autoshape: bool = True) -> Detector | Model:
+    """YOLOv5l: 46.6 M parameters, 109.6 GFLOPs at 640 px (the reference's figures)."""
+    return _create("yolov5l", pretrained, classes, device, autoshape)
+
+
+def yolov5x(pretrained: bool = True, classes: int = 80, device: Device = None,
+            autoshape: bool = True) -> Detector | Model:
+    """YOLOv5x: 86.7 M parameters, 206.3 GFLOPs at 640 px (the reference's figures)."""
+    return _create("yolov5x", pretrained, classes, device, autoshape)

@@ -1,0 +1,153 @@
+"""Images in, detections out: the model wrapper that ``hubconf.py`` returns, and its result class.
+
+``Detector(model)(images)`` takes a file path (str or Path; read by OpenCV), a numpy HWC uint8 image in RGB
+order (as PIL gives it; pass ``cv2.imread(...)[..., ::-1]`` for an OpenCV image), a PIL image, or a list of these.
+It letterboxes them to one batch shape, runs the model, applies NMS and maps the boxes back to each original
+image: ``Detections.xyxy[i]`` is a (k, 6) tensor [x1, y1, x2, y2, score, class] in that image's pixels.
+A float tensor batch (b, 3, h, w) in [0, 1] is passed straight to the model (raw decoded predictions).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import torch
+from torch import nn
+
+from models.yolo import Model
+from utils.augment import letterbox
+from utils.boxes import non_max_suppression, scale_boxes, xyxy2xywh
+from utils.errors import UserError
+
+
+class ImageInputError(UserError, ValueError):
+    """An input the detector cannot read as an image; the message names it."""
+
+
+class Detections:
+    """Detections of a batch: per image a (k, 6) tensor [x1, y1, x2, y2, score, class] in original pixels."""
+
+    def __init__(self, xyxy: list[torch.Tensor], names: Sequence[str], shapes: list[tuple[int, int]],
+                 sources: list[str]) -> None:
+        self.xyxy = xyxy
+        self.names = list(names)
+        self.shapes = shapes  # (h, w) of each original image
+        self.sources = sources  # file path, or "image<i>" for arrays
+
+    def __len__(self) -> int:
+        return len(self.xyxy)
+
+    @property
+    def xywh(self) -> list[torch.Tensor]:
+        """Per image (k, 6) [cx, cy, w, h, score, class] in original pixels."""
+        return [torch.cat((xyxy2xywh(d[:, :4]), d[:, 4:]), 1) for d in self.xyxy]
+
+    def boxes(self, i: int = 0) -> torch.Tensor:
+        return self.xyxy[i][:, :4]
+
+    def scores(self, i: int = 0) -> torch.Tensor:
+        return self.xyxy[i][:, 4]
+
+    def classes(self, i: int = 0) -> torch.Tensor:
+        return self.xyxy[i][:, 5].long()
+
+    def labels(self, i: int = 0) -> list[str]:
+        """Class names of image ``i``'s detections, best first."""
+        return [self.names[c] for c in self.classes(i).tolist()]
+
+    def tolist(self) -> list[list[dict[str, Any]]]:
+        """Plain Python: per image a list of {"box": [x1, y1, x2, y2], "score", "class", "name"}."""
+        return [[{"box": row[:4], "score": row[4], "class": int(row[5]), "name": self.names[int(row[5])]}
+                 for row in d.tolist()] for d in self.xyxy]
+
+    def __repr__(self) -> str:
+        lines = []
+        for i, ((h, w), source) in enumerate(zip(self.shapes, self.sources)):
+            counts = {name: self.labels(i).count(name) for name in dict.fromkeys(self.labels(i))}
+            found = ", ".join(f"{n} {name}" for name, n in counts.items()) or "no detections"
+            lines.append(f"image {i + 1}/{len(self)} {source}: {w}x{h} {found}")
+        return "\n".join(lines)
+
+
+class Detector(nn.Module):
+    """A detection Model with its pre- and post-processing; settings are attributes (``conf``, ``iou``, ...)."""
+
+    def __init__(self, model: Model, conf: float = 0.25, iou: float = 0.45, classes: list[int] | None = None,
+                 agnostic: bool = False, multi_label: bool = False, max_det: int = 1000) -> None:
+        super().__init__()
+        self.model = model.eval()
+        self.conf, self.iou, self.classes = conf, iou, classes
+        self.agnostic, self.multi_label, self.max_det = agnostic, multi_label, max_det
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.model.names)
+
+    @property
+    def stride(self) -> int:
+        return int(self.model.stride.max())
+
+    @torch.no_grad()
+    def forward(self, images: Any, size: int = 640) -> Detections | torch.Tensor:
+        """Detections for one image or a list (see the module docstring); ``size`` is the longest side fed in."""
+        if isinstance(images, torch.Tensor):
+            return self.model(images)
+        batch = list(images) if isinstance(images, (list, tuple)) else [images]
+        if not batch:
+            raise ImageInputError("no images given")
+        arrays, sources = zip(*(read_rgb(image, i) for i, image in enumerate(batch)))
+        shape = batch_shape([a.shape[:2] for a in arrays], size, self.stride)
+        boxed = [letterbox(a, shape, auto=False) for a in arrays]
+        parameter = next(self.model.parameters())
+        x = torch.from_numpy(np.stack([b[0].transpose(2, 0, 1) for b in boxed]))
+        x = x.to(parameter.device, parameter.dtype) / 255
+        predictions = self.model(x)
+        predictions = predictions[0] if isinstance(predictions, (list, tuple)) else predictions
+        kept = non_max_suppression(predictions.float(), self.conf, self.iou, self.classes, self.agnostic,
+                                   self.multi_label, max_det=self.max_det)
+        for det, array, (_, ratio, pad) in zip(kept, arrays, boxed):
+            det[:, :4] = scale_boxes(shape, det[:, :4], array.shape[:2], ratio_pad=((ratio[1], ratio[0]), pad))
+        return Detections([d.cpu() for d in kept], self.names, [a.shape[:2] for a in arrays], list(sources))
+
+
+def batch_shape(shapes: Sequence[tuple[int, int]], size: int, stride: int) -> tuple[int, int]:
+    """(h, w) that fits every image scaled so its longest side is ``size``, rounded up to ``stride``."""
+    scaled = [(h * size / max(h, w), w * size / max(h, w)) for h, w in shapes]
+    height, width = max(s[0] for s in scaled), max(s[1] for s in scaled)
+    return math.ceil(height / stride) * stride, math.ceil(width / stride) * stride
+
+
+def read_rgb(image: Any, index: int = 0) -> tuple[np.ndarray, str]:
+    """(HWC uint8 RGB array, name) from a path, an RGB numpy array or a PIL image."""
+    if isinstance(image, (str, Path)):
+        exists = Path(image).is_file()
+        bgr = cv2.imread(str(image)) if exists else None
+        if bgr is None:
+            raise ImageInputError(f"cannot read image {image} ({'not an image' if exists else 'file not found'})")
+        return np.ascontiguousarray(bgr[..., ::-1]), str(image)
+    if hasattr(image, "convert") and hasattr(image, "size"):  # a PIL image
+        return np.asarray(image.convert("RGB")), getattr(image, "filename", "") or f"image{index}"
+    if isinstance(image, np.ndarray):
+        array = image if image.ndim == 3 else np.repeat(image[..., None], 3, axis=2) if image.ndim == 2 else None
+        if array is None or array.shape[2] not in (3, 4) or min(array.shape[:2]) < 1:
+            raise ImageInputError(f"image {index}: expected an HWC array with 3 (RGB) or 4 (RGBA) channels, "
+                                  f"got shape {image.shape}")
+        if array.dtype != np.uint8:
+            array = np.clip(array * 255 if array.dtype.kind == "f" and array.max() <= 1 else array, 0, 255)
+        return np.ascontiguousarray(array[..., :3].astype(np.uint8, copy=False)), f"image{index}"
+    raise ImageInputError(f"image {index}: a {type(image).__name__} is not a path, numpy array or PIL image")
+
+
+def transfer_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> int:
+    """Copy every tensor of ``state`` whose name and shape fit ``model`` (the rest keeps its initialisation)."""
+    own = model.state_dict()
+    matched = {k: v for k, v in state.items() if k in own and v.shape == own[k].shape}
+    model.load_state_dict(matched, strict=False)
+    if hasattr(model, "detect"):
+        model.detect.clear_grid_cache()
+    return len(matched)

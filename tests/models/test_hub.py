@@ -1,0 +1,148 @@
+"""torch.hub entry points: offline model building, release weights through the download path, detections that land
+in original image pixels whatever the input form (path, RGB array, PIL image, list)."""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import threading
+from collections.abc import Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from models.hub import Detections, Detector, ImageInputError, batch_shape
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures"
+
+
+class QuietHandler(SimpleHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def release_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A loopback server offering the v7.0 fixture as ``yolov5n.pt``; YOLO_WEIGHTS_* point at it and tmp_path."""
+    served = tmp_path / "served"
+    served.mkdir()
+    shutil.copyfile(FIXTURES / "yolov5n-v7.0.pt", served / "yolov5n.pt")
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(served)))
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    monkeypatch.setenv("YOLO_WEIGHTS_URL", f"http://127.0.0.1:{httpd.server_address[1]}")
+    monkeypatch.setenv("YOLO_WEIGHTS_DIR", str(tmp_path / "cache"))
+    yield tmp_path / "cache"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def detector() -> Detector:
+    """The v7.0 release fixture through ``custom(path=...)``, keeping every box (random weights score low)."""
+    model = torch.hub.load(str(ROOT), "custom", source="local", path=FIXTURES / "yolov5n-v7.0.pt", device="cpu")
+    model.conf = 0.0
+    return model
+
+
+@pytest.fixture(scope="module")
+def image_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A non-square (96 x 150) noisy image, saved losslessly so file and array inputs hold the same pixels."""
+    rng = np.random.default_rng(0)
+    image = cv2.GaussianBlur(rng.integers(0, 256, (96, 150, 3), dtype=np.uint8), (5, 5), 0)
+    path = tmp_path_factory.mktemp("images") / "wide.png"
+    cv2.imwrite(str(path), image)
+    return path
+
+
+def assert_same_detections(found: torch.Tensor, expected: torch.Tensor) -> None:
+    """Same rows up to order (near-equal scores may sort either way): every row of each has a twin in the other."""
+    assert found.shape == expected.shape
+    distance = torch.cdist(found.double(), expected.double())  # rows are [x1, y1, x2, y2, score, class]
+    assert distance.min(1).values.max() < 1e-3 and distance.min(0).values.max() < 1e-3
+
+
+def test_hub_builds_yolov5n_offline_without_weights() -> None:
+    model = torch.hub.load(str(ROOT), "yolov5n", source="local", pretrained=False, device="cpu")
+    assert isinstance(model, Detector)
+    assert sum(p.numel() for p in model.model.parameters()) == 1_872_157
+    assert len(model.names) == 80 and model.stride == 32
+    result = model(np.zeros((64, 96, 3), np.uint8), size=64)
+    assert isinstance(result, Detections) and len(result) == 1 and result.xyxy[0].shape[1] == 6
+    assert result.shapes == [(64, 96)]
+
+
+def test_hub_pretrained_release_weights_through_the_download_path(release_server: Path,
+                                                                  yolo_log: list[str]) -> None:
+    model = torch.hub.load(str(ROOT), "yolov5n", source="local", pretrained=True, device="cpu")
+    assert (release_server / "yolov5n.pt").is_file()  # downloaded into YOLO_WEIGHTS_DIR
+    data = np.load(FIXTURES / "yolov5n-v7.0.npz")
+    output = model(torch.from_numpy(data["input"]))  # a tensor batch goes straight to the model
+    expected = torch.from_numpy(data["output"])
+    torch.testing.assert_close(output, expected, atol=1e-4, rtol=1e-6)  # see test_release_weights.max_error
+    # a new class count: the head starts afresh, everything else is the release's
+    three = torch.hub.load(str(ROOT), "yolov5n", source="local", pretrained=True, classes=3, device="cpu")
+    assert three.model.nc == 3 and three.model.detect.m[0].weight.shape == (24, 64, 1, 1)
+    total = len(three.model.state_dict())
+    assert any(f"Transferred {total - 6}/{total} items" in line for line in yolo_log), yolo_log
+    assert torch.equal(three.model.model[0].conv.weight, model.model.model[0].conv.weight)
+    assert not torch.equal(three.model.detect.m[0].bias[:4], model.model.detect.m[0].bias[:4])
+
+
+def test_path_array_pil_and_list_give_the_same_boxes(detector: Detector, image_file: Path) -> None:
+    rgb = cv2.imread(str(image_file))[..., ::-1]  # numpy inputs are RGB, as PIL gives them
+    by_path = detector(str(image_file), size=150)
+    by_array = detector(rgb.copy(), size=150)
+    by_pil = detector(Image.open(image_file), size=150)
+    assert by_path.xyxy[0].shape[0] > 10
+    assert torch.equal(by_path.xyxy[0], by_array.xyxy[0]) and torch.equal(by_path.xyxy[0], by_pil.xyxy[0])
+    # a batch of two computes in other blocks, so near-equal random scores may reorder: compare without NMS
+    keep_all = Detector(detector.model, conf=0.0, iou=1.0)
+    alone = keep_all(rgb.copy(), size=150).xyxy[0]
+    batch = keep_all([image_file, rgb.copy()], size=150)
+    assert len(batch) == 2 and batch.sources == [str(image_file), "image1"] and len(alone) == 3 * (240 + 60 + 15)
+    for found in batch.xyxy:
+        assert_same_detections(found, alone)
+    bgr_by_mistake = detector(np.ascontiguousarray(rgb[..., ::-1]), size=150)
+    assert not torch.equal(bgr_by_mistake.xyxy[0], by_path.xyxy[0])  # channel order matters: RGB is the contract
+
+
+def test_boxes_are_in_original_image_pixels(detector: Detector, image_file: Path) -> None:
+    small = cv2.imread(str(image_file))[..., ::-1]  # 96 x 150: fed as is, padded to 96 x 160
+    large = cv2.resize(small, (300, 192), interpolation=cv2.INTER_NEAREST)  # 2x: letterboxed back to `small`
+    found_small = detector(small.copy(), size=150)
+    found_large = detector(large, size=150)
+    assert found_small.shapes == [(96, 150)] and found_large.shapes == [(192, 300)]
+    boxes = found_small.xyxy[0]
+    assert boxes.shape[0] > 10
+    assert boxes[:, [0, 2]].min() >= 0 and boxes[:, [0, 2]].max() <= 150
+    assert boxes[:, [1, 3]].min() >= 0 and boxes[:, [1, 3]].max() <= 96
+    assert boxes[:, 2].max() > 140 and boxes[:, 0].min() < 10  # the padding is removed, not left as an offset
+    torch.testing.assert_close(found_large.xyxy[0][:, :4], 2 * boxes[:, :4])
+    torch.testing.assert_close(found_large.xyxy[0][:, 4:], boxes[:, 4:])
+    rows = found_small.tolist()[0]
+    assert rows[0]["name"] == detector.names[rows[0]["class"]] and len(rows[0]["box"]) == 4
+    assert found_small.labels(0)[0] == rows[0]["name"] and "image 1/1 image0: 150x96" in repr(found_small)
+
+
+def test_batch_shape_fits_every_image() -> None:
+    assert batch_shape([(96, 150)], 150, 32) == (96, 160)
+    assert batch_shape([(480, 640), (640, 480)], 320, 32) == (320, 320)
+    assert batch_shape([(100, 400)], 640, 32) == (160, 640)
+
+
+def test_unreadable_inputs_give_one_line(detector: Detector, tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("not an image")
+    cases = [(tmp_path / "missing.jpg", "file not found"), (tmp_path / "notes.txt", "not an image"),
+             (np.zeros((4, 4, 2), np.uint8), "expected an HWC array"), (42, "a int is not a path")]
+    for image, reason in cases:
+        with pytest.raises(ImageInputError) as info:
+            detector(image)
+        assert reason in str(info.value) and "\n" not in str(info.value)
