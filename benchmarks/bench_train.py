@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)
-    from utils.logging import setup_logging
+    from utils.log import setup_logging
 
     setup_logging(1)  # quiet: only errors
     torch.set_num_threads(2)

@@ -52,7 +52,7 @@ def worker(opt: argparse.Namespace) -> None:
     from utils import dist
     from utils.engine import evaluate
     from utils.loader import create_dataloader
-    from utils.logging import setup_logging
+    from utils.log import setup_logging
     from utils.synthetic import SYNTHETIC_NAMES
 
     device = dist.init_distributed(opt.device, "auto")

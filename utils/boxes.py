@@ -172,3 +172,15 @@ def non_max_suppression(prediction: torch.Tensor, conf_thres: float = 0.25, iou_
         keep = torchvision.ops.batched_nms(det[:, :4], det[:, 4], group, iou_thres)[:max_det]
         output[i] = det[keep]
     return output
+
+
+def label_rows(det: Array, shape: tuple[int, int], save_conf: bool = False) -> list[str]:
+    """YOLO label text rows ``cls cx cy w h [conf]`` of (k, 6) detections [x1, y1, x2, y2, conf, cls], the box
+    normalised to an image of ``shape`` (h, w)."""
+    det = det.detach().cpu().numpy() if isinstance(det, torch.Tensor) else np.asarray(det)
+    xywhn = xyxy2xywhn(det[:, :4].astype(np.float64), w=shape[1], h=shape[0])
+    rows = []
+    for box, conf, cls in zip(xywhn, det[:, 4], det[:, 5]):
+        values = [int(cls), *box.tolist(), *([float(conf)] if save_conf else [])]
+        rows.append(" ".join(f"{v:g}" if isinstance(v, int) else f"{v:.6g}" for v in values))
+    return rows
