@@ -33,6 +33,7 @@ from utils.checkpoint import to_plain
 from utils.cli import DISTRIBUTED, add_flags, distributed_session, project_dir, run_main, square_size
 from utils.data_config import load_data_config
 from utils.datasets import DatasetOptions
+from utils.device import autocast
 from utils.engine import EvalOptions, NonFiniteGuard, Trainer, evaluate, train_one_epoch
 from utils.errors import UserError
 from utils.evolve import evolve
@@ -83,7 +84,7 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     add_flags(p, "data")
     p.add_argument("--hyp", default="", help="hyperparameter YAML (path or name in data/hyps); '' = "
                    "hyp.synthetic.yaml for the built-in synthetic set, else hyp.scratch.yaml")
-    p.add_argument("--epochs", type=int, default=18)
+    p.add_argument("--epochs", type=int, default=18, help="epochs to train")
     add_flags(p, "batch_size", "img_size", batch_size=16, img_size=[128])
     p.add_argument("--rect", action="store_true", help="rectangular training batches")
     p.add_argument("--resume", nargs="?", const=True, default=False, help="resume the latest run, or the given last.pt")
@@ -296,7 +297,7 @@ def decide_amp(model: Model, device: torch.device) -> bool:
         model.eval()
         with torch.no_grad():
             ref = model(image)
-            with torch.autocast("cuda", dtype=torch.float16):
+            with autocast(device, enabled=True):
                 low = model(image)
         model.train()
         return bool(torch.allclose(ref.float(), low.float(), atol=0.1, rtol=0.1))

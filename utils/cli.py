@@ -125,3 +125,25 @@ def distributed_session(opt: argparse.Namespace) -> Iterator[torch.device]:
         clean_exit = True
     finally:
         dist.cleanup(clean_exit=clean_exit)
+
+
+def flag_table(parser: argparse.ArgumentParser) -> str:
+    """A markdown table of a parser's flags (flag, default, meaning), as the README shows them."""
+    rows = ["| flag | default | meaning |", "|---|---|---|"]
+    for action in parser._actions:
+        if not action.option_strings or action.help == argparse.SUPPRESS or action.dest == "help":
+            continue
+        if isinstance(action, argparse._StoreTrueAction) or action.default is False:
+            default = "off"
+        elif action.default is None or action.default == []:
+            default = "none"
+        elif isinstance(action.default, list):
+            default = " ".join(map(str, action.default))
+        else:
+            default = str(action.default).replace(str(ROOT) + "/", "") or "''"
+        meaning = (action.help or "").replace("%%", "%").replace("|", "\\|")
+        if action.choices:
+            meaning += "; one of " + ", ".join(f"`{c}`" if c else "`''`" for c in action.choices)
+        names = ", ".join(f"`{s}`" for s in action.option_strings)
+        rows.append(f"| {names} | `{default}` | {meaning} |")
+    return "\n".join(rows)

@@ -294,26 +294,29 @@ def main_decides(decide: Callable[[], T]) -> T:
     return outcome[1]
 
 
-def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
-    """In-place sum over ranks (returned for chaining). All ranks must call it."""
+def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """In-place reduction over ranks, ``op`` one of sum, mean, max (returned for chaining; as it is when not
+    distributed). All ranks must call it."""
     if is_initialized():
-        tdist.all_reduce(tensor, op=tdist.ReduceOp.SUM)
+        tdist.all_reduce(tensor, op=tdist.ReduceOp.MAX if op == "max" else tdist.ReduceOp.SUM)
+        if op == "mean":
+            tensor /= get_world_size()
     return tensor
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """In-place sum over ranks. All ranks must call it."""
+    return all_reduce(tensor, "sum")
 
 
 def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
     """In-place mean over ranks. All ranks must call it."""
-    if is_initialized():
-        tdist.all_reduce(tensor, op=tdist.ReduceOp.SUM)
-        tensor /= get_world_size()
-    return tensor
+    return all_reduce(tensor, "mean")
 
 
 def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
-    """In-place maximum over ranks (returned for chaining). All ranks must call it."""
-    if is_initialized():
-        tdist.all_reduce(tensor, op=tdist.ReduceOp.MAX)
-    return tensor
+    """In-place maximum over ranks. All ranks must call it."""
+    return all_reduce(tensor, "max")
 
 
 def any_rank(flag: bool) -> bool:
