@@ -22,13 +22,13 @@ import numpy as np
 import torch
 
 from utils import paths
-from utils.annotate import draw_detections
+from utils.annotate import class_name, draw_detections
 from utils.backends import DetectBackend, check_img_size, find_trained_weights
-from utils.boxes import non_max_suppression, scale_boxes, xyxy2xywhn
-from utils.cli import run_main
-from utils.dist import select_device
+from utils.boxes import label_rows, non_max_suppression, scale_boxes
+from utils.cli import add_flags, project_dir, run_main
+from utils.device import select_device
 from utils.errors import UserError
-from utils.logging import LOGGER, colorstr, print_options, setup_logging
+from utils.log import LOGGER, colorstr, print_options, setup_logging
 from utils.sources import Frame, LoadImages, LoadWebcam, load_source
 
 
@@ -49,33 +49,23 @@ class DetectResult:
 
 def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     """detect.py's options (``argv=None`` reads sys.argv)."""
-    parser = argparse.ArgumentParser(description="Detect objects in images, videos or a webcam stream")
-    parser.add_argument("--weights", type=str, default="", help=".pt, .torchscript or .onnx "
-                        "(default: newest runs/train/*/weights/best.pt)")
+    parser = argparse.ArgumentParser(prog="detect.py", description="Detect objects in images, videos or a webcam")
+    add_flags(parser, "weights")
     parser.add_argument("--source", type=str, default="", help="file, folder, glob, .txt list, video or "
                         "webcam index (default: data/images)")
-    parser.add_argument("--img-size", "--imgsz", "--img", nargs="+", type=int, default=[640],
-                        help="inference size: one value or h w")
-    parser.add_argument("--conf-thres", type=float, default=0.25, help="confidence threshold")
-    parser.add_argument("--iou-thres", type=float, default=0.45, help="NMS IoU threshold")
-    parser.add_argument("--max-det", type=int, default=1000, help="maximum detections per image")
-    parser.add_argument("--device", default="", help="cuda device, i.e. 0 or 0,1, or cpu")
+    add_flags(parser, "img_size", "conf_thres", "iou_thres", "max_det", "device", conf_thres=0.25, iou_thres=0.45,
+              max_det=1000)
     parser.add_argument("--classes", nargs="+", type=int, help="keep only these classes: --classes 0 2")
-    parser.add_argument("--agnostic-nms", action="store_true", help="class-agnostic NMS")
-    parser.add_argument("--save-txt", action="store_true", help="save results to labels/*.txt")
-    parser.add_argument("--save-conf", action="store_true", help="save confidences in --save-txt labels")
+    add_flags(parser, "agnostic_nms", "save_txt", "save_conf")
     parser.add_argument("--save-crop", action="store_true", help="save cropped boxes to crops/<class>/")
     parser.add_argument("--nosave", action="store_true", help="do not save annotated images/videos")
     parser.add_argument("--hide-labels", action="store_true", help="draw boxes without labels")
     parser.add_argument("--hide-conf", action="store_true", help="draw labels without confidences")
     parser.add_argument("--line-thickness", type=int, default=3, help="box line thickness (pixels)")
-    parser.add_argument("--half", action="store_true", help="FP16 inference (CUDA only)")
-    parser.add_argument("--project", default=None, help="save to project/name (default: runs/detect)")
-    parser.add_argument("--name", default="exp", help="save to project/name")
-    parser.add_argument("--exist-ok", action="store_true", help="reuse an existing project/name")
-    parser.add_argument("--trust-weights", action="store_true",
-                        help="allow full unpickling of a .pt file (only for files you trust)")
-    return parser.parse_args(argv)
+    add_flags(parser, "half", "project", "name", "exist_ok", "trust_weights")
+    opt = parser.parse_args(argv)
+    opt.project = project_dir(opt, "detect")
+    return opt
 
 
 def check_options(opt: argparse.Namespace, device: torch.device) -> None:
@@ -106,19 +96,9 @@ def summarize(det: torch.Tensor, names: list[str]) -> str:
     parts = []
     for cls in det[:, 5].unique():
         n = int((det[:, 5] == cls).sum())
-        name = names[int(cls)] if int(cls) < len(names) else str(int(cls))
+        name = class_name(names, cls)
         parts.append(f"{n} {name}{'s' * (n > 1)}")
     return ", ".join(parts)
-
-
-def label_rows(det: np.ndarray, shape: tuple[int, int], save_conf: bool) -> list[str]:
-    """YOLO rows ``cls cx cy w h [conf]`` normalised to an image of ``shape`` (h, w)."""
-    xywhn = xyxy2xywhn(det[:, :4].astype(np.float64), w=shape[1], h=shape[0])
-    rows = []
-    for box, conf, cls in zip(xywhn, det[:, 4], det[:, 5]):
-        values = [int(cls), *box.tolist(), *([float(conf)] if save_conf else [])]
-        rows.append(" ".join(f"{v:g}" if isinstance(v, int) else f"{v:.6g}" for v in values))
-    return rows
 
 
 def save_crops(image: np.ndarray, det: np.ndarray, names: list[str], crop_dir: Path, stem: str) -> None:
@@ -127,7 +107,7 @@ def save_crops(image: np.ndarray, det: np.ndarray, names: list[str], crop_dir: P
         x1, y1, x2, y2 = (int(round(v)) for v in (x1, y1, x2, y2))
         if x2 <= x1 or y2 <= y1:
             continue
-        name = names[int(cls)] if int(cls) < len(names) else str(int(cls))
+        name = class_name(names, cls)
         folder = crop_dir / name
         folder.mkdir(parents=True, exist_ok=True)
         cv2.imwrite(str(paths.increment_path(folder / f"{stem}.jpg")), image[y1:y2, x1:x2])
@@ -219,8 +199,7 @@ def main(opt: argparse.Namespace) -> DetectResult:
     backend = DetectBackend(weights, device, half=opt.half, trusted=opt.trust_weights)
     img_size = resolve_img_size(opt, backend)
     dataset = load_source(source, img_size, backend.stride, auto=backend.dynamic)
-    project = Path(opt.project) if opt.project else paths.ROOT / "runs" / "detect"
-    save_dir = paths.increment_path(project / opt.name, exist_ok=opt.exist_ok, mkdir=True)
+    save_dir = paths.increment_path(Path(opt.project) / opt.name, exist_ok=opt.exist_ok, mkdir=True)
     backend.warmup(img_size)
     writer = OutputWriter(save_dir, opt, backend.names)
     try:

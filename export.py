@@ -25,12 +25,12 @@ import torch
 
 from utils.backends import DetectBackend, check_img_size, export_metadata, find_trained_weights, quiet_jit_warnings
 from utils.checkpoint import load_model
-from utils.cli import run_main
-from utils.dist import select_device
+from utils.cli import add_flags, run_main
+from utils.device import select_device
 from utils.errors import UserError
-from utils.logging import LOGGER, colorstr, print_options, setup_logging
-from utils.paths import ROOT
-from utils.sources import IMG_SUFFIXES, letterbox_image
+from utils.log import LOGGER, colorstr, print_options, setup_logging
+from utils.paths import IMG_SUFFIXES, ROOT
+from utils.sources import letterbox_image
 
 FORMATS = ("torchscript", "onnx")
 MAX_ERROR = 1e-3  # the largest difference accepted between an export and PyTorch (see compare_outputs)
@@ -57,18 +57,14 @@ class ExportResult:
 
 def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     """export.py's options (``argv=None`` reads sys.argv)."""
-    parser = argparse.ArgumentParser(description="Export a trained detector to TorchScript / ONNX")
-    parser.add_argument("--weights", type=str, default="", help="model.pt path (default: newest runs/train best.pt)")
+    parser = argparse.ArgumentParser(prog="export.py", description="Export a trained detector to TorchScript / ONNX")
+    add_flags(parser, "weights")
     parser.add_argument("--include", nargs="+", default=list(FORMATS), help=f"formats: {', '.join(FORMATS)}")
-    parser.add_argument("--img-size", "--imgsz", "--img", nargs="+", type=int, default=[640],
-                        help="input size: one value (square) or h w")
-    parser.add_argument("--batch-size", type=int, default=1, help="batch size of the example input")
+    add_flags(parser, "img_size", "batch_size", batch_size=1)
     parser.add_argument("--dynamic", action="store_true", help="dynamic batch and image size (ONNX axes)")
     parser.add_argument("--opset", type=int, default=17, help="ONNX opset version")
     parser.add_argument("--dynamo", action="store_true", help="use the torch.export-based ONNX exporter (slower)")
-    parser.add_argument("--device", default="cpu", help="cuda device, i.e. 0, or cpu")
-    parser.add_argument("--trust-weights", action="store_true",
-                        help="allow full unpickling of the weights file (only for files you trust)")
+    add_flags(parser, "device", "trust_weights", device="cpu")
     return parser.parse_args(argv)
 
 

@@ -16,15 +16,16 @@ from pathlib import Path
 import torch
 
 from utils import dist
-from utils.backends import check_img_size
+from utils.backends import check_img_size, find_trained_weights
 from utils.checkpoint import load_model
-from utils.cli import add_distributed_flags, distributed_session, run_main
-from utils.datasets import DataError, load_data_config
-from utils.engine import EvalResult, evaluate
+from utils.cli import DISTRIBUTED, add_flags, distributed_session, project_dir, run_main, square_size
+from utils.data_config import DataError, load_data_config
+from utils.datasets import DatasetOptions
+from utils.engine import EvalOptions, EvalResult, evaluate
 from utils.errors import UserError
 from utils.loader import create_dataloader
-from utils.logging import LOGGER, colorstr, print_options
-from utils.paths import ROOT, increment_path
+from utils.log import LOGGER, colorstr, print_options
+from utils.paths import increment_path
 
 
 class TestError(UserError, ValueError):
@@ -34,32 +35,18 @@ class TestError(UserError, ValueError):
 
 
 def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
+    """test.py's options (``argv=None`` reads sys.argv)."""
     p = argparse.ArgumentParser(prog="test.py", description="Validate a checkpoint (mAP@.5, mAP@.5:.95, speed)")
-    p.add_argument("--weights", default=str(ROOT / "runs" / "train" / "exp" / "weights" / "best.pt"),
-                   help="checkpoint written by train.py")
-    p.add_argument("--trust-weights", action="store_true", help="allow full unpickling of --weights (trusted only)")
-    p.add_argument("--data", default=str(ROOT / "data" / "synthetic.yaml"), help="dataset YAML")
-    p.add_argument("--img-size", "--imgsz", "--img", dest="img_size", type=int, default=640,
-                   help="inference size (pixels), rounded up to a multiple of the model's stride")
-    p.add_argument("--batch-size", type=int, default=32, help="total batch over all ranks")
-    p.add_argument("--conf-thres", type=float, default=0.001, help="confidence threshold")
-    p.add_argument("--iou-thres", type=float, default=0.6, help="NMS IoU threshold")
-    p.add_argument("--max-det", type=int, default=300, help="maximum detections per image")
+    add_flags(p, "weights", "trust_weights", "data", "img_size", "batch_size", "conf_thres", "iou_thres", "max_det")
     p.add_argument("--task", default="val", choices=["val", "test", "speed"], help="split to run, or speed only")
-    p.add_argument("--device", default="", help="'cpu', a GPU '0', or GPUs '0,1' (one per local rank)")
-    p.add_argument("--workers", type=int, default=8, help="max dataloader workers per rank")
-    p.add_argument("--single-cls", action="store_true", help="treat every class as one")
-    p.add_argument("--agnostic-nms", action="store_true", help="class-agnostic NMS")
-    p.add_argument("--half", action="store_true", help="FP16 inference (CUDA only)")
+    add_flags(p, "device", "workers", "single_cls", "agnostic_nms", "half")
     p.add_argument("--verbose", action="store_true", help="report mAP per class")
-    p.add_argument("--save-txt", action="store_true", help="save results to labels/*.txt")
-    p.add_argument("--save-conf", action="store_true", help="save confidences in --save-txt labels")
+    add_flags(p, "save_txt", "save_conf")
     p.add_argument("--save-json", action="store_true", help="save a COCO-format predictions JSON")
-    p.add_argument("--project", default=str(ROOT / "runs" / "test"), help="save to project/name")
-    p.add_argument("--name", default="exp", help="save to project/name")
-    p.add_argument("--exist-ok", action="store_true", help="reuse project/name instead of incrementing")
-    add_distributed_flags(p, long_wait="label cache")
-    return p.parse_args(argv)
+    add_flags(p, "project", "name", "exist_ok", *DISTRIBUTED)
+    opt = square_size(p, p.parse_args(argv))
+    opt.project = project_dir(opt, "test")
+    return opt
 
 
 def main(opt: argparse.Namespace) -> EvalResult:
@@ -86,34 +73,32 @@ def _coco_annotations(data: object) -> Path | None:
 
 def run(opt: argparse.Namespace, device: torch.device) -> EvalResult:
     """Load the checkpoint and data, build this rank's shard loader, and evaluate. All ranks must call it."""
-    world = dist.get_world_size()
-    if opt.batch_size < 1 or opt.batch_size % world:
-        raise TestError(f"--batch-size {opt.batch_size} must be a positive multiple of the world size {world}")
-    model, _ = load_model(opt.weights, device, fuse=True, trusted=opt.trust_weights)
+    batch = dist.batch_per_rank(opt.batch_size)
+    weights = opt.weights or find_trained_weights()
+    model, _ = load_model(weights, device, fuse=True, trusted=opt.trust_weights)
     data = load_data_config(opt.data)
     if model.nc != data.nc and not opt.single_cls:
-        raise TestError(f"--weights {opt.weights} predicts {model.nc} classes but {data.yaml_file} has {data.nc}; "
+        raise TestError(f"--weights {weights} predicts {model.nc} classes but {data.yaml_file} has {data.nc}; "
                         "pass the data set the model was trained on, or --single-cls")
     stride = int(model.stride.max())
     img_size = check_img_size([opt.img_size], stride)[0]
     speed_only = opt.task == "speed"
-    chosen = str(increment_path(Path(opt.project) / opt.name, exist_ok=opt.exist_ok, mkdir=True)) \
-        if dist.is_main_process() else None
-    save_dir = Path(dist.broadcast_object(chosen))
-    loader, dataset = create_dataloader(_split(data, opt.task), img_size, opt.batch_size // world, stride, rect=True,
-                                        pad=0.5, workers=opt.workers, prefix=colorstr(f"{opt.task}: "),
-                                        single_cls=opt.single_cls, shard_eval=True, nc=data.nc, names=data.names)
+    save_dir = dist.main_decides(lambda: increment_path(Path(opt.project) / opt.name, exist_ok=opt.exist_ok,
+                                                        mkdir=True))
+    options = DatasetOptions(img_size=img_size, batch_size=batch, stride=stride, rect=True, pad=0.5, nc=data.nc,
+                             prefix=colorstr(f"{opt.task}: "), single_cls=opt.single_cls, names=data.names)
+    loader, dataset = create_dataloader(_split(data, opt.task), options, workers=opt.workers, shard_eval=True)
     if not speed_only and sum(len(labels) for labels in dataset.labels) == 0:
         raise DataError(f"{opt.task} split of {data.yaml_file} has no labels (looked for .txt files in labels/ "
                         "next to images/); metrics need labels")
     with torch.no_grad():  # warm-up: first-call costs stay out of the timing
         model(torch.zeros(1, 3, img_size, img_size, device=device))
-    result = evaluate(model, loader, device=device, names=data.names, conf_thres=opt.conf_thres,
-                      iou_thres=opt.iou_thres, max_det=opt.max_det, single_cls=opt.single_cls,
-                      half=opt.half and device.type == "cuda", save_dir=save_dir, plots=not speed_only,
-                      save_json=opt.save_json and not speed_only, save_txt=opt.save_txt, save_conf=opt.save_conf,
-                      verbose=opt.verbose, is_coco=data.is_coco, agnostic=opt.agnostic_nms,
-                      anno_json=_coco_annotations(data))
+    options = EvalOptions(conf_thres=opt.conf_thres, iou_thres=opt.iou_thres, max_det=opt.max_det,
+                          single_cls=opt.single_cls, agnostic=opt.agnostic_nms, half=opt.half and device.type == "cuda",
+                          save_dir=save_dir, plots=not speed_only, save_json=opt.save_json and not speed_only,
+                          save_txt=opt.save_txt, save_conf=opt.save_conf, verbose=opt.verbose, is_coco=data.is_coco,
+                          anno_json=_coco_annotations(data))
+    result = evaluate(model, loader, device, data.names, options)
     LOGGER.info(f"Results saved to {colorstr('bold', str(save_dir))}")
     return result
 

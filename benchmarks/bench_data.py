@@ -22,14 +22,14 @@ import cv2
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from utils.datasets import (  # noqa: E402
-    YoloDataset,
+from utils.datasets import YoloDataset  # noqa: E402
+from utils.device import available_cores  # noqa: E402
+from utils.hyp import load_hyp  # noqa: E402
+from utils.label_cache import (  # noqa: E402
     files_hash,
     img2label_paths,
     list_image_files,
     load_cache,
-    load_hyp,
-    num_threads,
     save_cache,
     scan_files,
 )
@@ -102,7 +102,7 @@ def main(opt: argparse.Namespace) -> None:
         scan_ms, load_ms = bench_scan(small / "images" / "train", opt.repeats)
     print(f"training pipeline at {opt.img} px (mosaic+perspective+HSV+flip+collate): "
           f"{per_worker:.1f} images/s per worker by wall time, {per_cpu:.1f} per CPU-second (median of {opt.repeats})")
-    print(f"label scan (pool of {num_threads()}, {opt.scan_images} images): {scan_ms:.2f} s per 1,000 images; "
+    print(f"label scan (pool of {available_cores()}, {opt.scan_images} images): {scan_ms:.2f} s per 1,000 images; "
           f"cache load: {load_ms:.3f} s per 1,000 images ({scan_ms / max(load_ms, 1e-9):.0f}x faster)")
 
 

@@ -33,8 +33,8 @@ from models.yolo import Model  # noqa: E402
 from utils.backends import DetectBackend  # noqa: E402
 from utils.boxes import non_max_suppression  # noqa: E402
 from utils.checkpoint import new_checkpoint, save_checkpoint  # noqa: E402
-from utils.dist import select_device  # noqa: E402
-from utils.logging import setup_logging  # noqa: E402
+from utils.device import select_device  # noqa: E402
+from utils.log import setup_logging  # noqa: E402
 from utils.sources import letterbox_image  # noqa: E402
 
 

@@ -44,28 +44,34 @@ def timed_steps(cfg: str, batch: int, img_size: int, steps: int, warmup: int, re
     """Images/s of this process for each repeat (ddp when a group is initialised). All ranks call it."""
     import utils.dist as dist
     from models.yolo import Model
-    from utils.engine import train_one_epoch
+    from utils.engine import Trainer, train_one_epoch
+    from utils.hooks import Hooks
     from utils.loss import ComputeLoss
-    from utils.optim import LRSchedule, ModelEMA, Stepper, build_optimizer
+    from utils.optim import LRSchedule, ModelEMA, WeightUpdater, build_optimizer
+    from utils.writers import TrainWriters
 
     torch.manual_seed(0)
     core = Model(cfg, nc=3).to(device)
     model = torch.nn.parallel.DistributedDataParallel(core, device_ids=[device.index] if device.type == "cuda"
                                                       else None) if dist.is_initialized() else core
-    stepper = Stepper(model, build_optimizer(core, "SGD", 0.01, 0.937, 5e-4), LRSchedule(HYP, 10, 10),
-                      ema=ModelEMA(core), amp=amp)
-    loss = ComputeLoss(core, HYP, img_size)
+    ema = ModelEMA(core)
+    updater = WeightUpdater(model, build_optimizer(core, "SGD", 0.01, 0.937, 5e-4), LRSchedule(HYP, 10, 10),
+                            ema=ema, amp=amp)
+    trainer = Trainer(opt=argparse.Namespace(epochs=10, batch_size=batch), hyp=HYP, device=device,
+                      save_dir=Path(tempfile.gettempdir()), model=model, updater=updater, ema=ema,
+                      compute_loss=ComputeLoss(core, HYP, img_size), train_loader=[], val_loader=None,
+                      names=["a", "b", "c"], writers=TrainWriters(Path(tempfile.gettempdir()), enabled=False),
+                      hooks=Hooks(), amp=amp)
     batches = [make_batch(batch, img_size, seed * 100 + i) for i in range(4)]
     rates = []
     for r in range(repeats + 1):
         n = warmup if r == 0 else steps
-        feed = [batches[i % 4] for i in range(n)]
+        trainer.train_loader = [batches[i % 4] for i in range(n)]
         dist.barrier()
         if device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        train_one_epoch(model, feed, stepper, loss, device=device, epoch=0, epochs=10, img_size=img_size, amp=amp,
-                        loss_scale=dist.get_world_size(), show_progress=False)
+        train_one_epoch(trainer, 0)
         if device.type == "cuda":
             torch.cuda.synchronize()
         dist.barrier()
@@ -105,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--repeats", type=int, default=3)
     args = p.parse_args(argv)
-    from utils.logging import setup_logging
+    from utils.log import setup_logging
 
     setup_logging(1)  # quiet: only errors
     torch.set_num_threads(2)

@@ -60,9 +60,10 @@ def worker(opt: argparse.Namespace) -> None:
 
     from models.yolo import Model
     from utils import dist
+    from utils.datasets import DatasetOptions
     from utils.engine import evaluate
     from utils.loader import create_dataloader
-    from utils.logging import setup_logging
+    from utils.log import setup_logging
     from utils.synthetic import SYNTHETIC_NAMES
 
     device = dist.init_distributed(opt.device, "auto")
@@ -73,8 +74,9 @@ def worker(opt: argparse.Namespace) -> None:
         model = Model(opt.cfg, nc=len(SYNTHETIC_NAMES)).to(device).fuse().eval()
         root, world = Path(opt.worker[0]), dist.get_world_size()
         stride = int(model.stride.max())
-        loader, _ = create_dataloader(root / "images" / "val", opt.img, opt.batch_size // world, stride, rect=True,
-                                      pad=0.5, workers=0, shard_eval=True, nc=len(SYNTHETIC_NAMES))
+        options = DatasetOptions(img_size=opt.img, batch_size=opt.batch_size // world, stride=stride, rect=True,
+                                 pad=0.5, nc=len(SYNTHETIC_NAMES))
+        loader, _ = create_dataloader(root / "images" / "val", options, workers=0, shard_eval=True)
 
         def run():
             return evaluate(model, loader, device=device, names=SYNTHETIC_NAMES, conf_thres=opt.conf_thres)

@@ -264,7 +264,7 @@ class Model(nn.Module):
                 raise ModelConfigError(f"{self.yaml_source}: the rows do not fit together "
                                        f"({str(e).splitlines()[0]})") from None
             detect.stride.copy_(torch.tensor([probe / m.shape[-2] for m in maps]))
-        _check_anchor_order(detect)
+        check_anchor_order(detect)
         self._init_weights()
         self._init_biases()
 
@@ -356,7 +356,7 @@ def _batch_norm_flops(*args: Any, out_shape: Any = None, **kwargs: Any) -> int:
     return 4 * math.prod(shape)
 
 
-def _check_anchor_order(detect: Detect) -> None:
+def check_anchor_order(detect: Detect) -> None:
     """Anchors must grow with stride (P3 smallest); flip them when the YAML lists them the other way."""
     area = detect.anchors.prod(-1).mean(-1)  # (nl,)
     if (area[-1] - area[0]).sign() != (detect.stride[-1] - detect.stride[0]).sign():

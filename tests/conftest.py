@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,8 +11,6 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
 
 os.environ.setdefault("NO_COLOR", "1")
 
@@ -58,7 +55,7 @@ def yolo_log() -> Iterator[list[str]]:
     """Messages the 'yolo' logger emits at INFO and above during the test, whatever handlers exist."""
     import logging
 
-    from utils.logging import LOGGER
+    from utils.log import LOGGER
 
     lines: list[str] = []
     handler = logging.Handler(logging.INFO)
@@ -77,7 +74,7 @@ def _fresh_yolo_logger() -> Iterator[None]:
     setup_logging() in one test cannot hide log records from caplog in the next."""
     import logging
 
-    from utils.logging import LOGGER
+    from utils.log import LOGGER
 
     LOGGER.handlers.clear()
     LOGGER.propagate = True

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -17,14 +17,10 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT, free_port, job_env
+
 pytestmark = [pytest.mark.ddp, pytest.mark.slow]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+FAIL_RANK1 = "tests.plugins.faults:FailAt(rank=1, epoch=0, batch=1)"
 
 
 def train_flags(tiny_cfg_file: Path, tiny_dataset: Path, project: Path, *extra: str) -> list[str]:
@@ -33,10 +29,8 @@ def train_flags(tiny_cfg_file: Path, tiny_dataset: Path, project: Path, *extra: 
             "--ddp-timeout", "120", *extra]
 
 
-def launch(args: list[str], env_extra: dict | None = None) -> subprocess.Popen:
-    env = {**os.environ, "NO_COLOR": "1", "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", **(env_extra or {})}
-    env.pop("WORLD_SIZE", None)
-    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *args], cwd=ROOT, env=env,
+def launch(args: list[str]) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *args], cwd=ROOT, env=job_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # bytes: keep tqdm's \r in a line
 
 
@@ -114,8 +108,8 @@ def test_two_nodes_on_localhost_with_c10d_rendezvous(tiny_cfg_file, tiny_dataset
 
 def test_a_failing_rank_ends_the_job_and_is_named(tiny_cfg_file, tiny_dataset, tmp_path):
     args = ["--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-            *train_flags(tiny_cfg_file, tiny_dataset, tmp_path)]
-    rc, lines, ended = collect(launch(args, {"YOLO_TEST_FAIL_AT": "1:0:1"}), timeout=180)
+            *train_flags(tiny_cfg_file, tiny_dataset, tmp_path), "--hook", FAIL_RANK1]
+    rc, lines, ended = collect(launch(args), timeout=180)
     output = text_of(lines)
     assert rc != 0
     fault = [t for t, text in lines if "rank 1: test fault injected at epoch 0 batch 1" in text]
@@ -131,7 +125,6 @@ def _rank_worker(rank: int, port: int, out_dir: str, cfg: dict) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    sys.path.insert(0, str(ROOT))
     import utils.dist as dist
 
     dist.init_distributed("cpu", "gloo", 300, 300)
@@ -151,22 +144,43 @@ def _frozen_bn(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def _step(model, stepper_model, batch, loss_scale):
-    from utils.engine import train_one_epoch
+def _step(model, batch):
+    """One train_one_epoch over one batch (DDP-wrapped or not); the flattened parameters after it."""
+    from utils.engine import Trainer, train_one_epoch
+    from utils.hooks import Hooks
     from utils.loss import ComputeLoss
-    from utils.optim import LRSchedule, ModelEMA, Stepper, build_optimizer, unwrap
+    from utils.optim import LRSchedule, ModelEMA, WeightUpdater, build_optimizer, unwrap
+    from utils.writers import TrainWriters
 
     hyp = {"lr0": 0.01, "lrf": 1.0, "momentum": 0.9, "weight_decay": 5e-4, "warmup_epochs": 0.0, "box": 0.05,
            "cls": 0.5, "obj": 1.0, "anchor_t": 4.0}
-    optimizer = build_optimizer(stepper_model, "SGD", hyp["lr0"], hyp["momentum"], hyp["weight_decay"])
-    stepper = Stepper(stepper_model, optimizer, LRSchedule(hyp, 1, 1), ema=ModelEMA(stepper_model))
-    train_model = model
+    optimizer = build_optimizer(model, "SGD", hyp["lr0"], hyp["momentum"], hyp["weight_decay"])
+    ema = ModelEMA(model)
+    updater = WeightUpdater(model, optimizer, LRSchedule(hyp, 1, 1), ema=ema)
     _frozen_bn(unwrap(model))
-    train_model.train = lambda mode=True: train_model  # keep the frozen BN through train_one_epoch's .train()
-    train_one_epoch(train_model, [batch], stepper, ComputeLoss(unwrap(model), hyp, 64), device=torch.device("cpu"),
-                    epoch=0, epochs=1, img_size=64, loss_scale=loss_scale, show_progress=False)
-    assert stepper.steps == 1
+    model.train = lambda mode=True: model  # keep the frozen BN through train_one_epoch's .train()
+    trainer = Trainer(opt=argparse.Namespace(epochs=1, batch_size=len(batch[0])), hyp=hyp,
+                      device=torch.device("cpu"), save_dir=Path("."), model=model, updater=updater, ema=ema,
+                      compute_loss=ComputeLoss(unwrap(model), hyp, 64), train_loader=[batch], val_loader=None,
+                      names=["a", "b", "c"], writers=TrainWriters(Path("."), enabled=False), hooks=Hooks())
+    train_one_epoch(trainer, 0)
+    assert updater.steps == 1
     return torch.cat([p.detach().flatten() for p in unwrap(model).parameters()])
+
+
+class _single_process:
+    """Inside: utils.dist answers as one process would (world size 1), though the group is up."""
+
+    def __enter__(self) -> None:
+        import utils.dist as dist
+
+        self.saved = dist.get_world_size
+        dist.get_world_size = lambda: 1
+
+    def __exit__(self, *exc: object) -> None:
+        import utils.dist as dist
+
+        dist.get_world_size = self.saved
 
 
 def _ddp_step(rank: int, cfg: dict, out_dir: Path) -> str:
@@ -178,11 +192,12 @@ def _ddp_step(rank: int, cfg: dict, out_dir: Path) -> str:
     imgs = torch.randint(0, 256, (4, 3, 64, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
     boxes = torch.tensor([[0, 1, 0.5, 0.5, 0.4, 0.5], [0, 2, 0.25, 0.3, 0.2, 0.2], [1, 0, 0.6, 0.4, 0.5, 0.3]])
     ddp = torch.nn.parallel.DistributedDataParallel(model)
-    params = _step(ddp, ddp, (imgs[2 * rank:2 * rank + 2], boxes, ("a", "b"), None), loss_scale=2)
+    params = _step(ddp, (imgs[2 * rank:2 * rank + 2], boxes, ("a", "b"), None))
     torch.save(params, out_dir / f"params{rank}.pt")
     # one process on both ranks' images in one batch; every rank computes it, so no rank waits on another's solo work
     union = torch.cat((boxes, boxes + torch.tensor([2.0, 0, 0, 0, 0, 0])))
-    single = _step(reference, reference, (imgs, union, ("a", "b", "c", "d"), None), loss_scale=1)
+    with _single_process():
+        single = _step(reference, (imgs, union, ("a", "b", "c", "d"), None))
     torch.save(single, out_dir / f"params_single{rank}.pt")
     return "done"
 
@@ -192,14 +207,14 @@ def _broadcast_decisions(rank: int) -> dict:
 
     import train
     import utils.dist as dist
-    from utils.callbacks import EarlyStopping
+    from utils.fitness import EarlyStopping
 
     run = SimpleNamespace(opt=SimpleNamespace(multi_scale=True, seed=rank, img_size=64), grid=32,
                           train_loader=[None] * 20)
     sizes = train.step_sizes(run, epoch=3)  # each rank has its own seed; rank 0's draw wins
     stopper = EarlyStopping(patience=1)
     stopper(0, 0.5)
-    stop = train.decide_stop(stopper, epoch=1 if rank == 0 else 0, fitness_value=0.1)  # only rank 0 would stop
+    stop = dist.main_decides(lambda: stopper(1 if rank == 0 else 0, 0.1))  # only rank 0 would stop
     try:
         dist.check_agreement({"params": 100 + rank, "config": "same"})
         agreement = "passed"

@@ -7,40 +7,15 @@ These tests launch real torchrun jobs whose rank 1 SIGKILLs itself on attempt 0.
 
 from __future__ import annotations
 
-import os
 import re
-import signal
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-WORKER = ROOT / "tests" / "scripts" / "elastic_worker.py"
+from tests.helpers import free_port, run_job
+
 pytestmark = [pytest.mark.ddp, pytest.mark.slow]
-JOB_TIMEOUT_S = 180  # generous bound for a loaded 2-core machine; a hang fails instead of blocking the suite
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def run_bounded(cmd: list[str], timeout_s: float, cwd: Path) -> subprocess.CompletedProcess:
-    """Run ``cmd`` in its own session; on timeout kill the whole process group and fail the test."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        pytest.fail(f"{' '.join(cmd[:6])} ... did not finish within {timeout_s} s (hang):\n{out[-3000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
 
 
 def rendezvous_args(kind: str) -> list[str]:
@@ -64,11 +39,11 @@ def parse_events(path: Path) -> list[dict[str, str]]:
 def test_restarted_group_forms_and_resumes_same_run(tmp_path: Path, rendezvous: str) -> None:
     events_file, project = tmp_path / "events.txt", tmp_path / "runs"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--max-restarts", "1",
-           *rendezvous_args(rendezvous), str(WORKER), str(events_file), str(project)]
-    result = run_bounded(cmd, JOB_TIMEOUT_S, tmp_path)
+           *rendezvous_args(rendezvous), "-m", "tests.scripts.elastic_worker", str(events_file), str(project)]
+    code, output = run_job(cmd)
     events = parse_events(events_file)
     log = "\n".join(f"{e['attempt']}/{e['rank']}: {e['event']}" for e in events)
-    assert result.returncode == 0, f"torchrun exit {result.returncode}\n{log}\n{result.stdout[-3000:]}"
+    assert code == 0, f"torchrun exit {code}\n{log}\n{output[-3000:]}"
 
     def seen(attempt: str, text: str) -> set[str]:
         return {e["rank"] for e in events if e["attempt"] == attempt and text in e["event"]}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import csv
 import importlib.util
 
@@ -11,12 +12,15 @@ import yaml
 
 import train
 from models.yolo import Model
-from utils.callbacks import results_columns
 from utils.checkpoint import load_checkpoint
 from utils.cli import run_main
-from utils.engine import train_one_epoch
+from utils.datasets import DatasetOptions
+from utils.engine import Trainer, train_one_epoch
+from utils.hooks import Hooks
+from utils.hyp import REQUIRED
 from utils.loss import ComputeLoss
-from utils.optim import LRSchedule, ModelEMA, Stepper, build_optimizer
+from utils.optim import LRSchedule, ModelEMA, WeightUpdater, build_optimizer
+from utils.writers import TrainWriters, results_columns
 
 HYP = {"lr0": 0.01, "lrf": 0.01, "momentum": 0.937, "weight_decay": 5e-4, "warmup_epochs": 0.0,
        "box": 0.05, "cls": 0.5, "obj": 1.0, "anchor_t": 4.0}
@@ -26,7 +30,7 @@ HYP = {"lr0": 0.01, "lrf": 0.01, "momentum": 0.937, "weight_decay": 5e-4, "warmu
 def one_thread_and_clean_logger():
     """One torch thread (the 2-core CI machine is shared by parallel jobs; 2 threads then thrash), and the
     logger's handlers restored after train.main() replaced them."""
-    from utils.logging import LOGGER
+    from utils.log import LOGGER
 
     threads, handlers, level = torch.get_num_threads(), list(LOGGER.handlers), LOGGER.level
     torch.set_num_threads(1)
@@ -48,18 +52,21 @@ def test_parse_opt_flags_and_aliases():
     assert train.parse_opt(["--local_rank", "2"]).local_rank == 2
     defaults = train.parse_opt([])
     assert defaults.data.endswith("synthetic.yaml") and defaults.workers == 8 and defaults.resume is False
+    assert defaults.project.endswith("runs/train") and defaults.img_size == 128
     assert train.parse_opt(["--resume"]).resume is True
+    assert train.parse_opt(["--hook", "a.b:C", "--hook", "d:E(x=1)"]).hook == ["a.b:C", "d:E(x=1)"]
+    with pytest.raises(SystemExit):
+        train.parse_opt(["--img", "64", "96"])  # training images are square
 
 
-def test_default_hyp_file_and_optimizer(tmp_path, monkeypatch):
-    assert train.default_hyp_file(str(tmp_path / "coco128.yaml")) == train.DEFAULT_HYP
-    synthetic = tmp_path / "hyp.synthetic.yaml"
-    synthetic.write_text(train.DEFAULT_HYP.read_text() + "optimizer: Adam\n")
-    monkeypatch.setattr(train, "SYNTHETIC_HYP", synthetic)
-    assert train.default_hyp_file("data/synthetic.yaml") == synthetic
-    assert train.load_hyp(synthetic)["optimizer"] == "Adam"
-    with pytest.raises(train.TrainError, match="lacks lr0"):
-        train.load_hyp({"lrf": 0.1})
+def test_the_hyp_files_optimizer_entry_is_used(tiny_cfg_file, tiny_dataset, tmp_path):
+    adam = tmp_path / "hyp.adam.yaml"
+    adam.write_text((train.default_hyp_file("x.yaml")).read_text() + "optimizer: Adam\n")
+    opt = train.parse_opt(tiny_args(tiny_cfg_file, tiny_dataset, tmp_path, "--hyp", str(adam)))
+    opt, hyp = train.prepare_run(opt)
+    assert opt.optimizer == "Adam" and hyp["optimizer"] == "Adam"
+    opt = train.parse_opt(tiny_args(tiny_cfg_file, tiny_dataset, tmp_path, "--hyp", "hyp.finetune.yaml"))
+    assert train.prepare_run(opt)[1]["lr0"] < 0.01  # a bundled file by its name alone
 
 
 def test_one_process_run_writes_a_complete_run_folder(tiny_cfg_file, tiny_dataset, tmp_path, capsys):
@@ -76,7 +83,7 @@ def test_one_process_run_writes_a_complete_run_folder(tiny_cfg_file, tiny_datase
     assert rows[0] == results_columns() and [r[0] for r in rows[1:]] == ["0", "1"]
     assert all(len(r) == len(rows[0]) and all(v != "" for v in r) for r in rows[1:])
     last = load_checkpoint(run_dir / "weights" / "last.pt")
-    assert last["epoch"] == 1 and last["train_state"]["states"]["stepper"]["iteration"] == 6  # 24 images / 8 x 2 epochs
+    assert last["epoch"] == 1 and last["train_state"]["states"]["updater"]["iteration"] == 6  # 24 images / 8, 2 epochs
     assert "train_state" not in load_checkpoint(run_dir / "weights" / "best.pt")
     if importlib.util.find_spec("utils.plots"):
         assert (run_dir / "train_batch0.jpg").is_file() and (run_dir / "labels.jpg").is_file()
@@ -95,8 +102,13 @@ def test_weights_transfer_and_second_run_folder(tiny_cfg_file, tiny_dataset, tmp
     out = capsys.readouterr().out
     count = len(Model(str(tiny_cfg_file)).state_dict())
     assert f"Transferred {count - 1}/{count} items from {weights}" in out  # all but the anchors (--cfg given)
-    assert (tmp_path / "runs" / "exp2" / "weights" / "epoch0.pt").is_file() and "Froze " in out
-    assert "AdamW(lr=0.01)" in out
+    assert (tmp_path / "runs" / "exp2" / "weights" / "epoch0.pt").is_file() and "AdamW(lr=0.01)" in out
+    start = load_checkpoint(weights)["model"]  # --weights loads the EMA weights
+    end = load_checkpoint(tmp_path / "runs" / "exp2" / "weights" / "last.pt")["train_state"]["states"]["model"]
+    params = {name for name, _ in Model(str(tiny_cfg_file)).named_parameters()}
+    frozen = [k for k in params if k.startswith(("model.0.", "model.1."))]
+    assert frozen and all(torch.equal(start[k], end[k]) for k in frozen)  # --freeze 2: layers 0 and 1 kept
+    assert not torch.equal(start["model.2.cv1.bn.bias"], end["model.2.cv1.bn.bias"])  # layer 2 trained (bias lr)
 
 
 def test_evolve_writes_evolve_csv_and_the_best_hyp(tiny_cfg_file, tiny_dataset, tmp_path):
@@ -107,39 +119,30 @@ def test_evolve_writes_evolve_csv_and_the_best_hyp(tiny_cfg_file, tiny_dataset, 
     rows = (evolve_dir / "evolve.csv").read_text().splitlines()
     assert len(rows) == 3 and rows[0].startswith("fitness,precision,recall,mAP_0.5,mAP_0.5:0.95,lr0")
     best = yaml.safe_load((evolve_dir / "hyp_evolve.yaml").read_text())
-    assert set(train.REQUIRED_HYP) <= set(best)
+    assert set(REQUIRED) <= set(best)
     assert (evolve_dir / "gen1" / "weights" / "last.pt").is_file()
 
 
-def test_mutate_stays_within_bounds_and_changes_something():
-    import numpy as np
-
-    base = train.load_hyp(train.DEFAULT_HYP)
-    rng = np.random.default_rng(0)
-    history = [(0.1, base)]
-    for _ in range(20):
-        child = train.mutate(base, history, rng)
-        assert child != base
-        for key, (_, low, high) in train.EVOLVE_BOUNDS.items():
-            assert low <= child[key] <= high
-        history.append((float(rng.random()), child))
-
-
-def test_loss_falls_by_half_when_overfitting_one_batch(tiny_cfg, tiny_dataset):
-    from utils.datasets import load_data_config
+def test_loss_falls_by_half_when_overfitting_one_batch(tiny_cfg, tiny_dataset, tmp_path):
+    from utils.data_config import load_data_config
     from utils.loader import create_dataloader
 
     torch.manual_seed(0)
     model = Model(tiny_cfg)
-    loader, _ = create_dataloader(load_data_config(tiny_dataset).train, 64, 8, 32, workers=0)
+    loader, _ = create_dataloader(load_data_config(tiny_dataset).train, DatasetOptions(img_size=64, batch_size=8),
+                                  workers=0)
     batch = next(iter(loader))
     optimizer = build_optimizer(model, "Adam", lr=0.01, momentum=0.9)
-    stepper = Stepper(model, optimizer, LRSchedule({**HYP, "lrf": 1.0}, 100, 10), ema=ModelEMA(model))
-    compute_loss = ComputeLoss(model, HYP, img_size=64)
-    losses = [train_one_epoch(model, [batch] * 10, stepper, compute_loss, device=torch.device("cpu"), epoch=e,
-                              epochs=100, img_size=64, show_progress=False).sum().item() for e in range(6)]
-    assert stepper.steps == 60 and stepper.ema.updates == 60
+    ema = ModelEMA(model)
+    updater = WeightUpdater(model, optimizer, LRSchedule({**HYP, "lrf": 1.0}, 100, 10), ema=ema)
+    trainer = Trainer(opt=argparse.Namespace(epochs=100, batch_size=8), hyp=HYP, device=torch.device("cpu"),
+                      save_dir=tmp_path, model=model, updater=updater, ema=ema,
+                      compute_loss=ComputeLoss(model, HYP, img_size=64), train_loader=[batch] * 10, val_loader=None,
+                      names=["a", "b", "c"], writers=TrainWriters(tmp_path, enabled=False), hooks=Hooks())
+    losses = [train_one_epoch(trainer, epoch).sum().item() for epoch in range(6)]
+    assert updater.steps == 60 and updater.ema.updates == 60
     assert losses[-1] < 0.5 * losses[0], losses
+    assert not list(tmp_path.iterdir())  # disabled writers write nothing
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -155,23 +158,3 @@ def test_bad_input_gives_a_one_line_error(flags, message, tiny_cfg_file, tiny_da
     assert run_main(train.main, opt, "train") == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("train: error:") and message in err[0], err
-
-
-@pytest.mark.parametrize("omp, local_world, expected", [
-    ("3", 1, 3),  # the user's value
-    ("3", 2, 3),  # the user's value under torchrun too
-    ("1", 2, "share"),  # torchrun's default for several local ranks -> this rank's share of the cores
-    (None, 2, "share"),
-    (None, 1, "default"),  # one process, nothing set: torch's default stands
-])
-def test_configure_threads_rule(omp, local_world, expected, monkeypatch):
-    import utils.dist as dist
-
-    if omp is None:
-        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    else:
-        monkeypatch.setenv("OMP_NUM_THREADS", omp)
-    monkeypatch.setattr(dist, "get_local_world_size", lambda: local_world)
-    before = torch.get_num_threads()
-    want = {"share": max(dist.cpu_share_of(local_world), 1), "default": before}.get(expected, expected)
-    assert dist.configure_threads() == want and torch.get_num_threads() == want

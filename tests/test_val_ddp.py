@@ -8,18 +8,12 @@ the metrics it got, so the test can check that every rank agrees with a 1-proces
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-for entry in (ROOT / "tests" / "utils", ROOT):  # ROOT first on the path: `utils` is the project's package
-    if str(entry) not in sys.path:
-        sys.path.insert(0, str(entry))
+from tests.helpers import OracleModel, run_job, torchrun_cmd
 
 pytestmark = [pytest.mark.ddp, pytest.mark.slow]
 
@@ -33,15 +27,16 @@ def _summary(result) -> dict:
 def _evaluate_oracle(root: Path) -> dict:
     """Evaluate the oracle detector on root's val split with this process's shard loader (4 images per rank)."""
     import torch
-    from test_engine import OracleModel
 
+    from utils.datasets import DatasetOptions
     from utils.engine import evaluate
     from utils.loader import create_dataloader
     from utils.synthetic import SYNTHETIC_NAMES
 
     torch.set_num_threads(1)
-    loader, _ = create_dataloader(root / "images" / "val", 96, 4, 32, rect=True, pad=0.5, workers=0,
-                                  shard_eval=True, nc=len(SYNTHETIC_NAMES), names=SYNTHETIC_NAMES)
+    options = DatasetOptions(img_size=96, batch_size=4, rect=True, pad=0.5, nc=len(SYNTHETIC_NAMES),
+                             names=SYNTHETIC_NAMES)
+    loader, _ = create_dataloader(root / "images" / "val", options, workers=0, shard_eval=True)
     result = evaluate(OracleModel(loader), loader, device="cpu", names=SYNTHETIC_NAMES)
     return _summary(result)
 
@@ -55,30 +50,14 @@ def _worker(root: str, out_dir: str, test_args: list[str]) -> int:
 
     real_evaluate = test_script.evaluate
 
-    def oracle_then_real(model, loader, **kwargs):
+    def oracle_then_real(model, loader, *args, **kwargs):
         summary = _evaluate_oracle(Path(root))
         summary["world"] = dist.get_world_size()
         (Path(out_dir) / f"rank{dist.get_rank()}.json").write_text(json.dumps(summary))
-        return real_evaluate(model, loader, **kwargs)
+        return real_evaluate(model, loader, *args, **kwargs)
 
     test_script.evaluate = oracle_then_real
     return run_main(test_script.main, test_script.parse_opt(test_args), "test")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _torchrun(args: list[str], cwd: Path, nproc: int = 2) -> subprocess.CompletedProcess:
-    env = {**os.environ, "NO_COLOR": "1", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port",
-           str(_free_port()),
-           *args]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=cwd, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
 
 
 @pytest.fixture(scope="module")
@@ -108,8 +87,10 @@ def two_rank_run(odd_val_set, tmp_path_factory, tiny_cfg_file) -> tuple[Path, li
                                     "nc": len(SYNTHETIC_NAMES), "names": SYNTHETIC_NAMES}))
     args = ["--weights", str(weights), "--data", str(data), "--img", "64", "--batch-size", "4", "--device", "cpu",
             "--workers", "0", "--project", str(out), "--save-json", "--verbose", "--conf-thres", "0.005"]
-    proc = _torchrun([str(Path(__file__)), str(odd_val_set), str(out), *args, "--name", "two"], cwd=out)
-    return out, args, proc.stdout
+    code, output = run_job(torchrun_cmd(2, "-m", "tests.test_val_ddp", str(odd_val_set), str(out), *args, "--name",
+                                        "two"))
+    assert code == 0, output[-3000:]
+    return out, args, output
 
 
 def test_two_ranks_return_the_one_process_metrics(odd_val_set, two_rank_run):

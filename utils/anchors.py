@@ -13,8 +13,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from models.yolo import check_anchor_order
 from utils import dist
-from utils.logging import LOGGER, colorstr
+from utils.log import LOGGER, colorstr
 
 if TYPE_CHECKING:
     from utils.datasets import YoloDataset
@@ -151,9 +152,7 @@ def check_anchors(dataset: YoloDataset, model: torch.nn.Module, thr: float = 4.0
     with torch.no_grad():
         levels = torch.tensor(new, dtype=detect.anchors.dtype, device=detect.anchors.device)
         detect.anchors.copy_(levels.view_as(detect.anchors))  # sorted by area: smallest on P3
-        area = detect.anchors.prod(-1).mean(-1)
-        if (area[-1] - area[0]).sign() != (detect.stride[-1] - detect.stride[0]).sign():
-            detect.anchors.copy_(detect.anchors.flip(0))
+    check_anchor_order(detect)
     detect.clear_grid_cache()
     LOGGER.info(f"{_prefix()}New anchors saved to model. Update model *.yaml to use these anchors in the future.")
     return True

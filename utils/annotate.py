@@ -26,8 +26,14 @@ def class_color_rgb(index: int) -> tuple[float, float, float]:
     return r / 255, g / 255, b / 255
 
 
+def class_name(names: Sequence[str] | None, cls: int) -> str:
+    """The name of class ``cls``, or its number when ``names`` does not list it."""
+    cls = int(cls)
+    return names[cls] if names is not None and 0 <= cls < len(names) else str(cls)
+
+
 def _label_text(cls: int, conf: float | None, names: Sequence[str] | None, hide_conf: bool) -> str:
-    name = names[cls] if names is not None and 0 <= cls < len(names) else str(cls)
+    name = class_name(names, cls)
     return name if conf is None or hide_conf else f"{name} {conf:.2f}"
 
 

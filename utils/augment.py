@@ -12,6 +12,8 @@ import math
 import cv2
 import numpy as np
 
+from utils.boxes import xywhn2xyxy
+
 PAD_COLOR = (114, 114, 114)
 
 
@@ -46,27 +48,6 @@ def letterbox(img: np.ndarray, new_shape: int | tuple[int, int] = 640, color: tu
     left, right = round(pad_w - 0.1), round(pad_w + 0.1)
     img = cv2.copyMakeBorder(img, top, bottom, left, right, cv2.BORDER_CONSTANT, value=color)
     return img, ratio, (pad_w, pad_h)
-
-
-def xywhn_to_xyxy(labels: np.ndarray, width: float, height: float, pad_w: float = 0.0,
-                  pad_h: float = 0.0) -> np.ndarray:
-    """(n, 5) [cls, cx, cy, w, h] normalised -> [cls, x1, y1, x2, y2] pixels of a (width, height) image + pad."""
-    out = labels.astype(np.float32, copy=True)
-    out[:, 1] = width * (labels[:, 1] - labels[:, 3] / 2) + pad_w
-    out[:, 2] = height * (labels[:, 2] - labels[:, 4] / 2) + pad_h
-    out[:, 3] = width * (labels[:, 1] + labels[:, 3] / 2) + pad_w
-    out[:, 4] = height * (labels[:, 2] + labels[:, 4] / 2) + pad_h
-    return out
-
-
-def xyxy_to_xywhn(labels: np.ndarray, width: float, height: float) -> np.ndarray:
-    """(n, 5) [cls, x1, y1, x2, y2] pixels -> [cls, cx, cy, w, h] normalised, boxes clipped to the image."""
-    out = labels.astype(np.float32, copy=True)
-    x1, x2 = np.clip(labels[:, 1], 0, width), np.clip(labels[:, 3], 0, width)
-    y1, y2 = np.clip(labels[:, 2], 0, height), np.clip(labels[:, 4], 0, height)
-    out[:, 1], out[:, 2] = (x1 + x2) / 2 / width, (y1 + y2) / 2 / height
-    out[:, 3], out[:, 4] = (x2 - x1) / width, (y2 - y1) / height
-    return out
 
 
 def box_candidates(before: np.ndarray, after: np.ndarray, wh_thr: float = 2, ar_thr: float = 100,
@@ -198,7 +179,9 @@ def mosaic4(images: list[np.ndarray], labels: list[np.ndarray], size: int,
             x1a, y1a, x2a, y2a = xc, yc, min(xc + w, size * 2), min(size * 2, yc + h)
             x1b, y1b = 0, 0
         canvas[y1a:y2a, x1a:x2a] = img[y1b:y1b + (y2a - y1a), x1b:x1b + (x2a - x1a)]
-        out.append(xywhn_to_xyxy(lab, w, h, x1a - x1b, y1a - y1b))
+        pixels = lab.astype(np.float32, copy=True)
+        pixels[:, 1:] = xywhn2xyxy(lab[:, 1:], w, h, x1a - x1b, y1a - y1b)
+        out.append(pixels)
     boxes = np.concatenate(out, 0) if out else np.zeros((0, 5), np.float32)
     boxes[:, 1:5] = boxes[:, 1:5].clip(0, 2 * size)
     return canvas, boxes

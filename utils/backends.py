@@ -21,7 +21,7 @@ import torch
 
 from utils import paths
 from utils.errors import UserError
-from utils.logging import LOGGER
+from utils.log import LOGGER
 
 SUFFIXES = {".pt": "pt", ".torchscript": "torchscript", ".onnx": "onnx"}
 TORCHSCRIPT_CONFIG = "config.txt"  # the JSON metadata file inside a TorchScript archive

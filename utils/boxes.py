@@ -265,3 +265,15 @@ def _top_order(scores: torch.Tensor, k: int) -> torch.Tensor:
     kth = scores.topk(k, sorted=False).values.min()
     best = (scores >= kth).nonzero().squeeze(1)  # the top k and any ties with the k-th, in index order
     return best[scores[best].argsort(descending=True, stable=True)][:k]
+
+
+def label_rows(det: Array, shape: tuple[int, int], save_conf: bool = False) -> list[str]:
+    """YOLO label text rows ``cls cx cy w h [conf]`` of (k, 6) detections [x1, y1, x2, y2, conf, cls], the box
+    normalised to an image of ``shape`` (h, w)."""
+    det = det.detach().cpu().numpy() if isinstance(det, torch.Tensor) else np.asarray(det)
+    xywhn = xyxy2xywhn(det[:, :4].astype(np.float64), w=shape[1], h=shape[0])
+    rows = []
+    for box, conf, cls in zip(xywhn, det[:, 4], det[:, 5]):
+        values = [int(cls), *box.tolist(), *([float(conf)] if save_conf else [])]
+        rows.append(" ".join(f"{v:g}" if isinstance(v, int) else f"{v:.6g}" for v in values))
+    return rows

@@ -35,7 +35,7 @@ import torch
 
 from models.yolo import Model, ModelConfigError
 from utils.errors import UserError
-from utils.logging import LOGGER
+from utils.log import LOGGER
 
 FORMAT = "yolo-ddp"
 VERSION = 1

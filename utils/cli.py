@@ -1,4 +1,9 @@
-"""What every script's ``main`` shares: one-line errors for bad input, and exit codes."""
+"""What the four scripts share on the command line: one definition of every common flag, the distributed
+session, one-line errors for bad input, and exit codes.
+
+A flag that two scripts have is defined here once (name, aliases, type, help); a script chooses which ones it
+takes and may give a different default (``--conf-thres`` is 0.001 for validation, 0.25 for detection).
+"""
 
 from __future__ import annotations
 
@@ -10,41 +15,98 @@ from typing import Any
 
 import torch
 
-from utils import dist
+from utils import dist, paths
 from utils.dist import read_env
 from utils.errors import UserError
-from utils.logging import setup_logging
+from utils.log import setup_logging
+from utils.paths import ROOT
+from utils.signals import StopRequested
 
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130
 
+# name -> (option strings, argparse keywords). Defaults here are the common ones; scripts may override them.
+FLAGS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
+    "weights": (("--weights",), {"default": "", "help": "a .pt of this project, a YOLOv5 release file or name "
+                                 "(yolov5s.pt, downloaded when missing), or an export; '' = train.py: from scratch, "
+                                 "others: the newest runs/train/*/weights/best.pt"}),
+    "trust_weights": (("--trust-weights",), {"action": "store_true",
+                                             "help": "allow full unpickling of --weights (only for files you trust)"}),
+    "data": (("--data",), {"default": str(ROOT / "data" / "synthetic.yaml"), "help": "dataset YAML"}),
+    "img_size": (("--img-size", "--imgsz", "--img"), {"dest": "img_size", "nargs": "+", "type": int,
+                                                      "default": [640], "help": "image size in pixels: one value "
+                                                      "(square), or h w where the script allows"}),
+    "batch_size": (("--batch-size",), {"type": int, "default": 32,
+                                       "help": "batch size (train.py, test.py: the total over all ranks)"}),
+    "device": (("--device",), {"default": "", "help": "'cpu', a GPU '0', or GPUs '0,1' (one per local rank); "
+                               "'' = GPU 0 when CUDA is available, else the CPU"}),
+    "workers": (("--workers",), {"type": int, "default": 8, "help": "max dataloader workers per rank"}),
+    "single_cls": (("--single-cls",), {"action": "store_true", "help": "treat every class as one"}),
+    "conf_thres": (("--conf-thres",), {"type": float, "default": 0.001, "help": "confidence threshold"}),
+    "iou_thres": (("--iou-thres",), {"type": float, "default": 0.6, "help": "NMS IoU threshold"}),
+    "max_det": (("--max-det",), {"type": int, "default": 300, "help": "maximum detections per image"}),
+    "agnostic_nms": (("--agnostic-nms",), {"action": "store_true", "help": "class-agnostic NMS"}),
+    "half": (("--half",), {"action": "store_true", "help": "FP16 inference (CUDA only)"}),
+    "save_txt": (("--save-txt",), {"action": "store_true", "help": "save results to labels/*.txt"}),
+    "save_conf": (("--save-conf",), {"action": "store_true", "help": "save confidences in --save-txt labels"}),
+    "project": (("--project",), {"default": None, "help": "save to project/name (default: runs/<script's task>)"}),
+    "name": (("--name",), {"default": "exp", "help": "save to project/name"}),
+    "exist_ok": (("--exist-ok",), {"action": "store_true", "help": "reuse project/name instead of incrementing"}),
+    "backend": (("--backend",), {"default": "auto", "choices": ["auto", "nccl", "gloo"],
+                                 "help": "torch.distributed backend (auto: nccl on CUDA, else gloo)"}),
+    "ddp_timeout": (("--ddp-timeout",), {"type": float, "default": 600.0,
+                                         "help": "seconds before a collective fails"}),
+    "ddp_long_timeout": (("--ddp-long-timeout",), {"type": float, "default": 1800.0,
+                                                   "help": "seconds for long waits (label cache, validation)"}),
+    "local_rank": (("--local_rank", "--local-rank"), {"dest": "local_rank", "type": int, "default": -1,
+                                                      "help": argparse.SUPPRESS}),  # torch.distributed.launch's
+}
+DISTRIBUTED = ("backend", "ddp_timeout", "ddp_long_timeout", "local_rank")
+
+
+def add_flags(parser: argparse.ArgumentParser, *names: str, **defaults: Any) -> None:
+    """Add the shared flags ``names`` to ``parser``, with ``defaults`` replacing their common defaults."""
+    for name in names:
+        strings, kwargs = FLAGS[name]
+        kwargs = {**kwargs, **({"default": defaults[name]} if name in defaults else {})}
+        parser.add_argument(*strings, **kwargs)
+
+
+def project_dir(opt: argparse.Namespace, task: str) -> str:
+    """``--project``, else runs/<task> in the project folder."""
+    return opt.project or str(paths.ROOT / "runs" / task)
+
+
+def square_size(parser: argparse.ArgumentParser, opt: argparse.Namespace) -> argparse.Namespace:
+    """For scripts that work on square images (train.py, test.py): one --img-size value, as an int."""
+    if len(opt.img_size) != 1:
+        parser.error(f"--img-size takes one value here (square images), got {' '.join(map(str, opt.img_size))}")
+    opt.img_size = int(opt.img_size[0])
+    return opt
+
 
 def run_main(main: Callable[[Any], Any], opt: Any, script: str) -> int:
-    """Call ``main(opt)``; a UserError prints ``script: error: message`` on stderr and returns 2.
+    """Call ``main(opt)``; a UserError prints ``script: error: message`` on stderr and returns 2; a signal that
+    stopped training prints its one line and returns its exit code.
 
     Under torchrun every rank usually meets the same bad input, so only rank 0 prints it; the
     other ranks exit with the same code, and torchrun's summary names the ranks that failed.
     """
+    rank0 = read_env().rank == 0
     try:
         main(opt)
     except UserError as e:
-        if read_env().rank == 0:
+        if rank0:
             print(f"{script}: error: {e}", file=sys.stderr, flush=True)
         return EXIT_USER_ERROR
+    except StopRequested as e:
+        if rank0:
+            print(f"{script}: {e.message}", file=sys.stderr, flush=True)
+        return e.exit_code
     except KeyboardInterrupt:
         print(f"{script}: interrupted", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
     return 0
-
-
-def add_distributed_flags(parser: argparse.ArgumentParser, long_wait: str = "label cache, validation") -> None:
-    """The torch.distributed flags every multi-process script shares (train.py, test.py)."""
-    parser.add_argument("--backend", default="auto", choices=["auto", "nccl", "gloo"],
-                        help="torch.distributed backend (auto: nccl on CUDA, else gloo)")
-    parser.add_argument("--ddp-timeout", type=float, default=600.0, help="seconds before a collective fails")
-    parser.add_argument("--ddp-long-timeout", type=float, default=1800.0, help=f"seconds for long waits ({long_wait})")
-    parser.add_argument("--local_rank", "--local-rank", dest="local_rank", type=int, default=-1,
-                        help=argparse.SUPPRESS)  # the legacy torch.distributed.launch flag
 
 
 @contextlib.contextmanager
@@ -63,3 +125,25 @@ def distributed_session(opt: argparse.Namespace) -> Iterator[torch.device]:
         clean_exit = True
     finally:
         dist.cleanup(clean_exit=clean_exit)
+
+
+def flag_table(parser: argparse.ArgumentParser) -> str:
+    """A markdown table of a parser's flags (flag, default, meaning), as the README shows them."""
+    rows = ["| flag | default | meaning |", "|---|---|---|"]
+    for action in parser._actions:
+        if not action.option_strings or action.help == argparse.SUPPRESS or action.dest == "help":
+            continue
+        if isinstance(action, argparse._StoreTrueAction) or action.default is False:
+            default = "off"
+        elif action.default is None or action.default == []:
+            default = "none"
+        elif isinstance(action.default, list):
+            default = " ".join(map(str, action.default))
+        else:
+            default = str(action.default).replace(str(ROOT) + "/", "") or "''"
+        meaning = (action.help or "").replace("%%", "%").replace("|", "\\|")
+        if action.choices:
+            meaning += "; one of " + ", ".join(f"`{c}`" if c else "`''`" for c in action.choices)
+        names = ", ".join(f"`{s}`" for s in action.option_strings)
+        rows.append(f"| {names} | `{default}` | {meaning} |")
+    return "\n".join(rows)

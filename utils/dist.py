@@ -13,15 +13,17 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-import pickle
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as tdist
 
+from utils.device import available_cores, select_device
 from utils.errors import UserError
+
+T = TypeVar("T")
 
 
 class DistError(UserError, RuntimeError):
@@ -100,32 +102,6 @@ def is_main_process() -> bool:
 
 def is_local_main_process() -> bool:
     return get_local_rank() == 0
-
-
-def select_device(device: str = "", local_rank: int = 0) -> torch.device:
-    """Resolve ``--device`` ('' | 'cpu' | '0' | '0,1' | 'cuda:1') to this process's device.
-
-    Under DDP each process takes the GPU of its LOCAL_RANK from the listed ones.
-    Raises DistError with a one-line reason when the device does not exist.
-    """
-    spec = str(device).strip().lower().replace("cuda:", "").replace(" ", "")
-    if spec == "cpu":
-        return torch.device("cpu")
-    if spec in ("", "cuda"):
-        return torch.device("cuda", local_rank % max(torch.cuda.device_count(), 1)) if torch.cuda.is_available() \
-            else torch.device("cpu")
-    try:
-        ids = [int(x) for x in spec.split(",") if x != ""]
-    except ValueError:
-        raise DistError(f"--device {device!r} is not valid: use 'cpu', a GPU index such as '0', "
-                        "or a list '0,1'") from None
-    if not torch.cuda.is_available():
-        raise DistError(f"--device {device} asks for CUDA but CUDA is not available here; use --device cpu")
-    count = torch.cuda.device_count()
-    missing = [i for i in ids if i >= count or i < 0]
-    if missing:
-        raise DistError(f"--device {device}: GPU {missing[0]} does not exist (this machine has {count} GPUs)")
-    return torch.device("cuda", ids[local_rank % len(ids)])
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
@@ -210,8 +186,7 @@ def init_distributed(device: str = "", backend: str = "auto", timeout_s: float =
 
 def cpu_share_of(local_world_size: int) -> int:
     """The machine's (affinity) cores divided among ``local_world_size`` processes, at least 1."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(cores // max(local_world_size, 1), 1)
+    return max(available_cores() // max(local_world_size, 1), 1)
 
 
 def cpu_share() -> int:
@@ -239,11 +214,6 @@ def configure_threads() -> int:
         return torch.get_num_threads()
     torch.set_num_threads(threads)
     return threads
-
-
-def device() -> torch.device:
-    """The device chosen by init_distributed (CPU before it ran)."""
-    return _DEVICE or torch.device("cpu")
 
 
 def backend() -> str:
@@ -299,31 +269,66 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     return box[0]
 
 
-def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
-    """In-place sum over ranks (returned for chaining). All ranks must call it."""
+def batch_per_rank(total: int) -> int:
+    """``--batch-size`` is the total over all ranks: this rank's share, or a DistError when it does not divide."""
+    world = get_world_size()
+    if total < 1 or total % world:
+        raise DistError(f"--batch-size {total} must be a positive multiple of the world size {world} "
+                        "(it is the total over all ranks)")
+    return total // world
+
+
+def main_decides(decide: Callable[[], T]) -> T:
+    """``decide()`` run on rank 0 only, its result returned on every rank (decisions made once: run folders,
+    checkpoints read by rank 0, early stopping). A UserError it raises is raised on every rank with the same
+    message, so no rank waits for an answer that never comes. All ranks must call it."""
+    outcome: tuple[str, Any] = ("error", DistError("rank 0 did not decide"))
+    if is_main_process():
+        try:
+            outcome = ("ok", decide())
+        except UserError as e:
+            outcome = ("error", e)
+    outcome = broadcast_object(outcome)
+    if outcome[0] == "error":
+        raise outcome[1]
+    return outcome[1]
+
+
+def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """In-place reduction over ranks, ``op`` one of sum, mean, max (returned for chaining; as it is when not
+    distributed). All ranks must call it."""
     if is_initialized():
-        tdist.all_reduce(tensor, op=tdist.ReduceOp.SUM)
+        tdist.all_reduce(tensor, op=tdist.ReduceOp.MAX if op == "max" else tdist.ReduceOp.SUM)
+        if op == "mean":
+            tensor /= get_world_size()
     return tensor
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """In-place sum over ranks. All ranks must call it."""
+    return all_reduce(tensor, "sum")
 
 
 def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
     """In-place mean over ranks. All ranks must call it."""
-    if is_initialized():
-        tdist.all_reduce(tensor, op=tdist.ReduceOp.SUM)
-        tensor /= get_world_size()
-    return tensor
+    return all_reduce(tensor, "mean")
+
+
+def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
+    """In-place maximum over ranks. All ranks must call it."""
+    return all_reduce(tensor, "max")
 
 
 def any_rank(flag: bool) -> bool:
     """True on every rank when ``flag`` is True on any rank. All ranks must call it."""
     if not is_initialized():
         return bool(flag)
-    t = torch.tensor([1.0 if flag else 0.0], device=_collective_device())
+    t = torch.tensor([1.0 if flag else 0.0], device=collective_device())
     tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
     return bool(t.item() > 0)
 
 
-def _collective_device() -> torch.device:
+def collective_device() -> torch.device:
     return _DEVICE if (_DEVICE is not None and backend() == "nccl") else torch.device("cpu")
 
 
@@ -338,11 +343,6 @@ def check_agreement(fingerprint: dict[str, Any]) -> None:
         keys = sorted(k for k in prints[0] if any(p.get(k) != prints[0][k] for p in prints))
         raise DistError(f"ranks {differ} differ from rank 0 in {', '.join(keys)}; every rank must run the same "
                         "code, config and data")
-
-
-def object_size(obj: Any) -> int:
-    """Pickled size in bytes (for logging what a gather moves)."""
-    return len(pickle.dumps(obj))
 
 
 def cleanup(clean_exit: bool = True) -> None:

@@ -9,7 +9,6 @@ samples the interrupted run had not reached.
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -19,8 +18,9 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from utils import dist
-from utils.datasets import YoloDataset
-from utils.logging import LOGGER
+from utils.datasets import DatasetOptions, YoloDataset
+from utils.device import available_cores
+from utils.log import LOGGER
 
 
 class ResumableSampler(Sampler):
@@ -87,8 +87,8 @@ class ShardSampler(Sampler[int]):
 
 def worker_count(requested: int, batch_size: int) -> int:
     """Workers per rank: min(requested, cores // processes on this machine, batch size); 0 for batch 1."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return max(0, min(requested, cores // max(dist.get_local_world_size(), 1), batch_size if batch_size > 1 else 0))
+    cores = available_cores() // max(dist.get_local_world_size(), 1)
+    return max(0, min(requested, cores, batch_size if batch_size > 1 else 0))
 
 
 def _seed_worker(worker_id: int) -> None:
@@ -141,23 +141,20 @@ def set_start(loader: DataLoader, samples_consumed: int) -> None:
         loader.sampler.set_start(samples_consumed)
 
 
-def create_dataloader(sources: str | Path | Sequence[str | Path], img_size: int, batch_size: int, stride: int, *,
-                      hyp: dict | None = None, augment: bool = False, cache: str | bool | None = None,
-                      rect: bool = False, workers: int = 8, seed: int = 0, prefix: str = "", shuffle: bool = False,
-                      pad: float = 0.0, single_cls: bool = False, shard_eval: bool = False,
-                      nc: int | None = None, names: Sequence[str] | None = None) -> tuple[DataLoader, YoloDataset]:
-    """Build the dataset zero-first (label cache and disk cache written once per machine), then its loader.
+def create_dataloader(sources: str | Path | Sequence[str | Path], options: DatasetOptions, *, workers: int = 8,
+                      shuffle: bool = False, shard_eval: bool = False) -> tuple[DataLoader, YoloDataset]:
+    """Build the dataset zero-first (label cache and disk cache written once per machine), then its loader;
+    ``options.batch_size`` is the batch per rank.
 
     With ``rect``, batch shapes are grouped over ``batch_size * world`` images, so each rank's batches
     (positions r, r + W, ...) still share one shape. All ranks must call it.
     """
-    world = dist.get_world_size()
-    if rect and shuffle:
-        LOGGER.warning(f"{prefix}WARNING: --rect keeps images sorted by aspect ratio; shuffle is turned off")
+    world, batch_size = dist.get_world_size(), options.batch_size
+    if options.rect and shuffle:
+        LOGGER.warning(f"{options.prefix}WARNING: --rect keeps images sorted by aspect ratio; shuffle is turned off")
     with dist.zero_first(local=True):
-        dataset = YoloDataset(sources, img_size, batch_size * world if rect else batch_size, augment=augment,
-                              hyp=hyp, rect=rect, stride=stride, pad=pad, cache=cache, single_cls=single_cls,
-                              prefix=prefix, nc=nc, seed=seed, names=names)
-    training = shuffle or augment  # a training loader resumes exactly, even with --rect (which keeps the order)
-    return build_dataloader(dataset, batch_size, shuffle=shuffle and not rect, workers=workers, seed=seed,
-                            shard_eval=shard_eval, resumable=training and not shard_eval), dataset
+        dataset = YoloDataset(sources, options, batch_size=batch_size * world if options.rect else batch_size)
+    training = shuffle or options.augment  # a training loader resumes exactly, even with --rect (kept order)
+    loader = build_dataloader(dataset, batch_size, shuffle=shuffle and not options.rect, workers=workers,
+                              seed=options.seed, shard_eval=shard_eval, resumable=training and not shard_eval)
+    return loader, dataset

@@ -7,7 +7,7 @@ target is assigned to its own grid cell and the two neighbouring cells its centr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 import torch.nn as nn
@@ -101,41 +101,54 @@ class ComputeLoss:
         return (loss_box + loss_obj + loss_cls) * batch_size, torch.cat((loss_box, loss_obj, loss_cls)).detach()
 
     def build_targets(self, level: int, shape: torch.Size, targets: torch.Tensor) -> MatchedTargets:
-        """Assign (n, 6) normalised targets to the anchors and cells of one level of a (b, na, ny, nx, no) map."""
+        """Assign (n, 6) normalised targets [image, cls, cx, cy, w, h] to the anchors and cells of one level of a
+        (b, na, ny, nx, no) map."""
         ny, nx = shape[2], shape[3]
-        device = targets.device
+        device, na, n = targets.device, self.num_anchors, targets.shape[0]
         anchors = (self.detect.anchors[level] / self.detect.stride[level]).to(device)  # (na, 2) grid units
-        scale = torch.tensor([1, 1, nx, ny, nx, ny], device=device, dtype=targets.dtype)
-        t = targets * scale  # (n, 6) boxes in grid units
-        na, n = self.num_anchors, t.shape[0]
-        anchor_idx = torch.arange(na, device=device).view(na, 1).expand(na, n)
-        t = torch.cat((t.unsqueeze(0).expand(na, n, 6), anchor_idx[..., None].to(t.dtype)), 2)  # (na, n, 7)
+        grid_size = torch.tensor([nx, ny], device=device, dtype=targets.dtype)
+        candidates = _Candidates(  # every target once per anchor, anchor-major: (na * n,)
+            image=targets[:, 0].repeat(na), cls=targets[:, 1].repeat(na),
+            xy=(targets[:, 2:4] * grid_size).repeat(na, 1), wh=(targets[:, 4:6] * grid_size).repeat(na, 1),
+            anchor=torch.arange(na, device=device).repeat_interleave(n))
         if n:
-            ratio = t[..., 4:6] / anchors[:, None]  # (na, n, 2)
-            t = t[torch.max(ratio, 1 / ratio).max(2)[0] < self.anchor_t]  # (k, 7)
-        else:
-            t = t.reshape(0, 7)
-        t, offsets = self._add_neighbour_cells(t, nx, ny)
-        centre = t[:, 2:4]
-        cell = (centre - offsets).long()
+            ratio = candidates.wh / anchors[candidates.anchor]  # (na * n, 2)
+            candidates = candidates.select(torch.max(ratio, 1 / ratio).max(1)[0] < self.anchor_t)
+        candidates, offsets = _add_neighbour_cells(candidates, nx, ny)
+        cell = (candidates.xy - offsets).long()
         grid_x = cell[:, 0].clamp_(0, nx - 1)
         grid_y = cell[:, 1].clamp_(0, ny - 1)
-        anchor = t[:, 6].long()
-        box = torch.cat((centre - torch.stack((grid_x, grid_y), 1), t[:, 4:6]), 1)
-        return MatchedTargets(image=t[:, 0].long(), anchor=anchor, grid_y=grid_y, grid_x=grid_x, box=box,
-                              cls=t[:, 1].long(), anchor_wh=anchors[anchor])
+        box = torch.cat((candidates.xy - torch.stack((grid_x, grid_y), 1), candidates.wh), 1)
+        return MatchedTargets(image=candidates.image.long(), anchor=candidates.anchor, grid_y=grid_y, grid_x=grid_x,
+                              box=box, cls=candidates.cls.long(), anchor_wh=anchors[candidates.anchor])
 
-    @staticmethod
-    def _add_neighbour_cells(t: torch.Tensor, nx: int, ny: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Repeat each (k, 7) target for its own cell and the two neighbours (left/right, up/down) its centre
-        is nearest to; returns the targets and the cell offsets to subtract from their centres."""
-        g = NEIGHBOUR_OFFSET
-        directions = torch.tensor([[0, 0], [1, 0], [0, 1], [-1, 0], [0, -1]], device=t.device, dtype=t.dtype) * g
-        centre = t[:, 2:4]
-        centre_inverse = torch.tensor([nx, ny], device=t.device, dtype=t.dtype) - centre
-        left, up = ((centre % 1 < g) & (centre > 1)).T
-        right, down = ((centre_inverse % 1 < g) & (centre_inverse > 1)).T
-        keep = torch.stack((torch.ones_like(left), left, up, right, down))  # (5, k)
-        repeated = t.unsqueeze(0).expand(5, *t.shape)[keep]
-        offsets = (torch.zeros_like(centre)[None] + directions[:, None])[keep]
-        return repeated, offsets
+
+@dataclass
+class _Candidates:
+    """Targets on the way to their cells, one row per (target, anchor) pair (then per neighbour cell)."""
+
+    image: torch.Tensor  # (k,) image index in the batch
+    cls: torch.Tensor  # (k,)
+    xy: torch.Tensor  # (k, 2) centre in grid units
+    wh: torch.Tensor  # (k, 2) size in grid units
+    anchor: torch.Tensor  # (k,) long
+
+    def select(self, keep: torch.Tensor) -> _Candidates:
+        """The rows where ``keep`` is True (a (k,) mask, or (r, k) over ``r`` stacked copies of every field)."""
+        def pick(field: torch.Tensor) -> torch.Tensor:
+            return field.unsqueeze(0).expand(keep.shape[0], *field.shape)[keep] if keep.dim() == 2 else field[keep]
+
+        return _Candidates(*(pick(getattr(self, f.name)) for f in fields(self)))
+
+
+def _add_neighbour_cells(candidates: _Candidates, nx: int, ny: int) -> tuple[_Candidates, torch.Tensor]:
+    """Repeat each candidate for its own cell and the two neighbours (left/right, up/down) its centre is nearest
+    to; returns the candidates and the cell offsets to subtract from their centres."""
+    g, xy = NEIGHBOUR_OFFSET, candidates.xy
+    directions = torch.tensor([[0, 0], [1, 0], [0, 1], [-1, 0], [0, -1]], device=xy.device, dtype=xy.dtype) * g
+    xy_inverse = torch.tensor([nx, ny], device=xy.device, dtype=xy.dtype) - xy
+    left, up = ((xy % 1 < g) & (xy > 1)).T
+    right, down = ((xy_inverse % 1 < g) & (xy_inverse > 1)).T
+    keep = torch.stack((torch.ones_like(left), left, up, right, down))  # (5, k)
+    offsets = (torch.zeros_like(xy)[None] + directions[:, None])[keep]
+    return candidates.select(keep), offsets

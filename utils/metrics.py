@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
@@ -185,20 +183,3 @@ class ConfusionMatrix:
         """True and false positives per class (background excluded)."""
         tp = np.diag(self.matrix)[:-1]
         return tp, self.matrix[:-1].sum(1) - tp
-
-    def plot(self, save_dir: str | Path, names: Sequence[str], normalize: bool = True) -> Path:
-        """Write confusion_matrix.png to ``save_dir`` (columns normalised to 1 when ``normalize``)."""
-        from utils.plots import plot_confusion_matrix  # plotting pulls in matplotlib: only when asked
-
-        return plot_confusion_matrix(self.matrix, names, Path(save_dir) / "confusion_matrix.png", normalize)
-
-
-def fitness(result: Any) -> float:
-    """0.1 mAP@.5 + 0.9 mAP@.5:.95: how training picks best.pt.
-
-    ``result`` is an EvalResult (or anything with ``map50`` and ``map``) or a sequence [P, R, mAP@.5, mAP@.5:.95].
-    """
-    if hasattr(result, "map50") and hasattr(result, "map"):
-        return 0.1 * float(result.map50) + 0.9 * float(result.map)
-    values = np.asarray(result, dtype=np.float64).reshape(-1)
-    return 0.1 * float(values[2]) + 0.9 * float(values[3])

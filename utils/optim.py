@@ -1,11 +1,12 @@
 """Optimizer set-up and stepping: parameter groups, LR schedules with warmup, accumulation, clipping, EMA.
 
 Everything here is a function of (epoch, global iteration) and plain counters, so a checkpoint that
-stores those counters (``Stepper.state_dict``) resumes the schedule exactly.
+stores those counters (``WeightUpdater.state_dict``) resumes the schedule exactly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from collections.abc import Callable
@@ -15,6 +16,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+OPTIMIZERS = ("SGD", "Adam", "AdamW")
 NOMINAL_BATCH = 64  # the batch the hyperparameters are tuned for; smaller batches accumulate up to it
 MAX_GRAD_NORM = 10.0
 MIN_WARMUP_ITERS = 100
@@ -165,16 +167,23 @@ class ModelEMA:
         self.ema.load_state_dict(state["ema"])
 
 
-class Stepper:
-    """Backward and optimizer step: AMP scaling (CUDA only), accumulation up to the nominal batch,
-    warmup and schedule, gradient clipping and the EMA update. Counts global iterations for resume."""
+class WeightUpdater:
+    """Turns losses into weight updates: backward (AMP-scaled on CUDA), accumulation up to the nominal batch,
+    warmup and LR schedule, gradient clipping, the optimizer step and the EMA update. Counts global iterations
+    so a checkpoint resumes the schedule exactly.
+
+    Under DDP the micro-batches of an accumulation that do not step run inside ``no_sync()`` (the caller asks
+    ``sync_context()`` before the forward pass): gradients are all-reduced once per optimizer step, not once
+    per batch. Until then each rank's gradients are its own; ``share_pending_grads()`` averages them when a
+    checkpoint must hold them.
+    """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, schedule: LRSchedule,
                  ema: ModelEMA | None = None, amp: bool = False, max_grad_norm: float = MAX_GRAD_NORM) -> None:
         self.model, self.optimizer, self.schedule, self.ema = model, optimizer, schedule, ema
         self.scaler = torch.amp.GradScaler("cuda", enabled=amp)
         self.max_grad_norm = max_grad_norm
-        self.iteration = 0  # batches seen since the start of training
+        self.iteration = 0  # batches backpropagated since the start of training
         self.last_step = -1  # iteration of the last optimizer step
         self.steps = 0
 
@@ -182,10 +191,25 @@ class Stepper:
         """Set lr/momentum for the coming batch."""
         self.schedule.apply(self.optimizer, epoch, self.iteration)
 
+    def will_step(self) -> bool:
+        """True when the next backward completes an accumulation (so the optimizer steps after it)."""
+        return self.iteration - self.last_step >= self.schedule.accumulate_at(self.iteration)
+
+    @property
+    def pending(self) -> bool:
+        """Gradients of batches since the last optimizer step are waiting in ``.grad``."""
+        return self.iteration - 1 > self.last_step
+
+    def sync_context(self) -> contextlib.AbstractContextManager:
+        """Wrap the coming forward and backward in it: DDP's ``no_sync()`` unless this batch steps."""
+        if isinstance(self.model, nn.parallel.DistributedDataParallel) and not self.will_step():
+            return self.model.no_sync()
+        return contextlib.nullcontext()
+
     def backward(self, loss: torch.Tensor) -> bool:
         """Backpropagate ``loss`` and step when enough batches have accumulated; True when it stepped."""
+        stepped = self.will_step()
         self.scaler.scale(loss).backward()
-        stepped = self.iteration - self.last_step >= self.schedule.accumulate_at(self.iteration)
         if stepped:
             self.step()
         self.iteration += 1
@@ -201,6 +225,23 @@ class Stepper:
             self.ema.update(self.model)
         self.last_step = self.iteration
         self.steps += 1
+
+    def share_pending_grads(self, all_reduce_mean: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Average the gradients accumulated since the last step over the ranks (``all_reduce_mean`` is
+        utils.dist's), so every rank holds what a checkpoint stores. DDP's own average at the next step then
+        gives the same total. All ranks must call it; a no-op without pending gradients or DDP."""
+        if not self.pending or not isinstance(self.model, nn.parallel.DistributedDataParallel):
+            return
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if grads:
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            all_reduce_mean(flat)
+            torch.nn.utils.vector_to_parameters(flat, grads)  # copies the averages back into each .grad
+
+    def forget_pending(self) -> None:
+        """Drop accumulated gradients; the next batch starts a fresh accumulation."""
+        self.last_step = self.iteration - 1
+        self.optimizer.zero_grad(set_to_none=True)
 
     def lrs(self) -> list[float]:
         return [float(g["lr"]) for g in self.optimizer.param_groups]

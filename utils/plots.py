@@ -17,7 +17,7 @@ import cv2
 import numpy as np
 import torch
 
-from utils.annotate import class_color_rgb, draw_detections
+from utils.annotate import class_color_rgb, class_name, draw_detections
 from utils.boxes import xywhn2xyxy
 
 MOSAIC_MAX_SIZE = 1920  # longest side of a batch mosaic, in pixels
@@ -39,10 +39,6 @@ def _save(fig: Any, path: Path, dpi: int = 150) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=dpi)
     return path
-
-
-def _name(names: Sequence[str] | None, cls: int) -> str:
-    return names[cls] if names is not None and 0 <= cls < len(names) else str(cls)
 
 
 def plot_results(csv_path: str | Path, save_path: str | Path | None = None) -> Path:
@@ -76,7 +72,7 @@ def plot_labels(labels: Sequence[np.ndarray] | np.ndarray, names: Sequence[str],
     hist_ax, centre_ax, size_ax = axes[0]
     counts = np.bincount(classes, minlength=nc)
     hist_ax.bar(range(nc), counts, color=[class_color_rgb(i) for i in range(nc)])
-    hist_ax.set_xticks(range(nc), [_name(names, i) for i in range(nc)], rotation=90 if nc > 10 else 0)
+    hist_ax.set_xticks(range(nc), [class_name(names, i) for i in range(nc)], rotation=90 if nc > 10 else 0)
     hist_ax.set_ylabel("instances")
     hist_ax.set_title(f"{len(all_labels)} labels, {nc} classes")
     for ax, (a, b), title in ((centre_ax, (1, 2), "box centres"), (size_ax, (3, 4), "box sizes")):
@@ -162,7 +158,7 @@ def plot_pr_curve(metrics: Any, names: Sequence[str], save_path: str | Path) -> 
     """Precision-recall curves at IoU .5 (the envelopes AP integrates), with AP@.5 per class."""
     from utils.metrics import RECALL_POINTS
 
-    labels = [f"{_name(names, int(c))} {ap:.3f}" for c, ap in zip(metrics.classes, metrics.ap50)]
+    labels = [f"{class_name(names, int(c))} {ap:.3f}" for c, ap in zip(metrics.classes, metrics.ap50)]
     mean_ap = float(metrics.ap50.mean()) if len(metrics.classes) else 0.0
     fig = _class_curves_figure(RECALL_POINTS, metrics.pr_curves, labels, f"all classes {mean_ap:.3f} mAP@0.5",
                                "Recall", "Precision", "Precision-Recall Curve")
@@ -173,7 +169,7 @@ def _curve_vs_confidence(metrics: Any, names: Sequence[str], curves: np.ndarray,
                          save_path: str | Path) -> Path:
     from utils.metrics import CONF_GRID
 
-    labels = [_name(names, int(c)) for c in metrics.classes]
+    labels = [class_name(names, int(c)) for c in metrics.classes]
     mean_label = "all classes"
     if len(curves):
         mean = curves.mean(0)
@@ -205,7 +201,7 @@ def plot_confusion_matrix(matrix: np.ndarray, names: Sequence[str], save_path: s
     values = matrix.astype(np.float64)
     if normalize:
         values = values / np.maximum(values.sum(0, keepdims=True), 1e-9)
-    ticks = [_name(names, i) for i in range(nc)] + ["background"]
+    ticks = [class_name(names, i) for i in range(nc)] + ["background"]
     fig, axes = _figure(1, 1, (min(4 + 0.4 * nc, 16), min(3.5 + 0.35 * nc, 14)))
     ax = axes[0, 0]
     image = ax.imshow(values, cmap="Blues", vmin=0, vmax=1 if normalize else None)

@@ -14,192 +14,50 @@ Everything a checkpoint holds here is a tensor or a plain Python type (``weights
 from __future__ import annotations
 
 import argparse
-import random
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-
 from utils import dist
+from utils.checkpoint import CheckpointError, load_first_good, new_checkpoint, save_checkpoint, save_run_checkpoints
 from utils.errors import UserError
-from utils.logging import LOGGER
+from utils.fitness import fitness
+from utils.hooks import HookBase, StepInfo
+from utils.log import LOGGER
 from utils.paths import increment_path
+from utils.train_state import (
+    ResumeError,
+    TrainPosition,
+    adapt_to_world_size,
+    gather_rng_states,
+    pack_train_state,
+    rng_state_for,
+    unpack_train_state,
+)
 
-TRAIN_STATE_VERSION = 1
 RUN_DIR_KEY = "run_dir"  # key in the job store (utils.dist.job_store) naming this job's run folder
 
 
-class ResumeError(UserError):
-    """A resume request that cannot be honoured (missing checkpoint, incompatible world size)."""
-
-
-# ---------------------------------------------------------------------------------------------- RNG states
-def capture_rng_state() -> dict[str, Any]:
-    """This process's Python, NumPy, torch CPU and CUDA RNG states as tensors and plain types."""
-    version, internal, gauss = random.getstate()
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []
-    return {
-        "python": {"version": int(version), "state": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
-        "numpy": {"kind": str(kind), "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
-        "torch": torch.get_rng_state(),
-        "cuda": [s.cpu() for s in cuda],
-    }
-
-
-def restore_rng_state(state: dict[str, Any]) -> None:
-    """Put back RNG states captured by capture_rng_state (CUDA states only for the GPUs both runs have)."""
-    try:
-        py, nps = state["python"], state["numpy"]
-        random.setstate((py["version"], tuple(int(x) for x in py["state"].tolist()), py["gauss"]))
-        np.random.set_state((nps["kind"], nps["keys"].numpy().astype(np.uint32), nps["pos"], nps["has_gauss"],
-                             nps["cached_gaussian"]))
-        torch.set_rng_state(state["torch"])
-    except (KeyError, TypeError, ValueError, RuntimeError) as e:
-        raise ResumeError(f"the checkpoint's RNG state is incomplete or malformed ({e}); it cannot resume exactly") \
-            from None
-    cuda = state.get("cuda") or []
-    if cuda and torch.cuda.is_available():
-        count = min(len(cuda), torch.cuda.device_count())
-        if count != len(cuda) or count != torch.cuda.device_count():
-            LOGGER.warning(f"WARNING: checkpoint holds CUDA RNG states for {len(cuda)} GPUs, this process sees "
-                           f"{torch.cuda.device_count()}; restoring the first {count}")
-        for index in range(count):
-            torch.cuda.set_rng_state(cuda[index], index)
-
-
-def gather_rng_states() -> list[dict[str, Any]]:
-    """Every rank's RNG state, in rank order (one entry when not distributed). All ranks must call it."""
-    return dist.all_gather_object(capture_rng_state())
-
-
-def rng_state_for(train_state: dict, rank: int, world_size: int) -> dict[str, Any] | None:
-    """The RNG state rank ``rank`` should restore: its own when the world size is unchanged, rank 0's state
-    for rank 0 otherwise, and None (keep the fresh per-rank seed) for the other ranks of a resized job."""
-    states = train_state.get("rng") or []
-    if len(states) == world_size:
-        return states[rank]
-    return states[0] if rank == 0 and states else None
-
-
-# ------------------------------------------------------------------------------------- training position
-@dataclass(frozen=True)
-class TrainPosition:
-    """Where training stands: the epoch in progress and the samples (all ranks together) consumed in it,
-    plus the batch geometry that produced it. ``samples_seen == 0`` means the epoch has not started."""
-
-    epoch: int = 0
-    samples_seen: int = 0
-    batch_size: int = 64  # total over all ranks
-    world_size: int = 1
-    accumulate: int = 1
-    nominal_batch: int = 64
-
-    @property
-    def step_in_epoch(self) -> int:
-        """Batches of the epoch already done (the sampler's ``set_start(samples_seen)`` skips them)."""
-        return self.samples_seen // max(self.batch_size, 1)
-
-
-def pack_train_state(position: TrainPosition, rng_states: list[dict] | None = None,
-                     grads_of: torch.nn.Module | None = None, **stateful: Any) -> dict:
-    """The ``train_state`` entry of a checkpoint: the position, RNG states (this process's when
-    ``rng_states`` is None) and ``obj.state_dict()`` of every keyword object (optimizer, EMA, scaler,
-    scheduler, or utils.optim.Stepper that holds them); None objects are skipped. ``grads_of``: also keep
-    the gradients accumulated so far, for a checkpoint taken between optimizer steps of an accumulation."""
-    state = {
-        "version": TRAIN_STATE_VERSION,
-        "position": asdict(position),
-        "rng": rng_states if rng_states is not None else [capture_rng_state()],
-        "states": {name: obj.state_dict() for name, obj in stateful.items() if obj is not None},
-    }
-    if grads_of is not None:
-        state["grads"] = [p.grad.detach().cpu().clone() if p.grad is not None else None
-                          for p in grads_of.parameters()]
-    return state
-
-
-def unpack_train_state(train_state: dict, grads_of: torch.nn.Module | None = None, **stateful: Any) \
-        -> TrainPosition:
-    """Load each keyword object's state (and the pending gradients into ``grads_of``) from a ``train_state``
-    and return the saved position.
-
-    RNG states are not restored here: call ``restore_rng_state(rng_state_for(...))`` just before the
-    first resumed step, after everything that draws random numbers at set-up.
-    """
-    if not isinstance(train_state, dict) or train_state.get("version") != TRAIN_STATE_VERSION:
-        found = train_state.get("version") if isinstance(train_state, dict) else type(train_state).__name__
-        raise ResumeError(f"checkpoint train_state has version {found}, expected {TRAIN_STATE_VERSION}; "
-                          "it cannot resume training (use it as --weights to start a new run)")
-    saved = train_state.get("states", {})
-    for name, obj in stateful.items():
-        if obj is None:
-            continue
-        if name not in saved:
-            raise ResumeError(f"checkpoint train_state has no '{name}' state (it holds {sorted(saved)}); "
-                              "it cannot resume training (use it as --weights to start a new run)")
-        obj.load_state_dict(saved[name])
-    if grads_of is not None and train_state.get("grads") is not None:
-        _restore_grads(grads_of, train_state["grads"])
-    return TrainPosition(**train_state["position"])
-
-
-def _restore_grads(module: torch.nn.Module, grads: list[torch.Tensor | None]) -> None:
-    params = list(module.parameters())
-    if len(params) != len(grads):
-        raise ResumeError(f"checkpoint holds gradients for {len(grads)} parameters, the model has {len(params)}")
-    for param, grad in zip(params, grads, strict=True):
-        param.grad = None if grad is None else grad.to(param.device, param.dtype).clone()
-
-
-def adapt_to_world_size(position: TrainPosition, world_size: int, requested_batch: int | None = None) \
-        -> tuple[TrainPosition, list[str]]:
-    """Rules for resuming with a different number of processes, and the log of what changed.
-
-    Kept: the total batch, the accumulation to the nominal batch, the LR-schedule position and the
-    global sample position (the sampler's order depends only on (seed, epoch)). Changed: the batch
-    per process. Raises ResumeError when the total batch does not divide by the new world size.
-    """
-    total = position.batch_size
-    if total % world_size:
-        raise ResumeError(f"the checkpoint's total batch {total} cannot be split over {world_size} processes; "
-                          f"resume with a process count that divides {total}")
-    changes = []
-    if requested_batch is not None and requested_batch != total:
-        changes.append(f"--batch-size {requested_batch} ignored: a resumed run keeps its total batch {total}")
-    if world_size != position.world_size:
-        changes.append(f"processes {position.world_size} -> {world_size}, batch per process "
-                       f"{total // position.world_size} -> {total // world_size}")
-    if changes:
-        LOGGER.info(f"Resume: {'; '.join(changes)}; kept total batch {total}, accumulation {position.accumulate} "
-                    f"to nominal batch {position.nominal_batch}, LR schedule at epoch {position.epoch} "
-                    f"step {position.step_in_epoch}")
-    return replace(position, world_size=world_size), changes
-
-
 class SaveInterval:
-    """When to write a mid-epoch ``last.pt``: every ``steps`` training steps (batches) and/or every
-    ``minutes`` (measured on rank 0 and shared, so all ranks agree). Both 0: never mid-epoch.
-    Any batch boundary will do: ``pack_train_state(grads_of=...)`` keeps gradients still accumulating."""
+    """When to write a mid-epoch ``last.pt``: every ``steps`` batches and/or every ``minutes`` by rank 0's clock
+    (its verdict reaches the other ranks through the step vote). Both 0: never mid-epoch."""
 
     def __init__(self, steps: int = 0, minutes: float = 0.0, clock: Any = time.monotonic) -> None:
         self.steps, self.seconds, self.clock = int(steps), float(minutes) * 60.0, clock
         self.last_time = clock()
 
-    def due(self, steps_done: int) -> bool:
-        """True when a checkpoint is due after ``steps_done`` batches in total; all ranks must call it
-        after the same batches (it is a collective when ``minutes`` is set)."""
-        by_steps = self.steps > 0 and steps_done > 0 and steps_done % self.steps == 0
-        by_time = False
-        if self.seconds > 0:
-            by_time = dist.any_rank(dist.is_main_process() and self.clock() - self.last_time >= self.seconds)
-        if by_steps or by_time:
-            self.last_time = self.clock()
-        return by_steps or by_time
+    def clock_due(self) -> bool:
+        """Rank 0: the minutes are up (local; False on the other ranks and without --save-interval-minutes)."""
+        return self.seconds > 0 and dist.is_main_process() and self.clock() - self.last_time >= self.seconds
+
+    def steps_due(self, steps_done: int) -> bool:
+        """Every ``steps`` batches (``steps_done`` counts every batch backpropagated since the run began)."""
+        return self.steps > 0 and steps_done > 0 and steps_done % self.steps == 0
+
+    def saved(self) -> None:
+        """Restart the clock after a checkpoint."""
+        self.last_time = self.clock()
 
 
 # ------------------------------------------------------------------------- run folder and checkpoint path
@@ -303,15 +161,123 @@ def _decide_run(opt: argparse.Namespace) -> tuple[str, str, str | None, str]:
     return "ok", str(save_dir), str(resume_from) if resume_from else None, reason
 
 
-# Options a resumed run takes from the command line rather than from the checkpoint.
-RUNTIME_OPTIONS = ("resume", "device", "workers", "backend", "ddp_timeout", "trust_weights", "local_rank",
-                   "save_interval_steps", "save_interval_minutes", "exist_ok")
+# Options a resumed run takes from its command line rather than from the checkpoint. True: always (they describe
+# this machine and launch, not the run); False: when given on the command line (else the checkpoint's value).
+RUNTIME_OPTIONS: dict[str, bool] = {
+    "resume": True, "device": True, "backend": True, "trust_weights": True, "local_rank": True, "hook": True,
+    "workers": False, "ddp_timeout": False, "ddp_long_timeout": False, "save_interval_steps": False,
+    "save_interval_minutes": False, "exist_ok": False,
+}
 
 
-def resume_options(opt: argparse.Namespace, saved_opt: dict, keep: tuple[str, ...] = RUNTIME_OPTIONS) \
-        -> argparse.Namespace:
-    """The checkpoint's options, with the runtime ones (device, workers, ...) kept from ``opt``; options
-    the checkpoint lacks (added since) keep their current values."""
+def resume_options(opt: argparse.Namespace, saved_opt: dict, defaults: dict[str, Any]) -> argparse.Namespace:
+    """The checkpoint's options, except the runtime ones (see RUNTIME_OPTIONS) that ``opt`` keeps; ``defaults``
+    (the parser's) tell which were given on the command line. Options the checkpoint lacks (added since) keep
+    their current values."""
+    keep = {k for k, always in RUNTIME_OPTIONS.items() if always or getattr(opt, k, None) != defaults.get(k)}
     merged = dict(vars(opt))
     merged.update({k: v for k, v in saved_opt.items() if k in merged and k not in keep})
     return argparse.Namespace(**merged)
+
+
+def shared_checkpoint(paths: list[Path], trusted: bool = False) -> tuple[Path, dict]:
+    """Rank 0 loads the first whole checkpoint of ``paths`` (e.g. last.pt, then best.pt) and sends it to every
+    rank, so no other node needs to see the file. CheckpointError on every rank when none loads.
+    All ranks must call it."""
+    return dist.main_decides(lambda: load_first_good(paths, trusted=trusted))
+
+
+# ----------------------------------------------------------------------------------- checkpoints of a run
+def pack_trainer_state(trainer: Any, epoch: int, samples_seen: int) -> dict[str, Any]:
+    """What exact resume needs beyond the EMA weights: the position (epoch in progress, samples of it done),
+    raw weights and pending gradients, optimizer/scaler/EMA/counters, early-stopping state and every rank's RNG
+    states. All ranks must call it (the RNG states are gathered)."""
+    position = TrainPosition(epoch=epoch, samples_seen=samples_seen, batch_size=trainer.opt.batch_size,
+                             world_size=dist.get_world_size(), accumulate=trainer.updater.schedule.accumulate)
+    core = trainer.model_without_ddp
+    return pack_train_state(position, gather_rng_states(), grads_of=core, model=core, updater=trainer.updater,
+                            stopper=trainer.stopper)
+
+
+class Checkpointer(HookBase):
+    """Writes the run's checkpoints: ``last.pt`` mid-epoch (every --save-interval-*, and where every rank agreed
+    to stop) and after every epoch, ``best.pt`` on a new best fitness, ``epoch{N}.pt`` every --save-period.
+
+    Every rank runs it (the RNG states are gathered); only the main process writes (``enabled``, decided at
+    set-up). Files are written atomically; ``on_checkpoint`` hooks run after each ``last.pt``.
+    """
+
+    def __init__(self, enabled: bool, interval: SaveInterval | None = None) -> None:
+        self.enabled, self.interval = enabled, interval or SaveInterval()
+        self.wanted = False  # a mid-epoch checkpoint is due, waiting for a batch where one may be taken
+
+    def after_step(self, trainer: Any, step: StepInfo) -> None:
+        self.wanted = self.wanted or step.save_due or trainer.stop.agreed or \
+            self.interval.steps_due(trainer.updater.iteration)
+        if self.wanted and step.boundary:
+            self.write(trainer, step.epoch - 1, step.epoch, (step.batch + 1) * trainer.opt.batch_size)
+            self.wanted = False
+
+    def after_epoch(self, trainer: Any, epoch: int, metrics: dict[str, float]) -> None:
+        """last.pt (only the final one with --nosave), best.pt on a new best fitness, epoch{N}.pt."""
+        opt, final = trainer.opt, epoch == trainer.opt.epochs - 1
+        if opt.nosave and not final:
+            return
+        period = opt.save_period > 0 and (epoch + 1) % opt.save_period == 0
+        self.write(trainer, epoch, epoch + 1, 0, is_best=fitness(list(metrics.values())) >= trainer.best_fitness,
+                   period_name=f"epoch{epoch}.pt" if period else None)
+
+    def write(self, trainer: Any, completed_epoch: int, epoch: int, samples_seen: int, *, is_best: bool = False,
+              period_name: str | None = None) -> None:
+        """last.pt (the EMA weights plus the exact-resume state at ``epoch``/``samples_seen``), then a stripped
+        best.pt when ``is_best`` and ``period_name`` as a copy of last.pt. All ranks must call it."""
+        state = pack_trainer_state(trainer, epoch, samples_seen)
+        self.interval.saved()
+        if self.enabled:
+            weights = trainer.save_dir / "weights"
+            ckpt = new_checkpoint(trainer.model_without_ddp, state_dict=trainer.ema.ema.state_dict(),
+                                  epoch=completed_epoch, best_fitness=trainer.best_fitness, opt=vars(trainer.opt),
+                                  hyp=trainer.hyp, train_state=state)
+            save_run_checkpoints(ckpt, weights, period_name=period_name)
+            if is_best:  # after last.pt, so the two are never both missing
+                save_checkpoint({k: v for k, v in ckpt.items() if k != "train_state"}, weights / "best.pt")
+        trainer.hooks.on_checkpoint(trainer, epoch, samples_seen)
+
+
+def restore_training_state(trainer: Any, ckpt: dict) -> None:
+    """Continue a run from a checkpoint's train_state: weights, pending gradients, optimizer, EMA, schedule,
+    epoch and sample position, RNG (restored later, before the first batch); adapted to this world size."""
+    state = ckpt.get("train_state")
+    if not state:
+        raise ResumeError("--resume: the checkpoint has no training state (it is a final or stripped one)")
+    core = trainer.model_without_ddp
+    position = unpack_train_state(state, grads_of=core, model=core, updater=trainer.updater,
+                                  stopper=trainer.stopper)
+    position, _ = adapt_to_world_size(position, dist.get_world_size())  # logs what changed
+    trainer.start_epoch, trainer.start_samples = position.epoch, position.samples_seen
+    trainer.best_fitness = float(ckpt["best_fitness"])
+    trainer.rng_state = rng_state_for(state, dist.get_rank(), dist.get_world_size())
+    dropped = trainer.writers.csv.drop_from(position.epoch)  # rows written after this checkpoint, before a crash
+    LOGGER.info(f"Resuming from epoch {trainer.start_epoch} of {trainer.opt.epochs}, batch "
+                f"{position.step_in_epoch}, in {trainer.save_dir}" +
+                (f" (dropped {dropped} later rows of results.csv)" if dropped else ""))
+
+
+def reload_last_good(trainer: Any, in_a_row: int) -> None:
+    """Weights, EMA and optimizer of the last good last.pt (the data position and schedule go on) with every
+    group's learning rate halved. Rank 0 reads the file and shares it. All ranks must call it, together."""
+    updater = trainer.updater
+    initial_lrs = [g["initial_lr"] for g in updater.optimizer.param_groups]
+    counters = updater.iteration, updater.steps
+    try:
+        path, ckpt = shared_checkpoint([trainer.save_dir / "weights" / "last.pt"])
+        unpack_train_state(ckpt["train_state"], model=trainer.model_without_ddp, updater=updater)
+        source = f"reloaded {path}"
+    except (CheckpointError, ResumeError, KeyError):
+        source = "no checkpoint to reload yet, weights kept"
+    updater.iteration, updater.steps = counters
+    updater.forget_pending()  # a fresh accumulation starts with the next batch
+    for group, lr in zip(updater.optimizer.param_groups, initial_lrs):
+        group["initial_lr"] = lr * 0.5
+    LOGGER.warning(f"WARNING: non-finite loss in {in_a_row} steps in a row: {source}; learning rate halved to "
+                   f"{initial_lrs[0] * 0.5:g}")

@@ -1,50 +1,61 @@
-"""Graceful stop on SIGTERM / SIGINT: a flag the training loop checks between steps.
+"""Stopping on a signal without losing work: SIGTERM / SIGINT (a scheduler's pre-emption, Ctrl-C) and SIGUSR1
+(Slurm's warning before a time limit, ``sbatch --signal=USR1@90``).
 
-A signal only sets a flag; the loop asks ``should_stop()`` between steps (a collective, so every
-rank decides at the same step even when only one was signalled), rank 0 saves ``last.pt``, and
-``raise_stop()`` ends every rank with StopRequested (a KeyboardInterrupt, so the CLI exits non-zero).
-The same signal a second time aborts at once (a SIGINT followed by torchrun's SIGTERM is one
-request). The previous handlers come back on exit.
-
-    with GracefulStop() as stop:
-        for batch in loader:
-            ...step...
-            if stop.should_stop():
-                save_last()          # rank 0
-                stop.raise_stop()
+A signal only records its number. The training loop shares it with every rank in its per-step vote
+(``utils.engine.StepVote``), so every rank stops at the same step even when one alone was signalled; rank 0
+saves ``last.pt`` there and ``raise_stop()`` ends every rank with StopRequested. Outside the steps (validation,
+plots, the epoch's checkpoint) a signal stops at once: ``last.pt`` is whatever was last written whole.
+The same signal a second time aborts at once. SIGUSR1 ends with exit code 0, so Slurm can requeue the job and
+the new attempt resumes by itself; SIGTERM and SIGINT end with 128 + the signal number. DataLoader workers
+ignore all three (``ignore_stop_signals``): their rank decides.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
+from collections.abc import Iterator
 from types import FrameType, TracebackType
 from typing import Any
 
-from utils import dist
-from utils.logging import LOGGER
+from utils.log import LOGGER
 
-DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+REQUEUE_SIGNALS = (signal.SIGUSR1,)  # stop, save and exit 0: the scheduler requeues and the job resumes
 
 
 class StopRequested(KeyboardInterrupt):
-    """Training stopped on a signal after saving; ``exit_code`` is the shell's 128 + signal number."""
+    """Training stopped on a signal. ``exit_code`` is 0 for a requeue signal, else 128 + the signal number."""
 
-    def __init__(self, signum: int) -> None:
-        self.signum = signum
-        self.exit_code = 128 + signum
-        super().__init__(f"stopped by {signal.Signals(signum).name}")
+    def __init__(self, signum: int, message: str) -> None:
+        self.signum, self.message = signum, message
+        self.exit_code = 0 if signum in REQUEUE_SIGNALS else 128 + signum
+        super().__init__(message)
+
+
+def signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+def ignore_stop_signals() -> None:
+    """For DataLoader workers: leave SIGTERM, SIGINT and SIGUSR1 to the rank that owns them."""
+    for sig in STOP_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 class GracefulStop:
-    """Context manager turning ``signals`` into a stop request checked between training steps.
+    """Context manager turning ``signals`` into a stop request; see the module docstring.
 
     Handlers are installed only in the main thread (Python allows no other); elsewhere it is inert.
     """
 
-    def __init__(self, signals: tuple[int, ...] = DEFAULT_SIGNALS) -> None:
+    def __init__(self, signals: tuple[int, ...] = STOP_SIGNALS) -> None:
         self.signals = signals
-        self.signum: int | None = None  # the first signal received here (or by another rank)
+        self.signum: int | None = None  # the first signal received here
+        self.agreed_signum: int | None = None  # the signal every rank agreed to stop on
+        self.where = ""  # what was running when it stopped, for the exit message
+        self._immediate = False
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> GracefulStop:
@@ -66,11 +77,14 @@ class GracefulStop:
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum == signum:  # the same signal again: the user insists, stop now without saving
             self.restore()
-            raise KeyboardInterrupt(f"second {signal.Signals(signum).name}: stopping at once")
+            raise KeyboardInterrupt(f"second {signal_name(signum)}: stopping at once")
         if self.signum is not None:  # e.g. Ctrl-C's SIGINT, then torchrun's SIGTERM: one stop request
             return
         self.signum = signum
-        LOGGER.warning(f"{signal.Signals(signum).name} received: stopping after this step and saving last.pt "
+        if self._immediate:
+            self.agreed_signum = signum
+            raise StopRequested(signum, f"stopped by {signal_name(signum)} {self.where}")
+        LOGGER.warning(f"{signal_name(signum)} received: stopping after this step and saving last.pt "
                        "(send it again to stop at once)")
 
     @property
@@ -78,13 +92,32 @@ class GracefulStop:
         """True once this process received one of the signals (local, no communication)."""
         return self.signum is not None
 
-    def should_stop(self) -> bool:
-        """True on every rank when any rank received a signal. All ranks must call it, between steps."""
-        if dist.any_rank(self.requested):
-            self.signum = self.signum or signal.SIGTERM
-            return True
-        return False
+    @property
+    def agreed(self) -> bool:
+        """True once the ranks agreed to stop (after a vote that carried a signal)."""
+        return self.agreed_signum is not None
 
-    def raise_stop(self) -> None:
-        """End training on this rank with StopRequested (after rank 0 saved)."""
-        raise StopRequested(self.signum or signal.SIGTERM)
+    def agree(self, voted_signum: int) -> None:
+        """Record the outcome of a vote: ``voted_signum`` is a signal some rank received (0: none)."""
+        if voted_signum and self.agreed_signum is None:
+            self.agreed_signum = voted_signum
+            self.signum = self.signum or voted_signum
+
+    @contextlib.contextmanager
+    def immediate(self, where: str) -> Iterator[None]:
+        """Inside: a signal stops at once with StopRequested (``where`` says what was interrupted)."""
+        self._immediate, self.where = True, where
+        try:
+            if self.signum is not None and self.agreed_signum is None:  # it came just before: act on it now
+                self.agreed_signum = self.signum
+                raise StopRequested(self.signum, f"stopped by {signal_name(self.signum)} {where}")
+            yield
+        finally:
+            self._immediate = False
+
+    def raise_stop(self, epoch: int, batch: int) -> None:
+        """End training on this rank with StopRequested after rank 0 saved the step."""
+        signum = self.agreed_signum or signal.SIGTERM
+        then = "the job can be requeued" if signum in REQUEUE_SIGNALS else "continue with --resume"
+        raise StopRequested(signum, f"stopped by {signal_name(signum)} at epoch {epoch}, batch {batch}; "
+                                    f"last.pt saved; {then}")

@@ -18,11 +18,8 @@ import numpy as np
 
 from utils.augment import letterbox
 from utils.errors import UserError
-from utils.logging import LOGGER
-
-IMG_SUFFIXES = frozenset({".bmp", ".dng", ".jpeg", ".jpg", ".mpo", ".png", ".tif", ".tiff", ".webp", ".pfm"})
-VID_SUFFIXES = frozenset({".asf", ".avi", ".gif", ".m4v", ".mkv", ".mov", ".mp4", ".mpeg", ".mpg", ".ts", ".wmv",
-                          ".webm"})
+from utils.log import LOGGER
+from utils.paths import IMG_SUFFIXES, VID_SUFFIXES
 
 
 class SourceError(UserError, ValueError):

@@ -22,7 +22,7 @@ import cv2
 import numpy as np
 
 from utils import dist
-from utils.logging import LOGGER, colorstr
+from utils.log import LOGGER, colorstr
 from utils.paths import data_home
 
 SYNTHETIC_NAMES = ["circle", "square", "triangle"]

@@ -11,16 +11,15 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-from utils import datasets, dist, synthetic  # noqa: E402
-from utils.loader import create_dataloader, set_epoch  # noqa: E402
-from utils.logging import setup_logging  # noqa: E402
+from utils import dist, label_cache, synthetic
+from utils.datasets import DatasetOptions
+from utils.loader import create_dataloader, set_epoch
+from utils.log import setup_logging
 
 
 def main(data_dir: Path, out_dir: Path) -> None:
     counts = {"generate": 0, "save_cache": 0}
-    real_generate, real_save = synthetic.generate, datasets.save_cache
+    real_generate, real_save = synthetic.generate, label_cache.save_cache
 
     def counting_generate(*args):  # noqa: ANN002, ANN202
         counts["generate"] += 1
@@ -30,13 +29,13 @@ def main(data_dir: Path, out_dir: Path) -> None:
         counts["save_cache"] += 1
         return real_save(*args)
 
-    synthetic.generate, datasets.save_cache = counting_generate, counting_save
+    synthetic.generate, label_cache.save_cache = counting_generate, counting_save
     dist.init_distributed(device="cpu", backend="gloo", timeout_s=60, long_timeout_s=120)
     setup_logging(dist.get_rank())
     try:
         root = synthetic.ensure_synthetic(data_dir, n_train=10, n_val=4, img_size=64, seed=0)
-        loader, dataset = create_dataloader(root / "images" / "train", 64, 2, 32, shuffle=True, workers=0, nc=3,
-                                            seed=0, cache="ram")
+        options = DatasetOptions(img_size=64, batch_size=2, nc=3, seed=0, cache="ram")
+        loader, dataset = create_dataloader(root / "images" / "train", options, shuffle=True, workers=0)
         set_epoch(loader, 1)
         order = [p for _, _, paths, _ in loader for p in paths]
         cached = [i for i, im in enumerate(dataset.ims) if im is not None]

@@ -16,13 +16,11 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import torch
 
-import torch  # noqa: E402
-
-from utils import dist  # noqa: E402
-from utils.checkpoint import FORMAT, load_checkpoint, save_run_checkpoints  # noqa: E402
-from utils.resume import plan_run  # noqa: E402
+from utils import dist
+from utils.checkpoint import FORMAT, load_checkpoint, save_run_checkpoints
+from utils.resume import plan_run
 
 
 def record(events: Path, event: str) -> None:

@@ -13,11 +13,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+import torch
 
-import torch  # noqa: E402
-
-from utils.checkpoint import FORMAT, save_run_checkpoints  # noqa: E402
+from utils.checkpoint import FORMAT, save_run_checkpoints
 
 
 def checkpoint(epoch: int) -> dict:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import errno
 import os
+import signal
+import sys
 import zipfile
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import pytest
 import torch
 
 from models.yolo import Model
+from tests.helpers import finish, start, wait_for
 from utils import checkpoint as ckpt_mod
 from utils.checkpoint import (
     FORMAT,
@@ -177,3 +180,20 @@ def test_verify_rejects_zip_without_pickle(tmp_path: Path) -> None:
         archive.writestr("readme.txt", "hello")
     with pytest.raises(CheckpointError, match="without data.pkl"):
         verify_checkpoint(path)
+
+
+def test_killed_while_writing_keeps_previous_last(tmp_path: Path) -> None:
+    weights, ready = tmp_path / "weights", tmp_path / "ready"
+    proc = start([sys.executable, "-m", "tests.scripts.slow_checkpoint_writer", str(weights), str(ready)])
+    wait_for(ready.exists, proc)
+    os.killpg(proc.pid, signal.SIGKILL)  # mid-write
+    finish(proc)
+    partial = weights / f".last.pt.tmp{ready.read_text()}"
+    assert partial.exists()
+    with pytest.raises(CheckpointError, match="damaged"):
+        verify_checkpoint(partial)
+    for name in ("last.pt", "best.pt"):
+        loaded = load_checkpoint(weights / name)
+        assert loaded["epoch"] == 1 and torch.equal(loaded["model"]["w"], torch.ones(64, 1024)), name
+    save_run_checkpoints({"format": FORMAT, "model": {}, "model_yaml": {}, "epoch": 3}, weights)
+    assert not partial.exists() and load_checkpoint(weights / "last.pt")["epoch"] == 3

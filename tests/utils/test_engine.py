@@ -8,62 +8,22 @@ labels (some with the wrong class) plus spurious boxes, as decoded outputs, so t
 from __future__ import annotations
 
 import json
-import zlib
 from pathlib import Path
 
 import cv2
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
-from utils.engine import COCO80_TO_91, TABLE_HEADER, evaluate
+from tests.helpers import OracleModel
+from utils.datasets import DatasetOptions
+from utils.engine import TABLE_HEADER, evaluate
 from utils.loader import create_dataloader
-from utils.logging import LOGGER
+from utils.log import LOGGER
 from utils.synthetic import SYNTHETIC_NAMES, ensure_synthetic
+from utils.val_outputs import COCO80_TO_91
 
 NC = len(SYNTHETIC_NAMES)
-
-
-def oracle_batch(imgs: torch.Tensor, targets: torch.Tensor, paths: tuple, nc: int = NC) -> torch.Tensor:
-    """Decoded outputs (b, n, 5 + nc) for one batch, random per image (seeded by its file name), not per order."""
-    b, _, h, w = imgs.shape
-    outputs = []
-    for i in range(b):
-        g = torch.Generator().manual_seed(zlib.crc32(Path(paths[i]).name.encode()))
-        t = targets[targets[:, 0] == i]
-        boxes = t[:, 2:6] * torch.tensor([w, h, w, h])  # (k, 4) cx, cy, w, h in batch pixels
-        boxes = boxes + torch.randn(len(t), 4, generator=g) * boxes[:, 2:4].repeat(1, 2) * 0.08
-        cls = t[:, 1].long()
-        flip = torch.rand(len(t), generator=g) < 0.15
-        cls = torch.where(flip, (cls + 1) % nc, cls)
-        junk_xy = torch.rand(3, 2, generator=g) * torch.tensor([w, h])
-        junk = torch.cat((junk_xy, torch.rand(3, 2, generator=g) * torch.tensor([w, h]) / 3 + 4), 1)
-        boxes = torch.cat((boxes, junk))
-        cls = torch.cat((cls, torch.randint(0, nc, (3,), generator=g)))
-        obj = torch.rand(len(boxes), 1, generator=g) * 0.9 + 0.05
-        scores = torch.full((len(boxes), nc), 1e-4).scatter_(1, cls[:, None], 1.0)
-        outputs.append(torch.cat((boxes, obj, scores), 1))
-    n = max(len(o) for o in outputs)
-    padded = torch.zeros(b, n, 5 + nc)
-    for i, o in enumerate(outputs):
-        padded[i, :len(o)] = o
-    return padded
-
-
-class OracleModel(nn.Module):
-    """Replays precomputed decoded outputs, one batch per call, in the loader's order."""
-
-    def __init__(self, loader) -> None:
-        super().__init__()
-        self.outputs = [oracle_batch(imgs, targets, paths) for imgs, targets, paths, _ in loader]
-        self.calls = 0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.outputs[self.calls]
-        assert out.shape[0] == x.shape[0]
-        self.calls += 1
-        return out
 
 
 def coco_ground_truth(root: Path, split: str = "val") -> dict:
@@ -92,8 +52,8 @@ def val_set(tmp_path_factory) -> Path:
 
 
 def _loader(root: Path, batch_size: int = 16):
-    return create_dataloader(root / "images" / "val", 96, batch_size, 32, rect=True, pad=0.5, workers=0,
-                             shard_eval=True, nc=NC, names=SYNTHETIC_NAMES)
+    options = DatasetOptions(img_size=96, batch_size=batch_size, rect=True, pad=0.5, nc=NC, names=SYNTHETIC_NAMES)
+    return create_dataloader(root / "images" / "val", options, workers=0, shard_eval=True)
 
 
 def test_map_agrees_with_cocoeval_on_saved_json(val_set, tmp_path, caplog):

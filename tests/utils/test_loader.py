@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +10,8 @@ import pytest
 import torch
 
 from utils import dist, loader
-from utils.datasets import YoloDataset, load_data_config
+from utils.data_config import load_data_config
+from utils.datasets import DatasetOptions, YoloDataset
 from utils.loader import ResumableSampler, ShardSampler, build_dataloader, create_dataloader, set_epoch, set_start
 
 
@@ -73,7 +75,7 @@ def test_shard_eval_has_no_duplicates() -> None:
 
 
 def test_worker_count_shares_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(loader.os, "sched_getaffinity", lambda _: set(range(16)), raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(16)), raising=False)
     monkeypatch.setattr(dist, "get_local_world_size", lambda: 4)
     assert loader.worker_count(8, 16) == 4
     assert loader.worker_count(2, 16) == 2
@@ -129,15 +131,16 @@ def test_collate_indexes_targets_and_pads_mixed_shapes() -> None:
 def test_create_dataloader_train_and_rect_val(tiny_dataset: Path) -> None:
     config = load_data_config(tiny_dataset)
     hyp = {"mosaic": 1.0, "mixup": 0.5, "fliplr": 0.5, "translate": 0.1, "scale": 0.5, "hsv_v": 0.4}
-    train_loader, train_set = create_dataloader(config.train, 64, 8, 32, hyp=hyp, augment=True, shuffle=True,
-                                                workers=0, seed=1, nc=3)
+    train_options = DatasetOptions(img_size=64, batch_size=8, hyp=hyp, augment=True, seed=1, nc=3)
+    train_loader, train_set = create_dataloader(config.train, train_options, shuffle=True, workers=0)
     set_epoch(train_loader, 1)
     set_start(train_loader, 16)
     batches = list(train_loader)
     assert len(batches) == 1 and batches[0][0].shape == (8, 3, 64, 64)
     imgs, targets, _, _ = batches[0]
     assert targets.shape[1] == 6 and 0 <= targets[:, 0].min() and targets[:, 0].max() < 8
-    val_loader, val_set = create_dataloader(config.val, 96, 4, 32, rect=True, pad=0.5, workers=0, nc=3)
+    val_options = DatasetOptions(img_size=96, batch_size=4, rect=True, pad=0.5, nc=3)
+    val_loader, val_set = create_dataloader(config.val, val_options, workers=0)
     shapes = [tuple(b[0].shape[2:]) for b in val_loader]
     assert len(shapes) == 3 and all(h % 32 == 0 and w % 32 == 0 for h, w in shapes)
     assert sum(len(b[2]) for b in val_loader) == 12
@@ -166,8 +169,8 @@ def test_rect_batches_share_one_shape_on_every_rank(tiny_dataset: Path, monkeypa
     monkeypatch.setattr(dist, "get_world_size", lambda: 2)
     for rank in range(2):
         monkeypatch.setattr(dist, "get_rank", lambda rank=rank: rank)
-        data, dataset = create_dataloader(config.val, 96, 2, 32, rect=True, pad=0.5, workers=0, nc=3,
-                                          shard_eval=shard_eval, augment=not shard_eval)
+        options = DatasetOptions(img_size=96, batch_size=2, rect=True, pad=0.5, nc=3, augment=not shard_eval)
+        data, dataset = create_dataloader(config.val, options, workers=0, shard_eval=shard_eval)
         for batch in data.batch_sampler:
             indices = [i[0] if isinstance(i, tuple) else i for i in batch]  # training samplers add a seed key
             assert len({tuple(dataset.batch_shapes[dataset.batch_index[i]]) for i in indices}) == 1
@@ -175,10 +178,10 @@ def test_rect_batches_share_one_shape_on_every_rank(tiny_dataset: Path, monkeypa
 
 def test_augmentations_repeat_exactly_on_resume_whatever_the_workers(tiny_dataset: Path) -> None:
     config = load_data_config(tiny_dataset)
+    augmented = DatasetOptions(img_size=64, batch_size=4, augment=True, seed=3, nc=3)
 
     def run(workers: int, start: int) -> list:
-        data, _ = create_dataloader(config.train, 64, 4, 32, augment=True, shuffle=True, workers=workers, seed=3,
-                                    nc=3)
+        data, _ = create_dataloader(config.train, augmented, shuffle=True, workers=workers)
         set_epoch(data, 2)
         set_start(data, start)
         return list(data)
@@ -187,6 +190,6 @@ def test_augmentations_repeat_exactly_on_resume_whatever_the_workers(tiny_datase
     assert len(full) == 6 and len(resumed) == 4
     for (img_a, tgt_a, paths_a, _), (img_b, tgt_b, paths_b, _) in zip(full[2:], resumed):
         assert paths_a == paths_b and torch.equal(img_a, img_b) and torch.equal(tgt_a, tgt_b)
-    other_epoch = create_dataloader(config.train, 64, 4, 32, augment=True, shuffle=True, workers=0, seed=3, nc=3)[0]
+    other_epoch = create_dataloader(config.train, augmented, shuffle=True, workers=0)[0]
     set_epoch(other_epoch, 3)
     assert not torch.equal(next(iter(other_epoch))[0], full[0][0])

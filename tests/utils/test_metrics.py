@@ -1,4 +1,4 @@
-"""Metrics against hand-computed cases: matching, 101-point AP, P/R/F1, confusion matrix, fitness."""
+"""Metrics against hand-computed cases: matching, 101-point AP, P/R/F1, confusion matrix."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from utils.metrics import (
     ConfusionMatrix,
     ap_per_class,
     coco_ap,
-    fitness,
     match_predictions,
 )
 
@@ -125,15 +124,6 @@ def test_confusion_matrix_counts():
     other = ConfusionMatrix(nc=2)
     other.merge([cm.matrix, cm.matrix])
     assert other.matrix.sum() == 2 * cm.matrix.sum()
-
-
-def test_fitness_weights():
-    assert fitness([0.3, 0.4, 0.5, 0.2]) == pytest.approx(0.1 * 0.5 + 0.9 * 0.2)
-
-    class Result:
-        map50, map = 0.6, 0.4
-
-    assert fitness(Result()) == pytest.approx(0.42)
 
 
 def _random_scene(rng: np.random.Generator, n_images: int = 30, nc: int = 3):

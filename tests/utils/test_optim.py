@@ -11,7 +11,7 @@ import torch.nn as nn
 from utils.optim import (
     LRSchedule,
     ModelEMA,
-    Stepper,
+    WeightUpdater,
     accumulate_steps,
     build_optimizer,
     lr_lambda,
@@ -98,33 +98,39 @@ def test_ema_decay_ramp_and_update():
     assert restored.updates == 1 and torch.equal(restored.ema.weight, ema.ema.weight)
 
 
-def _stepper(model: nn.Module, accumulate: int, lr: float = 0.1) -> Stepper:
+def _updater(model: nn.Module, accumulate: int, lr: float = 0.1) -> WeightUpdater:
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     for g in opt.param_groups:
         g["initial_lr"] = lr
     schedule = LRSchedule({**HYP, "warmup_epochs": 0, "lrf": 1.0}, epochs=10, batches_per_epoch=10,
                           accumulate=accumulate)
-    return Stepper(model, opt, schedule, ema=ModelEMA(model))
+    return WeightUpdater(model, opt, schedule, ema=ModelEMA(model))
 
 
-def test_stepper_accumulates_then_steps_and_resumes():
+def test_updater_accumulates_then_steps_and_resumes():
     model = nn.Linear(2, 1, bias=False)
-    stepper = _stepper(model, accumulate=2)
-    stepped = []
+    updater = _updater(model, accumulate=2)
+    stepped, will, pending = [], [], []
     for _ in range(5):
-        stepper.begin_batch(epoch=0)
-        stepped.append(stepper.backward(model(torch.ones(1, 2)).sum()))
-    assert stepped == [False, True, False, True, False]  # a step after every 2 batches
-    assert stepper.steps == 2 and stepper.ema.updates == 2 and stepper.iteration == 5
-    other = _stepper(nn.Linear(2, 1, bias=False), accumulate=2)
-    other.load_state_dict(stepper.state_dict())
+        updater.begin_batch(epoch=0)
+        will.append(updater.will_step())
+        stepped.append(updater.backward(model(torch.ones(1, 2)).sum()))
+        pending.append(updater.pending)
+    assert stepped == will == [False, True, False, True, False]  # a step after every 2 batches
+    assert pending == [True, False, True, False, True]  # gradients wait in .grad between steps
+    assert updater.steps == 2 and updater.ema.updates == 2 and updater.iteration == 5
+    other = _updater(nn.Linear(2, 1, bias=False), accumulate=2)
+    other.load_state_dict(updater.state_dict())
     assert (other.iteration, other.last_step, other.steps, other.ema.updates) == (5, 3, 2, 2)
+    assert model.weight.grad is not None
+    updater.forget_pending()  # a fresh accumulation: the next batch is its first
+    assert not updater.pending and model.weight.grad is None and updater.will_step() is False
 
 
 def test_gradients_are_clipped_to_norm_10():
     model = nn.Linear(4, 1, bias=False)
     start = model.weight.detach().clone()
-    stepper = _stepper(model, accumulate=1, lr=1.0)
-    stepper.begin_batch(epoch=0)
-    stepper.backward(model(torch.full((1, 4), 1000.0)).sum())  # gradient norm 2000
+    updater = _updater(model, accumulate=1, lr=1.0)
+    updater.begin_batch(epoch=0)
+    updater.backward(model(torch.full((1, 4), 1000.0)).sum())  # gradient norm 2000
     assert (model.weight.detach() - start).norm().item() == pytest.approx(10.0, rel=1e-4)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from utils import synthetic
-from utils.datasets import load_data_config
+from utils.data_config import load_data_config
 from utils.synthetic import SYNTHETIC_NAMES, ensure_synthetic, is_valid, make_spec
 
 SMALL = {"n_train": 6, "n_val": 3, "img_size": (64, 80), "seed": 3}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from utils.callbacks import TensorBoard
+from utils.writers import TensorBoard
 
 
 def test_enabled_writer_logs_how_to_open_it_and_writes_events(tmp_path: Path, caplog) -> None:
@@ -27,3 +27,16 @@ def test_disabled_writer_is_silent_and_writes_nothing(tmp_path: Path, caplog) ->
         board.close()
     assert not caplog.records
     assert list(tmp_path.iterdir()) == []
+
+
+def test_results_csv_drops_rows_after_the_resumed_checkpoint(tmp_path: Path) -> None:
+    from utils.writers import ResultsCSV
+
+    results = ResultsCSV(tmp_path / "results.csv")
+    for epoch in range(3):
+        results.write([epoch, *[0.5] * 10])
+    epochs = lambda: [r.split(",")[0] for r in (tmp_path / "results.csv").read_text().splitlines()[1:]]  # noqa: E731
+    assert results.drop_from(1) == 2 and epochs() == ["0"]
+    assert results.drop_from(1) == 0 and ResultsCSV(tmp_path / "other.csv").drop_from(0) == 0
+    assert not ResultsCSV(tmp_path / "off.csv", enabled=False).write([0, *[0.5] * 10])
+    assert not (tmp_path / "off.csv").exists()

@@ -1,4 +1,4 @@
-"""What training writes besides checkpoints: results.csv, TensorBoard events, the progress bar, plots.
+"""What training writes besides checkpoints: results.csv, TensorBoard events, the progress bar, batch plots.
 
 Each writer is built once at set-up with ``enabled=is_main_process()``; disabled writers accept the
 same calls and do nothing, so the training loop never branches on the rank.
@@ -16,7 +16,9 @@ from typing import Any
 
 from tqdm import tqdm
 
-from utils.logging import LOGGER, colorstr
+from utils.hooks import HookBase, StepInfo
+from utils.log import LOGGER, colorstr
+from utils.plots import plot_images
 
 LOSS_NAMES = ("box", "obj", "cls")
 PROGRESS_HEADER = ("Epoch", "gpu_mem", "box", "obj", "cls", "total", "labels", "img_size")
@@ -153,25 +155,18 @@ class TrainWriters:
         self.tb.close()
 
 
-class EarlyStopping:
-    """Stop when fitness has not improved for ``patience`` epochs (0 or less: never)."""
+class TrainBatchPlots(HookBase):
+    """train_batch0..2.jpg: the first batches of the run's first epoch with their boxes, drawn in the background
+    (main process only: ``background`` is disabled elsewhere)."""
 
-    def __init__(self, patience: int = 100) -> None:
-        self.patience = patience if patience > 0 else float("inf")
-        self.best_fitness, self.best_epoch = 0.0, 0
+    def __init__(self, background: BackgroundTasks, save_dir: Path, names: Sequence[str], count: int = 3) -> None:
+        self.background, self.save_dir, self.names, self.count = background, Path(save_dir), list(names), count
+        self.first_epoch: int | None = None
 
-    def __call__(self, epoch: int, fitness: float) -> bool:
-        if fitness >= self.best_fitness:
-            self.best_fitness, self.best_epoch = fitness, epoch
-        stop = epoch - self.best_epoch >= self.patience
-        if stop:
-            LOGGER.info(f"Stopping early: no improvement in the last {self.patience} epochs; the best was epoch "
-                        f"{self.best_epoch}. Change the limit with --patience (0 = never stop).")
-        return stop
+    def before_train(self, trainer: Any) -> None:
+        self.first_epoch = None if trainer.batch_offset or trainer.start_samples else trainer.start_epoch
 
-    def state_dict(self) -> dict[str, Any]:
-        return {"best_fitness": self.best_fitness, "best_epoch": self.best_epoch}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.best_fitness = float(state.get("best_fitness", 0.0))
-        self.best_epoch = int(state.get("best_epoch", 0))
+    def after_step(self, trainer: Any, step: StepInfo) -> None:
+        if step.epoch == self.first_epoch and step.batch < self.count:
+            self.background.submit(plot_images, step.imgs.detach().cpu().clone(), step.targets.detach().cpu().clone(),
+                                   step.paths, self.save_dir / f"train_batch{step.batch}.jpg", self.names)

@@ -1,0 +1,218 @@
+"""Helpers the tests share: launching real processes (python or torchrun) bounded in time, reading their
+output, small data sets written into a tmp folder."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+ROOT = Path(__file__).resolve().parents[1]
+JOB_TIMEOUT_S = 180  # bound for one launched job on a loaded 2-core machine; a hang fails the test
+GOOD_LABEL = "0 0.5 0.5 0.25 0.25\n"
+
+
+# ------------------------------------------------------------------------------------------------ processes
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def job_env(**extra: str) -> dict[str, str]:
+    """The environment of a launched job: unbuffered, no colour, one thread, no inherited launcher variables."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", "OMP_NUM_THREADS": "1", **extra}
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        if name not in extra:
+            env.pop(name, None)
+    return env
+
+
+def torchrun_cmd(nproc: int, *args: str, restarts: int = 0, port: int | None = None) -> list[str]:
+    """``python -m torch.distributed.run`` with ``nproc`` local processes on 127.0.0.1 and a free port."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--max-restarts",
+            str(restarts), "--master-addr", "127.0.0.1", "--master-port", str(port or free_port()), *args]
+
+
+def start(cmd: list[str], cwd: Path = ROOT, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start ``cmd`` in its own session (so a hang can be killed with all its children); output merged."""
+    return subprocess.Popen(cmd, cwd=cwd, env=env or job_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, timeout_s: float = JOB_TIMEOUT_S) -> tuple[int, str]:
+    """(exit code, output); kills the whole session and fails the test when it runs past ``timeout_s``."""
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"{' '.join(map(str, proc.args[:6]))} ... still running after {timeout_s} s:\n{out[-3000:]}")
+    return proc.returncode, out
+
+
+def run_job(cmd: list[str], timeout_s: float = JOB_TIMEOUT_S, cwd: Path = ROOT,
+            env: dict[str, str] | None = None) -> tuple[int, str]:
+    """Start ``cmd`` and wait for it (bounded): (exit code, merged output)."""
+    return finish(start(cmd, cwd, env), timeout_s)
+
+
+def wait_for(condition: Callable[[], bool], proc: subprocess.Popen, timeout_s: float = JOB_TIMEOUT_S) -> None:
+    """Poll ``condition()`` until true; fail (killing ``proc``) if the process ends or time runs out first."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+            pytest.fail(f"condition not reached (exit {proc.returncode}):\n{out[-3000:]}")
+        time.sleep(0.05)
+
+
+class OutputPump:
+    """Reads a started process's output on a thread, timestamping every line (``lines``: (time, text))."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc, self.lines = proc, []
+        self.thread = threading.Thread(target=self._pump, daemon=True)
+        self.thread.start()
+
+    def _pump(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    @property
+    def text(self) -> str:
+        return "\n".join(text for _, text in self.lines)
+
+    def wait(self, timeout_s: float = JOB_TIMEOUT_S) -> tuple[int, float]:
+        """(exit code, time it ended); kills the session and fails the test on a hang."""
+        try:
+            code = self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            self.thread.join(timeout=10)
+            pytest.fail(f"job did not end within {timeout_s} s:\n{self.text[-3000:]}")
+        ended = time.monotonic()
+        self.thread.join(timeout=10)
+        return code, ended
+
+
+def events_of(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def csv_epochs(run_dir: Path) -> list[str]:
+    """The epoch column of a run's results.csv."""
+    return [line.split(",")[0] for line in (run_dir / "results.csv").read_text().strip().splitlines()[1:]]
+
+
+def train_args(data: Path, cfg: Path, project: Path, *extra: str, epochs: int = 3) -> list[str]:
+    """train.py (path first) with the tiny model at 64 px, batch 8, CPU, no workers, no autoanchor."""
+    return [str(ROOT / "train.py"), "--data", str(data), "--cfg", str(cfg), "--weights", "", "--img-size", "64",
+            "--batch-size", "8", "--epochs", str(epochs), "--workers", "0", "--device", "cpu", "--seed", "0",
+            "--project", str(project), "--noautoanchor", *extra]
+
+
+# --------------------------------------------------------------------------------------------- small data
+def write_jpg(path: Path, h: int = 40, w: int = 48) -> None:
+    cv2.imwrite(str(path), np.random.default_rng(0).integers(0, 255, (h, w, 3), dtype=np.uint8))
+
+
+def write_truncated_jpg(path: Path) -> None:
+    write_jpg(path)
+    path.write_bytes(path.read_bytes()[:-300])
+
+
+def png_writer(channels: int, dtype: type = np.uint8) -> Callable[[Path], None]:
+    def write(path: Path) -> None:
+        shape = (30, 36) if channels == 1 else (30, 36, channels)
+        cv2.imwrite(str(path), (np.random.default_rng(1).random(shape) * np.iinfo(dtype).max).astype(dtype))
+    return write
+
+
+def make_set(root: Path, files: dict[str, tuple[Callable[[Path], None], str | None]]) -> Path:
+    """images/train/<name> written by its writer, labels/train/<stem>.txt with the text (None: no file)."""
+    (root / "images" / "train").mkdir(parents=True)
+    (root / "labels" / "train").mkdir(parents=True)
+    for name, (writer, label) in files.items():
+        writer(root / "images" / "train" / name)
+        if label is not None:
+            (root / "labels" / "train" / f"{Path(name).stem}.txt").write_text(label)
+    return root / "images" / "train"
+
+
+# ------------------------------------------------------------------------------------------ oracle detector
+ORACLE_CLASSES = 3  # the synthetic set's classes
+
+
+def oracle_batch(imgs: torch.Tensor, targets: torch.Tensor, paths: tuple, nc: int = ORACLE_CLASSES) -> torch.Tensor:
+    """Decoded outputs (b, n, 5 + nc) for one batch, random per image (seeded by its file name), not per order."""
+    b, _, h, w = imgs.shape
+    outputs = []
+    for i in range(b):
+        g = torch.Generator().manual_seed(zlib.crc32(Path(paths[i]).name.encode()))
+        t = targets[targets[:, 0] == i]
+        boxes = t[:, 2:6] * torch.tensor([w, h, w, h])  # (k, 4) cx, cy, w, h in batch pixels
+        boxes = boxes + torch.randn(len(t), 4, generator=g) * boxes[:, 2:4].repeat(1, 2) * 0.08
+        cls = t[:, 1].long()
+        flip = torch.rand(len(t), generator=g) < 0.15
+        cls = torch.where(flip, (cls + 1) % nc, cls)
+        junk_xy = torch.rand(3, 2, generator=g) * torch.tensor([w, h])
+        junk = torch.cat((junk_xy, torch.rand(3, 2, generator=g) * torch.tensor([w, h]) / 3 + 4), 1)
+        boxes = torch.cat((boxes, junk))
+        cls = torch.cat((cls, torch.randint(0, nc, (3,), generator=g)))
+        obj = torch.rand(len(boxes), 1, generator=g) * 0.9 + 0.05
+        scores = torch.full((len(boxes), nc), 1e-4).scatter_(1, cls[:, None], 1.0)
+        outputs.append(torch.cat((boxes, obj, scores), 1))
+    n = max(len(o) for o in outputs)
+    padded = torch.zeros(b, n, 5 + nc)
+    for i, o in enumerate(outputs):
+        padded[i, :len(o)] = o
+    return padded
+
+
+class OracleModel(nn.Module):
+    """Replays precomputed decoded outputs, one batch per call, in the loader's order."""
+
+    def __init__(self, loader) -> None:
+        super().__init__()
+        self.outputs = [oracle_batch(imgs, targets, paths) for imgs, targets, paths, _ in loader]
+        self.calls = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.outputs[self.calls]
+        assert out.shape[0] == x.shape[0]
+        self.calls += 1
+        return out
+
+
+def tracebacks(output: str) -> list[str]:
+    """Every Python traceback in ``output`` (from 'Traceback' to the exception line)."""
+    found, lines = [], output.splitlines()
+    for i, line in enumerate(lines):
+        if line.lstrip().startswith("Traceback (most recent call last)"):
+            end = next((j for j in range(i + 1, len(lines)) if lines[j] and not lines[j].startswith(" ")), i)
+            found.append("\n".join(lines[i:end + 1]))
+    return found
+
+
+def our_tracebacks(output: str) -> list[str]:
+    """Tracebacks that went through this project's code: torchrun's own (SignalException when it is signalled,
+    ChildFailedError when a worker exits non-zero) pass only through torch."""
+    return [tb for tb in tracebacks(output) if str(ROOT) in tb or "[rank" in tb]

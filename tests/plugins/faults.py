@@ -1,0 +1,79 @@
+"""Faults the tests inject into training through its hooks (``train.py --hook 'tests.plugins.faults:...'``).
+
+Each fault acts on one rank, on the first attempt of a torchrun job only (an elastic restart runs clean), so
+it lands at a known place: ``FailAt`` before a batch, ``NanLoss`` in the losses of some batches.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from utils import dist
+from utils.hooks import HookBase
+
+
+def _armed(rank: int) -> bool:
+    return dist.get_rank() == rank and dist.restart_count() == 0
+
+
+class FailAt(HookBase):
+    """Before batch ``batch`` of ``epoch`` on ``rank``: ``raise`` an error, ``kill`` the process (SIGKILL),
+    ``term``/``int``/``usr1`` send it that signal (a graceful stop), ``stop`` freeze it with SIGSTOP."""
+
+    SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "int": signal.SIGINT, "usr1": signal.SIGUSR1,
+               "stop": signal.SIGSTOP}
+
+    def __init__(self, rank: int = 0, epoch: int = 0, batch: int = 0, action: str = "raise") -> None:
+        if action != "raise" and action not in self.SIGNALS:
+            raise ValueError(f"action {action!r} is not raise or one of {', '.join(self.SIGNALS)}")
+        self.rank, self.epoch, self.batch, self.action = rank, epoch, batch, action
+
+    def before_step(self, trainer: Any, epoch: int, batch: int) -> None:
+        if (epoch, batch) != (self.epoch, self.batch) or not _armed(self.rank):
+            return
+        if self.action == "raise":
+            raise RuntimeError(f"rank {self.rank}: test fault injected at epoch {epoch} batch {batch}")
+        os.kill(os.getpid(), self.SIGNALS[self.action])
+
+
+class NanLoss(HookBase):
+    """On ``rank``, a NaN loss for ``count`` batches from ``batch`` of ``epoch``."""
+
+    def __init__(self, rank: int = 0, epoch: int = 0, batch: int = 0, count: int = 1) -> None:
+        self.rank, self.epoch, self.first, self.count = rank, epoch, batch, count
+        self.current: tuple[int, int] = (-1, -1)
+
+    def before_train(self, trainer: Any) -> None:
+        if not _armed(self.rank):
+            return
+        real = trainer.compute_loss
+
+        def poisoned(preds: Any, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            loss, items = real(preds, targets)
+            epoch, batch = self.current
+            hit = epoch == self.epoch and self.first <= batch < self.first + self.count
+            return (loss * float("nan"), items) if hit else (loss, items)
+
+        trainer.compute_loss = poisoned
+
+    def before_step(self, trainer: Any, epoch: int, batch: int) -> None:
+        self.current = (epoch, batch)
+
+
+class ResidentMemory(HookBase):
+    """Appends ``epoch rss_mb`` of this rank after every epoch to ``path`` (rank 0 only)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = Path(path)
+
+    def after_epoch(self, trainer: Any, epoch: int, metrics: dict[str, float]) -> None:
+        if dist.is_main_process():
+            rss = next(int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines()
+                       if line.startswith("VmRSS:"))
+            with open(self.path, "a") as f:
+                f.write(f"{epoch} {rss / 1024:.1f}\n")

@@ -1,0 +1,73 @@
+"""GracefulStop: a signal only records its number; the vote makes it every rank's; a second one aborts; in an
+immediate section it stops at once; exit codes; DataLoader workers ignore the stop signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from utils.signals import GracefulStop, StopRequested
+
+
+def test_signal_is_recorded_then_agreed_and_handlers_restored() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    with GracefulStop() as stop:
+        assert not stop.requested and not stop.agreed
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.requested and stop.signum == signal.SIGTERM and not stop.agreed  # only recorded
+        os.kill(os.getpid(), signal.SIGINT)  # a second, different signal (Ctrl-C, then torchrun's SIGTERM)
+        assert stop.signum == signal.SIGTERM
+        stop.agree(0)
+        assert not stop.agreed
+        stop.agree(int(signal.SIGTERM))  # the step vote carried it
+        assert stop.agreed
+        with pytest.raises(StopRequested) as info:
+            stop.raise_stop(epoch=2, batch=5)
+        assert info.value.exit_code == 143 and isinstance(info.value, KeyboardInterrupt)
+        assert str(info.value) == "stopped by SIGTERM at epoch 2, batch 5; last.pt saved; continue with --resume"
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_another_ranks_signal_is_agreed_here() -> None:
+    with GracefulStop() as stop:
+        stop.agree(int(signal.SIGUSR1))  # this rank got nothing; the vote says a rank got SIGUSR1
+        assert stop.agreed and stop.requested
+        with pytest.raises(StopRequested) as info:
+            stop.raise_stop(epoch=0, batch=1)
+    assert info.value.exit_code == 0 and "SIGUSR1" in str(info.value) and "requeued" in str(info.value)
+
+
+def test_same_signal_twice_aborts_at_once() -> None:
+    with GracefulStop() as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        with pytest.raises(KeyboardInterrupt, match="second SIGINT"):
+            os.kill(os.getpid(), signal.SIGINT)
+        assert stop.requested
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_immediate_section_stops_at_once() -> None:
+    with GracefulStop() as stop:
+        with pytest.raises(StopRequested, match="stopped by SIGTERM while validating epoch 3") as info:
+            with stop.immediate("while validating epoch 3"):
+                os.kill(os.getpid(), signal.SIGTERM)
+                pytest.fail("the signal should have stopped the section")
+        assert info.value.exit_code == 143 and stop.agreed
+    with GracefulStop() as stop:
+        os.kill(os.getpid(), signal.SIGINT)  # arrived just before the section: acted on when it starts
+        with pytest.raises(StopRequested, match="SIGINT while saving"), stop.immediate("while saving"):
+            pytest.fail("the section should not run")
+    with GracefulStop() as stop, stop.immediate("quiet"):
+        pass  # no signal: nothing happens
+    assert not stop.requested
+
+
+def test_ignore_stop_signals_in_a_child_process() -> None:
+    code = ("import os, signal, sys; from utils.signals import ignore_stop_signals; ignore_stop_signals(); "
+            "[os.kill(os.getpid(), s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)]; print('alive')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "alive"

@@ -1,0 +1,60 @@
+"""Devices and the machine: ``--device`` parsing, the cores this process may use, mixed-precision contexts.
+
+Nothing here touches torch.distributed: detect.py and export.py use it without a process group, and
+``utils.dist`` builds on it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+
+from utils.errors import UserError
+
+
+class DeviceError(UserError, RuntimeError):
+    """A ``--device`` that does not exist here or cannot be parsed."""
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS has one), at least 1."""
+    if hasattr(os, "sched_getaffinity"):
+        return max(len(os.sched_getaffinity(0)), 1)
+    return max(os.cpu_count() or 1, 1)
+
+
+def select_device(device: str = "", local_rank: int = 0) -> torch.device:
+    """Resolve ``--device`` ('' | 'cpu' | '0' | '0,1' | 'cuda:1') to this process's device.
+
+    '' means GPU ``local_rank`` when CUDA is available, else the CPU. With a list, process ``local_rank``
+    takes the ``local_rank``-th listed GPU. Raises DeviceError with a one-line reason when it does not exist.
+    """
+    spec = str(device).strip().lower().replace("cuda:", "").replace(" ", "")
+    if spec == "cpu":
+        return torch.device("cpu")
+    if spec in ("", "cuda"):
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        return torch.device("cuda", local_rank % max(torch.cuda.device_count(), 1))
+    try:
+        ids = [int(x) for x in spec.split(",") if x != ""]
+    except ValueError:
+        raise DeviceError(f"--device {device!r} is not valid: use 'cpu', a GPU index such as '0', "
+                          "or a list '0,1'") from None
+    if not torch.cuda.is_available():
+        raise DeviceError(f"--device {device} asks for CUDA but CUDA is not available here; use --device cpu")
+    count = torch.cuda.device_count()
+    missing = [i for i in ids if i >= count or i < 0]
+    if missing:
+        raise DeviceError(f"--device {device}: GPU {missing[0]} does not exist (this machine has {count} GPUs)")
+    return torch.device("cuda", ids[local_rank % len(ids)])
+
+
+def autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager:
+    """Mixed precision for ``device`` when ``enabled``: float16 on CUDA, bfloat16 on the CPU; else a no-op."""
+    if not enabled:
+        return contextlib.nullcontext()
+    dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
+    return torch.autocast(device.type, dtype=dtype)

@@ -1,0 +1,69 @@
+"""Hyperparameter files (``data/hyps/*.yaml``): where they are found, what they must hold.
+
+One loader for every caller (training, the dataset's augmentation defaults, evolution), so a file that
+trains also augments, and ``--hyp hyp.finetune.yaml`` finds the bundled file by its name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from utils.errors import UserError
+from utils.paths import ROOT
+
+HYPS_DIR = ROOT / "data" / "hyps"
+SCRATCH_HYP = HYPS_DIR / "hyp.scratch.yaml"
+SYNTHETIC_HYP = HYPS_DIR / "hyp.synthetic.yaml"  # tuned so the no-argument run converges in minutes
+REQUIRED = ("lr0", "lrf", "momentum", "weight_decay", "box", "cls", "obj", "anchor_t")
+TEXT_KEYS = ("optimizer",)  # the only entries that are not numbers
+
+
+class HypError(UserError, ValueError):
+    """A hyperparameter file that is missing, malformed or incomplete."""
+
+
+def find_hyp_file(path: str | Path) -> Path:
+    """``path`` as given, else the bundled file of that name in data/hyps; HypError when neither exists."""
+    candidates = [Path(path).expanduser(), HYPS_DIR / Path(path).name]
+    found = next((c for c in candidates if c.is_file()), None)
+    if found is None:
+        raise HypError(f"--hyp {path}: file not found (give a path, or a name in data/hyps such as hyp.scratch.yaml)")
+    return found
+
+
+def default_hyp_file(data: str | Path | None) -> Path:
+    """The hyp file used without --hyp: the synthetic set's tuned one for the built-in data, else the scratch one."""
+    synthetic = data is not None and Path(str(data)).name == "synthetic.yaml" and SYNTHETIC_HYP.is_file()
+    return SYNTHETIC_HYP if synthetic else SCRATCH_HYP
+
+
+def load_hyp(source: str | Path | Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Hyperparameters from a file (or a mapping; None: the scratch file), checked: the keys training needs are
+    there, every value is a number (floats), except ``optimizer``, a name."""
+    if isinstance(source, Mapping):
+        raw, where = dict(source), "hyperparameters"
+    else:
+        path = find_hyp_file(source or SCRATCH_HYP)
+        try:
+            raw = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise HypError(f"{path}: not a readable YAML file ({type(e).__name__}); fix its syntax") from None
+        where = str(path)
+    if not isinstance(raw, dict):
+        raise HypError(f"{where}: expected a mapping of hyperparameter names to values")
+    missing = [k for k in REQUIRED if k not in raw]
+    if missing:
+        raise HypError(f"{where} lacks {', '.join(missing)}")
+    hyp: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in TEXT_KEYS:
+            hyp[key] = str(value)
+        elif isinstance(value, bool) or not isinstance(value, int | float):
+            raise HypError(f"{where}: hyperparameter {key!r} must be a number, got {value!r}")
+        else:
+            hyp[key] = float(value)
+    return hyp
