@@ -15,9 +15,9 @@ import torch
 from models.hub import Detector, transfer_weights
 from models.yolo import Model
 from utils.checkpoint import load_checkpoint, model_from_checkpoint
-from utils.dist import select_device
+from utils.device import select_device
 from utils.downloads import attempt_download_once_per_node
-from utils.logging import LOGGER
+from utils.log import LOGGER
 
 dependencies = ["torch", "torchvision", "numpy", "cv2", "yaml", "tqdm"]
 Device = str | torch.device | None

@@ -422,7 +422,7 @@ def _gflops(fn: Any, x: Any) -> float:
 def main(opt: argparse.Namespace) -> None:
     """Print the layer table and the size of ``--cfg``; with --profile / --line-profile, per-layer speed."""
     import models.yolo as yolo  # this file's classes under their package name, not __main__
-    from utils.dist import select_device
+    from utils.device import select_device
 
     device = select_device(opt.device)
     model = yolo.Model(opt.cfg).to(device)

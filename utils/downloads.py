@@ -26,7 +26,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from utils.errors import UserError
-from utils.logging import LOGGER
+from utils.log import LOGGER
 
 DEFAULT_URL = "https://github.com/ultralytics/yolov5/releases/download/v7.0"
 RELEASE_NAMES = tuple(f"yolov5{size}{p6}.pt" for p6 in ("", "6") for size in "nsmlx")

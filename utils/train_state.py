@@ -95,7 +95,7 @@ def pack_train_state(position: TrainPosition, rng_states: list[dict] | None = No
                      grads_of: torch.nn.Module | None = None, **stateful: Any) -> dict:
     """The ``train_state`` entry of a checkpoint: the position, RNG states (this process's when
     ``rng_states`` is None) and ``obj.state_dict()`` of every keyword object (optimizer, EMA, scaler,
-    scheduler, or utils.optim.Stepper that holds them); None objects are skipped. ``grads_of``: also keep
+    scheduler, or utils.optim.WeightUpdater that holds them); None objects are skipped. ``grads_of``: also keep
     the gradients accumulated so far, for a checkpoint taken between optimizer steps of an accumulation."""
     state = {
         "version": TRAIN_STATE_VERSION,
