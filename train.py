@@ -64,7 +64,7 @@ from utils.resume import (
     resume_options,
     shared_checkpoint,
 )
-from utils.signals import GracefulStop
+from utils.signals import GracefulStop, StopRequested, signal_name
 from utils.train_state import restore_rng_state
 from utils.writers import TrainBatchPlots, TrainWriters, progress_header
 
@@ -167,8 +167,22 @@ def train(hyp: dict, opt: argparse.Namespace, device: torch.device,
     try:
         with trainer.stop:  # SIGTERM/SIGINT/SIGUSR1: save last.pt at the next step every rank agrees on
             return fit(trainer)
+    except RuntimeError as e:  # a data-loader worker killed anyway (before it could ignore the signal)
+        if trainer.stop.requested and "DataLoader worker" in str(e):
+            raise StopRequested(trainer.stop.signum, f"stopped by {signal_name(trainer.stop.signum)}: a data-loader "
+                                f"worker ended before the step could be saved; {saved_text(trainer)}") from None
+        raise
     finally:
-        trainer.writers.close()
+        trainer.writers.close(cancel=trainer.stop.requested)  # a stopped run does not wait for queued plots
+
+
+def saved_text(t: Trainer) -> str:
+    """What --resume will continue from, for the messages of a run stopped outside the steps."""
+    if t.saved_position is None:
+        return "no last.pt was written yet, so the run starts again"
+    epoch, samples = t.saved_position
+    where = f"the start of epoch {epoch}" if not samples else f"epoch {epoch}, batch {samples // t.opt.batch_size}"
+    return f"last.pt holds {where}; continue with --resume"
 
 
 def setup(hyp: dict, opt: argparse.Namespace, device: torch.device, hooks: Sequence[HookBase] = ()) -> Trainer:
@@ -344,15 +358,15 @@ def fit(t: Trainer) -> dict[str, float]:
         LOGGER.info(progress_header())
         mean_loss = train_one_epoch(t, epoch, sizes)
         losses = dist.all_reduce_mean(mean_loss.detach().clone()).tolist()
-        redo = f"epoch {epoch}; last.pt is from before it, so --resume redoes epoch {epoch}"
-        with t.stop.immediate(f"while validating {redo}"):
+        with t.stop.immediate(f"while validating epoch {epoch}; {saved_text(t)}"):
             if not opt.noval or final:
                 metrics = validate(t, final)
         fitness_value = fitness(list(metrics.values()))
         t.best_fitness = max(t.best_fitness, fitness_value)
         t.writers.epoch_end(epoch, losses, list(metrics.values()), t.updater.lrs())
         t.updater.share_pending_grads(dist.all_reduce_mean)  # a checkpoint holds what every rank accumulated
-        with t.stop.immediate(f"while saving the checkpoint of {redo}"):
+        with t.stop.immediate(f"while saving the checkpoints of epoch {epoch}; every file is whole (old or new), "
+                              f"continue with --resume"):
             t.hooks.after_epoch(t, epoch, metrics)  # the Checkpointer first: last.pt, best.pt
         t.guard.end_epoch(epoch)
         if t.stop.agreed:  # a stop voted during the epoch, still waiting for a point to save: last.pt just was

@@ -216,3 +216,33 @@ def our_tracebacks(output: str) -> list[str]:
     """Tracebacks that went through this project's code: torchrun's own (SignalException when it is signalled,
     ChildFailedError when a worker exits non-zero) pass only through torch."""
     return [tb for tb in tracebacks(output) if str(ROOT) in tb or "[rank" in tb]
+
+
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every process below it (children, their children, ...), read from /proc."""
+    parents: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        tree.append(current)
+        todo += parents.get(current, [])
+    return tree
+
+
+def alive(pids: list[int]) -> list[int]:
+    """The processes of ``pids`` that still exist (zombies count as gone)."""
+    living = []
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            living.append(pid)
+    return living

@@ -118,9 +118,11 @@ def test_signal_single_process_saves_the_step_and_exits_with_one_line(
     before = signal.getsignal(signum)
     args = train_args(tiny_dataset, tiny_cfg_file, project, "--name", "exp", "--noval")
     assert in_process(args, FailAt(rank=0, epoch=0, batch=1, action=action)) == code
-    err = capsys.readouterr().err.strip().splitlines()
+    err = capsys.readouterr().err
     name = signal.Signals(signum).name
-    assert err == [f"train: stopped by {name} at epoch 0, batch 1; last.pt saved; continue with --resume"], err
+    stops = [line for line in err.splitlines() if "stopped" in line]  # (the label scan's bar is on stderr too)
+    assert stops == [f"train: stopped by {name} at epoch 0, batch 1; last.pt saved; continue with --resume"], err
+    assert "Traceback" not in err
     state = load_checkpoint(project / "exp" / "weights" / "last.pt")["train_state"]
     assert state["position"] == {**state["position"], "epoch": 0, "samples_seen": 16}
     assert signal.getsignal(signum) is before
@@ -181,3 +183,34 @@ def test_resident_memory_flat_over_epochs(tmp_path: Path, tiny_dataset: Path, ti
     assert in_process(args, ResidentMemory(str(log))) == 0
     rss = [float(line.split()[1]) for line in log.read_text().splitlines()]
     assert len(rss) == 6 and rss[5] <= 1.10 * rss[2], rss
+
+
+def test_signal_during_the_final_validation_stops_at_once_and_keeps_last_pt(
+        tmp_path: Path, tiny_dataset: Path, tiny_cfg_file: Path, in_process: Callable[..., int],
+        capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    import train
+
+    real_validate = train.validate
+
+    def signalled_in_final_validation(trainer, final):  # noqa: ANN001, ANN202
+        if final:
+            os.kill(os.getpid(), signal.SIGTERM)  # arrives while validating (and plotting) the last epoch
+        return real_validate(trainer, final)
+
+    monkeypatch.setattr(train, "validate", signalled_in_final_validation)
+    run_dir = tmp_path / "runs" / "exp"
+    args = train_args(tiny_dataset, tiny_cfg_file, tmp_path / "runs", "--name", "exp", epochs=2)
+    assert in_process(args) == 143
+    err = capsys.readouterr().err
+    stops = [line for line in err.splitlines() if "stopped" in line]
+    assert stops == ["train: stopped by SIGTERM while validating epoch 1; last.pt holds the start of epoch 1; "
+                     "continue with --resume"], err
+    assert "Traceback" not in err
+    position = load_checkpoint(run_dir / "weights" / "last.pt")["train_state"]["position"]  # whole, loads
+    assert (position["epoch"], position["samples_seen"]) == (1, 0)
+    assert not list((run_dir / "weights").glob(".*tmp*")) and not (run_dir / "PR_curve.png").exists()
+    monkeypatch.setattr(train, "validate", real_validate)
+    assert in_process([str(ROOT / "train.py"), "--resume", str(run_dir)]) == 0  # redoes epoch 1, to the end
+    assert csv_epochs(run_dir) == ["0", "1"] and (run_dir / "PR_curve.png").is_file()

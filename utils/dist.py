@@ -91,6 +91,22 @@ def get_local_world_size() -> int:
     return _ENV.local_world_size if is_initialized() else 1
 
 
+@dataclass(frozen=True)
+class SchedulerJob:
+    """The batch scheduler's job this process belongs to (Slurm): its id and how often it was requeued."""
+
+    job_id: str
+    restarts: int
+
+
+def scheduler_job() -> SchedulerJob | None:
+    """The Slurm job of this process (SLURM_JOB_ID, SLURM_RESTART_COUNT), or None outside Slurm."""
+    job_id = os.environ.get("SLURM_JOB_ID", "").strip()
+    if not job_id:
+        return None
+    return SchedulerJob(job_id, int(os.environ.get("SLURM_RESTART_COUNT", 0) or 0))
+
+
 def restart_count() -> int:
     """How many times torchrun's elastic agent has restarted this worker group."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))

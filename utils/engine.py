@@ -116,6 +116,7 @@ class Trainer:
     start_samples: int = 0  # samples (all ranks) of start_epoch already done by a mid-epoch checkpoint
     batch_offset: int = 0  # batches of the current epoch done before this process started it
     rng_state: dict | None = None  # restored just before the first resumed batch
+    saved_position: tuple[int, int] | None = None  # (epoch, samples seen) of the last last.pt written
 
     @property
     def model_without_ddp(self) -> nn.Module:

@@ -21,6 +21,7 @@ from utils import dist
 from utils.datasets import DatasetOptions, YoloDataset
 from utils.device import available_cores
 from utils.log import LOGGER
+from utils.signals import protect_worker
 
 
 class ResumableSampler(Sampler):
@@ -92,7 +93,9 @@ def worker_count(requested: int, batch_size: int) -> int:
 
 
 def _seed_worker(worker_id: int) -> None:
-    """Give each worker its own augmentation stream: torch seeds workers with base_seed + worker_id."""
+    """Leave stop signals to the rank (utils.signals.protect_worker), and give each worker its own augmentation
+    stream: torch seeds workers with base_seed + worker_id."""
+    protect_worker()
     seed = torch.initial_seed() % 2**32
     np.random.seed(seed)
     cv2.setNumThreads(0)  # workers are the parallelism; OpenCV's own threads would oversubscribe the cores

@@ -21,7 +21,6 @@ from typing import Any
 
 from utils import dist
 from utils.checkpoint import CheckpointError, load_first_good, new_checkpoint, save_checkpoint, save_run_checkpoints
-from utils.errors import UserError
 from utils.fitness import fitness
 from utils.hooks import HookBase, StepInfo
 from utils.log import LOGGER
@@ -75,19 +74,38 @@ def run_dir_of(checkpoint: Path) -> Path:
     return checkpoint.parent.parent if checkpoint.parent.name == "weights" else checkpoint.parent
 
 
-def recorded_run_dir() -> Path | None:
-    """The run folder an earlier attempt of this torchrun job recorded, if any."""
-    store = dist.job_store()
-    if store is None or not store.check([RUN_DIR_KEY]):
-        return None
-    return Path(store.get(RUN_DIR_KEY).decode())
+def recorded_run_dir(opt: argparse.Namespace) -> tuple[Path, str] | None:
+    """The run folder an earlier attempt of this job recorded, and why it is resumed: a torchrun restart (kept in
+    the agent's store) or a requeued Slurm job (kept in ``<project>/.jobs/slurm-<job id>``). None otherwise."""
+    if dist.restart_count() > 0:
+        store = dist.job_store()
+        if store is not None and store.check([RUN_DIR_KEY]):
+            return Path(store.get(RUN_DIR_KEY).decode()), f"elastic restart {dist.restart_count()}"
+        LOGGER.warning("WARNING: elastic restart without an agent store: the earlier attempt's run folder is "
+                       "unknown, so this attempt starts a new run")
+    job = dist.scheduler_job()
+    record = _job_record(opt, job)
+    if job is not None and job.restarts > 0 and record is not None and record.is_file():
+        return Path(record.read_text().strip()), f"requeued Slurm job {job.job_id} (restart {job.restarts})"
+    return None
 
 
-def record_run_dir(save_dir: Path) -> None:
-    """Remember the run folder for later attempts of this torchrun job (no-op outside torchrun)."""
+def _job_record(opt: argparse.Namespace, job: dist.SchedulerJob | None) -> Path | None:
+    return Path(opt.project) / ".jobs" / f"slurm-{job.job_id}" if job is not None else None
+
+
+def record_run_dir(opt: argparse.Namespace, save_dir: Path) -> None:
+    """Remember the run folder for later attempts of this job: torchrun restarts, requeued Slurm jobs."""
+    folder = str(Path(save_dir).resolve())
     store = dist.job_store()
     if store is not None:
-        store.set(RUN_DIR_KEY, str(Path(save_dir).resolve()))
+        store.set(RUN_DIR_KEY, folder)
+    record = _job_record(opt, dist.scheduler_job())
+    if record is not None:
+        record.parent.mkdir(parents=True, exist_ok=True)
+        tmp = record.with_name(f"{record.name}.tmp")
+        tmp.write_text(folder + "\n")
+        tmp.replace(record)
 
 
 def latest_checkpoint(search_dir: str | Path) -> Path | None:
@@ -96,18 +114,14 @@ def latest_checkpoint(search_dir: str | Path) -> Path | None:
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
 
 
-def find_resume_checkpoint(opt: argparse.Namespace) -> Path | None:
-    """The checkpoint to resume from: after an elastic restart, this job's ``last.pt`` (best.pt when only
-    that exists; None when the first attempt saved nothing, so the run starts again in its folder);
+def find_resume_checkpoint(opt: argparse.Namespace, recorded: Path | None = None) -> Path | None:
+    """The checkpoint to resume from: in the run folder an earlier attempt of this job ``recorded``, its
+    ``last.pt`` (best.pt when only that exists; None when it saved nothing, so the run starts again there);
     otherwise ``--resume PATH`` (a file or run folder), a bare ``--resume`` (the latest last.pt under
     ``--project``), or None. Raises ResumeError when an asked-for checkpoint is missing."""
-    if dist.restart_count() > 0:
-        run_dir = recorded_run_dir()
-        if run_dir is not None:
-            weights = run_dir / "weights"
-            return next((p for p in (weights / "last.pt", weights / "best.pt") if p.is_file()), None)
-        LOGGER.warning("WARNING: elastic restart without an agent store: the earlier attempt's run folder is "
-                       "unknown, so this attempt starts a new run")
+    if recorded is not None:
+        weights = recorded / "weights"
+        return next((p for p in (weights / "last.pt", weights / "best.pt") if p.is_file()), None)
     resume = getattr(opt, "resume", False)
     if resume in (False, None, "", "False"):
         return None
@@ -128,37 +142,27 @@ def find_resume_checkpoint(opt: argparse.Namespace) -> Path | None:
 def plan_run(opt: argparse.Namespace) -> RunPlan:
     """Decide once, on rank 0, the run folder and the checkpoint to resume from, and share them.
 
-    Precedence: the folder recorded by an earlier attempt of this torchrun job, then the folder of the
-    ``--resume`` checkpoint, then a new ``--project/--name`` folder (incremented unless ``--exist-ok``).
-    Rank 0 creates the folder and records it for later attempts. All ranks must call it.
+    Precedence: the folder recorded by an earlier attempt of this job (a torchrun restart, a requeued Slurm
+    job), then the folder of the ``--resume`` checkpoint, then a new ``--project/--name`` folder (incremented
+    unless ``--exist-ok``). Rank 0 creates the folder and records it for later attempts. All ranks must call it.
     """
-    plan: tuple = ("error", "rank 0 did not decide the run folder")
-    if dist.is_main_process():
-        try:
-            plan = _decide_run(opt)
-        except UserError as e:  # shared, so every rank stops with the same message instead of waiting
-            plan = ("error", str(e))
-    plan = dist.broadcast_object(plan)
-    if plan[0] == "error":
-        raise ResumeError(plan[1])
-    _, save_dir, resume_from, reason = plan
-    return RunPlan(Path(save_dir), Path(resume_from) if resume_from else None, reason)
+    return dist.main_decides(lambda: _decide_run(opt))
 
 
-def _decide_run(opt: argparse.Namespace) -> tuple[str, str, str | None, str]:
-    """Rank 0's half of plan_run: ('ok', save_dir, resume_from or None, reason)."""
-    resume_from = find_resume_checkpoint(opt)
-    recorded = recorded_run_dir() if dist.restart_count() > 0 else None
+def _decide_run(opt: argparse.Namespace) -> RunPlan:
+    """Rank 0's half of plan_run."""
+    recorded = recorded_run_dir(opt)
+    resume_from = find_resume_checkpoint(opt, recorded[0] if recorded else None)
     if recorded is not None:
-        save_dir, reason = recorded, f"elastic restart {dist.restart_count()}"
+        save_dir, reason = recorded
     elif resume_from is not None:
         save_dir, reason = run_dir_of(resume_from), "--resume"
     else:
         save_dir = increment_path(Path(opt.project) / opt.name, exist_ok=bool(getattr(opt, "exist_ok", False)))
         reason = "new run"
     save_dir.mkdir(parents=True, exist_ok=True)
-    record_run_dir(save_dir)
-    return "ok", str(save_dir), str(resume_from) if resume_from else None, reason
+    record_run_dir(opt, save_dir)
+    return RunPlan(save_dir, resume_from, reason)
 
 
 # Options a resumed run takes from its command line rather than from the checkpoint. True: always (they describe
@@ -233,6 +237,7 @@ class Checkpointer(HookBase):
         best.pt when ``is_best`` and ``period_name`` as a copy of last.pt. All ranks must call it."""
         state = pack_trainer_state(trainer, epoch, samples_seen)
         self.interval.saved()
+        trainer.saved_position = (epoch, samples_seen)
         if self.enabled:
             weights = trainer.save_dir / "weights"
             ckpt = new_checkpoint(trainer.model_without_ddp, state_dict=trainer.ema.ema.state_dict(),
@@ -255,6 +260,7 @@ def restore_training_state(trainer: Any, ckpt: dict) -> None:
                                   stopper=trainer.stopper)
     position, _ = adapt_to_world_size(position, dist.get_world_size())  # logs what changed
     trainer.start_epoch, trainer.start_samples = position.epoch, position.samples_seen
+    trainer.saved_position = (position.epoch, position.samples_seen)
     trainer.best_fitness = float(ckpt["best_fitness"])
     trainer.rng_state = rng_state_for(state, dist.get_rank(), dist.get_world_size())
     dropped = trainer.writers.csv.drop_from(position.epoch)  # rows written after this checkpoint, before a crash

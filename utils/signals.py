@@ -5,16 +5,18 @@ A signal only records its number. The training loop shares it with every rank in
 (``utils.engine.StepVote``), so every rank stops at the same step even when one alone was signalled; rank 0
 saves ``last.pt`` there and ``raise_stop()`` ends every rank with StopRequested. Outside the steps (validation,
 plots, the epoch's checkpoint) a signal stops at once: ``last.pt`` is whatever was last written whole.
-The same signal a second time aborts at once. SIGUSR1 ends with exit code 0, so Slurm can requeue the job and
-the new attempt resumes by itself; SIGTERM and SIGINT end with 128 + the signal number. DataLoader workers
-ignore all three (``ignore_stop_signals``): their rank decides.
+The same signal a second time (more than REPEAT_WINDOW_S later) aborts at once. SIGUSR1 ends with exit code 0,
+so Slurm can requeue the job and the new attempt resumes by itself; SIGTERM and SIGINT end with 128 + the signal
+number. DataLoader workers ignore all three (``protect_worker``): their rank decides.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from types import FrameType, TracebackType
 from typing import Any
@@ -22,6 +24,9 @@ from typing import Any
 from utils.log import LOGGER
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+# The same signal again within this many seconds is the same request delivered twice (Slurm signals every process
+# of a job and torchrun forwards what it got to the ranks), not a user insisting.
+REPEAT_WINDOW_S = 3.0
 REQUEUE_SIGNALS = (signal.SIGUSR1,)  # stop, save and exit 0: the scheduler requeues and the job resumes
 
 
@@ -38,10 +43,26 @@ def signal_name(signum: int) -> str:
     return signal.Signals(signum).name
 
 
-def ignore_stop_signals() -> None:
-    """For DataLoader workers: leave SIGTERM, SIGINT and SIGUSR1 to the rank that owns them."""
-    for sig in STOP_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
+def protect_worker() -> None:
+    """For DataLoader workers (call first in the worker): leave SIGTERM, SIGINT and SIGUSR1 to the rank that owns
+    the worker, so that a scheduler signalling every process of the job (Slurm's scancel, Ctrl-C in a terminal,
+    torchrun signalling the rank's process group) never kills the workers under a rank that is saving.
+
+    SIGINT and SIGUSR1 are ignored. SIGTERM is blocked and read by a thread that exits the worker only when the
+    rank itself sends it (Python's multiprocessing terminates daemonic workers so at exit); from anyone else it
+    is ignored.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    owner = os.getppid()
+
+    def watch() -> None:
+        while True:
+            if signal.sigwaitinfo({signal.SIGTERM}).si_pid == owner:
+                os._exit(0)
+
+    threading.Thread(target=watch, name="sigterm-watch", daemon=True).start()
 
 
 class GracefulStop:
@@ -56,6 +77,7 @@ class GracefulStop:
         self.agreed_signum: int | None = None  # the signal every rank agreed to stop on
         self.where = ""  # what was running when it stopped, for the exit message
         self._immediate = False
+        self._received_at = 0.0
         self._previous: dict[int, Any] = {}
 
     def __enter__(self) -> GracefulStop:
@@ -75,12 +97,13 @@ class GracefulStop:
         self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
-        if self.signum == signum:  # the same signal again: the user insists, stop now without saving
+        repeat = self.signum == signum and time.monotonic() - self._received_at > REPEAT_WINDOW_S
+        if repeat:  # the same signal again, later: the user insists, stop now without saving
             self.restore()
             raise KeyboardInterrupt(f"second {signal_name(signum)}: stopping at once")
         if self.signum is not None:  # e.g. Ctrl-C's SIGINT, then torchrun's SIGTERM: one stop request
             return
-        self.signum = signum
+        self.signum, self._received_at = signum, time.monotonic()
         if self._immediate:
             self.agreed_signum = signum
             raise StopRequested(signum, f"stopped by {signal_name(signum)} {self.where}")

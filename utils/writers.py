@@ -103,9 +103,10 @@ class BackgroundTasks:
         if self.pool is not None:
             self.futures.append(self.pool.submit(_logged, fn, *args, **kwargs))
 
-    def close(self) -> None:
+    def close(self, cancel: bool = False) -> None:
+        """Wait for the running plot and (unless ``cancel``) the queued ones."""
         if self.pool is not None:
-            self.pool.shutdown(wait=True)
+            self.pool.shutdown(wait=True, cancel_futures=cancel)
             self.pool = None
         self.futures.clear()
 
@@ -150,8 +151,9 @@ class TrainWriters:
         self.csv.write(row)
         self.tb.scalars(dict(zip(self.csv.columns[1:], (float(v) for v in row[1:]))), epoch)
 
-    def close(self) -> None:
-        self.background.close()
+    def close(self, cancel: bool = False) -> None:
+        """Finish the writers; ``cancel`` drops plots still queued (a stopped run must exit in its grace period)."""
+        self.background.close(cancel)
         self.tb.close()
 
 

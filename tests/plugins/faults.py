@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -77,3 +78,18 @@ class ResidentMemory(HookBase):
                        if line.startswith("VmRSS:"))
             with open(self.path, "a") as f:
                 f.write(f"{epoch} {rss / 1024:.1f}\n")
+
+
+class Beacon(HookBase):
+    """Appends ``rank epoch batch`` to ``path`` after every step (so a test knows where a job is), and, with
+    ``seconds``, paces the steps (sleeps after each) so a signal from outside lands mid-epoch. Neither changes
+    what is computed."""
+
+    def __init__(self, path: str, seconds: float = 0.0) -> None:
+        self.path, self.seconds = Path(path), seconds
+
+    def after_step(self, trainer: Any, step: Any) -> None:
+        with open(self.path, "a") as f:
+            f.write(f"{dist.get_rank()} {step.epoch} {step.batch}\n")
+        if self.seconds:
+            time.sleep(self.seconds)

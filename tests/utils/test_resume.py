@@ -13,7 +13,14 @@ import torch.distributed as tdist
 
 from utils import dist, resume
 from utils.checkpoint import FORMAT, save_checkpoint
-from utils.resume import RUNTIME_OPTIONS, ResumeError, SaveInterval, find_resume_checkpoint, plan_run, resume_options
+from utils.resume import (
+    RUNTIME_OPTIONS,
+    ResumeError,
+    SaveInterval,
+    find_resume_checkpoint,
+    plan_run,
+    resume_options,
+)
 
 
 def opts(tmp_path: Path, resume: object = False, name: str = "exp") -> argparse.Namespace:
@@ -103,3 +110,18 @@ def test_save_interval_by_steps_and_minutes() -> None:
     assert not interval.clock_due()
     now[0] = 125.0
     assert interval.clock_due()
+
+
+def test_requeued_slurm_job_resumes_its_own_run_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    first = plan_run(opts(tmp_path))
+    record = tmp_path / "runs" / ".jobs" / "slurm-4242"
+    assert record.read_text().strip() == str(first.save_dir.resolve()) and first.reason == "new run"
+    last = write_last(first.save_dir, epoch=2)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # scontrol requeue: same job id, restart count up
+    again = plan_run(opts(tmp_path))
+    assert again == resume.RunPlan(first.save_dir.resolve(), last.resolve(), "requeued Slurm job 4242 (restart 1)")
+    monkeypatch.setenv("SLURM_JOB_ID", "4243")  # another job never adopts it
+    assert plan_run(opts(tmp_path)).save_dir.name == "exp2"

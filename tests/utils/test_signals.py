@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from utils import signals
 from utils.signals import GracefulStop, StopRequested
 
 
@@ -41,9 +42,14 @@ def test_another_ranks_signal_is_agreed_here() -> None:
     assert info.value.exit_code == 0 and "SIGUSR1" in str(info.value) and "requeued" in str(info.value)
 
 
-def test_same_signal_twice_aborts_at_once() -> None:
+def test_same_signal_twice_aborts_at_once_unless_it_is_a_duplicate(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(signals.time, "monotonic", lambda: clock[0])
     with GracefulStop() as stop:
         os.kill(os.getpid(), signal.SIGINT)
+        clock[0] += 1.0  # delivered again at once (Slurm to every process, torchrun forwarding): one request
+        os.kill(os.getpid(), signal.SIGINT)
+        clock[0] += signals.REPEAT_WINDOW_S  # again, later: the user insists
         with pytest.raises(KeyboardInterrupt, match="second SIGINT"):
             os.kill(os.getpid(), signal.SIGINT)
         assert stop.requested
@@ -66,8 +72,29 @@ def test_immediate_section_stops_at_once() -> None:
     assert not stop.requested
 
 
-def test_ignore_stop_signals_in_a_child_process() -> None:
-    code = ("import os, signal, sys; from utils.signals import ignore_stop_signals; ignore_stop_signals(); "
-            "[os.kill(os.getpid(), s) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)]; print('alive')")
+def test_protected_worker_ignores_stop_signals_from_others_but_not_from_its_rank() -> None:
+    """A process (the 'rank') forks a protected child (the 'worker'): SIGTERM, SIGINT and SIGUSR1 from another
+    process leave the worker running; SIGTERM from the rank (multiprocessing's terminate at exit) ends it."""
+    code = """
+import multiprocessing, os, signal, subprocess, sys, time
+from utils.signals import protect_worker
+
+def work():
+    protect_worker()
+    time.sleep(60)
+
+if __name__ == "__main__":
+    child = multiprocessing.get_context("fork").Process(target=work, daemon=True)
+    child.start()
+    time.sleep(0.5)
+    for sig in ("-TERM", "-INT", "-USR1"):
+        subprocess.run(["kill", sig, str(child.pid)], check=True)  # another process signals the worker
+    time.sleep(0.5)
+    print("alive after others' signals:", child.is_alive(), flush=True)
+    child.terminate()  # the owner's SIGTERM
+    child.join(timeout=10)
+    print("exit code after the owner's SIGTERM:", child.exitcode, flush=True)
+"""
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0 and out.stdout.strip() == "alive"
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["alive after others' signals: True", "exit code after the owner's SIGTERM: 0"]
