@@ -51,7 +51,7 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(opt: argparse.Namespace) -> EvalResult:
     """Join the process group (under torchrun), validate, and always tear the group down."""
-    with distributed_session(opt) as device:
+    with distributed_session(opt, "test") as device:
         print_options("test", opt)
         return run(opt, device)
 

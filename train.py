@@ -13,7 +13,6 @@ utils/engine.py, checkpoints and resume in utils/resume.py; hooks (utils/hooks.p
 from __future__ import annotations
 
 import argparse
-import hashlib
 import random
 import sys
 import time
@@ -28,6 +27,7 @@ import yaml
 
 import utils.dist as dist
 from models.yolo import Model
+from utils.agreement import fingerprint
 from utils.anchors import check_anchors
 from utils.checkpoint import to_plain
 from utils.cli import DISTRIBUTED, add_flags, distributed_session, project_dir, run_main, square_size
@@ -287,19 +287,6 @@ def build_data(opt: argparse.Namespace, hyp: dict, data_cfg: Any, grid: int, nc:
     LOGGER.info(f"Using {train_loader.num_workers} dataloader workers and batch {batch} per rank, "
                 f"{dist.get_world_size()} ranks")
     return train_loader, train_set, val_loader
-
-
-def fingerprint(model: Model, opt: argparse.Namespace, hyp: dict, dataset: Any) -> dict[str, Any]:
-    """What every rank must agree on before training: model size, config, data and hyp hashes."""
-    def digest(obj: Any) -> str:
-        return hashlib.sha1(yaml.safe_dump(to_plain(obj), sort_keys=True).encode()).hexdigest()[:12]
-
-    options = {k: v for k, v in vars(opt).items() if k not in ("local_rank", "save_dir")}
-    data = [len(dataset), [str(Path(f).name) for f in dataset.im_files],
-            [round(float(np.asarray(lb).sum()), 3) for lb in dataset.labels]]
-    return {"params": sum(p.numel() for p in model.parameters()), "config": digest(model.yaml),
-            "anchors": digest(model.detect.anchors.tolist()), "data": digest(data), "hyp": digest(hyp),
-            "options": digest(options)}
 
 
 def decide_amp(model: Model, device: torch.device) -> bool:

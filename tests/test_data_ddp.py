@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import run_job, torchrun_cmd
+from utils.ram_cache import shm_dir
 
 
 @pytest.mark.ddp
@@ -23,5 +24,8 @@ def test_two_ranks_build_the_cache_exactly_once(tmp_path: Path) -> None:
     assert [r["found"] for r in ranks] == [10, 10]
     assert not set(ranks[0]["order"]) & set(ranks[1]["order"])  # ranks see disjoint halves of the epoch
     assert len(ranks[0]["order"]) == len(ranks[1]["order"]) == 5
-    assert ranks[0]["cached"] == [0, 2, 4, 6, 8] and ranks[1]["cached"] == [1, 3, 5, 7, 9]  # RAM cache is split
+    # --cache ram: one copy on the machine, mapped by both ranks, every image of the epoch read from it
+    assert ranks[0]["cached"] == ranks[1]["cached"] == 10 and [r["decoded_in_epoch"] for r in ranks] == [0, 0]
+    assert len(ranks[0]["cache_files"]) == 1 and ranks[0]["cache_files"] == ranks[1]["cache_files"]
+    assert not list(shm_dir().glob("yolo-ram-*"))  # the name was removed once mapped: nothing left behind
     assert output.count("images and labels... 10 found") == 1  # the summary is printed once (rank 0)

@@ -239,7 +239,7 @@ def test_ddp_step_equals_one_process_on_the_union_and_rank0_decisions_are_shared
     assert r0["stop"] is True and r1["stop"] is True
     assert r0["amp"] is False and r1["amp"] is False
     for r in (r0, r1):
-        assert "ranks [1] differ from rank 0 in params" in r["agreement"]
+        assert "rank 1 differs from rank 0 in params: 101 vs 100" in r["agreement"]
 
 
 def _initial_params(cfg: dict) -> list[torch.Tensor]:

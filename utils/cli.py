@@ -23,6 +23,7 @@ from utils.paths import ROOT
 from utils.signals import StopRequested
 
 EXIT_USER_ERROR = 2
+EXIT_PEER_LOST = 3
 EXIT_INTERRUPTED = 130
 
 # name -> (option strings, argparse keywords). Defaults here are the common ones; scripts may override them.
@@ -57,7 +58,9 @@ FLAGS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "ddp_timeout": (("--ddp-timeout",), {"type": float, "default": 600.0,
                                          "help": "seconds before a collective fails"}),
     "ddp_long_timeout": (("--ddp-long-timeout",), {"type": float, "default": 1800.0,
-                                                   "help": "seconds for long waits (label cache, validation)"}),
+                                                   "help": "seconds for waits on work one rank does for all (label "
+                                                   "cache, downloads, synthetic data) and for the gathering of "
+                                                   "validation results"}),
     "local_rank": (("--local_rank", "--local-rank"), {"dest": "local_rank", "type": int, "default": -1,
                                                       "help": argparse.SUPPRESS}),  # torch.distributed.launch's
 }
@@ -106,23 +109,42 @@ def run_main(main: Callable[[Any], Any], opt: Any, script: str) -> int:
     except KeyboardInterrupt:
         print(f"{script}: interrupted", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
+    except PeerLost as e:  # a collective failed because a peer is gone: one line from one rank, not tracebacks
+        if e.line:
+            print(f"{script}: error: {e.line}", file=sys.stderr, flush=True)
+        return EXIT_PEER_LOST
     return 0
 
 
+class PeerLost(Exception):
+    """A collective failed because another rank is gone; ``line`` says which (empty on the ranks that stay
+    quiet, so the job prints it once)."""
+
+    def __init__(self, line: str) -> None:
+        super().__init__(line)
+        self.line = line
+
+
 @contextlib.contextmanager
-def distributed_session(opt: argparse.Namespace) -> Iterator[torch.device]:
+def distributed_session(opt: argparse.Namespace, script: str = "train") -> Iterator[torch.device]:
     """Join the process group (a no-op for one process), set up rank-0 logging and per-rank threads, and
     always tear the group down on leaving, outside the work itself, so every exit path ends every rank.
 
     Yields this process's device. All ranks must enter it.
     """
-    device = dist.init_distributed(opt.device, opt.backend, opt.ddp_timeout, opt.ddp_long_timeout, opt.local_rank)
+    device = dist.init_distributed(opt.device, opt.backend, opt.ddp_timeout, opt.ddp_long_timeout, opt.local_rank,
+                                   script=script)
     setup_logging(dist.get_rank())
     dist.configure_threads()
     clean_exit = False
     try:
         yield device
         clean_exit = True
+    except RuntimeError as e:
+        line = dist.peer_failure_line(e)  # read while the watch still has the other ranks' marks
+        if line is None:
+            raise
+        raise PeerLost(line) from None
     finally:
         dist.cleanup(clean_exit=clean_exit)
 

@@ -7,6 +7,7 @@ The files come from ``utils.label_cache`` (the checked, cached scan); data YAMLs
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import os
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ from utils.device import available_cores
 from utils.hyp import load_hyp
 from utils.label_cache import STATES, cache_dir_for, cached_scan, copy_name, img2label_paths, list_image_files
 from utils.log import LOGGER
+from utils.ram_cache import SharedImages, build_shared, resized_shapes
 
 
 @dataclass
@@ -102,7 +104,7 @@ class YoloDataset(torch.utils.data.Dataset):
         if opts.rect:
             self._sort_for_rect(opts.batch_size, opts.pad)
         self.label_files = img2label_paths(self.im_files)
-        self.ims: list[np.ndarray | None] = [None] * len(self.im_files)
+        self.ram: SharedImages | None = None  # --cache ram: one shared copy per machine
         if opts.cache:
             self.cache_images("disk" if opts.cache == "disk" else "ram", opts.prefix)
 
@@ -119,19 +121,19 @@ class YoloDataset(torch.utils.data.Dataset):
         return len(self.im_files)
 
     def cache_images(self, kind: str, prefix: str = "") -> None:
-        """``ram``: keep resized images in memory, each rank only its shard (i % world == rank), so a
-        machine holds one copy in all; ``disk``: save decoded originals as ``.npy`` in the split's cache folder."""
-        rank, world = dist.get_rank(), dist.get_world_size()
-        indices = list(range(len(self))) if kind == "disk" else list(range(rank, len(self), world))
-        work = self._save_npy if kind == "disk" else self._cache_one
+        """``ram``: the resized images once per machine in shared memory, read by every local rank and worker
+        (utils.ram_cache); ``disk``: decoded originals as ``.npy`` in the split's cache folder. All ranks must
+        call it."""
+        if kind == "ram":
+            shapes = resized_shapes(self.shapes, self.img_size)
+            key = hashlib.sha1(f"{self.im_files[0]}{len(self)}{self.img_size}".encode()).hexdigest()[:12]
+            self.ram = build_shared(lambda i: self._decode_resized(i, shapes[i]), shapes, key)
+            LOGGER.info(f"{prefix}Cached images to RAM, one shared copy per machine: {self.ram.nbytes / 1e9:.2f} GB")
+            return
+        indices = list(range(dist.get_local_rank(), len(self), dist.get_local_world_size()))
         with ThreadPool(available_cores()) as pool:
-            total = sum(pool.imap(work, indices))
-        where = "disk" if kind == "disk" else f"RAM (rank {rank}: {len(indices)}/{len(self)} images)"
-        LOGGER.info(f"{prefix}Cached images to {where}: {total / 1e9:.2f} GB")
-
-    def _cache_one(self, i: int) -> int:
-        self.ims[i] = self.load_image(i)[0]
-        return self.ims[i].nbytes
+            total = sum(pool.imap(self._save_npy, indices))
+        LOGGER.info(f"{prefix}Cached images to disk ({self.cache_dir / 'npy'}): {total / 1e9:.2f} GB")
 
     def _npy_path(self, i: int) -> Path:
         return self.cache_dir / "npy" / copy_name(self.im_files[i], ".npy")
@@ -160,19 +162,30 @@ class YoloDataset(torch.utils.data.Dataset):
         return img
 
     def load_image(self, i: int) -> tuple[np.ndarray, tuple[int, int], tuple[int, int]]:
-        """Image i resized so its long side is ``img_size`` -> (img, (h0, w0), (h, w))."""
+        """Image i resized so its long side is ``img_size`` -> (img, (h0, w0), (h, w)); read-only when it comes
+        from the RAM cache."""
         w0, h0 = (int(v) for v in self.shapes[i])
-        if self.ims[i] is not None:
-            img = self.ims[i]
+        if self.ram is not None:
+            img = self.ram[i]
             return img, (h0, w0), img.shape[:2]
         img = self._read(i)
         h0, w0 = img.shape[:2]
         ratio = self.img_size / max(h0, w0)
         if ratio != 1:
-            interp = cv2.INTER_LINEAR if (self.augment or ratio > 1) else cv2.INTER_AREA
             size = (min(math.ceil(w0 * ratio), self.img_size), min(math.ceil(h0 * ratio), self.img_size))
-            img = cv2.resize(img, size, interpolation=interp)
+            img = cv2.resize(img, size, interpolation=self._interpolation(ratio))
         return img, (h0, w0), img.shape[:2]
+
+    def _interpolation(self, ratio: float) -> int:
+        return cv2.INTER_LINEAR if (self.augment or ratio > 1) else cv2.INTER_AREA
+
+    def _decode_resized(self, i: int, shape_hw: Sequence[int]) -> np.ndarray:
+        """Image i decoded and resized to exactly ``shape_hw`` (the RAM cache's slot for it)."""
+        img = self._read(i)
+        h, w = int(shape_hw[0]), int(shape_hw[1])
+        if img.shape[:2] != (h, w):
+            img = cv2.resize(img, (w, h), interpolation=self._interpolation(max(h, w) / max(img.shape[:2])))
+        return img
 
     def load_mosaic(self, index: int) -> tuple[np.ndarray, np.ndarray]:
         """Mosaic of image ``index`` and 3 random others, warped and cropped back to img_size."""

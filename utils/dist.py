@@ -22,6 +22,7 @@ import torch.distributed as tdist
 
 from utils.device import available_cores, select_device
 from utils.errors import UserError
+from utils.watchdog import ProgressWatch, is_peer_failure, store_timeout
 
 T = TypeVar("T")
 
@@ -32,7 +33,7 @@ class DistError(UserError, RuntimeError):
 
 @dataclass(frozen=True)
 class DistEnv:
-    """Rank state as the launcher (torchrun or the legacy launcher) set it."""
+    """Rank state as the launcher set it: torchrun (or the legacy launcher), Slurm's srun, or none."""
 
     rank: int = 0
     local_rank: int = 0
@@ -42,6 +43,7 @@ class DistEnv:
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
     agent_store: bool = False
+    launcher: str = "none"  # 'torchrun' | 'slurm' | 'none'
 
     @property
     def distributed(self) -> bool:
@@ -49,8 +51,13 @@ class DistEnv:
 
 
 def read_env(local_rank_flag: int = -1) -> DistEnv:
-    """Rank state from the environment; ``local_rank_flag`` is the legacy ``--local_rank`` value."""
+    """Rank state from the environment; ``local_rank_flag`` is the legacy ``--local_rank`` value.
+
+    torchrun's variables (RANK, WORLD_SIZE, ...) win; without them, an srun task (SLURM_STEP_ID set) takes its
+    rank from Slurm; otherwise the process is alone."""
     env = os.environ
+    if "WORLD_SIZE" not in env and "RANK" not in env and local_rank_flag < 0 and _is_srun_task(env):
+        return _slurm_env(env)
     world_size = int(env.get("WORLD_SIZE", 1))
     local_rank = int(env.get("LOCAL_RANK", local_rank_flag if local_rank_flag >= 0 else 0))
     return DistEnv(
@@ -62,13 +69,83 @@ def read_env(local_rank_flag: int = -1) -> DistEnv:
         master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
         master_port=int(env.get("MASTER_PORT", 29500)),
         agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true",
+        launcher="torchrun" if world_size > 1 else "none",
     )
+
+
+def _is_srun_task(env: os._Environ | dict) -> bool:
+    """A task started by srun (a job step), not the batch script itself, which has the job's task count too."""
+    return bool(env.get("SLURM_PROCID")) and bool(env.get("SLURM_NTASKS")) and \
+        bool(env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID"))
+
+
+def _slurm_env(env: os._Environ | dict) -> DistEnv:
+    """Rank state of an srun task: rank SLURM_PROCID of SLURM_NTASKS, local rank SLURM_LOCALID, this node's
+    task count, the first host of the node list as MASTER_ADDR and a port derived from the job id (both
+    unless MASTER_ADDR / MASTER_PORT are set)."""
+    nodes = expand_nodelist(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+                            or env.get("SLURM_NODELIST") or "127.0.0.1")
+    per_node = expand_tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+                                     or env.get("SLURM_NTASKS_PER_NODE") or env["SLURM_NTASKS"])
+    node = int(env.get("SLURM_NODEID", 0))
+    job_id = int("".join(c for c in env.get("SLURM_JOB_ID", "0") if c.isdigit()) or 0)
+    return DistEnv(
+        rank=int(env["SLURM_PROCID"]), local_rank=int(env.get("SLURM_LOCALID", 0)),
+        world_size=int(env["SLURM_NTASKS"]), local_world_size=per_node[min(node, len(per_node) - 1)],
+        restart_count=int(env.get("SLURM_RESTART_COUNT", 0) or 0),
+        master_addr=env.get("MASTER_ADDR") or nodes[0],
+        master_port=int(env.get("MASTER_PORT") or SLURM_PORT_BASE + job_id % SLURM_PORT_SPAN),
+        launcher="slurm")
+
+
+SLURM_PORT_BASE, SLURM_PORT_SPAN = 20000, 20000  # srun without MASTER_PORT: port 20000 + job id mod 20000
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Slurm's compact host list -> host names: ``node[01-03,07],gpu-a[1-2]-ib`` -> node01, node02, node03,
+    node07, gpu-a1-ib, gpu-a2-ib (zero padding kept; several bracket groups multiply), without scontrol."""
+    hosts, depth, start = [], 0, 0
+    for i, char in enumerate(nodelist + ","):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            if nodelist[start:i].strip():
+                hosts += _expand_host(nodelist[start:i].strip())
+            start = i + 1
+    if depth != 0 or not hosts:
+        raise DistError(f"SLURM_NODELIST {nodelist!r} is not a host list Slurm writes (e.g. node[01-04,07])")
+    return hosts
+
+
+def _expand_host(pattern: str) -> list[str]:
+    """One host pattern with zero or more ``[ranges]`` groups -> its host names."""
+    head, sep, rest = pattern.partition("[")
+    if not sep:
+        return [pattern]
+    ranges, _, tail = rest.partition("]")
+    values = []
+    for part in ranges.split(","):
+        low, _, high = part.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            raise DistError(f"SLURM_NODELIST range {part!r} in {pattern!r} is not numeric")
+        width = len(low)
+        values += [str(v).zfill(width) for v in range(int(low), int(high or low) + 1)]
+    return [head + value + host for value in values for host in _expand_host(tail)]
+
+
+def expand_tasks_per_node(spec: str) -> list[int]:
+    """``2(x3),1`` (SLURM_TASKS_PER_NODE) -> [2, 2, 2, 1]; a plain ``8`` -> [8]."""
+    counts = []
+    for part in str(spec).split(","):
+        value, _, repeat = part.strip().partition("(x")
+        counts += [int(value)] * int(repeat.rstrip(")") or 1)
+    return counts
 
 
 # Set once by init_distributed(); read through the accessors below.
 _ENV = DistEnv()
 _LONG_GROUP: Any = None  # gloo group with a long timeout, for "rank 0 is busy" waits
 _DEVICE: torch.device | None = None
+_WATCH: ProgressWatch | None = None  # this rank's progress mark and the stuck-rank watch (utils.watchdog)
 
 
 def is_initialized() -> bool:
@@ -85,6 +162,14 @@ def get_world_size() -> int:
 
 def get_local_rank() -> int:
     return _ENV.local_rank if is_initialized() else 0
+
+
+def node_rank() -> int:
+    """This machine's index in the job: torchrun's GROUP_RANK, Slurm's SLURM_NODEID, else 0."""
+    if not is_initialized():
+        return 0
+    value = os.environ.get("GROUP_RANK") if _ENV.launcher == "torchrun" else os.environ.get("SLURM_NODEID")
+    return int(value or 0)
 
 
 def get_local_world_size() -> int:
@@ -108,7 +193,7 @@ def scheduler_job() -> SchedulerJob | None:
 
 
 def restart_count() -> int:
-    """How many times torchrun's elastic agent has restarted this worker group."""
+    """How many times torchrun's elastic agent has restarted this worker group (0 outside torchrun)."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
 
 
@@ -169,7 +254,7 @@ def job_store(timeout_s: float = 60.0) -> tdist.Store | None:
 
 
 def init_distributed(device: str = "", backend: str = "auto", timeout_s: float = 600.0,
-                     long_timeout_s: float = 1800.0, local_rank_flag: int = -1) -> torch.device:
+                     long_timeout_s: float = 1800.0, local_rank_flag: int = -1, script: str = "train") -> torch.device:
     """Start-up for every launch mode; returns this process's device.
 
     Reads the launcher's environment, picks the device and backend, sets the CUDA device
@@ -178,7 +263,7 @@ def init_distributed(device: str = "", backend: str = "auto", timeout_s: float =
     for long waits. With WORLD_SIZE 1 (plain ``python train.py``) nothing is initialised.
     All ranks must call it.
     """
-    global _ENV, _LONG_GROUP, _DEVICE
+    global _ENV, _LONG_GROUP, _DEVICE, _WATCH
     env = read_env(local_rank_flag)
     device_obj = select_device(device, env.local_rank)
     chosen = resolve_backend(backend, device_obj)
@@ -197,7 +282,24 @@ def init_distributed(device: str = "", backend: str = "auto", timeout_s: float =
                              world_size=env.world_size, timeout=timeout, **kwargs)
     _LONG_GROUP = tdist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=long_timeout_s)) \
         if chosen != "gloo" or long_timeout_s != timeout_s else None
+    watch_store = tdist.PrefixStore(f"yolo/attempt{env.restart_count}", tdist.TCPStore(
+        env.master_addr, env.master_port, is_master=False, timeout=store_timeout(timeout_s), wait_for_workers=False))
+    _WATCH = ProgressWatch(watch_store, env.rank, env.world_size, timeout_s, long_timeout_s, script=script).start()
     return device_obj
+
+
+def peer_failure_line(error: BaseException) -> str | None:
+    """For a collective that failed because a peer is gone: the one line to print (on one live rank; None on
+    the others, and None when ``error`` is something else). See utils.watchdog."""
+    if _WATCH is None or not is_peer_failure(error):
+        return None
+    return _WATCH.peer_failure(error) or ""
+
+
+def progress(phase: str, epoch: int = -1, batch: int = -1, waiting: bool = False, long: bool = False) -> None:
+    """Mark where this rank is, for the watch that names a stuck rank (utils.watchdog); no-op for one process."""
+    if _WATCH is not None:
+        _WATCH.at(phase, epoch, batch, waiting, long)
 
 
 def cpu_share_of(local_world_size: int) -> int:
@@ -241,6 +343,8 @@ def barrier(long: bool = False) -> None:
     that one rank does for all (cache building). No-op when not distributed. All ranks must call it."""
     if not is_initialized():
         return
+    if _WATCH is not None:
+        _WATCH.waits(long)
     if long and _LONG_GROUP is not None:
         tdist.barrier(group=_LONG_GROUP)
     elif backend() == "nccl" and _DEVICE is not None and _DEVICE.type == "cuda":
@@ -271,6 +375,8 @@ def all_gather_object(obj: Any, long: bool = False) -> list[Any]:
     """Every rank's ``obj``, in rank order ([obj] when not distributed). All ranks must call it."""
     if not is_initialized():
         return [obj]
+    if _WATCH is not None:
+        _WATCH.waits(long)
     out: list[Any] = [None] * get_world_size()
     tdist.all_gather_object(out, obj, group=_LONG_GROUP if long else None)
     return out
@@ -280,6 +386,8 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     """Rank ``src``'s ``obj`` on every rank (decisions made once on rank 0). All ranks must call it."""
     if not is_initialized():
         return obj
+    if _WATCH is not None:
+        _WATCH.waits()
     box = [obj]
     tdist.broadcast_object_list(box, src=src)
     return box[0]
@@ -314,6 +422,8 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     """In-place reduction over ranks, ``op`` one of sum, mean, max (returned for chaining; as it is when not
     distributed). All ranks must call it."""
     if is_initialized():
+        if _WATCH is not None:
+            _WATCH.waits()
         tdist.all_reduce(tensor, op=tdist.ReduceOp.MAX if op == "max" else tdist.ReduceOp.SUM)
         if op == "mean":
             tensor /= get_world_size()
@@ -335,30 +445,20 @@ def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
     return all_reduce(tensor, "max")
 
 
-def any_rank(flag: bool) -> bool:
-    """True on every rank when ``flag`` is True on any rank. All ranks must call it."""
-    if not is_initialized():
-        return bool(flag)
-    t = torch.tensor([1.0 if flag else 0.0], device=collective_device())
-    tdist.all_reduce(t, op=tdist.ReduceOp.MAX)
-    return bool(t.item() > 0)
-
-
 def collective_device() -> torch.device:
     return _DEVICE if (_DEVICE is not None and backend() == "nccl") else torch.device("cpu")
 
 
 def check_agreement(fingerprint: dict[str, Any]) -> None:
-    """Fail fast when ranks disagree on what they run (model size, config, data hashes).
-
-    Raises DistError naming the ranks whose fingerprint differs from rank 0's. All ranks must call it.
-    """
+    """Fail fast when ranks disagree on what they run: DistError naming the first rank and field that differ
+    from rank 0, with both values (``rank 1 differs from rank 0 in --epochs: 3 vs 5``). All ranks must call it."""
     prints = all_gather_object(fingerprint)
-    differ = [r for r, p in enumerate(prints) if p != prints[0]]
-    if differ:
-        keys = sorted(k for k in prints[0] if any(p.get(k) != prints[0][k] for p in prints))
-        raise DistError(f"ranks {differ} differ from rank 0 in {', '.join(keys)}; every rank must run the same "
-                        "code, config and data")
+    for rank, other in enumerate(prints):
+        keys = [k for k in {**prints[0], **other} if other.get(k) != prints[0].get(k)]
+        if keys:
+            more = f" (and {len(keys) - 1} more: {', '.join(keys[1:4])})" if len(keys) > 1 else ""
+            raise DistError(f"rank {rank} differs from rank 0 in {keys[0]}: {other.get(keys[0])} vs "
+                            f"{prints[0].get(keys[0])}{more}; every rank must run the same code, config and data")
 
 
 def cleanup(clean_exit: bool = True) -> None:
@@ -369,11 +469,14 @@ def cleanup(clean_exit: bool = True) -> None:
     (so no rank tears down while a peer still sends); after an error they do not wait for peers
     that may be gone. All ranks must call it.
     """
-    global _LONG_GROUP
+    global _LONG_GROUP, _WATCH
     if is_initialized():
+        progress("exit")
         with contextlib.suppress(Exception):
             if clean_exit:
                 barrier()
         with contextlib.suppress(Exception):
             tdist.destroy_process_group()
-    _LONG_GROUP = None
+    if _WATCH is not None:
+        _WATCH.close()
+    _LONG_GROUP = _WATCH = None

@@ -146,6 +146,7 @@ def train_one_epoch(trainer: Trainer, epoch: int, step_sizes: Sequence[int] | No
     bar = progress_bar(t.train_loader, len(t.train_loader), enabled=t.writers.enabled)
     for i, (imgs, targets, paths, _) in enumerate(bar):
         batch = t.batch_offset + i  # the batch's index in the whole epoch
+        dist.progress("train", epoch, batch)  # for the stuck-rank watch
         t.hooks.before_step(t, epoch, batch)
         updater.begin_batch(epoch)
         imgs = _prepare_images(imgs, device, step_sizes[i] if step_sizes is not None else None)
@@ -155,6 +156,7 @@ def train_one_epoch(trainer: Trainer, epoch: int, step_sizes: Sequence[int] | No
                 loss, loss_items = t.compute_loss(t.model(imgs), targets)
             vote = StepVote.cast(loss, t.stop.signum or 0,
                                  t.save_interval.clock_due())
+            dist.progress("train", epoch, batch)  # past the vote: a rank stuck from here on is named, not all
             stepped = not vote.nonfinite and updater.backward(loss * world)
         if not vote.nonfinite:
             mean_loss, done = (mean_loss * done + loss_items) / (done + 1), done + 1
@@ -376,6 +378,7 @@ def _run_shard(model: nn.Module, loader: Any, device: torch.device, names: Seque
     nms = {"conf_thres": opts.conf_thres, "iou_thres": opts.iou_thres, "max_det": opts.max_det,
            "agnostic": opts.agnostic or opts.single_cls}
     for batch_index, (imgs, targets, paths, shapes) in enumerate(_progress(loader, _show_progress())):
+        dist.progress("validation", batch=batch_index)
         with timer.stage(0):
             x = imgs.to(device, non_blocking=True).float() / 255  # uint8 -> [0, 1]
             targets = targets.to(device)
@@ -419,7 +422,7 @@ def evaluate(model: nn.Module, loader: Any, device: torch.device | str, names: S
                           txt_dir)
     finally:
         model.train(was_training)
-    records, metrics, totals = _merge(dist.all_gather_object(part))
+    records, metrics, totals = _merge(dist.all_gather_object(part, long=True))  # shards may end far apart
     result = _result(records, metrics, totals, len(names))
     _log_table(records, metrics, names, opts.verbose)
     pre, inf, nms_ms = result.speed

@@ -155,8 +155,11 @@ def create_dataloader(sources: str | Path | Sequence[str | Path], options: Datas
     world, batch_size = dist.get_world_size(), options.batch_size
     if options.rect and shuffle:
         LOGGER.warning(f"{options.prefix}WARNING: --rect keeps images sorted by aspect ratio; shuffle is turned off")
-    with dist.zero_first(local=True):
-        dataset = YoloDataset(sources, options, batch_size=batch_size * world if options.rect else batch_size)
+    with dist.zero_first(local=True):  # the label cache is written once per machine, then read
+        dataset = YoloDataset(sources, options, batch_size=batch_size * world if options.rect else batch_size,
+                              cache=None)
+    if options.cache:  # every rank takes part (a shared RAM cache, or a share of the disk cache)
+        dataset.cache_images(options.cache, options.prefix)
     training = shuffle or options.augment  # a training loader resumes exactly, even with --rect (kept order)
     loader = build_dataloader(dataset, batch_size, shuffle=shuffle and not options.rect, workers=workers,
                               seed=options.seed, shard_eval=shard_eval, resumable=training and not shard_eval)

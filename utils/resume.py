@@ -160,9 +160,10 @@ def _decide_run(opt: argparse.Namespace) -> RunPlan:
     else:
         save_dir = increment_path(Path(opt.project) / opt.name, exist_ok=bool(getattr(opt, "exist_ok", False)))
         reason = "new run"
+    save_dir = save_dir.resolve()  # rank 0's folder: the other ranks (maybe elsewhere) never write there
     save_dir.mkdir(parents=True, exist_ok=True)
     record_run_dir(opt, save_dir)
-    return RunPlan(save_dir, resume_from, reason)
+    return RunPlan(save_dir, resume_from.resolve() if resume_from else None, reason)
 
 
 # Options a resumed run takes from its command line rather than from the checkpoint. True: always (they describe
@@ -170,7 +171,7 @@ def _decide_run(opt: argparse.Namespace) -> RunPlan:
 RUNTIME_OPTIONS: dict[str, bool] = {
     "resume": True, "device": True, "backend": True, "trust_weights": True, "local_rank": True, "hook": True,
     "workers": False, "ddp_timeout": False, "ddp_long_timeout": False, "save_interval_steps": False,
-    "save_interval_minutes": False, "exist_ok": False,
+    "save_interval_minutes": False, "exist_ok": False, "data": False,  # data: each machine may keep it elsewhere
 }
 
 
@@ -235,6 +236,7 @@ class Checkpointer(HookBase):
               period_name: str | None = None) -> None:
         """last.pt (the EMA weights plus the exact-resume state at ``epoch``/``samples_seen``), then a stripped
         best.pt when ``is_best`` and ``period_name`` as a copy of last.pt. All ranks must call it."""
+        dist.progress("checkpoint", epoch, samples_seen // trainer.opt.batch_size)
         state = pack_trainer_state(trainer, epoch, samples_seen)
         self.interval.saved()
         trainer.saved_position = (epoch, samples_seen)

@@ -93,3 +93,19 @@ class Beacon(HookBase):
             f.write(f"{dist.get_rank()} {step.epoch} {step.batch}\n")
         if self.seconds:
             time.sleep(self.seconds)
+
+
+class Checksum(HookBase):
+    """After training, writes this rank's parameter checksum (the sum of every parameter as float64, and a hash
+    of their bytes) to ``<folder>/checksum-rank<r>.txt``: replicas that drifted apart differ."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = Path(folder)
+
+    def after_train(self, trainer: Any) -> None:
+        import hashlib
+
+        params = [p.detach().cpu() for p in trainer.model_without_ddp.parameters()]
+        digest = hashlib.sha1(b"".join(p.numpy().tobytes() for p in params)).hexdigest()
+        total = sum(float(p.double().sum()) for p in params)
+        (self.folder / f"checksum-rank{dist.get_rank()}.txt").write_text(f"{digest} {total!r}\n")

@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from utils import dist, label_cache, synthetic
+from utils import datasets, dist, label_cache, synthetic
 from utils.datasets import DatasetOptions
 from utils.loader import create_dataloader, set_epoch
 from utils.log import setup_logging
@@ -37,9 +37,13 @@ def main(data_dir: Path, out_dir: Path) -> None:
         options = DatasetOptions(img_size=64, batch_size=2, nc=3, seed=0, cache="ram")
         loader, dataset = create_dataloader(root / "images" / "train", options, shuffle=True, workers=0)
         set_epoch(loader, 1)
+        reads, real_imread = [0], datasets.cv2.imread
+        datasets.cv2.imread = lambda *a: reads.__setitem__(0, reads[0] + 1) or real_imread(*a)
         order = [p for _, _, paths, _ in loader for p in paths]
-        cached = [i for i, im in enumerate(dataset.ims) if im is not None]
-        result = {"rank": dist.get_rank(), **counts, "found": dataset.scan.found, "order": order, "cached": cached}
+        datasets.cv2.imread = real_imread
+        maps = {word for line in open("/proc/self/maps") for word in line.split() if "yolo-ram-" in word}
+        result = {"rank": dist.get_rank(), **counts, "found": dataset.scan.found, "order": order,
+                  "decoded_in_epoch": reads[0], "cache_files": sorted(maps), "cached": len(dataset.ram)}
         (out_dir / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
     finally:
         dist.cleanup()

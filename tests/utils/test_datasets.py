@@ -13,6 +13,7 @@ from PIL import Image
 from tests.helpers import GOOD_LABEL, make_set, png_writer, write_jpg
 from utils.data_config import DataError, load_data_config
 from utils.datasets import YoloDataset
+from utils.ram_cache import shm_dir
 
 
 def test_16bit_and_gray_png_load_as_8bit_3_channels(tmp_path: Path) -> None:
@@ -65,7 +66,8 @@ def test_image_caches_give_the_same_pixels(tmp_path: Path) -> None:
     plain = YoloDataset(images, img_size=64, nc=3)
     ram = YoloDataset(images, img_size=64, nc=3, cache="ram")
     disk = YoloDataset(images, img_size=64, nc=3, cache="disk")
-    assert all(im is not None for im in ram.ims) and all(im is None for im in disk.ims)
+    assert ram.ram is not None and len(ram.ram) == 3 and disk.ram is None and plain.ram is None
+    assert not list(shm_dir().glob(f"yolo-ram-{os.getpid()}-*"))  # mapped, and its name already removed
     assert not list(images.glob("*.npy"))  # never beside the user's images ...
     npy = sorted((tmp_path / "labels" / "train.cache.d" / "npy").glob("*.npy"))  # ... but in the cache folder
     assert [p.name.split("-")[0] for p in npy] == ["0", "1", "2"]
