@@ -9,7 +9,8 @@ from utils import dist
 from utils.dist import DistError
 from utils.errors import UserError
 
-LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT")
+LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT", "MASTER_PORT",
+                 "MASTER_ADDR", "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_NTASKS")
 
 
 @pytest.fixture
@@ -102,3 +103,32 @@ def test_batch_per_rank_and_main_decides(no_launcher: None) -> None:
     assert dist.main_decides(lambda: 7) == 7
     with pytest.raises(UserError, match="bad"):
         dist.main_decides(lambda: (_ for _ in ()).throw(UserError("bad")))
+
+
+def test_nodelist_forms_slurm_writes() -> None:
+    assert dist.expand_nodelist("node[01-04,07]") == ["node01", "node02", "node03", "node04", "node07"]
+    assert dist.expand_nodelist("gpu7") == ["gpu7"]
+    assert dist.expand_nodelist("a[1-2],b,c[009-010]-ib") == ["a1", "a2", "b", "c009-ib", "c010-ib"]
+    assert dist.expand_nodelist("rack[1-2]-n[1-2]") == ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]
+    with pytest.raises(DistError, match="not a host list"):
+        dist.expand_nodelist("node[01-")
+    assert dist.expand_tasks_per_node("8(x2),4") == [8, 8, 4] and dist.expand_tasks_per_node("2") == [2]
+
+
+def test_srun_task_environment(monkeypatch: pytest.MonkeyPatch, no_launcher: None) -> None:
+    slurm = {"SLURM_JOB_ID": "123456", "SLURM_STEP_ID": "0", "SLURM_PROCID": "9", "SLURM_LOCALID": "1",
+             "SLURM_NTASKS": "16", "SLURM_NODEID": "1", "SLURM_STEP_TASKS_PER_NODE": "8(x2)",
+             "SLURM_JOB_NODELIST": "node[03-04]"}
+    for key, value in slurm.items():
+        monkeypatch.setenv(key, value)
+    env = dist.read_env()
+    assert (env.rank, env.local_rank, env.world_size, env.local_world_size) == (9, 1, 16, 8)
+    assert (env.master_addr, env.master_port, env.launcher) == ("node03", 20000 + 123456 % 20000, "slurm")
+    monkeypatch.setenv("MASTER_PORT", "29511")
+    assert dist.read_env().master_port == 29511
+    monkeypatch.setenv("WORLD_SIZE", "2")  # torchrun inside an sbatch allocation: torchrun's variables win
+    monkeypatch.setenv("RANK", "1")
+    assert (dist.read_env().world_size, dist.read_env().launcher) == (2, "torchrun")
+    for key in ("WORLD_SIZE", "RANK", "SLURM_STEP_ID"):
+        monkeypatch.delenv(key)
+    assert not dist.read_env().distributed  # the batch script itself (no srun step): one process
