@@ -116,6 +116,10 @@ def test_a_failing_rank_ends_the_job_and_is_named(tiny_cfg_file, tiny_dataset, t
     assert fault, output[-3000:]
     assert ended - fault[0] < 30, "the job waited for the collective timeout instead of ending"  # timeout: 120 s
     assert "epochs completed" not in output
+    # the live rank says once which rank left it, instead of a traceback of its own failed collective
+    lost = [text for _, text in lines if "lost its peers during a collective" in text]
+    assert len(lost) == 1 and "(rank 1 last seen in train, epoch 0, batch 1)" in lost[0], output[-3000:]
+    assert output.count("Traceback") == 2, output[-3000:]  # rank 1's own error, and torchrun's report of it
 
 
 # --- in-process 2-rank group (torch.multiprocessing, gloo) -----------------------------------------------------
