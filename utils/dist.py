@@ -470,8 +470,11 @@ def cleanup(clean_exit: bool = True) -> None:
     that may be gone. All ranks must call it.
     """
     global _LONG_GROUP, _WATCH
+    if _WATCH is not None and not clean_exit:
+        _WATCH.flush()  # where this rank was when it failed, for the peers' message (and it stays there)
     if is_initialized():
-        progress("exit")
+        if clean_exit:
+            progress("exit")
         with contextlib.suppress(Exception):
             if clean_exit:
                 barrier()

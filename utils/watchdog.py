@@ -86,6 +86,7 @@ class ProgressWatch:
         self.mark, self.changed_at = Mark(), time.monotonic()
         self._published = -1
         self._stop, self._changed = threading.Event(), threading.Event()
+        self._lock = threading.Lock()  # one store connection, used by the thread and (rarely) the main thread
         self._thread = threading.Thread(target=self._run, name="progress-watch", daemon=True)
 
     def start(self) -> ProgressWatch:
@@ -117,9 +118,7 @@ class ProgressWatch:
                 return
             mark = self.mark
             try:
-                if mark.seq != self._published:
-                    self.store.set(f"progress/{self.rank}", json.dumps(asdict(mark)))
-                    self._published = mark.seq
+                self._publish(mark)
                 stalled = time.monotonic() - self.changed_at
                 if stalled > EARLY * (self.long_timeout_s if mark.long else self.timeout_s):
                     self._end(mark, stalled)
@@ -130,11 +129,25 @@ class ProgressWatch:
                     self.exit(EXIT_STUCK)
                 return
 
+    def _publish(self, mark: Mark) -> None:
+        with self._lock:
+            if mark.seq != self._published:
+                self.store.set(f"progress/{self.rank}", json.dumps(asdict(mark)))
+                self._published = mark.seq
+
+    def flush(self) -> None:
+        """Publish the current mark now (a rank on its way out after an error: its peers then see where it was)."""
+        try:
+            self._publish(self.mark)
+        except Exception:  # noqa: S110 - the store may be gone; the mark is a courtesy
+            pass
+
     def read_marks(self) -> dict[int, Mark]:
         """Every other rank's last published mark (ranks that never published are left out)."""
         keys = [f"progress/{r}" for r in range(self.world_size) if r != self.rank]
-        present = [k for k in keys if self.store.check([k])]
-        values = self.store.multi_get(present) if present else []
+        with self._lock:
+            present = [k for k in keys if self.store.check([k])]
+            values = self.store.multi_get(present) if present else []
         return {int(k.split("/")[1]): Mark(**json.loads(v.decode())) for k, v in zip(present, values)}
 
     def _end(self, mine: Mark, stalled: float) -> None:
