@@ -40,7 +40,7 @@ from utils.evolve import evolve
 from utils.fitness import EarlyStopping, fitness
 from utils.hooks import HookBase, Hooks, load_hook
 from utils.hyp import default_hyp_file, load_hyp
-from utils.loader import create_dataloader, set_epoch, set_start
+from utils.loader import create_dataloader, image_weights, set_epoch, set_start, set_weights
 from utils.log import LOGGER, colorstr, print_options
 from utils.loss import ComputeLoss
 from utils.optim import (
@@ -87,6 +87,10 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=18, help="epochs to train")
     add_flags(p, "batch_size", "img_size", batch_size=16, img_size=[128])
     p.add_argument("--rect", action="store_true", help="rectangular training batches")
+    p.add_argument("--image-weights", action="store_true",
+                   help="sample images by class-balancing weights (rare classes and low-mAP classes more often)")
+    p.add_argument("--quad", action="store_true", help="quad batches: every 4 images become one of twice the size")
+    p.add_argument("--noplots", action="store_true", help="write no plots (labels, batches, results, curves)")
     p.add_argument("--resume", nargs="?", const=True, default=False, help="resume the latest run, or the given last.pt")
     p.add_argument("--nosave", action="store_true", help="only save the final checkpoint")
     p.add_argument("--noval", action="store_true", help="only validate the final epoch")
@@ -190,14 +194,17 @@ def setup(hyp: dict, opt: argparse.Namespace, device: torch.device, hooks: Seque
     dist.batch_per_rank(opt.batch_size)
     if opt.sync_bn and dist.get_world_size() > 1 and device.type != "cuda":
         raise TrainError("--sync-bn needs CUDA (torch's SyncBatchNorm does not run on CPU); drop it for CPU/gloo runs")
-    save_dir = write_run_files(opt, hyp)
     seed_everything(opt.seed)  # the same on every rank: identical initial weights
     data_cfg = load_data_config(opt.data)
     nc, names = (1, ["item"]) if opt.single_cls else (data_cfg.nc, list(data_cfg.names))
     model, ckpt = build_model(opt, nc, names, device)
     grid = max(int(model.stride.max()), 32)
     if opt.img_size % grid:
-        raise TrainError(f"--img-size {opt.img_size} must be a multiple of the model's largest stride {grid}")
+        rounded = -(-opt.img_size // grid) * grid
+        LOGGER.warning(f"WARNING: --img-size {opt.img_size} must be a multiple of the model's largest stride {grid}, "
+                       f"using {rounded}")
+        opt.img_size = rounded
+    save_dir = write_run_files(opt, hyp)
     train_loader, train_set, val_loader = build_data(opt, hyp, data_cfg, grid, nc)
     if not opt.noautoanchor and not opt.resume:
         check_anchors(train_set, model, thr=hyp["anchor_t"], img_size=opt.img_size)  # rank 0 decides, broadcast
@@ -208,15 +215,18 @@ def setup(hyp: dict, opt: argparse.Namespace, device: torch.device, hooks: Seque
     model = updater.model = wrap_ddp(model, opt, device)
     main_process = dist.is_main_process()
     writers = TrainWriters(save_dir, enabled=main_process)
-    writers.background.submit(plot_labels, train_set.labels, names, save_dir)
+    plots = main_process and not opt.noplots
+    if plots:
+        writers.background.submit(plot_labels, train_set.labels, names, save_dir)
     interval = SaveInterval(opt.save_interval_steps, opt.save_interval_minutes)
     builtin = [Checkpointer(enabled=main_process, interval=interval),
-               TrainBatchPlots(writers.background, save_dir, names)]
+               *([TrainBatchPlots(writers.background, save_dir, names)] if plots else [])]
     trainer = Trainer(opt=opt, hyp=hyp, device=device, save_dir=save_dir, model=model, updater=updater, ema=ema,
                       compute_loss=ComputeLoss(unwrap(model), hyp, opt.img_size, opt.label_smoothing),
                       train_loader=train_loader, val_loader=val_loader, names=names, writers=writers,
                       hooks=Hooks([*builtin, *hooks]), amp=amp, stopper=EarlyStopping(opt.patience),
-                      stop=GracefulStop(), save_interval=interval, grid=grid, is_coco=bool(data_cfg.is_coco))
+                      stop=GracefulStop(), save_interval=interval, grid=grid, is_coco=bool(data_cfg.is_coco),
+                      plots=plots, maps=np.zeros(nc))
     trainer.guard = NonFiniteGuard(lambda in_a_row: reload_last_good(trainer, in_a_row))
     if opt.resume and ckpt is not None:
         restore_training_state(trainer, ckpt)
@@ -280,7 +290,7 @@ def build_data(opt: argparse.Namespace, hyp: dict, data_cfg: Any, grid: int, nc:
                             seed=opt.seed, single_cls=opt.single_cls, nc=nc)
     train_options = DatasetOptions(**{**vars(common), "augment": True, "rect": opt.rect, "prefix": colorstr("train: ")})
     train_loader, train_set = create_dataloader(data_cfg.train, train_options, workers=opt.workers,
-                                                shuffle=not opt.rect)
+                                                shuffle=not opt.rect, quad=opt.quad)
     val_options = DatasetOptions(**{**vars(common), "batch_size": batch * 2, "rect": True, "pad": 0.5,
                                     "prefix": colorstr("val: ")})
     val_loader, _ = create_dataloader(data_cfg.val, val_options, workers=opt.workers, shard_eval=True)
@@ -362,7 +372,8 @@ def fit(t: Trainer) -> dict[str, float]:
             break
     LOGGER.info(f"\n{epoch - start + 1} epochs completed in {(time.time() - t0) / 3600:.3f} hours.")
     t.hooks.after_train(t)
-    t.writers.background.submit(plot_results, t.save_dir / "results.csv")
+    if t.plots:
+        t.writers.background.submit(plot_results, t.save_dir / "results.csv")
     LOGGER.info(f"Results saved to {colorstr('bold', str(t.save_dir))}")
     return metrics
 
@@ -385,6 +396,8 @@ def begin_epoch(t: Trainer, epoch: int) -> list[int] | None:
     and restore the RNG states saved with them. Returns the multi-scale sizes of the batches that remain (None
     without --multi-scale). All ranks must call it."""
     set_epoch(t.train_loader, epoch)
+    if t.opt.image_weights:  # the same weights on every rank (from the labels and the gathered mAPs)
+        set_weights(t.train_loader, image_weights(t.train_loader.dataset.labels, len(t.names), t.maps))
     sizes = step_sizes(t, epoch)  # drawn for the whole epoch, so a resumed epoch gets the same sizes
     t.batch_offset = t.start_samples // t.opt.batch_size
     t.hooks.before_epoch(t, epoch)
@@ -399,9 +412,10 @@ def begin_epoch(t: Trainer, epoch: int) -> list[int] | None:
 
 def validate(t: Trainer, final: bool) -> dict[str, float]:
     """Distributed validation of the EMA model on every rank's shard; the same numbers on every rank."""
-    options = EvalOptions(single_cls=t.opt.single_cls, half=t.amp, save_dir=t.save_dir,
-                          plots=final and t.writers.enabled, is_coco=t.is_coco and final)
+    options = EvalOptions(single_cls=t.opt.single_cls, half=t.amp, save_dir=t.save_dir, plots=final and t.plots,
+                          is_coco=t.is_coco and final)
     result = evaluate(t.ema.ema, t.val_loader, t.device, t.names, options)
+    t.maps = result.maps  # per-class mAP, for --image-weights
     return {"precision": float(result.mp), "recall": float(result.mr), "mAP_0.5": float(result.map50),
             "mAP_0.5:0.95": float(result.map)}
 

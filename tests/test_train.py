@@ -149,7 +149,6 @@ def test_loss_falls_by_half_when_overfitting_one_batch(tiny_cfg, tiny_dataset, t
     (["--device", "0"], "--device 0 asks for CUDA but CUDA is not available"),
     (["--backend", "nccl"], "--backend nccl needs CUDA"),
     (["--weights", "missing.pt"], "missing.pt not found"),
-    (["--img", "70"], "--img-size 70 must be a multiple"),
 ])
 def test_bad_input_gives_a_one_line_error(flags, message, tiny_cfg_file, tiny_dataset, tmp_path, capsys):
     if torch.cuda.is_available() and flags[0] in ("--device", "--backend"):
@@ -158,3 +157,16 @@ def test_bad_input_gives_a_one_line_error(flags, message, tiny_cfg_file, tiny_da
     assert run_main(train.main, opt, "train") == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("train: error:") and message in err[0], err
+
+
+def test_reference_flags_noplots_quad_image_weights_and_img_rounding(tiny_cfg_file, tiny_dataset, tmp_path, capsys):
+    opt = train.parse_opt(tiny_args(tiny_cfg_file, tiny_dataset, tmp_path, "--epochs", "2", "--noautoanchor",
+                                    "--img", "50", "--noplots", "--quad", "--image-weights"))
+    assert run_main(train.main, opt, "train") == 0
+    out, run_dir = capsys.readouterr().out, tmp_path / "runs" / "exp"
+    assert "--img-size 50 must be a multiple of the model's largest stride 32, using 64" in out
+    assert yaml.safe_load((run_dir / "opt.yaml").read_text())["img_size"] == 64
+    assert not list(run_dir.glob("*.jpg")) and not list(run_dir.glob("*.png"))  # --noplots
+    assert (run_dir / "weights" / "last.pt").is_file()
+    state = load_checkpoint(run_dir / "weights" / "last.pt")["train_state"]
+    assert len(state["maps"]) == 3  # the per-class mAPs the next epoch's image weights come from

@@ -242,6 +242,31 @@ class YoloDataset(torch.utils.data.Dataset):
         """A fresh augmentation stream (called per worker with a seed unique to rank and worker)."""
         self.rng = np.random.default_rng(seed)
 
+    def collate_quad(self, batch: Sequence[tuple]) -> tuple[torch.Tensor, torch.Tensor, tuple, tuple]:
+        """--quad: every 4 samples become one image of twice the size: the first one upscaled 2x, or the four
+        tiled 2 x 2 (by a draw from the last sample's seeded stream, so a resumed run repeats it)."""
+        imgs, targets, paths, shapes = self.collate_fn(batch)
+        if len(imgs) % 4:
+            raise DataError(f"--quad needs a batch per rank divisible by 4, got {len(imgs)}")
+        out, labels = [], []
+        for q in range(len(imgs) // 4):
+            group = targets[(targets[:, 0] >= 4 * q) & (targets[:, 0] < 4 * q + 4)].clone()
+            if self.rng.random() < 0.5:
+                big = torch.nn.functional.interpolate(imgs[4 * q:4 * q + 1].float(), scale_factor=2.0,
+                                                      mode="bilinear", align_corners=False).round().to(torch.uint8)
+                group = group[group[:, 0] == 4 * q]
+            else:
+                top = torch.cat((imgs[4 * q], imgs[4 * q + 1]), 2)
+                big = torch.cat((top, torch.cat((imgs[4 * q + 2], imgs[4 * q + 3]), 2)), 1)[None]
+                slot = group[:, 0] - 4 * q  # 0 1 / 2 3
+                group[:, 2] = group[:, 2] / 2 + (slot % 2) * 0.5
+                group[:, 3] = group[:, 3] / 2 + (slot // 2) * 0.5
+                group[:, 4:6] /= 2
+            group[:, 0] = q
+            out.append(big[0])
+            labels.append(group)
+        return torch.stack(out), torch.cat(labels, 0), paths[::4], shapes[::4]
+
     @staticmethod
     def collate_fn(batch: Sequence[tuple]) -> tuple[torch.Tensor, torch.Tensor, tuple, tuple]:
         """Stack images (padding to the largest h, w when they differ) and index targets by image."""

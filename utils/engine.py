@@ -117,6 +117,8 @@ class Trainer:
     batch_offset: int = 0  # batches of the current epoch done before this process started it
     rng_state: dict | None = None  # restored just before the first resumed batch
     saved_position: tuple[int, int] | None = None  # (epoch, samples seen) of the last last.pt written
+    plots: bool = False  # the main process draws plots (not with --noplots)
+    maps: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per-class mAP of the last validation
 
     @property
     def model_without_ddp(self) -> nn.Module:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -39,6 +40,12 @@ class ResumableSampler(Sampler):
         self.rank = dist.get_rank() if rank is None else rank
         self.world_size = dist.get_world_size() if world_size is None else world_size
         self.epoch, self.start = 0, 0
+        self.weights: torch.Tensor | None = None  # --image-weights: draw the order by these, with replacement
+
+    def set_weights(self, weights: Sequence[float] | np.ndarray | None) -> None:
+        """Sample images in proportion to ``weights`` from now on (None: a plain shuffle). Every rank must set
+        the same weights, so that they draw the same order and each takes its shard."""
+        self.weights = None if weights is None else torch.as_tensor(np.asarray(weights, np.float64))
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch's order and rewind to its beginning (call ``set_start`` after it to resume)."""
@@ -53,6 +60,8 @@ class ResumableSampler(Sampler):
         if not self.shuffle:
             return list(range(self.dataset_len))
         generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        if self.weights is not None and float(self.weights.sum()) > 0:
+            return torch.multinomial(self.weights, self.dataset_len, replacement=True, generator=generator).tolist()
         return torch.randperm(self.dataset_len, generator=generator).tolist()
 
     def _my_positions(self) -> list[int]:
@@ -105,7 +114,7 @@ def _seed_worker(worker_id: int) -> None:
 
 
 def build_dataloader(dataset: Dataset, batch_size: int, *, shuffle: bool, workers: int, seed: int = 0,
-                     shard_eval: bool = False, resumable: bool | None = None) -> DataLoader:
+                     shard_eval: bool = False, resumable: bool | None = None, collate: Any = None) -> DataLoader:
     """A DataLoader for this rank; ``batch_size`` is the per-rank batch.
 
     ``resumable`` (default: ``shuffle`` or world > 1) uses ResumableSampler, the training sampler;
@@ -127,7 +136,8 @@ def build_dataloader(dataset: Dataset, batch_size: int, *, shuffle: bool, worker
     if num_workers == 0 and hasattr(dataset, "reseed"):
         dataset.reseed(seed * 1000 + rank)
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
-                      pin_memory=torch.cuda.is_available(), collate_fn=getattr(dataset, "collate_fn", None),
+                      pin_memory=torch.cuda.is_available(),
+                      collate_fn=collate or getattr(dataset, "collate_fn", None),
                       worker_init_fn=_seed_worker, generator=generator, persistent_workers=num_workers > 0,
                       prefetch_factor=4 if num_workers > 0 else None)
 
@@ -138,6 +148,23 @@ def set_epoch(loader: DataLoader, epoch: int) -> None:
         loader.sampler.set_epoch(epoch)
 
 
+def set_weights(loader: DataLoader, weights: np.ndarray | None) -> None:
+    """--image-weights: draw the epoch's order in proportion to per-image ``weights`` (no-op for other samplers)."""
+    if hasattr(loader.sampler, "set_weights"):
+        loader.sampler.set_weights(weights)
+
+
+def image_weights(labels: Sequence[np.ndarray], nc: int, maps: np.ndarray) -> np.ndarray:
+    """Per-image sampling weights that balance the classes, as --image-weights uses them: each class weighs its
+    inverse frequency (normalised) times (1 - its last mAP)^2 / nc, and an image the sum over its labels."""
+    classes = [lab[:, 0].astype(int) for lab in labels]
+    counts = np.bincount(np.concatenate(classes), minlength=nc)[:nc] if any(len(c) for c in classes) else \
+        np.zeros(nc)
+    class_weights = 1 / np.where(counts == 0, 1, counts)
+    class_weights = class_weights / class_weights.sum() * (1 - np.asarray(maps, np.float64)) ** 2 / nc
+    return np.array([class_weights[c].sum() for c in classes], np.float64)
+
+
 def set_start(loader: DataLoader, samples_consumed: int) -> None:
     """Resume mid-epoch: skip the first ``samples_consumed`` samples (global, all ranks) of this epoch."""
     if hasattr(loader.sampler, "set_start"):
@@ -145,7 +172,8 @@ def set_start(loader: DataLoader, samples_consumed: int) -> None:
 
 
 def create_dataloader(sources: str | Path | Sequence[str | Path], options: DatasetOptions, *, workers: int = 8,
-                      shuffle: bool = False, shard_eval: bool = False) -> tuple[DataLoader, YoloDataset]:
+                      shuffle: bool = False, shard_eval: bool = False, quad: bool = False) \
+        -> tuple[DataLoader, YoloDataset]:
     """Build the dataset zero-first (label cache and disk cache written once per machine), then its loader;
     ``options.batch_size`` is the batch per rank.
 
@@ -162,5 +190,6 @@ def create_dataloader(sources: str | Path | Sequence[str | Path], options: Datas
         dataset.cache_images(options.cache, options.prefix)
     training = shuffle or options.augment  # a training loader resumes exactly, even with --rect (kept order)
     loader = build_dataloader(dataset, batch_size, shuffle=shuffle and not options.rect, workers=workers,
-                              seed=options.seed, shard_eval=shard_eval, resumable=training and not shard_eval)
+                              seed=options.seed, shard_eval=shard_eval, resumable=training and not shard_eval,
+                              collate=dataset.collate_quad if quad else None)
     return loader, dataset

@@ -56,6 +56,23 @@ class MatchedTargets:
     anchor_wh: torch.Tensor  # (m, 2) in grid units
 
 
+class FocalLoss(nn.Module):
+    """Focal loss around a BCE-with-logits loss: each element's BCE times alpha_t * (1 - p_t) ** gamma, where
+    p_t is the predicted probability of the true label (Lin et al., 2017), then averaged."""
+
+    def __init__(self, bce: nn.BCEWithLogitsLoss, gamma: float = 1.5, alpha: float = 0.25) -> None:
+        super().__init__()
+        self.bce = nn.BCEWithLogitsLoss(pos_weight=bce.pos_weight, reduction="none")
+        self.gamma, self.alpha = gamma, alpha
+
+    def forward(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        loss = self.bce(logits, target)
+        prob = torch.sigmoid(logits)
+        p_t = target * prob + (1 - target) * (1 - prob)
+        alpha_t = target * self.alpha + (1 - target) * (1 - self.alpha)
+        return (loss * alpha_t * (1.0 - p_t) ** self.gamma).mean()
+
+
 class ComputeLoss:
     """``loss(preds, targets) -> (total * batch_size, items (box, obj, cls) detached)``.
 
@@ -74,6 +91,9 @@ class ComputeLoss:
         device = detect.anchors.device
         self.bce_cls = nn.BCEWithLogitsLoss(pos_weight=torch.tensor([hyp.get("cls_pw", 1.0)], device=device))
         self.bce_obj = nn.BCEWithLogitsLoss(pos_weight=torch.tensor([hyp.get("obj_pw", 1.0)], device=device))
+        gamma = float(hyp.get("fl_gamma", 0.0))
+        if gamma > 0:  # focal loss for the class and objectness terms
+            self.bce_cls, self.bce_obj = FocalLoss(self.bce_cls, gamma), FocalLoss(self.bce_obj, gamma)
         self.detect = detect
 
     def __call__(self, preds: list[torch.Tensor], targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from utils import dist
 from utils.checkpoint import CheckpointError, load_first_good, new_checkpoint, save_checkpoint, save_run_checkpoints
 from utils.fitness import fitness
@@ -200,8 +202,10 @@ def pack_trainer_state(trainer: Any, epoch: int, samples_seen: int) -> dict[str,
     position = TrainPosition(epoch=epoch, samples_seen=samples_seen, batch_size=trainer.opt.batch_size,
                              world_size=dist.get_world_size(), accumulate=trainer.updater.schedule.accumulate)
     core = trainer.model_without_ddp
-    return pack_train_state(position, gather_rng_states(), grads_of=core, model=core, updater=trainer.updater,
-                            stopper=trainer.stopper)
+    state = pack_train_state(position, gather_rng_states(), grads_of=core, model=core, updater=trainer.updater,
+                             stopper=trainer.stopper)
+    state["maps"] = [float(v) for v in trainer.maps]  # the --image-weights of the next epoch depend on them
+    return state
 
 
 class Checkpointer(HookBase):
@@ -264,6 +268,8 @@ def restore_training_state(trainer: Any, ckpt: dict) -> None:
     trainer.start_epoch, trainer.start_samples = position.epoch, position.samples_seen
     trainer.saved_position = (position.epoch, position.samples_seen)
     trainer.best_fitness = float(ckpt["best_fitness"])
+    if state.get("maps") and len(state["maps"]) == len(trainer.maps):
+        trainer.maps = np.array(state["maps"], np.float64)
     trainer.rng_state = rng_state_for(state, dist.get_rank(), dist.get_world_size())
     dropped = trainer.writers.csv.drop_from(position.epoch)  # rows written after this checkpoint, before a crash
     LOGGER.info(f"Resuming from epoch {trainer.start_epoch} of {trainer.opt.epochs}, batch "

@@ -76,3 +76,27 @@ def test_image_caches_give_the_same_pixels(tmp_path: Path) -> None:
     np.save(npy[1], np.zeros((40, 48, 3), np.uint8))  # a damaged cache entry ...
     os.utime(npy[1], ns=(0, 0))  # ... older than its image is ignored
     assert torch.equal(disk[1][0], plain[1][0])
+
+
+def test_quad_batches_tile_four_images_with_their_boxes(tmp_path: Path) -> None:
+    def white_box(path: Path) -> None:
+        image = np.zeros((64, 64, 3), np.uint8)
+        image[16:48, 8:40] = 255
+        import cv2
+
+        cv2.imwrite(str(path), image)
+
+    images = make_set(tmp_path, {f"{i}.png": (white_box, "0 0.375 0.5 0.5 0.5\n") for i in range(4)})
+    ds = YoloDataset(images, img_size=64, nc=3)
+    tiles = 0
+    for seed in range(6):  # both outcomes: one image upscaled, or the four tiled
+        ds.rng = np.random.default_rng(seed)
+        imgs, targets, paths, _ = ds.collate_quad([ds[i] for i in range(4)])
+        assert imgs.shape == (1, 3, 128, 128) and len(paths) == 1 and (targets[:, 0] == 0).all()
+        tiles += len(targets) == 4
+        for _, _, cx, cy, w, h in targets.tolist():  # every box covers white pixels only
+            x1, y1, x2, y2 = (int(round(v * 128)) for v in (cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2))
+            assert imgs[0, :, y1 + 1:y2 - 1, x1 + 1:x2 - 1].min() == 255
+    assert 0 < tiles < 6
+    with pytest.raises(DataError, match="divisible by 4"):
+        ds.collate_quad([ds[i] for i in range(3)])

@@ -193,3 +193,30 @@ def test_augmentations_repeat_exactly_on_resume_whatever_the_workers(tiny_datase
     other_epoch = create_dataloader(config.train, augmented, shuffle=True, workers=0)[0]
     set_epoch(other_epoch, 3)
     assert not torch.equal(next(iter(other_epoch))[0], full[0][0])
+
+
+def test_image_weights_favour_rare_and_badly_detected_classes_and_shard_one_order() -> None:
+    from utils.loader import image_weights
+
+    labels = [np.array([[0, 0.5, 0.5, 0.1, 0.1]])] * 6 + [np.array([[1, 0.5, 0.5, 0.1, 0.1]])] * 2 + \
+        [np.zeros((0, 5))]
+    weights = image_weights(labels, nc=2, maps=np.array([0.0, 0.5]))
+    # class weights 1/6 and 1/2 (normalised: 0.25, 0.75) times (1 - mAP)^2 / nc: 0.125 and 0.09375
+    assert weights.tolist() == pytest.approx([0.125] * 6 + [0.09375] * 2 + [0.0])
+    sampler = ResumableSampler(len(labels), shuffle=True, seed=0, rank=0, world_size=1)
+    sampler.set_weights(weights)
+    counts = np.zeros(len(labels))
+    for epoch in range(400):
+        sampler.set_epoch(epoch)
+        np.add.at(counts, sampler.epoch_order(), 1)
+    share = counts / counts.sum()
+    assert share[8] == 0 and share[6:8].sum() == pytest.approx(2 * 0.09375 / weights.sum(), abs=0.01)
+    shards = []
+    for rank in range(2):  # every rank draws the same weighted order and takes its half of it
+        s = ResumableSampler(len(labels), shuffle=True, seed=0, rank=rank, world_size=2)
+        s.set_weights(weights)
+        s.set_epoch(3)
+        shards.append(list(s))
+    sampler.set_epoch(3)
+    order = sampler.epoch_order()
+    assert shards[0] == order[0::2] and shards[1] == order[1::2] + order[:1]  # the last padded by wrapping

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -103,3 +104,31 @@ def test_loss_on_the_real_model_is_finite_and_differentiable(tiny_cfg):
     total.backward()
     assert torch.isfinite(total) and items.shape == (3,) and (items > 0).all()
     assert model.detect.m[0].weight.grad.abs().sum() > 0
+
+
+def test_focal_loss_equals_the_formula_on_a_hand_case() -> None:
+    from utils.loss import FocalLoss
+
+    logits, target = torch.tensor([2.0, -1.0, 0.0]), torch.tensor([1.0, 1.0, 0.0])
+    focal = FocalLoss(torch.nn.BCEWithLogitsLoss(), gamma=2.0, alpha=0.25)(logits, target)
+    expected = []
+    for x, y in zip(logits.tolist(), target.tolist()):
+        p = 1 / (1 + math.exp(-x))
+        bce = -(y * math.log(p) + (1 - y) * math.log(1 - p))
+        p_t, a_t = (p, 0.25) if y == 1 else (1 - p, 0.75)
+        expected.append(bce * a_t * (1 - p_t) ** 2)
+    assert focal.item() == pytest.approx(sum(expected) / 3, rel=1e-6)
+
+
+def test_fl_gamma_in_the_hyps_switches_the_class_and_objectness_losses_to_focal(tiny_cfg) -> None:
+    from models.yolo import Model
+    from utils.loss import ComputeLoss, FocalLoss
+
+    hyp = {"box": 0.05, "cls": 0.5, "obj": 1.0, "anchor_t": 4.0}
+    model = Model(tiny_cfg)
+    plain, focal = ComputeLoss(model, hyp), ComputeLoss(model, {**hyp, "fl_gamma": 1.5})
+    assert not isinstance(plain.bce_cls, FocalLoss) and isinstance(focal.bce_cls, FocalLoss)
+    assert isinstance(focal.bce_obj, FocalLoss) and focal.bce_obj.gamma == 1.5
+    preds = [torch.randn(1, 3, 8, 8, 8), torch.randn(1, 3, 4, 4, 8), torch.randn(1, 3, 2, 2, 8)]
+    targets = torch.tensor([[0, 1, 0.5, 0.5, 0.3, 0.3]])
+    assert focal(preds, targets)[1][1] < plain(preds, targets)[1][1]  # easy negatives weigh less
