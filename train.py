@@ -254,7 +254,7 @@ def build_model(opt: argparse.Namespace, nc: int, names: list[str],
                 device: torch.device) -> tuple[Model, dict | None]:
     """A model from --cfg (or the checkpoint's YAML), with the matching tensors of --weights transferred
     (rank 0 reads the file and shares it). All ranks must call it."""
-    ckpt = shared_checkpoint([Path(opt.weights)], trusted=opt.trust_weights)[1] if opt.weights else None
+    ckpt = shared_checkpoint([opt.weights], trusted=opt.trust_weights)[1] if opt.weights else None
     cfg = opt.cfg or (ckpt["model_yaml"] if ckpt else DEFAULT_CFG)
     model = Model(cfg, nc=nc)
     model.names = list(names)

@@ -170,3 +170,33 @@ def test_reference_flags_noplots_quad_image_weights_and_img_rounding(tiny_cfg_fi
     assert (run_dir / "weights" / "last.pt").is_file()
     state = load_checkpoint(run_dir / "weights" / "last.pt")["train_state"]
     assert len(state["maps"]) == 3  # the per-class mAPs the next epoch's image weights come from
+
+
+def test_fine_tune_from_release_weights_transfers_the_backbone_and_freezes_it(tiny_dataset, tmp_path, capsys):
+    """A YOLOv5 release file (80 classes) fine-tuned on 3 classes: every tensor but the head's is transferred, and
+    the model holds the file's tensors when training starts; --freeze 10 keeps the backbone at them."""
+    from tests.helpers import ROOT
+    from utils.hooks import HookBase
+    from utils.release_weights import load_release_checkpoint
+
+    fixture = ROOT / "tests" / "fixtures" / "yolov5n-v7.0.pt"
+    release = load_release_checkpoint(fixture)["model"]
+    seen = {}
+
+    class AtStart(HookBase):
+        def before_train(self, trainer):  # noqa: ANN001
+            seen.update({k: v.clone() for k, v in trainer.model_without_ddp.state_dict().items()})
+
+    opt = train.parse_opt(["--weights", str(fixture), "--data", str(tiny_dataset), "--img", "64", "--batch-size", "8",
+                           "--epochs", "1", "--device", "cpu", "--workers", "0", "--noautoanchor", "--noval",
+                           "--freeze", "10", "--project", str(tmp_path / "runs")])
+    assert run_main(lambda o: train.main(o, [AtStart()]), opt, "train") == 0
+    out = capsys.readouterr().out
+    total = len(seen)
+    assert f"Transferred {total - 6}/{total} items from {fixture}" in out  # all but the head's 3 convs (w, b)
+    backbone = [k for k in release if k.startswith(tuple(f"model.{i}." for i in range(10)))]
+    assert backbone and all(torch.equal(seen[k], release[k]) for k in backbone)
+    assert seen["model.24.m.0.weight"].shape[0] == 3 * 8 and not torch.equal(seen["model.24.anchors"], torch.zeros(1))
+    end = load_checkpoint(tmp_path / "runs" / "exp" / "weights" / "last.pt")["train_state"]["states"]["model"]
+    frozen = [k for k in backbone if k.endswith((".weight", ".bias")) and "bn" in k or "conv.weight" in k]
+    assert frozen and all(torch.equal(end[k], release[k]) for k in frozen)

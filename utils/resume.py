@@ -23,6 +23,7 @@ import numpy as np
 
 from utils import dist
 from utils.checkpoint import CheckpointError, load_first_good, new_checkpoint, save_checkpoint, save_run_checkpoints
+from utils.downloads import attempt_download
 from utils.fitness import fitness
 from utils.hooks import HookBase, StepInfo
 from utils.log import LOGGER
@@ -187,11 +188,11 @@ def resume_options(opt: argparse.Namespace, saved_opt: dict, defaults: dict[str,
     return argparse.Namespace(**merged)
 
 
-def shared_checkpoint(paths: list[Path], trusted: bool = False) -> tuple[Path, dict]:
-    """Rank 0 loads the first whole checkpoint of ``paths`` (e.g. last.pt, then best.pt) and sends it to every
-    rank, so no other node needs to see the file. CheckpointError on every rank when none loads.
-    All ranks must call it."""
-    return dist.main_decides(lambda: load_first_good(paths, trusted=trusted))
+def shared_checkpoint(paths: list[str | Path], trusted: bool = False) -> tuple[Path, dict]:
+    """Rank 0 loads the first whole checkpoint of ``paths`` (e.g. last.pt, then best.pt; a YOLOv5 release name
+    such as yolov5s.pt is downloaded first when it is not on disk) and sends it to every rank, so no other node
+    needs to see the file. A UserError on every rank when none loads. All ranks must call it."""
+    return dist.main_decides(lambda: load_first_good([attempt_download(p) for p in paths], trusted=trusted))
 
 
 # ----------------------------------------------------------------------------------- checkpoints of a run
