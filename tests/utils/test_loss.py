@@ -118,6 +118,7 @@ def test_focal_loss_equals_the_formula_on_a_hand_case() -> None:
         p_t, a_t = (p, 0.25) if y == 1 else (1 - p, 0.75)
         expected.append(bce * a_t * (1 - p_t) ** 2)
     assert focal.item() == pytest.approx(sum(expected) / 3, rel=1e-6)
+    assert focal.item() == pytest.approx(0.101961, abs=1e-6)  # the same by hand
 
 
 def test_fl_gamma_in_the_hyps_switches_the_class_and_objectness_losses_to_focal(tiny_cfg) -> None:

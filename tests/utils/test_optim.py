@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 import torch.nn as nn
@@ -57,7 +55,7 @@ def test_linear_and_cosine_schedules():
     linear, cosine = lr_lambda(10, 0.1), lr_lambda(10, 0.1, cosine=True)
     assert linear(0) == pytest.approx(1.0) and linear(10) == pytest.approx(0.1) and linear(5) == pytest.approx(0.55)
     assert cosine(0) == pytest.approx(1.0) and cosine(10) == pytest.approx(0.1) and cosine(5) == pytest.approx(0.55)
-    assert cosine(2) == pytest.approx(((1 - math.cos(2 * math.pi / 10)) / 2) * (0.1 - 1) + 1)
+    assert cosine(2) == pytest.approx(0.914058, abs=1e-6)  # (1 - cos(0.2 pi)) / 2 * (0.1 - 1) + 1, by hand
 
 
 def test_warmup_interpolates_lr_momentum_and_accumulation():
@@ -89,8 +87,8 @@ def test_ema_decay_ramp_and_update():
     with torch.no_grad():
         model.weight.add_(1.0)
     ema.update(model)
-    d = 0.9999 * (1 - math.exp(-1 / 2000))
-    assert ema.updates == 1 and ema.current_decay() == pytest.approx(d)
+    d = 4.99825e-4  # 0.9999 * (1 - exp(-1 / 2000)), by hand: the first update barely trusts the EMA
+    assert ema.updates == 1 and ema.current_decay() == pytest.approx(d, rel=1e-5)
     assert torch.allclose(ema.ema.weight, d * before + (1 - d) * model.weight.detach())
     assert not any(p.requires_grad for p in ema.ema.parameters())
     restored = ModelEMA(nn.Linear(2, 1))
