@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-from utils.annotate import class_color, draw_detections
 from utils.metrics import ConfusionMatrix, ap_per_class
 from utils.plots import plot_confusion_matrix, plot_images, plot_labels, plot_metric_curves, plot_results
 
@@ -22,14 +21,6 @@ def _read(path) -> np.ndarray:
 
 def _assert_drawn(img: np.ndarray) -> None:
     assert img.size and img.std() > 1.0  # not a blank canvas
-
-
-def test_draw_detections_in_place():
-    img = np.zeros((64, 64, 3), np.uint8)
-    out = draw_detections(img, [[10, 10, 40, 40]], [1], [0.9], NAMES)
-    assert out is img
-    assert tuple(img[10, 25]) == class_color(1)  # top edge in the class colour
-    assert class_color(0) != class_color(1) and class_color(20) == class_color(0)
 
 
 def test_plot_results(tmp_path):

@@ -1,0 +1,48 @@
+"""Training hooks: the event list, and --hook specs that import a factory and pass literal arguments only."""
+
+from __future__ import annotations
+
+import pytest
+
+from utils.hooks import HookBase, HookError, Hooks, load_hook, parse_hook_spec
+
+
+class Recorder(HookBase):
+    def __init__(self, name: str = "r", calls: list | None = None) -> None:
+        self.name, self.calls = name, calls if calls is not None else []
+
+    def before_epoch(self, trainer, epoch: int) -> None:  # noqa: ANN001
+        self.calls.append((self.name, "before_epoch", epoch))
+
+    def after_train(self, trainer) -> None:  # noqa: ANN001
+        self.calls.append((self.name, "after_train"))
+
+
+def make(name: str = "made", count: int = 0) -> Recorder:
+    return Recorder(f"{name}{count}")
+
+
+def test_hooks_run_in_order_and_silent_events_do_nothing() -> None:
+    calls: list = []
+    hooks = Hooks([Recorder("a", calls), Recorder("b", calls)])
+    hooks.before_epoch(None, 3)
+    hooks.after_step(None, None)  # not overridden: nothing
+    hooks.after_train(None)
+    assert calls == [("a", "before_epoch", 3), ("b", "before_epoch", 3), ("a", "after_train"), ("b", "after_train")]
+
+
+def test_hook_specs_take_literal_keywords_only() -> None:
+    assert parse_hook_spec("tests.utils.test_hooks:make") == ("tests.utils.test_hooks", "make", {})
+    assert parse_hook_spec("m:F(rank=1, path='/x', on=True, sizes=[1, 2])") == \
+        ("m", "F", {"rank": 1, "path": "/x", "on": True, "sizes": [1, 2]})
+    hook = load_hook("tests.utils.test_hooks:make(name='x', count=2)")
+    assert isinstance(hook, Recorder) and hook.name == "x2"
+    for bad, message in [("no_colon", "expected"), ("m:F(1)", "as keywords"), ("m:F(a=__import__('os'))", "literals"),
+                         ("no.such.module:F", "cannot import"), ("tests.utils.test_hooks:missing", "no callable"),
+                         ("tests.utils.test_hooks:make(bogus=1)", "unexpected keyword"),
+                         ("tests.utils.test_hooks:NAMES", "no callable")]:
+        with pytest.raises(HookError, match=message):
+            load_hook(bad)
+
+
+NAMES = ["not", "callable"]

@@ -1,0 +1,30 @@
+"""Run folders and where data sets live."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from utils.paths import IMG_SUFFIXES, ROOT, VID_SUFFIXES, data_home, increment_path
+
+
+def test_increment_path_takes_the_next_free_number(tmp_path: Path) -> None:
+    assert increment_path(tmp_path / "exp") == tmp_path / "exp"
+    (tmp_path / "exp").mkdir()
+    assert increment_path(tmp_path / "exp") == tmp_path / "exp2"
+    (tmp_path / "exp7").mkdir()
+    assert increment_path(tmp_path / "exp", mkdir=True) == tmp_path / "exp8" and (tmp_path / "exp8").is_dir()
+    assert increment_path(tmp_path / "exp", exist_ok=True) == tmp_path / "exp"
+
+
+def test_data_home_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("YOLO_DATA_DIR", raising=False)
+    assert data_home() == ROOT / "datasets"
+    monkeypatch.setenv("YOLO_DATA_DIR", str(tmp_path))
+    assert data_home() == tmp_path
+
+
+def test_media_suffixes_are_lower_case_and_disjoint() -> None:
+    assert ".jpg" in IMG_SUFFIXES and ".mp4" in VID_SUFFIXES and not IMG_SUFFIXES & VID_SUFFIXES
+    assert all(s == s.lower() and s.startswith(".") for s in IMG_SUFFIXES | VID_SUFFIXES)
