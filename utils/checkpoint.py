@@ -35,6 +35,7 @@ import torch
 
 from models.yolo import Model, ModelConfigError
 from utils.errors import UserError
+from utils.files import fsync_dir, remove_dead_writers_files
 from utils.log import LOGGER
 
 FORMAT = "yolo-ddp"
@@ -90,7 +91,7 @@ def save_checkpoint(ckpt: dict, path: str | Path) -> Path:
             os.fsync(f.fileno())
         verify_checkpoint(tmp)  # never let a bad write replace a good file
         os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     except OSError as e:  # a full disk, a quota, a lost mount: the previous file stays as it was
         raise CheckpointError(f"cannot write {path} ({e.strerror or e}); the previous {path.name} is unchanged. "
                               "Free space or fix the folder, then resume from it") from None
@@ -98,20 +99,6 @@ def save_checkpoint(ckpt: dict, path: str | Path) -> Path:
         if tmp.exists():
             tmp.unlink()
     return path
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Make a rename durable (POSIX); silently skipped where folders cannot be opened."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def save_run_checkpoints(ckpt: dict, weights_dir: str | Path, *, is_best: bool = False,
@@ -139,7 +126,7 @@ def _atomic_copy(source: Path, target: Path) -> None:
             with open(tmp, "rb+") as f:
                 os.fsync(f.fileno())
         os.replace(tmp, target)
-        _fsync_dir(target.parent)
+        fsync_dir(target.parent)
     finally:
         if tmp.exists():
             tmp.unlink()
@@ -147,22 +134,7 @@ def _atomic_copy(source: Path, target: Path) -> None:
 
 def _remove_stale_temps(folder: Path) -> None:
     """Delete temporary files that writers killed mid-write left behind (``.last.pt.tmp<pid>``)."""
-    for tmp in folder.glob(".*.pt.tmp*"):
-        match = re.search(r"\.tmp(\d+)$", tmp.name)
-        if match and not _pid_alive(int(match.group(1))):
-            tmp.unlink(missing_ok=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists but belongs to someone else
-        return True
-    return True
+    remove_dead_writers_files(folder, ".*.pt.tmp*", ".tmp")
 
 
 def verify_checkpoint(path: str | Path) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import http.client
 import os
-import re
 import time
 import urllib.error
 import urllib.request
@@ -26,6 +25,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from utils.errors import UserError
+from utils.files import fsync_dir, remove_dead_writers_files
 from utils.log import LOGGER
 
 DEFAULT_URL = "https://github.com/ultralytics/yolov5/releases/download/v7.0"
@@ -123,7 +123,7 @@ def download_file(url: str, dest: str | Path, *, progress: bool = True, timeout:
         if not zipfile.is_zipfile(tmp):
             raise DownloadError(f"the server sent {size} bytes that are not a PyTorch zip file")
         os.replace(tmp, dest)
-        _fsync_dir(dest.parent)
+        fsync_dir(dest.parent)
     except OSError as e:
         raise DownloadError(f"cannot write {tmp} ({e.strerror or e})") from None
     finally:
@@ -161,34 +161,4 @@ def _fetch(url: str, tmp: Path, label: str, progress: bool, timeout: float) -> i
 
 def remove_stale_parts(folder: Path) -> None:
     """Delete ``.NAME.part<pid>`` files left by downloads that were killed (their process is gone)."""
-    for part in folder.glob(".*.part*"):
-        match = re.search(r"\.part(\d+)$", part.name)
-        if match and not _pid_alive(int(match.group(1))):
-            part.unlink(missing_ok=True)
-
-
-def _pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` exists (as utils.checkpoint decides it for its temporary files)."""
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:  # exists but belongs to someone else
-        return True
-    return True
-
-
-def _fsync_dir(folder: Path) -> None:
-    """Make the rename durable (POSIX); skipped where folders cannot be opened."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    remove_dead_writers_files(folder, ".*.part*", ".part")

@@ -20,6 +20,7 @@ import numpy as np
 
 from utils import dist
 from utils.device import available_cores
+from utils.files import pid_alive
 
 PREFIX = "yolo-ram-"
 
@@ -65,7 +66,7 @@ def remove_stale(folder: Path) -> int:
     for path in folder.glob(f"{PREFIX}*"):
         with contextlib.suppress(ValueError, OSError):
             pid = int(path.name[len(PREFIX):].split("-")[0])
-            if not Path(f"/proc/{pid}").exists() and pid != os.getpid():
+            if not pid_alive(pid):
                 path.unlink()
                 removed += 1
     return removed
