@@ -299,6 +299,7 @@ def test_vid_stride_detects_every_nth_frame(weights: Path, tmp_path: Path) -> No
     assert sorted(p.name for p in (result.save_dir / "labels").glob("*.txt")) == ["clip_3.txt", "clip_6.txt"]
     capture = cv2.VideoCapture(str(result.save_dir / "clip.mp4"))
     assert int(capture.get(cv2.CAP_PROP_FRAME_COUNT)) == 2
+    assert capture.get(cv2.CAP_PROP_FPS) == pytest.approx(10 / 3, rel=0.01)  # plays as long as the source
     capture.release()
 
 
@@ -393,3 +394,15 @@ def test_new_flags_refused_with_one_line(case: str, expected: str, weights: Path
     code = run_main(detect.main, detect.parse_opt([str(a) for a in args]), "detect")
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("detect: error: ") and expected in err and err.count("\n") == 1, err
+
+
+V7_DETECT_FLAGS = ["--weights", "a.pt", "--source", "0", "--data", "d.yaml", "--imgsz", "640", "--conf-thres", "0.3",
+                   "--iou-thres", "0.5", "--max-det", "9", "--device", "cpu", "--view-img", "--save-txt",
+                   "--save-conf", "--save-crop", "--nosave", "--classes", "0", "--agnostic-nms", "--augment",
+                   "--visualize", "--update", "--project", "p", "--name", "n", "--exist-ok", "--line-thickness", "2",
+                   "--hide-labels", "--hide-conf", "--half", "--dnn", "--vid-stride", "2"]
+
+
+def test_every_yolov5_v7_flag_parses() -> None:
+    opt = detect.parse_opt(V7_DETECT_FLAGS)  # no argparse error for any of them; main() judges each
+    assert (opt.view_img, opt.augment, opt.visualize, opt.vid_stride, opt.img_size) == (True, True, True, 2, [640])

@@ -271,3 +271,15 @@ def test_half_export_on_cuda(weights: Path, tmp_path: Path) -> None:
     assert results[0].error is None  # verified against the FP16 PyTorch model
     backend = DetectBackend(local.with_suffix(".torchscript"), "cuda:0")
     assert backend.dtype == torch.float16 and backend(real_images((64, 64), 1).cuda()).dtype == torch.float16
+
+
+V7_EXPORT_FLAGS = ["--data", "d.yaml", "--weights", "a.pt", "b.pt", "--imgsz", "320", "--batch-size", "2",
+                   "--device", "cpu", "--half", "--inplace", "--keras", "--optimize", "--int8", "--dynamic",
+                   "--simplify", "--opset", "12", "--verbose", "--workspace", "4", "--nms", "--agnostic-nms",
+                   "--topk-per-class", "100", "--topk-all", "100", "--iou-thres", "0.45", "--conf-thres", "0.25",
+                   "--include", "torchscript", "onnx", "openvino"]
+
+
+def test_every_yolov5_v7_flag_parses() -> None:
+    opt = export.parse_opt(V7_EXPORT_FLAGS)  # no argparse error for any of them; main() judges each
+    assert (opt.weights, opt.half, opt.simplify, opt.opset, opt.verbose) == (["a.pt", "b.pt"], True, True, 12, True)

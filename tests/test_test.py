@@ -144,6 +144,13 @@ def test_speed_task_only_times(checkpoint, tiny_dataset, tmp_path, capsys):
     assert result.metrics is None and result.results() == (0.0, 0.0, 0.0, 0.0)  # nothing was matched
     assert "mAP@.5:.95" not in out and "(12 images, timing only)" in out
     assert _files(tmp_path / "exp") == set()  # no plots, no JSON, no label files
+    unlabeled = ensure_synthetic(tmp_path / "unlabeled", n_train=1, n_val=3, img_size=(64, 64), seed=1)
+    for label in (unlabeled / "labels").rglob("*.txt"):
+        label.unlink()
+    data = tmp_path / "unlabeled.yaml"
+    data.write_text(yaml.safe_dump({"path": str(unlabeled), "train": "images/train", "val": "images/val",
+                                    "nc": len(SYNTHETIC_NAMES), "names": SYNTHETIC_NAMES}))
+    assert test_script.main(test_script.parse_opt(_args(checkpoint, data, tmp_path, "--task", "speed"))).seen == 3
 
 
 def test_study_task_writes_a_table_and_a_plot(checkpoint, tiny_dataset, tmp_path, no_curve_plots):
@@ -259,3 +266,17 @@ def test_val_py_is_test_py_under_the_newer_name(checkpoint, tiny_dataset, tmp_pa
     assert code == 2 and capsys.readouterr().err.strip().splitlines() == [
         f"val: error: --weights {tmp_path / 'none.pt'} not found"]
     assert len((ROOT / "val.py").read_text().splitlines()) < 40  # no copy of test.py
+
+
+V7_VAL_FLAGS = ["--data", "d.yaml", "--weights", "a.pt", "--batch-size", "8", "--imgsz", "320", "--conf-thres", "0.1",
+                "--iou-thres", "0.5", "--max-det", "9", "--task", "study", "--device", "cpu", "--workers", "1",
+                "--single-cls", "--augment", "--verbose", "--save-txt", "--save-hybrid", "--save-conf", "--save-json",
+                "--project", "p", "--name", "n", "--exist-ok", "--half", "--dnn"]
+
+
+def test_every_yolov5_v7_flag_parses():
+    import val
+
+    for parse in (test_script.parse_opt, val.parse_opt):  # no argparse error; run() judges each
+        opt = parse(V7_VAL_FLAGS)
+        assert (opt.task, opt.augment, opt.save_hybrid, opt.img_size) == ("study", True, True, 320)

@@ -3,6 +3,7 @@ session, one-line errors for bad input, and exit codes.
 
 A flag that two scripts have is defined here once (name, aliases, type, help); a script chooses which ones it
 takes and may give a different default (``--conf-thres`` is 0.001 for validation, 0.25 for detection).
+YOLOv5 v7.0 flags that do not apply here are accepted too (REFUSED) and refused with one line saying what to use.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """What validation writes besides its table: COCO-format predictions (scored with pycocotools when the data set
-has annotations), YOLO-format label files, and the metric plots."""
+has annotations), YOLO-format label files (with --save-hybrid, labels and predictions together), the metric
+plots, and the --task study table."""
 
 from __future__ import annotations
 

@@ -75,6 +75,9 @@ def test_bad_stream_sources_give_one_line_errors(tmp_path: Path) -> None:
     with pytest.raises(SourceError, match=r"cannot open stream http://127\.0\.0\.1:\d+/live \(unreachable"):
         load_source(f"http://127.0.0.1:{free_port()}/live")
     assert time.monotonic() - start < 5  # refused connections fail at once
+    for scheme in ("rtsp", "rtmp"):  # always live streams, whatever their path says
+        with pytest.raises(SourceError, match=f"cannot open stream {scheme}://127"):
+            load_source(f"{scheme}://127.0.0.1:{free_port()}/live.mp4")
     empty = tmp_path / "empty.streams"
     empty.write_text("# nothing here\n\n")
     with pytest.raises(SourceError, match="lists no streams"):
@@ -85,3 +88,18 @@ def test_bad_stream_sources_give_one_line_errors(tmp_path: Path) -> None:
         load_source(bad)
     with pytest.raises(SourceError, match="does not exist"):
         load_source(tmp_path / "missing.streams")
+
+
+def test_a_stream_that_never_answers_times_out(monkeypatch) -> None:
+    import socket
+
+    import utils.sources
+
+    monkeypatch.setattr(utils.sources, "NETWORK_TIMEOUT_S", 1.0)
+    with socket.socket() as server:  # accepts connections (the kernel's backlog) but never sends a byte
+        server.bind(("127.0.0.1", 0))
+        server.listen(4)
+        start = time.monotonic()
+        with pytest.raises(SourceError, match="cannot open stream"):
+            load_source(f"http://127.0.0.1:{server.getsockname()[1]}/live")
+        assert time.monotonic() - start < 8
