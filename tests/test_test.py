@@ -153,6 +153,11 @@ def test_speed_task_only_times(checkpoint, tiny_dataset, tmp_path, capsys):
     assert test_script.main(test_script.parse_opt(_args(checkpoint, data, tmp_path, "--task", "speed"))).seen == 3
 
 
+def test_train_task_validates_the_training_split(checkpoint, tiny_dataset, tmp_path, no_curve_plots):
+    result = test_script.main(test_script.parse_opt(_args(checkpoint, tiny_dataset, tmp_path, "--task", "train")))
+    assert result.seen == 24  # the 24 training images, not the 12 of val
+
+
 def test_study_task_writes_a_table_and_a_plot(checkpoint, tiny_dataset, tmp_path, no_curve_plots):
     results = test_script.main(test_script.parse_opt(_args(checkpoint, tiny_dataset, tmp_path, "--task", "study",
                                                            "--study-sizes", "64", "96", "32")))
