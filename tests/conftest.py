@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 import os
 import shutil
 from collections.abc import Iterator
@@ -131,7 +132,7 @@ def release_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
 @pytest.fixture(scope="session")
 def tiny_exports(tiny_weights: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """``tiny_weights`` exported by export.py (verified there against PyTorch): a static 64 px ONNX file, and a
-    dynamic ONNX file and OpenVINO folder. Keys: pt, static_onnx, onnx, openvino."""
+    dynamic ONNX file and OpenVINO folder (when openvino is installed). Keys: pt, static_onnx, onnx[, openvino]."""
     import torch
 
     import export
@@ -144,9 +145,10 @@ def tiny_exports(tiny_weights: Path, tmp_path_factory: pytest.TempPathFactory) -
     torch.set_num_threads(1)  # tiny tensors: one thread is faster on the 2 shared cores
     try:
         export.main(export.parse_opt(["--weights", str(static), "--img-size", "64", "--include", "onnx"]))
-        export.main(export.parse_opt(["--weights", str(dynamic), "--img-size", "64", "--include", "onnx", "openvino",
+        openvino = ["openvino"] if importlib.util.find_spec("openvino") else []  # requirements-dev.txt has it
+        export.main(export.parse_opt(["--weights", str(dynamic), "--img-size", "64", "--include", "onnx", *openvino,
                                       "--dynamic"]))
     finally:
         torch.set_num_threads(threads)
-    return {"pt": tiny_weights, "static_onnx": static.with_suffix(".onnx"), "onnx": dynamic.with_suffix(".onnx"),
-            "openvino": folder / "dynamic_openvino_model"}
+    exports = {"pt": tiny_weights, "static_onnx": static.with_suffix(".onnx"), "onnx": dynamic.with_suffix(".onnx")}
+    return {**exports, "openvino": folder / "dynamic_openvino_model"} if openvino else exports

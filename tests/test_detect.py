@@ -361,6 +361,7 @@ def test_release_name_is_downloaded_and_names_come_from_the_file(release_server:
 
 
 def test_openvino_weights_give_the_pt_boxes(tiny_exports: dict[str, Path], tmp_path: Path) -> None:
+    pytest.importorskip("openvino")
     image_file = tmp_path / "wide.png"
     cv2.imwrite(str(image_file), scene(3, (40, 64)))
     outputs = [run_detect("--weights", tiny_exports[kind], "--source", image_file, "--img-size", 64, *LOW_CONF,
