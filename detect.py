@@ -1,12 +1,14 @@
-"""Run a trained detector on images, videos or a webcam and save the annotated results.
+"""Run a trained detector on images, videos, a webcam or network streams and save the annotated results.
 
     python detect.py                                       # newest runs/train/*/weights/best.pt on data/images
     python detect.py --weights best.pt --source img.jpg    # also: folder/, 'dir/*.jpg', list.txt, video.mp4, 0
     python detect.py --weights best.onnx --source folder/ --save-txt --save-conf --save-crop
+    python detect.py --weights yolov5s.pt --source rtsp://host/live --view-img    # release name, live stream
 
-Weights may be our .pt checkpoint, an exported .torchscript or an .onnx file (see export.py).
-Outputs go to runs/detect/exp{N}: annotated images and videos at their original size,
-labels/*.txt (YOLO rows normalised to the original image) and crops/<class>/*.jpg.
+Weights may be our .pt checkpoint, a YOLOv5 release file or name, an exported .torchscript or .onnx file, or an
+OpenVINO folder (see export.py). Outputs go to runs/detect/exp{N}: annotated images and videos at their original
+size, labels/*.txt (YOLO rows normalised to the original image), crops/<class>/*.jpg and, with --visualize,
+<image>/stage*_features.png.
 """
 
 from __future__ import annotations
@@ -23,13 +25,25 @@ import torch
 
 from utils import paths
 from utils.annotate import class_name, draw_detections
-from utils.backends import DetectBackend, check_img_size, find_trained_weights
+from utils.backends import DetectBackend, check_img_size, resolve_weights_arg
 from utils.boxes import label_rows, non_max_suppression, scale_boxes
-from utils.cli import add_flags, project_dir, run_main
+from utils.cli import (
+    add_flags,
+    add_refused_flags,
+    check_refused_flags,
+    collapse_weights,
+    one_weights,
+    project_dir,
+    run_main,
+    visible_options,
+)
 from utils.device import select_device
 from utils.errors import UserError
+from utils.features import capture_stages, save_feature_maps
 from utils.log import LOGGER, colorstr, print_options, setup_logging
-from utils.sources import Frame, LoadImages, LoadWebcam, load_source
+from utils.sources import Frame, LoadImages, LoadStreams, LoadWebcam, load_source, media_name
+from utils.tta import augmented_forward
+from utils.viewer import Viewer
 
 
 class DetectError(UserError, ValueError):
@@ -49,21 +63,29 @@ class DetectResult:
 
 def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     """detect.py's options (``argv=None`` reads sys.argv)."""
-    parser = argparse.ArgumentParser(prog="detect.py", description="Detect objects in images, videos or a webcam")
-    add_flags(parser, "weights")
-    parser.add_argument("--source", type=str, default="", help="file, folder, glob, .txt list, video or "
-                        "webcam index (default: data/images)")
+    parser = argparse.ArgumentParser(prog="detect.py", description="Detect objects in images, videos, a webcam or "
+                                     "network streams")
+    add_flags(parser, "weights", nargs={"weights": "+"})
+    parser.add_argument("--source", type=str, default="", help="file, folder, glob, .txt list, video, webcam index, "
+                        "URL (rtsp://, rtmp://, http(s)://) or .streams file of URLs (default: data/images)")
     add_flags(parser, "img_size", "conf_thres", "iou_thres", "max_det", "device", conf_thres=0.25, iou_thres=0.45,
               max_det=1000)
+    parser.add_argument("--view-img", action="store_true", help="show results in a window (where a display exists)")
     parser.add_argument("--classes", nargs="+", type=int, help="keep only these classes: --classes 0 2")
-    add_flags(parser, "agnostic_nms", "save_txt", "save_conf")
+    add_flags(parser, "agnostic_nms", "augment")
+    parser.add_argument("--visualize", action="store_true", help="save the feature maps of every stage as "
+                        "images (.pt weights)")
+    parser.add_argument("--vid-stride", type=int, default=1, help="video frame-rate stride: read every N-th frame")
+    add_flags(parser, "save_txt", "save_conf")
     parser.add_argument("--save-crop", action="store_true", help="save cropped boxes to crops/<class>/")
     parser.add_argument("--nosave", action="store_true", help="do not save annotated images/videos")
     parser.add_argument("--hide-labels", action="store_true", help="draw boxes without labels")
     parser.add_argument("--hide-conf", action="store_true", help="draw labels without confidences")
     parser.add_argument("--line-thickness", type=int, default=3, help="box line thickness (pixels)")
     add_flags(parser, "half", "project", "name", "exist_ok", "trust_weights")
+    add_refused_flags(parser, "dnn", "update", "data")
     opt = parser.parse_args(argv)
+    opt.weights = collapse_weights(opt.weights)
     opt.project = project_dir(opt, "detect")
     return opt
 
@@ -77,6 +99,18 @@ def check_options(opt: argparse.Namespace, device: torch.device) -> None:
             raise DetectError(f"--{flag.replace('_', '-')} {getattr(opt, flag)} must be within [0, 1]")
     if opt.max_det < 1 or opt.line_thickness < 1:
         raise DetectError("--max-det and --line-thickness must be at least 1")
+    if opt.vid_stride < 1:
+        raise DetectError(f"--vid-stride {opt.vid_stride} must be at least 1 (1 reads every frame)")
+
+
+def check_backend(opt: argparse.Namespace, backend: DetectBackend) -> None:
+    """Refuse flags these weights cannot serve: --visualize needs the PyTorch model, --augment a dynamic one."""
+    if opt.visualize and backend.kind != "pt":
+        raise DetectError(f"--visualize draws the stages of the PyTorch model; {backend.weights.name} is an export: "
+                          "pass the .pt")
+    if opt.augment and not backend.dynamic:
+        raise DetectError(f"--augment runs 3 image sizes; {backend.weights.name} is a static export (one input "
+                          "size): export it with --dynamic, or use the .pt")
 
 
 def resolve_img_size(opt: argparse.Namespace, backend: DetectBackend) -> tuple[int, int]:
@@ -113,55 +147,85 @@ def save_crops(image: np.ndarray, det: np.ndarray, names: list[str], crop_dir: P
         cv2.imwrite(str(paths.increment_path(folder / f"{stem}.jpg")), image[y1:y2, x1:x2])
 
 
+def output_stem(frame: Frame) -> str:
+    """What a frame's outputs are named after: the file (or URL) stem, ``webcam0``, ``stream2``."""
+    if frame.kind == "webcam":
+        return f"webcam{frame.path}"
+    if frame.kind == "stream":
+        return f"stream{frame.index}"
+    return frame.stem
+
+
 class OutputWriter:
-    """Saves what a run produces: annotated images and videos, label files, crops."""
+    """Saves what a run produces: annotated images and videos, label files, crops; --view-img also shows them."""
 
     def __init__(self, save_dir: Path, opt: argparse.Namespace, names: list[str]) -> None:
         self.save_dir, self.opt, self.names = save_dir, opt, names
         self.videos: dict[str, cv2.VideoWriter] = {}
+        self.viewer = Viewer(opt.view_img)
         if opt.save_txt:
             (save_dir / "labels").mkdir(parents=True, exist_ok=True)
 
     def write(self, frame: Frame, det: np.ndarray) -> None:
-        """Save one processed frame; ``det`` (k, 6) is in original-image pixels."""
+        """Save (and show) one processed frame; ``det`` (k, 6) is in original-image pixels."""
         opt = self.opt
-        stem = Path(frame.path).stem if frame.kind == "image" else f"{Path(frame.path).stem}_{frame.frame}"
+        stem = output_stem(frame) if frame.kind == "image" else f"{output_stem(frame)}_{frame.frame}"
         if opt.save_txt and len(det):  # as the reference does: no file for an image without detections
             rows = label_rows(det, frame.original.shape[:2], opt.save_conf)
             (self.save_dir / "labels" / f"{stem}.txt").write_text("".join(f"{r}\n" for r in rows))
         if opt.save_crop:
             save_crops(frame.original, det, self.names, self.save_dir / "crops", stem)
-        if opt.nosave:
+        if opt.nosave and not self.viewer.enabled:
             return
         annotated = draw_detections(frame.original.copy(), det[:, :4], det[:, 5], det[:, 4], self.names,
                                     opt.line_thickness, opt.hide_labels, opt.hide_conf)
+        self.viewer.show(output_stem(frame) if frame.kind != "image" else frame.path, annotated)
+        if opt.nosave:
+            return
         if frame.kind == "image":
-            cv2.imwrite(str(self.save_dir / Path(frame.path).name), annotated)
+            cv2.imwrite(str(self.save_dir / media_name(frame.path)), annotated)
         else:
             self._video(frame).write(annotated)
 
     def _video(self, frame: Frame) -> cv2.VideoWriter:
-        if frame.path not in self.videos:
-            name = Path(frame.path).stem if frame.kind == "video" else f"webcam{frame.path}"
+        name = output_stem(frame)
+        if name not in self.videos:
             height, width = frame.original.shape[:2]
-            self.videos[frame.path] = cv2.VideoWriter(str(self.save_dir / f"{name}.mp4"),
-                                                      cv2.VideoWriter_fourcc(*"mp4v"), frame.fps or 30.0,
-                                                      (width, height))
-        return self.videos[frame.path]
+            self.videos[name] = cv2.VideoWriter(str(self.save_dir / f"{name}.mp4"), cv2.VideoWriter_fourcc(*"mp4v"),
+                                                frame.fps or 30.0, (width, height))
+        return self.videos[name]
 
     def close(self) -> None:
         for writer in self.videos.values():
             writer.release()
         self.videos.clear()
+        self.viewer.close()
 
 
-def detect_frame(backend: DetectBackend, frame: Frame, opt: argparse.Namespace) -> tuple[np.ndarray, list[float]]:
+def feature_folder(save_dir: Path, frame: Frame) -> Path:
+    """--visualize: <save_dir>/<image stem>/, or <stem>_<frame number>/ for a video or stream frame."""
+    return save_dir / (output_stem(frame) if frame.kind == "image" else f"{output_stem(frame)}_{frame.frame}")
+
+
+def predict(backend: DetectBackend, image: torch.Tensor, opt: argparse.Namespace,
+            feature_dir: Path | None) -> torch.Tensor:
+    """Decoded predictions for one image batch: plain, or test-time augmented; stages saved with --visualize."""
+    if feature_dir is None:
+        return augmented_forward(backend, image, backend.layout) if opt.augment else backend(image)
+    with capture_stages(backend.model) as stages:
+        pred = augmented_forward(backend, image, backend.layout) if opt.augment else backend(image)
+    save_feature_maps(stages, feature_dir)
+    return pred
+
+
+def detect_frame(backend: DetectBackend, frame: Frame, opt: argparse.Namespace,
+                 feature_dir: Path | None = None) -> tuple[np.ndarray, list[float]]:
     """Detections (k, 6) in original-image pixels for one frame, and the seconds of each step."""
     start = time.perf_counter()
     image = torch.from_numpy(frame.image).to(backend.device)
-    image = (image.half() if backend.half else image.float())[None] / 255  # (1, 3, h, w) in [0, 1]
+    image = image.to(backend.dtype)[None] / 255  # (1, 3, h, w) in [0, 1]
     prepared = time.perf_counter()
-    pred = backend(image)
+    pred = predict(backend, image, opt, feature_dir)
     inferred = time.perf_counter()
     det = non_max_suppression(pred.float(), opt.conf_thres, opt.iou_thres, opt.classes, opt.agnostic_nms,
                               max_det=opt.max_det)[0]
@@ -170,13 +234,14 @@ def detect_frame(backend: DetectBackend, frame: Frame, opt: argparse.Namespace) 
     return det.cpu().numpy(), [prepared - start, inferred - prepared, done - inferred]
 
 
-def run(backend: DetectBackend, source: LoadImages | LoadWebcam, writer: OutputWriter,
+def run(backend: DetectBackend, source: LoadImages | LoadWebcam | LoadStreams, writer: OutputWriter,
         opt: argparse.Namespace) -> DetectResult:
     """Detect on every frame of ``source``, log one line each, save the outputs."""
     result = DetectResult(writer.save_dir, backend.weights)
     totals = np.zeros(3)
     for frame in source:
-        det, seconds = detect_frame(backend, frame, opt)
+        feature_dir = feature_folder(writer.save_dir, frame) if opt.visualize else None
+        det, seconds = detect_frame(backend, frame, opt, feature_dir)
         totals += seconds
         h, w = frame.image.shape[1:]
         summary = summarize(torch.from_numpy(det), backend.names)
@@ -191,14 +256,16 @@ def run(backend: DetectBackend, source: LoadImages | LoadWebcam, writer: OutputW
 def main(opt: argparse.Namespace) -> DetectResult:
     """Load the weights, run every frame of --source, save the outputs, print the speed summary."""
     setup_logging(0)
-    print_options("detect", opt)
-    weights = Path(opt.weights) if opt.weights else find_trained_weights()
-    source = opt.source or str(paths.ROOT / "data" / "images")
+    print_options("detect", visible_options(opt))
+    check_refused_flags(opt)
     device = select_device(opt.device)
     check_options(opt, device)
+    weights = resolve_weights_arg(one_weights(opt.weights))
+    source = opt.source or str(paths.ROOT / "data" / "images")
     backend = DetectBackend(weights, device, half=opt.half, trusted=opt.trust_weights)
+    check_backend(opt, backend)
     img_size = resolve_img_size(opt, backend)
-    dataset = load_source(source, img_size, backend.stride, auto=backend.dynamic)
+    dataset = load_source(source, img_size, backend.stride, auto=backend.dynamic, vid_stride=opt.vid_stride)
     save_dir = paths.increment_path(Path(opt.project) / opt.name, exist_ok=opt.exist_ok, mkdir=True)
     backend.warmup(img_size)
     writer = OutputWriter(save_dir, opt, backend.names)

@@ -1,21 +1,21 @@
-"""Export a trained detector to TorchScript and ONNX, and prove each export gives PyTorch's output.
+"""Export a trained detector to TorchScript, ONNX and OpenVINO, and prove each export gives PyTorch's output.
 
     python export.py --weights runs/train/exp/weights/best.pt --include torchscript onnx
-    python export.py --weights best.pt --include onnx --dynamic --img-size 640
+    python export.py --weights best.pt --include onnx --dynamic --simplify --img-size 640
+    python export.py --weights yolov5s.pt --include openvino     # release name: downloaded when missing
 
-Files are written next to the weights with the same stem (best.pt -> best.torchscript, best.onnx).
-The model is fused and in eval mode, so the files return the decoded predictions (b, n, 5 + nc).
-Each export is run on a real letterboxed image and compared with PyTorch before it is reported.
+Files are written next to the weights with the same stem (best.pt -> best.torchscript, best.onnx,
+best_openvino_model/). The model is fused and in eval mode, so the files return the decoded predictions
+(b, n, 5 + nc). Each export is run on a real letterboxed image and compared with PyTorch before it is reported.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import json
+import importlib.util
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,17 +23,27 @@ import cv2
 import numpy as np
 import torch
 
-from utils.backends import DetectBackend, check_img_size, export_metadata, find_trained_weights, quiet_jit_warnings
+from utils.backends import DetectBackend, check_img_size, export_metadata, resolve_weights_arg
 from utils.checkpoint import load_model
-from utils.cli import add_flags, run_main
+from utils.cli import (
+    add_flags,
+    add_refused_flags,
+    check_refused_flags,
+    collapse_weights,
+    run_main,
+    visible_options,
+)
 from utils.device import select_device
 from utils.errors import UserError
+from utils.exporters import EXPORTERS, FORMATS, installed_simplifier, onnx_export_kwargs, output_path
 from utils.log import LOGGER, colorstr, print_options, setup_logging
 from utils.paths import IMG_SUFFIXES, ROOT
 from utils.sources import letterbox_image
 
-FORMATS = ("torchscript", "onnx")
 MAX_ERROR = 1e-3  # the largest difference accepted between an export and PyTorch (see compare_outputs)
+HALF_RELATIVE_ERROR = 2e-3  # --half: also accepted up to this fraction of the largest output (fp16 rounding)
+REFUSED = ("data", "inplace", "optimize", "keras", "int8", "workspace", "nms", "agnostic_nms", "topk_per_class",
+           "topk_all", "iou_thres", "conf_thres")  # YOLOv5 flags for formats this script does not write
 
 
 class ExportError(UserError, RuntimeError):
@@ -52,31 +62,59 @@ class ExportResult:
 
     @property
     def size_mb(self) -> float:
-        return self.file.stat().st_size / 1e6 if self.file and self.file.is_file() else 0.0
+        """The file's size, or the sum of a folder's files (OpenVINO)."""
+        if not self.file or not self.file.exists():
+            return 0.0
+        files = [self.file] if self.file.is_file() else [f for f in self.file.rglob("*") if f.is_file()]
+        return sum(f.stat().st_size for f in files) / 1e6
 
 
 def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     """export.py's options (``argv=None`` reads sys.argv)."""
-    parser = argparse.ArgumentParser(prog="export.py", description="Export a trained detector to TorchScript / ONNX")
-    add_flags(parser, "weights")
-    parser.add_argument("--include", nargs="+", default=list(FORMATS), help=f"formats: {', '.join(FORMATS)}")
+    parser = argparse.ArgumentParser(prog="export.py", description="Export a trained detector to TorchScript, ONNX "
+                                     "and OpenVINO")
+    add_flags(parser, "weights", nargs={"weights": "+"})
+    parser.add_argument("--include", nargs="+", default=["torchscript", "onnx"], help=f"formats: {', '.join(FORMATS)}")
     add_flags(parser, "img_size", "batch_size", batch_size=1)
+    parser.add_argument("--half", action="store_true", help="FP16 export (CUDA only: --device 0)")
     parser.add_argument("--dynamic", action="store_true", help="dynamic batch and image size (ONNX axes)")
+    parser.add_argument("--simplify", action="store_true", help="simplify the ONNX graph (ONNX, OpenVINO) with "
+                        "onnxslim or onnxsim (pip install onnxslim)")
     parser.add_argument("--opset", type=int, default=17, help="ONNX opset version")
     parser.add_argument("--dynamo", action="store_true", help="use the torch.export-based ONNX exporter (slower)")
+    parser.add_argument("--verbose", action="store_true", help="print the ONNX exporter's graph")
     add_flags(parser, "device", "trust_weights", device="cpu")
-    return parser.parse_args(argv)
+    add_refused_flags(parser, *REFUSED)
+    opt = parser.parse_args(argv)
+    opt.weights = collapse_weights(opt.weights)
+    return opt
 
 
 def check_options(opt: argparse.Namespace) -> list[str]:
     """The validated formats (duplicates dropped); a UserError naming the flag otherwise."""
-    formats = [f.lower().lstrip(".") for f in opt.include]
+    check_refused_flags(opt)
+    formats = list(dict.fromkeys(f.lower().lstrip(".") for f in opt.include))
     unknown = [f for f in formats if f not in FORMATS]
     if unknown:
         raise ExportError(f"--include {' '.join(unknown)}: unknown format (choose from {', '.join(FORMATS)})")
     if opt.batch_size < 1:
         raise ExportError(f"--batch-size {opt.batch_size} must be at least 1")
-    return list(dict.fromkeys(formats))
+    if opt.simplify and not {"onnx", "openvino"} & set(formats):
+        raise ExportError("--simplify applies to ONNX graphs: add --include onnx (or openvino)")
+    if opt.simplify and installed_simplifier() is None:
+        raise ExportError("--simplify needs onnxslim or onnxsim, which are not installed: pip install onnxslim")
+    if "openvino" in formats and importlib.util.find_spec("openvino") is None:
+        raise ExportError("--include openvino needs the openvino package: pip install openvino")
+    if {"onnx", "openvino"} & set(formats):
+        onnx_export_kwargs(opt)  # refuses --dynamo on a torch without it
+    return formats
+
+
+def check_device(opt: argparse.Namespace, device: torch.device) -> None:
+    """--half exports FP16 models, which only CUDA runs fast and PyTorch verifies there."""
+    if opt.half and device.type != "cuda":
+        raise ExportError(f"--half exports FP16 on CUDA only (this export runs on {device}); add --device 0, "
+                          "or drop --half")
 
 
 @functools.lru_cache(maxsize=1)
@@ -105,46 +143,25 @@ def compare_outputs(reference: torch.Tensor, output: torch.Tensor) -> float:
     return float((reference.float().cpu() - output.float().cpu()).abs().max())
 
 
-def export_torchscript(model: torch.nn.Module, images: torch.Tensor, file: Path, meta: dict, opt) -> Path:
-    """torch.jit.trace of the fused model; metadata as JSON in the archive's config.txt."""
-    with quiet_jit_warnings():
-        traced = torch.jit.trace(model, images, strict=False, check_trace=False)  # verified below
-        torch.jit.save(traced, str(file), _extra_files={"config.txt": json.dumps(meta)})
-    return file
+def error_limit(reference: torch.Tensor, half: bool) -> float:
+    """The largest difference accepted: MAX_ERROR, and for FP16 exports a share of the largest output too."""
+    return max(MAX_ERROR, HALF_RELATIVE_ERROR * float(reference.float().abs().max())) if half else MAX_ERROR
 
 
-def export_onnx(model: torch.nn.Module, images: torch.Tensor, file: Path, meta: dict, opt) -> Path:
-    """torch.onnx.export (TorchScript-based exporter unless --dynamo), then stride/names as metadata_props."""
-    import onnx
-
-    kwargs: dict = {"opset_version": opt.opset, "input_names": ["images"], "output_names": ["output0"],
-                    "dynamo": opt.dynamo, "verbose": False}
-    if opt.dynamic and opt.dynamo:
-        dim = torch.export.Dim
-        kwargs["dynamic_shapes"] = ({0: dim("batch", min=1, max=1024), 2: dim.AUTO, 3: dim.AUTO},)
-    elif opt.dynamic:
-        kwargs["dynamic_axes"] = {"images": {0: "batch", 2: "height", 3: "width"},
-                                  "output0": {0: "batch", 1: "anchors"}}
-    with quiet_jit_warnings():
-        torch.onnx.export(model, (images,), str(file), **kwargs)
-    proto = onnx.load(str(file))
-    onnx.checker.check_model(proto)
-    for key, value in meta.items():
-        entry = proto.metadata_props.add()
-        entry.key, entry.value = key, json.dumps(value)
-    onnx.save(proto, str(file))
-    return file
-
-
-EXPORTERS: dict[str, Callable[..., Path]] = {"torchscript": export_torchscript, "onnx": export_onnx}
-SUFFIX = {"torchscript": ".torchscript", "onnx": ".onnx"}
-
-
-def verify_export(file: Path, model: torch.nn.Module, checks: list[torch.Tensor], device: torch.device) -> float:
-    """Run the exported file through DetectBackend on each example batch; the largest error against PyTorch."""
+def verify_export(file: Path, model: torch.nn.Module, checks: list[torch.Tensor], device: torch.device,
+                  half: bool = False) -> float:
+    """Run the exported file through DetectBackend on each example batch; the largest difference to PyTorch.
+    RuntimeError when a batch differs by error_limit or more."""
     backend = DetectBackend(file, device)
+    worst = 0.0
     with torch.no_grad():
-        return max(compare_outputs(model(images), backend(images)) for images in checks)
+        for images in checks:
+            reference = model(images)
+            error, limit = compare_outputs(reference, backend(images)), error_limit(reference, half)
+            if not error < limit:
+                raise RuntimeError(f"output differs from PyTorch by {error:.2e} (limit {limit:.0e})")
+            worst = max(worst, error)
+    return worst
 
 
 def run_export(fmt: str, model: torch.nn.Module, weights: Path, checks: list[torch.Tensor], meta: dict,
@@ -154,10 +171,8 @@ def run_export(fmt: str, model: torch.nn.Module, weights: Path, checks: list[tor
     start = time.perf_counter()
     LOGGER.info(f"{colorstr(fmt + ':')} exporting with torch {torch.__version__}...")
     try:
-        result.file = EXPORTERS[fmt](model, checks[0], weights.with_suffix(SUFFIX[fmt]), meta, opt)
-        result.max_error = verify_export(result.file, model, checks, checks[0].device)
-        if not result.max_error < MAX_ERROR:
-            raise RuntimeError(f"output differs from PyTorch by {result.max_error:.2e} (limit {MAX_ERROR:.0e})")
+        result.file = EXPORTERS[fmt](model, checks[0], output_path(fmt, weights), meta, opt)
+        result.max_error = verify_export(result.file, model, checks, checks[0].device, opt.half)
     except Exception as e:  # one failing format must not stop the others; the reason is reported
         result.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
         LOGGER.info(f"{colorstr(fmt + ':')} export failure: {result.error}")
@@ -192,23 +207,35 @@ def print_summary(results: list[ExportResult], seconds: float) -> None:
         LOGGER.info(f"Detect:   python detect.py --weights {done[-1].file}")
 
 
-def main(opt: argparse.Namespace) -> list[ExportResult]:
-    """Export every --include format, verify each, print the summary; ExportError when any failed."""
-    setup_logging(0)
-    print_options("export", opt)
-    formats = check_options(opt)
-    weights = Path(opt.weights) if opt.weights else find_trained_weights()
-    device = select_device(opt.device)
-    start = time.perf_counter()
+def export_weights(weights: Path, formats: list[str], device: torch.device,
+                   opt: argparse.Namespace) -> list[ExportResult]:
+    """Load one weights file (fused, FP16 with --half) and export and verify each format."""
     model, _ = load_model(weights, device, fuse=True, trusted=opt.trust_weights)
     for p in model.parameters():
         p.requires_grad_(False)
     stride = int(model.stride.max())
     img_size = check_img_size(opt.img_size, stride)
-    meta = export_metadata(model, img_size, opt.batch_size, opt.dynamic)
+    meta = export_metadata(model, img_size, opt.batch_size, opt.dynamic, opt.half)
     checks = check_batches(opt, img_size, stride, device)
-    LOGGER.info(f"{colorstr('PyTorch:')} starting from {weights} with input shape {tuple(checks[0].shape)}")
-    results = [run_export(fmt, model, weights, checks, meta, opt) for fmt in formats]
+    if opt.half:
+        model, checks = model.half(), [images.half() for images in checks]
+    LOGGER.info(f"{colorstr('PyTorch:')} starting from {weights} with input shape {tuple(checks[0].shape)}"
+                f"{' (FP16)' if opt.half else ''}")
+    return [run_export(fmt, model, weights, checks, meta, opt) for fmt in formats]
+
+
+def main(opt: argparse.Namespace) -> list[ExportResult]:
+    """Export every --include format of every --weights file, verify each, print the summary; ExportError when
+    any failed."""
+    setup_logging(0)
+    print_options("export", visible_options(opt))
+    formats = check_options(opt)
+    device = select_device(opt.device)
+    check_device(opt, device)
+    start = time.perf_counter()
+    results = []
+    for weights in opt.weights if isinstance(opt.weights, list) else [opt.weights]:
+        results += export_weights(resolve_weights_arg(weights), formats, device, opt)
     print_summary(results, time.perf_counter() - start)
     failed = [r for r in results if r.error]
     if failed:

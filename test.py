@@ -1,10 +1,12 @@
-"""Validate a checkpoint on a data set's val (or test) split: P, R, mAP@.5, mAP@.5:.95, speed.
+"""Validate a checkpoint on a data set's val (or train/test) split: P, R, mAP@.5, mAP@.5:.95, speed.
 
     python test.py --weights runs/train/exp/weights/best.pt --data data/synthetic.yaml --img 160
+    python test.py --weights yolov5s.pt --data coco128.yaml --augment     # release name: downloaded when missing
+    python test.py --weights best.onnx --task speed                       # any export; timing only
     python -m torch.distributed.run --nproc_per_node 2 test.py --weights best.pt --device cpu
 
 Under torchrun every rank validates its shard of the images and the statistics are gathered, so the
-metrics equal a 1-process run.
+metrics equal a 1-process run. ``val.py`` is this script under YOLOv5's newer name.
 """
 
 from __future__ import annotations
@@ -16,16 +18,30 @@ from pathlib import Path
 import torch
 
 from utils import dist
-from utils.backends import check_img_size, find_trained_weights
-from utils.checkpoint import load_model
-from utils.cli import DISTRIBUTED, add_flags, distributed_session, project_dir, run_main, square_size
-from utils.data_config import DataError, load_data_config
+from utils.backends import DetectBackend, check_img_size, resolve_weights_arg
+from utils.cli import (
+    DISTRIBUTED,
+    add_flags,
+    add_refused_flags,
+    check_refused_flags,
+    collapse_weights,
+    distributed_session,
+    one_weights,
+    project_dir,
+    run_main,
+    square_size,
+    visible_options,
+)
+from utils.data_config import DataConfig, DataError, load_data_config
 from utils.datasets import DatasetOptions
-from utils.engine import EvalOptions, EvalResult, evaluate
+from utils.engine import EvalOptions, EvalResult, evaluate, measure_speed
 from utils.errors import UserError
 from utils.loader import create_dataloader
 from utils.log import LOGGER, colorstr, print_options
 from utils.paths import increment_path
+from utils.val_outputs import write_study
+
+TASKS = ("train", "val", "test", "speed", "study")
 
 
 class TestError(UserError, ValueError):
@@ -34,60 +50,108 @@ class TestError(UserError, ValueError):
     __test__ = False  # not a pytest test class
 
 
-def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
-    """test.py's options (``argv=None`` reads sys.argv)."""
-    p = argparse.ArgumentParser(prog="test.py", description="Validate a checkpoint (mAP@.5, mAP@.5:.95, speed)")
-    add_flags(p, "weights", "trust_weights", "data", "img_size", "batch_size", "conf_thres", "iou_thres", "max_det")
-    p.add_argument("--task", default="val", choices=["val", "test", "speed"], help="split to run, or speed only")
-    add_flags(p, "device", "workers", "single_cls", "agnostic_nms", "half")
+def parse_opt(argv: list[str] | None = None, script: str = "test") -> argparse.Namespace:
+    """test.py's options (``argv=None`` reads sys.argv); ``script='val'`` for val.py (runs/val, its messages)."""
+    p = argparse.ArgumentParser(prog=f"{script}.py", description="Validate a checkpoint (mAP@.5, mAP@.5:.95, speed)")
+    add_flags(p, "weights", nargs={"weights": "+"})
+    add_flags(p, "trust_weights", "data", "img_size", "batch_size", "conf_thres", "iou_thres", "max_det")
+    p.add_argument("--task", default="val", choices=TASKS, help="split to validate (train, val, test), 'speed' "
+                   "(timing only) or 'study' (mAP and speed at each --study-sizes)")
+    p.add_argument("--study-sizes", nargs=3, type=int, default=[256, 1536, 128], metavar=("START", "STOP", "STEP"),
+                   help="--task study: image sizes from START to STOP (included) every STEP")
+    add_flags(p, "device", "workers", "single_cls", "augment", "agnostic_nms", "half")
     p.add_argument("--verbose", action="store_true", help="report mAP per class")
-    add_flags(p, "save_txt", "save_conf")
+    add_flags(p, "save_txt")
+    p.add_argument("--save-hybrid", action="store_true", help="save labels and predictions together to labels/*.txt "
+                   "(auto-labelling; the reported mAP then counts the labels too)")
+    add_flags(p, "save_conf")
     p.add_argument("--save-json", action="store_true", help="save a COCO-format predictions JSON")
     add_flags(p, "project", "name", "exist_ok", *DISTRIBUTED)
+    add_refused_flags(p, "dnn")
     opt = square_size(p, p.parse_args(argv))
-    opt.project = project_dir(opt, "test")
+    opt.weights = collapse_weights(opt.weights)
+    opt.project = project_dir(opt, script)
     return opt
 
 
-def main(opt: argparse.Namespace) -> EvalResult:
+def main(opt: argparse.Namespace, script: str = "test") -> EvalResult | list[EvalResult]:
     """Join the process group (under torchrun), validate, and always tear the group down."""
-    with distributed_session(opt, "test") as device:
-        print_options("test", opt)
+    with distributed_session(opt, script) as device:
+        print_options(script, visible_options(opt))
         return run(opt, device)
 
 
-def _split(data: object, task: str) -> list[Path]:
+def _split(data: DataConfig, task: str) -> list[Path]:
     if task == "test":
         if not data.test:
             raise TestError(f"--task test: {data.yaml_file} has no 'test' split; add one or use --task val")
         return data.test
-    return data.val
+    return data.train if task == "train" else data.val
 
 
-def _coco_annotations(data: object) -> Path | None:
+def _coco_annotations(data: DataConfig) -> Path | None:
     """COCO's instances JSON, where a COCO data set keeps it (pycocotools then reports the official mAP)."""
     if not data.is_coco:
         return None
     return Path(data.root) / "annotations" / "instances_val2017.json"
 
 
-def run(opt: argparse.Namespace, device: torch.device) -> EvalResult:
-    """Load the checkpoint and data, build this rank's shard loader, and evaluate. All ranks must call it."""
-    batch = dist.batch_per_rank(opt.batch_size)
-    weights = opt.weights or find_trained_weights()
-    model, _ = load_model(weights, device, fuse=True, trusted=opt.trust_weights)
+def check_options(opt: argparse.Namespace, backend: DetectBackend) -> None:
+    """Refuse what cannot work with these weights; warn that --save-hybrid's mAP is not the model's."""
+    fixed = f"{backend.weights.name} is a static export (one input size)"
+    if not backend.dynamic and (opt.augment or opt.task == "study"):
+        flag = "--augment runs 3 image sizes" if opt.augment else "--task study runs several image sizes"
+        raise TestError(f"{flag}; {fixed}: export it with --dynamic, or use the .pt")
+    if backend.img_size is not None and backend.img_size[0] != backend.img_size[1]:
+        raise TestError(f"{fixed} of {list(backend.img_size)} pixels; test.py validates square images: export it "
+                        "with one --img-size or with --dynamic")
+    if opt.save_hybrid:
+        opt.save_txt = True
+        LOGGER.warning("WARNING: --save-hybrid adds the labels to the predictions (for auto-labelling): the mAP it "
+                       "reports is not the model's")
+
+
+def image_size(opt: argparse.Namespace, backend: DetectBackend, size: int) -> int:
+    """``size`` on the stride grid; a static export's own size (with a warning) when it differs."""
+    size = check_img_size([size], backend.stride)[0]
+    if backend.img_size is not None and backend.img_size[0] != size:
+        LOGGER.warning(f"WARNING: {backend.weights.name} was exported for {backend.img_size[0]} px inputs; "
+                       f"using that instead of --img-size {size}")
+        size = backend.img_size[0]
+    return size
+
+
+def run(opt: argparse.Namespace, device: torch.device) -> EvalResult | list[EvalResult]:
+    """Load the weights and data, then validate, time (--task speed) or study sizes. All ranks must call it."""
+    check_refused_flags(opt)
+    weights = resolve_weights_arg(one_weights(opt.weights))
+    backend = DetectBackend(weights, device, trusted=opt.trust_weights)
+    check_options(opt, backend)
     data = load_data_config(opt.data)
-    if model.nc != data.nc and not opt.single_cls:
-        raise TestError(f"--weights {weights} predicts {model.nc} classes but {data.yaml_file} has {data.nc}; "
-                        "pass the data set the model was trained on, or --single-cls")
-    stride = int(model.stride.max())
-    img_size = check_img_size([opt.img_size], stride)[0]
-    speed_only = opt.task == "speed"
+    if len(backend.names) != data.nc and not opt.single_cls:
+        raise TestError(f"--weights {weights} predicts {len(backend.names)} classes but {data.yaml_file} has "
+                        f"{data.nc}; pass the data set the model was trained on, or --single-cls")
     save_dir = dist.main_decides(lambda: increment_path(Path(opt.project) / opt.name, exist_ok=opt.exist_ok,
                                                         mkdir=True))
-    options = DatasetOptions(img_size=img_size, batch_size=batch, stride=stride, rect=True, pad=0.5, nc=data.nc,
-                             prefix=colorstr(f"{opt.task}: "), single_cls=opt.single_cls, names=data.names)
-    loader, dataset = create_dataloader(_split(data, opt.task), options, workers=opt.workers, shard_eval=True)
+    if opt.task != "study":
+        result = validate(opt, backend, data, device, save_dir, image_size(opt, backend, opt.img_size))
+    else:
+        result = study(opt, backend, data, device, save_dir, weights)
+    LOGGER.info(f"Results saved to {colorstr('bold', str(save_dir))}")
+    return result
+
+
+def validate(opt: argparse.Namespace, backend: DetectBackend, data: DataConfig, device: torch.device,
+             save_dir: Path, img_size: int) -> EvalResult:
+    """One pass over the split at ``img_size``: metrics and outputs, timing only (--task speed), or metrics
+    without plots and JSON (one size of --task study)."""
+    speed_only, files = opt.task == "speed", opt.task not in ("speed", "study")
+    split = opt.task if opt.task in ("train", "test") else "val"
+    model = backend.as_module()
+    options = DatasetOptions(img_size=img_size, batch_size=dist.batch_per_rank(opt.batch_size), stride=backend.stride,
+                             rect=backend.dynamic, pad=0.5, nc=data.nc, prefix=colorstr(f"{opt.task}: "),
+                             single_cls=opt.single_cls, names=data.names)
+    loader, dataset = create_dataloader(_split(data, split), options, workers=opt.workers, shard_eval=True)
     if not speed_only and sum(len(labels) for labels in dataset.labels) == 0:
         raise DataError(f"{opt.task} split of {data.yaml_file} has no labels (looked for .txt files in labels/ "
                         "next to images/); metrics need labels")
@@ -95,12 +159,37 @@ def run(opt: argparse.Namespace, device: torch.device) -> EvalResult:
         model(torch.zeros(1, 3, img_size, img_size, device=device))
     options = EvalOptions(conf_thres=opt.conf_thres, iou_thres=opt.iou_thres, max_det=opt.max_det,
                           single_cls=opt.single_cls, agnostic=opt.agnostic_nms, half=opt.half and device.type == "cuda",
-                          save_dir=save_dir, plots=not speed_only, save_json=opt.save_json and not speed_only,
+                          save_dir=save_dir, plots=files, save_json=opt.save_json and files,
                           save_txt=opt.save_txt, save_conf=opt.save_conf, verbose=opt.verbose, is_coco=data.is_coco,
-                          anno_json=_coco_annotations(data))
-    result = evaluate(model, loader, device, data.names, options)
-    LOGGER.info(f"Results saved to {colorstr('bold', str(save_dir))}")
-    return result
+                          anno_json=_coco_annotations(data), augment=opt.augment, save_hybrid=opt.save_hybrid)
+    if speed_only:
+        return measure_speed(model, loader, device, options)
+    return evaluate(model, loader, device, data.names, options)
+
+
+def study_sizes(spec: list[int]) -> list[int]:
+    """--study-sizes START STOP STEP as the list of sizes (STOP included)."""
+    start, stop, step = spec
+    if start < 1 or stop < start or step < 1:
+        raise TestError(f"--study-sizes {start} {stop} {step}: need 1 <= START <= STOP and STEP >= 1")
+    return list(range(start, stop + 1, step))
+
+
+def study(opt: argparse.Namespace, backend: DetectBackend, data: DataConfig, device: torch.device, save_dir: Path,
+          weights: Path) -> list[EvalResult]:
+    """--task study: validate at every --study-sizes size; study_<data>_<weights>.txt and study.png (rank 0)."""
+    sizes = study_sizes(opt.study_sizes)
+    results = []
+    for size in sizes:
+        LOGGER.info(f"\nStudy: --img-size {size}")
+        results.append(validate(opt, backend, data, device, save_dir, image_size(opt, backend, size)))
+    if dist.is_main_process():
+        from utils.plots import plot_study
+
+        table = write_study(save_dir / f"study_{Path(data.yaml_file).stem}_{weights.stem}.txt", sizes, results)
+        plot_study(table, save_dir / "study.png")
+        LOGGER.info(f"Study: {len(sizes)} image sizes written to {table} and {save_dir / 'study.png'}")
+    return results
 
 
 if __name__ == "__main__":

@@ -1,22 +1,29 @@
-"""Inference latency per image of .pt, .torchscript and .onnx (onnxruntime) weights on this machine.
+"""Inference latency per image of .pt, .torchscript, .onnx (onnxruntime) and OpenVINO weights on this machine.
 
     python benchmarks/bench_infer.py                        # yolov5n and yolov5s, 640 px, batch 1, CPU
     python benchmarks/bench_infer.py --models yolov5s --runs 50 --device 0
     python benchmarks/bench_infer.py --quick                # yolov5n, 5 runs: about a minute
+    python benchmarks/bench_infer.py --quick --threads 1 --clock cpu   # robust on a machine shared with other jobs
 
 Models are built from their YAML (untrained weights: latency does not depend on the values),
-saved as our checkpoint, exported with export.py, and each file is run through DetectBackend,
-the code path detect.py uses. Reports the median [min-max] of ``--runs`` timed calls after ``--warmup``
-calls, with the ratio to .pt; NMS is timed separately on the .pt output. A reference fp32 matmul is timed
-before and after (benchmarks/harness.py) and every figure is also given in units of it ('x matmul'), which
-stays comparable when other jobs share the machine. ``--quick``: yolov5n only, 5 runs.
+saved as our checkpoint, exported with export.py (OpenVINO when the openvino package is installed), and each
+file is run through DetectBackend, the code path detect.py uses; onnxruntime and OpenVINO get torch's thread
+count. Reports the median [min-max] of ``--runs`` timed calls after ``--warmup`` calls, with the ratio to .pt;
+NMS is timed separately on the .pt output. A reference fp32 matmul is timed before and after
+(benchmarks/harness.py) and every figure is also given in units of it ('x matmul'), which stays comparable
+when other jobs share the machine. ``--quick``: yolov5n only, 5 runs. ``--clock cpu`` times with this process's
+CPU time (all its threads, onnxruntime's and OpenVINO's included) instead of wall time: with ``--threads 1`` that
+is the single-core compute time, which other jobs on the machine barely change.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +41,7 @@ from utils.backends import DetectBackend  # noqa: E402
 from utils.boxes import non_max_suppression  # noqa: E402
 from utils.checkpoint import new_checkpoint, save_checkpoint  # noqa: E402
 from utils.device import select_device  # noqa: E402
+from utils.exporters import output_path  # noqa: E402
 from utils.log import setup_logging  # noqa: E402
 from utils.sources import letterbox_image  # noqa: E402
 
@@ -46,6 +54,8 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                        help="wall time, or this process's CPU time (with --threads 1: robust on a busy machine)")
     parser.add_argument("--quick", action="store_true", help="yolov5n only, 5 runs")
     opt = parser.parse_args(argv)
     if opt.quick:
@@ -53,11 +63,17 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     return opt
 
 
+def clock(opt: argparse.Namespace) -> Callable[[], float]:
+    """The timer --clock asks for."""
+    return time.process_time if opt.clock == "cpu" else time.perf_counter
+
+
 def bench_model(name: str, folder: Path, opt: argparse.Namespace, device: torch.device) -> list[tuple]:
     """Rows (model, format, Stats of ms, ratio to .pt) and two NMS rows for one model size."""
     weights = save_checkpoint(new_checkpoint(Model(name)), folder / f"{name}.pt")
+    formats = ["torchscript", "onnx"] + (["openvino"] if importlib.util.find_spec("openvino") else [])
     export.main(export.parse_opt(["--weights", str(weights), "--img-size", str(opt.img_size),
-                                  "--device", opt.device]))
+                                  "--device", opt.device, "--include", *formats]))
     from utils.synthetic import draw_sample, make_spec
 
     scene = draw_sample(np.random.default_rng(0), make_spec(img_size=(480, 640)))[0]
@@ -65,17 +81,28 @@ def bench_model(name: str, folder: Path, opt: argparse.Namespace, device: torch.
     image = (torch.from_numpy(chw).float() / 255)[None].to(device)
     sync = cuda_sync(device)
     rows, pt_ms = [], None
-    for suffix in (".pt", ".torchscript", ".onnx"):
-        backend = DetectBackend(weights.with_suffix(suffix), device, onnx_threads=torch.get_num_threads())
-        ms = time_call(lambda b=backend: b(image), opt.runs, opt.warmup, sync=sync).scaled(1e3)
+    files = [weights, weights.with_suffix(".torchscript"), weights.with_suffix(".onnx")]
+    files += [output_path("openvino", weights)] if "openvino" in formats else []
+    for file in files:
+        backend = DetectBackend(file, device, runtime_threads=torch.get_num_threads())
+        ms = time_call(lambda b=backend: b(image), opt.runs, opt.warmup, clock(opt), sync).scaled(1e3)
         pt_ms = pt_ms or ms.median
-        rows.append((name, suffix, ms, ms.median / pt_ms))
+        rows.append((name, "openvino" if backend.kind == "openvino" else file.suffix, ms, ms.median / pt_ms))
     pred = DetectBackend(weights, device)(image)
     for conf in (0.25, 0.001):
         ms = time_call(lambda c=conf: non_max_suppression(pred, c, 0.45, max_det=1000), opt.runs, opt.warmup,
-                       sync=sync).scaled(1e3)
+                       clock(opt), sync).scaled(1e3)
         rows.append((name, f"NMS conf {conf}", ms, None))
     return rows
+
+
+def openvino_version() -> str:
+    """', OpenVINO <version>' when it is installed (its rows are then measured), else ''."""
+    if importlib.util.find_spec("openvino") is None:
+        return ""
+    import openvino
+
+    return f", OpenVINO {openvino.get_version().split('-')[0]}"
 
 
 def main(opt: argparse.Namespace) -> list[tuple]:
@@ -84,9 +111,9 @@ def main(opt: argparse.Namespace) -> list[tuple]:
         torch.set_num_threads(opt.threads)
     device = select_device(opt.device)
     print(header(f"bench_infer: {opt.img_size}x{opt.img_size}, batch 1, {torch.get_num_threads()} threads "
-                 f"(torch and onnxruntime {onnxruntime.__version__}), median [min-max] of {opt.runs} after "
-                 f"{opt.warmup} warm-up", device))
-    reference = Reference(device=str(device))
+                 f"(torch, onnxruntime {onnxruntime.__version__}{openvino_version()}), median [min-max] of {opt.runs} "
+                 f"after {opt.warmup} warm-up", device, opt.clock))
+    reference = Reference(device=str(device), clock=clock(opt))
     reference.measure()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import importlib.util
 import os
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -109,3 +111,44 @@ def tiny_weights(tiny_cfg_file: Path, tmp_path_factory: pytest.TempPathFactory) 
     model = Model(tiny_cfg_file)
     model.names = list(SYNTHETIC_NAMES)
     return save_checkpoint(new_checkpoint(model), tmp_path_factory.mktemp("weights") / "best.pt")
+
+
+@pytest.fixture
+def release_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A loopback server offering the v7.0 release fixture (yolov5n, 80 classes, random weights) as ``yolov5n.pt``
+    and ``yolov5s.pt``; YOLO_WEIGHTS_URL points at it and YOLO_WEIGHTS_DIR (yielded) into tmp_path."""
+    from tests.helpers import serve_folder
+
+    served = tmp_path / "served"
+    served.mkdir()
+    for name in ("yolov5n.pt", "yolov5s.pt"):
+        shutil.copyfile(ROOT / "tests" / "fixtures" / "yolov5n-v7.0.pt", served / name)
+    with serve_folder(served) as url:
+        monkeypatch.setenv("YOLO_WEIGHTS_URL", url)
+        monkeypatch.setenv("YOLO_WEIGHTS_DIR", str(tmp_path / "cache"))
+        yield tmp_path / "cache"
+
+
+@pytest.fixture(scope="session")
+def tiny_exports(tiny_weights: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """``tiny_weights`` exported by export.py (verified there against PyTorch): a static 64 px ONNX file, and a
+    dynamic ONNX file and OpenVINO folder (when openvino is installed). Keys: pt, static_onnx, onnx[, openvino]."""
+    import torch
+
+    import export
+
+    folder = tmp_path_factory.mktemp("exports")
+    static, dynamic = folder / "static.pt", folder / "dynamic.pt"
+    for path in (static, dynamic):
+        shutil.copyfile(tiny_weights, path)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny tensors: one thread is faster on the 2 shared cores
+    try:
+        export.main(export.parse_opt(["--weights", str(static), "--img-size", "64", "--include", "onnx"]))
+        openvino = ["openvino"] if importlib.util.find_spec("openvino") else []  # requirements-dev.txt has it
+        export.main(export.parse_opt(["--weights", str(dynamic), "--img-size", "64", "--include", "onnx", *openvino,
+                                      "--dynamic"]))
+    finally:
+        torch.set_num_threads(threads)
+    exports = {"pt": tiny_weights, "static_onnx": static.with_suffix(".onnx"), "onnx": dynamic.with_suffix(".onnx")}
+    return {**exports, "openvino": folder / "dynamic_openvino_model"} if openvino else exports

@@ -3,6 +3,8 @@ output, small data sets written into a tmp folder."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import signal
 import socket
@@ -11,7 +13,8 @@ import sys
 import threading
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import cv2
@@ -23,6 +26,27 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 JOB_TIMEOUT_S = 180  # bound for one launched job on a loaded 2-core machine; a hang fails the test
 GOOD_LABEL = "0 0.5 0.5 0.25 0.25\n"
+
+
+# ------------------------------------------------------------------------------------------------ network
+class QuietHandler(SimpleHTTPRequestHandler):
+    """Serves a folder without logging each request."""
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def serve_folder(folder: Path) -> Iterator[str]:
+    """An HTTP server on 127.0.0.1 (a free port) serving ``folder`` from a thread; yields its base URL."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(folder)))
+    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
 
 
 # ------------------------------------------------------------------------------------------------ processes
@@ -134,6 +158,16 @@ def write_jpg(path: Path, h: int = 40, w: int = 48) -> None:
     cv2.imwrite(str(path), np.random.default_rng(0).integers(0, 255, (h, w, 3), dtype=np.uint8))
 
 
+def write_video(path: Path, frames: list[np.ndarray], fps: float = 10.0) -> Path:
+    """An mp4 (mp4v) of BGR ``frames``, as cv2.VideoWriter writes it."""
+    height, width = frames[0].shape[:2]
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height))
+    for frame in frames:
+        writer.write(frame)
+    writer.release()
+    return path
+
+
 def write_truncated_jpg(path: Path) -> None:
     write_jpg(path)
     path.write_bytes(path.read_bytes()[:-300])
@@ -200,6 +234,30 @@ class OracleModel(nn.Module):
         assert out.shape[0] == x.shape[0]
         self.calls += 1
         return out
+
+
+def bright_box_predict(images: torch.Tensor, strides: tuple[int, ...] = (8, 16, 32), num_anchors: int = 3,
+                       nc: int = ORACLE_CLASSES) -> torch.Tensor:
+    """A stand-in detector with the Detect head's output layout (b, sum(na * h/s * w/s), 5 + nc): at each level, the
+    cell holding the centre of the bright region (mean > 0.6) predicts that region's box as class 0, with a
+    confidence that peaks where the box is 8 strides wide, as a trained detector's levels prefer their sizes."""
+    b, _, h, w = images.shape
+    blocks = []
+    for stride in strides:
+        ny, nx = -(-h // stride), -(-w // stride)
+        block = torch.zeros(b, num_anchors, ny, nx, 5 + nc)
+        for i in range(b):
+            ys, xs = torch.nonzero(images[i].float().mean(0) > 0.6, as_tuple=True)
+            if not len(xs):
+                continue
+            x1, y1, x2, y2 = xs.min().item(), ys.min().item(), xs.max().item() + 1, ys.max().item() + 1
+            cx, cy, bw, bh = (x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1
+            conf = 0.9 * float(np.exp(-abs(np.log2(max(bw, bh) / (8 * stride)))))
+            cell = block[i, :, min(int(cy // stride), ny - 1), min(int(cx // stride), nx - 1)]
+            cell[:, :5] = torch.tensor([cx, cy, bw, bh, conf])
+            cell[:, 5] = 1.0
+        blocks.append(block.view(b, -1, 5 + nc))
+    return torch.cat(blocks, 1).to(images.device)
 
 
 def tracebacks(output: str) -> list[str]:

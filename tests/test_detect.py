@@ -10,6 +10,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from torchvision.ops import box_iou
 
 import detect
 import export
@@ -229,3 +230,180 @@ def test_stream_reader_yields_frames(tmp_path: Path) -> None:
     frames = list(LoadWebcam(str(video), img_size=64, stride=32))  # a capture URL/path stands in for a camera
     assert [f.frame for f in frames] == [1, 2, 3] and frames[0].image.shape == (3, 64, 64)
     assert frames[2].describe() == f"webcam {video} (frame 3):" and frames[0].fps == 5
+
+
+# ------------------------------------------------------------------------------------ YOLOv5 v7.0 flags
+def white_box_image(path: Path, shape: tuple[int, int] = (200, 300), box: tuple[int, int, int, int] = (160, 40, 250,
+                    130)) -> tuple[int, int, int, int]:
+    """A black image with one white rectangle (x1, y1, x2, y2), off-centre, written to ``path``."""
+    image = np.zeros((*shape, 3), np.uint8)
+    x1, y1, x2, y2 = box
+    image[y1:y2, x1:x2] = 255
+    cv2.imwrite(str(path), image)
+    return box
+
+
+def test_augment_boxes_land_on_the_object_in_the_original_image(weights: Path, tmp_path: Path, monkeypatch) -> None:
+    from models.yolo import Model
+    from tests.helpers import bright_box_predict
+
+    monkeypatch.setattr(Model, "forward", lambda self, x: bright_box_predict(x))  # a detector that finds the box
+    image = tmp_path / "box.png"
+    truth = torch.tensor([white_box_image(image)], dtype=torch.float32)
+    args = ["--weights", weights, "--source", image, "--img-size", 256, "--nosave", "--project", tmp_path / "runs"]
+    plain = run_detect(*args).detections[0][1]
+    augmented = run_detect(*args, "--augment").detections[0][1]
+    assert len(plain) == len(augmented) == 1
+    iou = box_iou(torch.from_numpy(augmented[:, :4]), torch.from_numpy(plain[:, :4])).item()
+    assert iou > 0.9 and box_iou(torch.from_numpy(augmented[:, :4]), truth).item() > 0.9  # the original's frame
+    assert not np.array_equal(augmented, plain)  # its best box came from a scaled pass
+
+
+def test_view_img_without_a_display_warns_once_and_saves(weights: Path, tmp_path: Path, monkeypatch, capsys) -> None:
+    monkeypatch.delenv("DISPLAY", raising=False)
+    monkeypatch.delenv("WAYLAND_DISPLAY", raising=False)
+    monkeypatch.setattr(cv2, "imshow", lambda *a: pytest.fail("no window may be opened without a display"))
+    write_images(tmp_path / "src", 2)
+    result = run_detect("--weights", weights, "--source", tmp_path / "src", "--img-size", 64, "--view-img",
+                        "--project", tmp_path / "runs")
+    warnings = [line for line in capsys.readouterr().out.splitlines() if "--view-img" in line and "WARNING" in line]
+    assert warnings == ["WARNING: --view-img: no display (DISPLAY is not set); results are saved but not shown"]
+    assert len(list(result.save_dir.glob("*.png"))) == 2
+
+
+def test_view_img_shows_every_annotated_frame(weights: Path, tmp_path: Path, monkeypatch) -> None:
+    import utils.viewer
+
+    shown = []
+    monkeypatch.setattr(utils.viewer, "display_problem", lambda: None)
+    for name in ("namedWindow", "resizeWindow", "destroyAllWindows"):
+        monkeypatch.setattr(cv2, name, lambda *a: None)
+    monkeypatch.setattr(cv2, "waitKey", lambda delay: -1)
+    monkeypatch.setattr(cv2, "imshow", lambda name, image: shown.append((name, image.copy())))
+    files = write_images(tmp_path / "src", 2)
+    result = run_detect("--weights", weights, "--source", tmp_path / "src", "--img-size", 64, *LOW_CONF,
+                        "--view-img", "--nosave", "--project", tmp_path / "runs")
+    assert [name for name, _ in shown] == [str(f) for f in files]
+    assert all(image.shape == (48, 64, 3) for _, image in shown)
+    assert not np.array_equal(shown[0][1], cv2.imread(str(files[0])))  # boxes drawn on it
+    assert not list(result.save_dir.glob("*.png"))  # --nosave still holds
+
+
+def test_vid_stride_detects_every_nth_frame(weights: Path, tmp_path: Path) -> None:
+    from tests.helpers import write_video
+
+    video = write_video(tmp_path / "clip.mp4", [scene(i) for i in range(7)])
+    result = run_detect("--weights", weights, "--source", video, "--img-size", 64, *LOW_CONF, "--save-txt",
+                        "--vid-stride", 3, "--project", tmp_path / "runs")
+    assert [d.split(")")[0] for d, _ in result.detections] == ["video 1/1 (frame 3/7", "video 1/1 (frame 6/7"]
+    assert sorted(p.name for p in (result.save_dir / "labels").glob("*.txt")) == ["clip_3.txt", "clip_6.txt"]
+    capture = cv2.VideoCapture(str(result.save_dir / "clip.mp4"))
+    assert int(capture.get(cv2.CAP_PROP_FRAME_COUNT)) == 2
+    assert capture.get(cv2.CAP_PROP_FPS) == pytest.approx(10 / 3, rel=0.01)  # plays as long as the source
+    capture.release()
+
+
+def test_visualize_saves_each_stage_feature_maps(weights: Path, tmp_path: Path) -> None:
+    image_file = write_images(tmp_path / "src", 1)[0]
+    result = run_detect("--weights", weights, "--source", image_file, "--img-size", 64, "--visualize", "--nosave",
+                        "--project", tmp_path / "runs")
+    folder = result.save_dir / "img0"
+    model, _ = load_model(weights)
+    expected = [f"stage{i}_{layer.type.rsplit('.', 1)[-1]}_features.png" for i, layer in enumerate(model.model)
+                if i < len(model.model) - 1]  # every stage but Detect (no map is 1 x 1 at 64 px)
+    assert sorted(p.name for p in folder.glob("*.png")) == sorted(expected)
+    first = cv2.imread(str(folder / "stage0_Conv_features.png"))
+    channels = np.load(folder / "stage0_Conv_features.npy").shape[0]  # 8 channels at the tiny width
+    assert channels == 8 and first.shape[0] < first.shape[1] / 6  # 8 tiles in one row
+
+
+def test_http_video_source_gives_the_local_file_result(weights: Path, tmp_path: Path) -> None:
+    from tests.helpers import serve_folder, write_video
+
+    video = write_video(tmp_path / "v.mp4", [scene(i) for i in range(4)])
+    local = run_detect("--weights", weights, "--source", video, "--img-size", 64, *LOW_CONF, "--nosave",
+                       "--project", tmp_path / "runs")
+    with serve_folder(tmp_path) as url:
+        remote = run_detect("--weights", weights, "--source", f"{url}/v.mp4", "--img-size", 64, *LOW_CONF,
+                            "--project", tmp_path / "runs")
+    assert [d.split(")")[0] for d, _ in remote.detections][-1] == "video 1/1 (frame 4/4"
+    for (_, a), (_, b) in zip(local.detections, remote.detections, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert (remote.save_dir / "v.mp4").is_file()
+
+
+def test_streams_file_detects_on_every_stream(weights: Path, tmp_path: Path, capsys) -> None:
+    from tests.helpers import serve_folder, write_video
+
+    write_video(tmp_path / "v.mp4", [scene(i) for i in range(5)])
+    listing = tmp_path / "cams.streams"
+    with serve_folder(tmp_path) as url:
+        listing.write_text(f"{url}/v.mp4\n{url}/v.mp4\n")
+        result = run_detect("--weights", weights, "--source", listing, "--img-size", 64, "--save-txt", *LOW_CONF,
+                            "--project", tmp_path / "runs")
+    out = capsys.readouterr().out
+    assert "2 stream(s) opened" in out and re.search(r"stream 2/2 \(frame \d\) http://127\.0\.0\.1:\d+/v\.mp4: ", out)
+    described = [d for d, _ in result.detections]
+    assert any(d.startswith("stream 1/2") for d in described) and any(d.startswith("stream 2/2") for d in described)
+    assert (result.save_dir / "stream1.mp4").is_file() and (result.save_dir / "stream2.mp4").is_file()
+    assert (result.save_dir / "labels" / "stream1_5.txt").is_file()  # the last frame is always delivered
+
+
+def test_release_name_is_downloaded_and_names_come_from_the_file(release_server: Path, tmp_path: Path) -> None:
+    image_file = write_images(tmp_path / "src", 1)[0]
+    result = run_detect("--weights", "yolov5s.pt", "--source", image_file, "--img-size", 64, "--conf-thres", 0.0,
+                        "--max-det", 3, "--nosave", "--project", tmp_path / "runs")
+    assert result.weights == release_server / "yolov5s.pt" and result.weights.is_file()
+    from utils.backends import DetectBackend
+
+    assert DetectBackend(result.weights).names == [f"class{i}" for i in range(80)]  # the fixture's own names
+    assert len(result.detections[0][1]) == 3
+
+
+def test_openvino_weights_give_the_pt_boxes(tiny_exports: dict[str, Path], tmp_path: Path) -> None:
+    pytest.importorskip("openvino")
+    image_file = tmp_path / "wide.png"
+    cv2.imwrite(str(image_file), scene(3, (40, 64)))
+    outputs = [run_detect("--weights", tiny_exports[kind], "--source", image_file, "--img-size", 64, *LOW_CONF,
+                          "--nosave", "--project", tmp_path / "runs").detections[0][1] for kind in ("pt", "openvino")]
+    assert outputs[0].shape == outputs[1].shape == (5, 6)
+    assert np.abs(outputs[0] - outputs[1]).max() < 1e-3
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("unreachable", "cannot open stream http://127.0.0.1:"), ("empty_streams", "lists no streams"),
+    ("vid_stride", "--vid-stride 0 must be at least 1"), ("dnn", "--dnn: OpenCV DNN is not used here"),
+    ("update", "--update: not needed"), ("data", "--data: class names come from the weights"),
+    ("ensemble", "model ensembles are not supported"), ("visualize_export", "--visualize draws the stages"),
+    ("augment_static", "--augment runs 3 image sizes; static.onnx is a static export"),
+])
+def test_new_flags_refused_with_one_line(case: str, expected: str, weights: Path, tiny_exports: dict[str, Path],
+                                         tmp_path: Path, capsys) -> None:
+    from tests.helpers import free_port
+
+    source = write_images(tmp_path / "src", 1)[0]
+    extra: list = {"vid_stride": ["--vid-stride", 0], "dnn": ["--dnn"], "update": ["--update"],
+                   "data": ["--data", "coco128.yaml"], "ensemble": ["--weights", weights, weights],
+                   "visualize_export": ["--weights", tiny_exports["onnx"], "--visualize"],
+                   "augment_static": ["--weights", tiny_exports["static_onnx"], "--augment"]}.get(case, [])
+    if case == "unreachable":
+        source = f"http://127.0.0.1:{free_port()}/live"
+    elif case == "empty_streams":
+        source = tmp_path / "none.streams"
+        source.write_text("\n")
+    args = ["--weights", weights, "--source", source, "--img-size", 64, "--project", tmp_path / "runs", *extra]
+    code = run_main(detect.main, detect.parse_opt([str(a) for a in args]), "detect")
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("detect: error: ") and expected in err and err.count("\n") == 1, err
+
+
+V7_DETECT_FLAGS = ["--weights", "a.pt", "--source", "0", "--data", "d.yaml", "--imgsz", "640", "--conf-thres", "0.3",
+                   "--iou-thres", "0.5", "--max-det", "9", "--device", "cpu", "--view-img", "--save-txt",
+                   "--save-conf", "--save-crop", "--nosave", "--classes", "0", "--agnostic-nms", "--augment",
+                   "--visualize", "--update", "--project", "p", "--name", "n", "--exist-ok", "--line-thickness", "2",
+                   "--hide-labels", "--hide-conf", "--half", "--dnn", "--vid-stride", "2"]
+
+
+def test_every_yolov5_v7_flag_parses() -> None:
+    opt = detect.parse_opt(V7_DETECT_FLAGS)  # no argparse error for any of them; main() judges each
+    assert (opt.view_img, opt.augment, opt.visualize, opt.vid_stride, opt.img_size) == (True, True, True, 2, [640])

@@ -15,6 +15,7 @@ from utils.backends import DetectBackend
 from utils.checkpoint import load_model
 from utils.cli import run_main
 from utils.errors import UserError
+from utils.exporters import onnx_export_kwargs
 
 NAMES = ["circle", "square", "triangle"]
 
@@ -151,3 +152,135 @@ def test_foreign_or_damaged_exports_are_refused(tmp_path: Path) -> None:
     damaged.write_bytes(b"PK\x03\x04 truncated")
     with pytest.raises(UserError, match="not a readable TorchScript file"):
         DetectBackend(damaged)
+
+
+# ------------------------------------------------------------------------------------ YOLOv5 v7.0 flags
+def _error_line(argv: list[str], capsys) -> str:
+    code = run_main(export.main, export.parse_opt([str(a) for a in argv]), "export")
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("export: error: ") and err.count("\n") == 1, err
+    return err
+
+
+def test_openvino_export_gives_the_pt_boxes(tiny_exports: dict[str, Path]) -> None:
+    pytest.importorskip("openvino")
+    import yaml
+
+    folder = tiny_exports["openvino"]
+    assert folder.name == "dynamic_openvino_model"  # next to dynamic.pt, named as YOLOv5 names it
+    assert sorted(p.name for p in folder.iterdir()) == ["dynamic.bin", "dynamic.xml", "dynamic.yaml"]
+    meta = yaml.safe_load((folder / "dynamic.yaml").read_text())
+    assert meta["stride"] == 32 and meta["names"] == NAMES and meta["strides"] == [8.0, 16.0, 32.0]
+    backend = DetectBackend(folder)
+    assert backend.kind == "openvino" and backend.dynamic and backend.names == NAMES
+    for batch, shape in ((1, (64, 64)), (2, (96, 128))):
+        images = real_images(shape, batch)
+        reference = pytorch_output(tiny_exports["pt"], images)
+        assert (backend(images) - reference).abs().max() < 1e-3
+    assert DetectBackend(folder / "dynamic.xml").names == NAMES  # the .xml itself works too
+
+
+def test_opset_is_applied(weights: Path, tmp_path: Path) -> None:
+    local = tmp_path / "op.pt"
+    local.write_bytes(weights.read_bytes())
+    export.main(export.parse_opt(["--weights", str(local), "--img-size", "64", "--include", "onnx", "--opset", "13"]))
+    assert [o.version for o in onnx.load(str(local.with_suffix(".onnx"))).opset_import if o.domain in ("", "ai.onnx")] \
+        == [13]
+    assert export.parse_opt([]).opset == 17
+
+
+def test_simplify_shrinks_the_graph_and_keeps_the_output(weights: Path, tiny_exports: dict[str, Path],
+                                                         tmp_path: Path) -> None:
+    pytest.importorskip("onnxslim")
+    local = tmp_path / "slim.pt"
+    local.write_bytes(weights.read_bytes())
+    results = export.main(export.parse_opt(["--weights", str(local), "--img-size", "64", "--include", "onnx",
+                                            "--simplify"]))
+    assert results[0].error is None and results[0].max_error < 1e-3  # verified against PyTorch
+    simplified, plain = (onnx.load(str(p)) for p in (local.with_suffix(".onnx"), tiny_exports["static_onnx"]))
+    assert len(simplified.graph.node) < len(plain.graph.node)
+    assert {p.key for p in simplified.metadata_props} >= {"stride", "names", "img_size"}
+
+
+def test_simplify_without_a_simplifier_says_what_to_install(weights: Path, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(export, "installed_simplifier", lambda: None)
+    err = _error_line(["--weights", weights, "--include", "onnx", "--simplify"], capsys)
+    assert "--simplify needs onnxslim or onnxsim, which are not installed: pip install onnxslim" in err
+
+
+def test_onnx_export_keywords_exist_in_this_torch() -> None:
+    import argparse
+    import inspect
+
+    parameters = inspect.signature(torch.onnx.export).parameters
+    for dynamic in (False, True):
+        for dynamo in (False, True):
+            opt = argparse.Namespace(opset=17, verbose=False, dynamic=dynamic, dynamo=dynamo)
+            assert set(onnx_export_kwargs(opt)) <= set(parameters), (dynamic, dynamo)
+
+
+def test_torch_without_dynamo_keyword_gets_none(weights: Path, monkeypatch, capsys) -> None:
+    import argparse
+
+    torch_2_4 = ("model", "args", "f", "export_params", "verbose", "training", "input_names", "output_names",
+                 "operator_export_type", "opset_version", "do_constant_folding", "dynamic_axes",
+                 "keep_initializers_as_inputs", "custom_opsets", "export_modules_as_functions", "autograd_inlining")
+    opt = argparse.Namespace(opset=12, verbose=False, dynamic=True, dynamo=False)
+    kwargs = onnx_export_kwargs(opt, torch_2_4)
+    assert "dynamo" not in kwargs and set(kwargs) <= set(torch_2_4) and kwargs["opset_version"] == 12
+    import utils.exporters
+
+    monkeypatch.setattr(utils.exporters, "onnx_export_parameters", lambda: torch_2_4)
+    assert "--dynamo needs torch 2.5 or newer" in _error_line(["--weights", weights, "--dynamo"], capsys)
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (["--half"], "--half exports FP16 on CUDA only (this export runs on cpu); add --device 0"),
+    (["--include", "torchscript", "--simplify"], "--simplify applies to ONNX graphs"),
+    (["--int8"], "--int8: applies to YOLOv5's TensorFlow/CoreML exports"),
+    (["--keras"], "--keras: applies to YOLOv5's TensorFlow/CoreML exports"),
+    (["--data", "coco.yaml"], "--data: class names come from the weights"),
+    (["--workspace", "4"], "--workspace: applies to TensorRT engines"),
+    (["--optimize"], "--optimize: TorchScript for PyTorch Mobile is not written here"),
+    (["--include", "engine"], "--include engine: unknown format (choose from torchscript, onnx, openvino)"),
+])
+def test_flags_that_cannot_work_are_refused_with_one_line(flags: list[str], expected: str, weights: Path,
+                                                          capsys) -> None:
+    assert expected in _error_line(["--weights", weights, "--img-size", "64", *flags], capsys)
+
+
+def test_several_weights_are_each_exported(weights: Path, tmp_path: Path, monkeypatch) -> None:
+    exported = []
+
+    def fake_export(path: Path, formats: list[str], device: torch.device, opt) -> list[export.ExportResult]:
+        exported.append((path, formats))
+        return [export.ExportResult(formats[0], path, 0.0)]
+
+    monkeypatch.setattr(export, "export_weights", fake_export)  # the loop only: exporting itself is tested above
+    files = [tmp_path / "a.pt", tmp_path / "b.pt"]
+    export.main(export.parse_opt(["--weights", *map(str, files), "--include", "onnx"]))
+    assert exported == [(files[0], ["onnx"]), (files[1], ["onnx"])]  # as YOLOv5's export.py loops over them
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_half_export_on_cuda(weights: Path, tmp_path: Path) -> None:
+    local = tmp_path / "half.pt"
+    local.write_bytes(weights.read_bytes())
+    results = export.main(export.parse_opt(["--weights", str(local), "--img-size", "64", "--half", "--device", "0",
+                                            "--include", "torchscript"]))
+    assert results[0].error is None  # verified against the FP16 PyTorch model
+    backend = DetectBackend(local.with_suffix(".torchscript"), "cuda:0")
+    assert backend.dtype == torch.float16 and backend(real_images((64, 64), 1).cuda()).dtype == torch.float16
+
+
+V7_EXPORT_FLAGS = ["--data", "d.yaml", "--weights", "a.pt", "b.pt", "--imgsz", "320", "--batch-size", "2",
+                   "--device", "cpu", "--half", "--inplace", "--keras", "--optimize", "--int8", "--dynamic",
+                   "--simplify", "--opset", "12", "--verbose", "--workspace", "4", "--nms", "--agnostic-nms",
+                   "--topk-per-class", "100", "--topk-all", "100", "--iou-thres", "0.45", "--conf-thres", "0.25",
+                   "--include", "torchscript", "onnx", "openvino"]
+
+
+def test_every_yolov5_v7_flag_parses() -> None:
+    opt = export.parse_opt(V7_EXPORT_FLAGS)  # no argparse error for any of them; main() judges each
+    assert (opt.weights, opt.half, opt.simplify, opt.opset, opt.verbose) == (["a.pt", "b.pt"], True, True, 12, True)

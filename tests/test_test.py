@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cv2
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -43,8 +45,9 @@ def test_parse_opt_defaults_and_flags():
     opt = test_script.parse_opt(["--img", "320", "--task", "speed", "--save-json", "--agnostic-nms",
                                  "--trust-weights", "--single-cls", "--verbose", "--save-txt", "--save-conf"])
     assert opt.img_size == 320 and opt.task == "speed" and opt.save_json and opt.agnostic_nms and opt.trust_weights
+    assert test_script.parse_opt(["--task", "study"]).study_sizes == [256, 1536, 128]  # the reference's sizes
     with pytest.raises(SystemExit):
-        test_script.parse_opt(["--task", "study"])
+        test_script.parse_opt(["--task", "benchmark"])
 
 
 def test_run_writes_table_outputs_and_increments_folder(checkpoint, tiny_dataset, tmp_path, capsys):
@@ -116,4 +119,169 @@ def test_script_exit_code_and_single_line(tmp_path):
                            "--device", "cpu", "--project", str(tmp_path)],
                           capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines() == [f"test: error: weights file {tmp_path / 'none.pt'} not found"]
+    assert proc.stderr.strip().splitlines() == [f"test: error: --weights {tmp_path / 'none.pt'} not found"]
+
+
+# ------------------------------------------------------------------------------------ YOLOv5 v7.0 flags
+@pytest.fixture
+def no_curve_plots(monkeypatch):
+    """Skip the PR/F1/P/R curves and the confusion matrix (2-3 s of matplotlib a run) where a test checks none."""
+    import utils.plots
+
+    monkeypatch.setattr(utils.plots, "plot_metric_curves", lambda *args, **kwargs: [])
+    monkeypatch.setattr(utils.plots, "plot_confusion_matrix", lambda *args, **kwargs: None)
+
+
+def _files(run_dir: Path) -> set[str]:
+    return {str(p.relative_to(run_dir)) for p in run_dir.rglob("*") if p.is_file()}
+
+
+def test_speed_task_only_times(checkpoint, tiny_dataset, tmp_path, capsys):
+    result = test_script.main(test_script.parse_opt(_args(checkpoint, tiny_dataset, tmp_path, "--task", "speed",
+                                                          "--save-json", "--save-txt", "--verbose")))
+    out = capsys.readouterr().out
+    assert result.seen == 12 and all(ms > 0 for ms in result.speed[1:2])
+    assert result.metrics is None and result.results() == (0.0, 0.0, 0.0, 0.0)  # nothing was matched
+    assert "mAP@.5:.95" not in out and "(12 images, timing only)" in out
+    assert _files(tmp_path / "exp") == set()  # no plots, no JSON, no label files
+    unlabeled = ensure_synthetic(tmp_path / "unlabeled", n_train=1, n_val=3, img_size=(64, 64), seed=1)
+    for label in (unlabeled / "labels").rglob("*.txt"):
+        label.unlink()
+    data = tmp_path / "unlabeled.yaml"
+    data.write_text(yaml.safe_dump({"path": str(unlabeled), "train": "images/train", "val": "images/val",
+                                    "nc": len(SYNTHETIC_NAMES), "names": SYNTHETIC_NAMES}))
+    assert test_script.main(test_script.parse_opt(_args(checkpoint, data, tmp_path, "--task", "speed"))).seen == 3
+
+
+def test_train_task_validates_the_training_split(checkpoint, tiny_dataset, tmp_path, no_curve_plots):
+    result = test_script.main(test_script.parse_opt(_args(checkpoint, tiny_dataset, tmp_path, "--task", "train")))
+    assert result.seen == 24  # the 24 training images, not the 12 of val
+
+
+def test_study_task_writes_a_table_and_a_plot(checkpoint, tiny_dataset, tmp_path, no_curve_plots):
+    results = test_script.main(test_script.parse_opt(_args(checkpoint, tiny_dataset, tmp_path, "--task", "study",
+                                                           "--study-sizes", "64", "96", "32")))
+    run_dir = tmp_path / "exp"
+    assert _files(run_dir) == {"study_tiny_tiny.txt", "study.png"}  # study_<data>_<weights>.txt
+    rows = np.loadtxt(run_dir / "study_tiny_tiny.txt", ndmin=2)
+    assert rows.shape == (2, 8) and rows[:, 0].tolist() == [64, 96]
+    plain = test_script.main(test_script.parse_opt(_args(checkpoint, tiny_dataset, tmp_path)))  # img 64
+    np.testing.assert_allclose(rows[0, 1:5], plain.results(), atol=1e-4)  # the study's 64 px row is a val run
+    assert results[1].map != results[0].map  # 96 px is another run
+    with pytest.raises(test_script.TestError, match="--study-sizes 96 64 32"):
+        test_script.main(test_script.parse_opt(_args(checkpoint, tiny_dataset, tmp_path, "--task", "study",
+                                                     "--study-sizes", "96", "64", "32")))
+
+
+def _label_rows(folder: Path) -> dict[str, np.ndarray]:
+    """Each label file's rows (an empty file: no rows)."""
+    return {p.stem: np.array([[float(v) for v in line.split()] for line in p.read_text().splitlines()])
+            for p in sorted(folder.glob("*.txt"))}
+
+
+def test_save_hybrid_writes_labels_and_predictions(checkpoint, tiny_dataset, tmp_path, capsys, no_curve_plots):
+    test_script.main(test_script.parse_opt(_args(checkpoint, tiny_dataset, tmp_path, "--save-hybrid",
+                                                 "--save-conf")))
+    assert "--save-hybrid adds the labels to the predictions" in capsys.readouterr().out
+    hybrid = _label_rows(tmp_path / "exp" / "labels")
+    test_script.main(test_script.parse_opt(_args(checkpoint, tiny_dataset, tmp_path, "--save-txt", "--save-conf")))
+    predicted = _label_rows(tmp_path / "exp2" / "labels")
+    root = Path(yaml.safe_load(tiny_dataset.read_text())["path"])
+    assert len(hybrid) == 12 and all((rows[:, 5] < 1).all() for rows in predicted.values() if len(rows))
+    kept = 0
+    for stem, rows in hybrid.items():
+        truth = np.loadtxt(root / "labels" / "val" / f"{stem}.txt", ndmin=2)
+        labels_found = rows[rows[:, 5] == 1.0, :5]  # every label comes through NMS, with confidence 1
+        # (within 1 %: scale_boxes maps x back with the height's letterbox ratio, as YOLOv5's does, and the two
+        # ratios differ by the rounding of the resized width; validation's own labels take the same way back)
+        np.testing.assert_allclose(labels_found[np.lexsort(labels_found.T[::-1])], truth[np.lexsort(truth.T[::-1])],
+                                   atol=1e-2)
+        for row in rows[rows[:, 5] < 1.0]:  # the other rows are the model's own predictions (none overlap a label)
+            assert np.abs(predicted[stem] - row).max(1).min() < 1e-5
+            kept += 1
+    assert kept > 0
+
+
+@pytest.fixture(scope="module")
+def white_boxes(tmp_path_factory) -> Path:
+    """4 black images (128 x 160) with one white 77 px rectangle each, off-centre, labelled as class 0."""
+    root = tmp_path_factory.mktemp("white_boxes")
+    for folder in ("images", "labels"):
+        (root / folder).mkdir()
+    for i, (x1, y1) in enumerate([(70, 10), (8, 40), (75, 45), (20, 20)]):
+        x2, y2 = x1 + 77, y1 + 77  # 77 px: the 0.83 pass of --augment sees it at the size its level prefers
+        image = np.zeros((128, 160, 3), np.uint8)
+        image[y1:y2, x1:x2] = 255
+        cv2.imwrite(str(root / "images" / f"{i}.png"), image)
+        (root / "labels" / f"{i}.txt").write_text(f"0 {(x1 + x2) / 320} {(y1 + y2) / 256} {77 / 160} {77 / 128}\n")
+    data = root / "boxes.yaml"
+    data.write_text(yaml.safe_dump({"path": str(root), "train": "images", "val": "images", "nc": 3,
+                                    "names": list(SYNTHETIC_NAMES)}))
+    return data
+
+
+def test_augment_boxes_score_as_the_plain_ones(checkpoint, white_boxes, tmp_path, monkeypatch, no_curve_plots):
+    from tests.helpers import bright_box_predict
+
+    monkeypatch.setattr(Model, "forward", lambda self, x: bright_box_predict(x))  # a detector that finds the boxes
+    args = _args(checkpoint, white_boxes, tmp_path, "--img", "160", "--save-txt", "--save-conf")
+    plain = test_script.main(test_script.parse_opt(args))
+    augmented = test_script.main(test_script.parse_opt([*args, "--augment"]))
+    assert plain.map50 == augmented.map50 == 1.0  # in the original image's frame: every box matches its label
+    assert plain.map > 0.9 and augmented.map > 0.85
+    assert _label_rows(tmp_path / "exp" / "labels").keys() == _label_rows(tmp_path / "exp2" / "labels").keys()
+    assert any(not np.array_equal(a, b) for a, b in zip(_label_rows(tmp_path / "exp" / "labels").values(),
+                                                        _label_rows(tmp_path / "exp2" / "labels").values()))
+
+
+def test_release_name_weights_validate(release_server, tiny_dataset, tmp_path, no_curve_plots):
+    from utils.backends import DetectBackend
+
+    names = DetectBackend(ROOT / "tests" / "fixtures" / "yolov5n-v7.0.pt").names
+    data = tmp_path / "coco-like.yaml"
+    data.write_text(yaml.safe_dump({**yaml.safe_load(tiny_dataset.read_text()), "nc": 80, "names": names}))
+    result = test_script.main(test_script.parse_opt(_args("yolov5s.pt", data, tmp_path, "--conf-thres", "0.01")))
+    assert (release_server / "yolov5s.pt").is_file() and result.seen == 12
+
+
+def test_exports_validate_like_the_pt(tiny_exports, tiny_dataset, tmp_path, no_curve_plots):
+    results = {kind: test_script.main(test_script.parse_opt(_args(tiny_exports[kind], tiny_dataset, tmp_path)))
+               for kind in tiny_exports}  # pt, static_onnx, onnx and (when installed) openvino
+    for kind in set(tiny_exports) & {"onnx", "openvino"}:  # dynamic exports: the .pt's rectangular batches
+        np.testing.assert_allclose(results[kind].results(), results["pt"].results(), atol=1e-3)
+    assert results["static_onnx"].seen == 12  # 64 x 64 batches of 4 through a batch-1 export
+
+
+@pytest.mark.parametrize("extra, expected", [
+    (["--dnn"], "--dnn: OpenCV DNN is not used here"),
+    (["--weights", "a.pt", "b.pt"], "--weights a.pt b.pt: model ensembles are not supported"),
+])
+def test_reference_flags_that_do_not_apply_are_refused(extra, expected, checkpoint, tiny_dataset, tmp_path, capsys):
+    assert expected in _error_line(_args(checkpoint, tiny_dataset, tmp_path, *extra), capsys)
+
+
+def test_val_py_is_test_py_under_the_newer_name(checkpoint, tiny_dataset, tmp_path, capsys):
+    import val
+
+    opt = val.parse_opt([])
+    assert opt.project.endswith("runs/val") and vars(opt).keys() == vars(test_script.parse_opt([])).keys()
+    result = val.main(val.parse_opt(_args(checkpoint, tiny_dataset, tmp_path, "--task", "speed")))
+    assert result.seen == 12 and capsys.readouterr().out.startswith("val: weights=")
+    code = run_main(val.main, val.parse_opt(_args(tmp_path / "none.pt", tiny_dataset, tmp_path)), "val")
+    assert code == 2 and capsys.readouterr().err.strip().splitlines() == [
+        f"val: error: --weights {tmp_path / 'none.pt'} not found"]
+    assert len((ROOT / "val.py").read_text().splitlines()) < 40  # no copy of test.py
+
+
+V7_VAL_FLAGS = ["--data", "d.yaml", "--weights", "a.pt", "--batch-size", "8", "--imgsz", "320", "--conf-thres", "0.1",
+                "--iou-thres", "0.5", "--max-det", "9", "--task", "study", "--device", "cpu", "--workers", "1",
+                "--single-cls", "--augment", "--verbose", "--save-txt", "--save-hybrid", "--save-conf", "--save-json",
+                "--project", "p", "--name", "n", "--exist-ok", "--half", "--dnn"]
+
+
+def test_every_yolov5_v7_flag_parses():
+    import val
+
+    for parse in (test_script.parse_opt, val.parse_opt):  # no argparse error; run() judges each
+        opt = parse(V7_VAL_FLAGS)
+        assert (opt.task, opt.augment, opt.save_hybrid, opt.img_size) == ("study", True, True, 320)

@@ -1,8 +1,8 @@
-"""One inference interface over our .pt checkpoints, exported TorchScript files and ONNX files.
+"""One inference interface over our .pt checkpoints, exported TorchScript and ONNX files and OpenVINO folders.
 
-``DetectBackend(weights)`` picks the runtime from the file suffix and reads the metadata each
-format carries (stride, class names, export image size, dynamic shapes), so ``detect.py`` treats
-the three alike: call it with a float image batch (b, 3, h, w) in [0, 1] and get the decoded
+``DetectBackend(weights)`` picks the runtime from the file suffix (or the ``*_openvino_model/`` folder) and reads
+the metadata each format carries (stride, class names, export image size, dynamic shapes), so ``detect.py`` and
+``test.py`` treat them alike: call it with a float image batch (b, 3, h, w) in [0, 1] and get the decoded
 predictions (b, n, 5 + nc) = [cx, cy, w, h (input pixels), obj, cls...] as a torch tensor.
 """
 
@@ -18,13 +18,19 @@ from typing import Any
 
 import numpy as np
 import torch
+import yaml
+from torch import nn
 
 from utils import paths
+from utils.downloads import attempt_download_once_per_node, is_release_name
 from utils.errors import UserError
 from utils.log import LOGGER
+from utils.tta import DetectLayout
 
-SUFFIXES = {".pt": "pt", ".torchscript": "torchscript", ".onnx": "onnx"}
+SUFFIXES = {".pt": "pt", ".torchscript": "torchscript", ".onnx": "onnx", ".xml": "openvino"}
 TORCHSCRIPT_CONFIG = "config.txt"  # the JSON metadata file inside a TorchScript archive
+OPENVINO_SUFFIX = "_openvino_model"  # export.py writes best.pt's OpenVINO model to best_openvino_model/
+METADATA_KEYS = ("stride", "names", "img_size", "batch_size", "dynamic", "device", "strides", "num_anchors", "half")
 
 
 class BackendError(UserError, RuntimeError):
@@ -41,6 +47,16 @@ def find_trained_weights(root: Path | None = None) -> Path:
     return max(candidates, key=lambda p: p.stat().st_mtime)
 
 
+def resolve_weights_arg(weights: str | Path) -> Path:
+    """--weights as a local path: '' -> the newest trained best.pt; a release name (``yolov5s.pt``) that is not
+    here -> downloaded once per machine; anything else as given. Under torchrun all ranks must call it."""
+    if not str(weights):
+        return find_trained_weights()
+    if is_release_name(weights) and not Path(weights).expanduser().exists():
+        return attempt_download_once_per_node(weights)
+    return Path(weights).expanduser()
+
+
 def check_img_size(img_size: list[int] | tuple[int, ...], stride: int, flag: str = "--img-size") -> tuple[int, int]:
     """(h, w) from one value (square) or two, each rounded up to a multiple of ``stride`` (with a warning)."""
     if len(img_size) not in (1, 2) or min(img_size) < 1:
@@ -52,11 +68,32 @@ def check_img_size(img_size: list[int] | tuple[int, ...], stride: int, flag: str
     return snapped
 
 
-def export_metadata(model: torch.nn.Module, img_size: tuple[int, int], batch_size: int, dynamic: bool) -> dict:
-    """What an exported file must carry for detect.py: stride, class names, input size, dynamic or not, device."""
+def export_metadata(model: torch.nn.Module, img_size: tuple[int, int], batch_size: int, dynamic: bool,
+                    half: bool = False) -> dict:
+    """What an exported file must carry for detect.py and test.py: stride, class names, input size, dynamic or
+    not, device, input precision, and the head's layout (strides per level, anchors per cell: --augment)."""
     return {"stride": int(model.stride.max()), "names": [str(n) for n in model.names],
             "img_size": [int(img_size[0]), int(img_size[1])], "batch_size": int(batch_size), "dynamic": bool(dynamic),
-            "device": next(model.parameters()).device.type}
+            "device": next(model.parameters()).device.type, "strides": [float(s) for s in model.stride.tolist()],
+            "num_anchors": int(model.detect.na), "half": bool(half)}
+
+
+def weights_kind(weights: Path) -> str | None:
+    """The runtime of ``weights``: 'pt', 'torchscript', 'onnx', 'openvino' (a .xml or its folder); None if unknown."""
+    if weights.is_dir() or weights.name.endswith(OPENVINO_SUFFIX):
+        return "openvino"
+    return SUFFIXES.get(weights.suffix.lower())
+
+
+def openvino_xml(weights: Path) -> Path:
+    """The model file of an OpenVINO folder (or the .xml itself)."""
+    if weights.is_file():
+        return weights
+    found = sorted(weights.glob("*.xml")) if weights.is_dir() else []
+    if not found:
+        raise BackendError(f"--weights {weights}: no OpenVINO .xml model in it; write one with "
+                           "`python export.py --include openvino`")
+    return found[0]
 
 
 @contextlib.contextmanager
@@ -71,27 +108,32 @@ def quiet_jit_warnings() -> Iterator[None]:
 
 
 class DetectBackend:
-    """Run a .pt, .torchscript or .onnx detector; exposes ``stride``, ``names``, ``img_size``, ``dynamic``."""
+    """Run a .pt, .torchscript, .onnx or OpenVINO detector; exposes ``stride``, ``names``, ``img_size``, ``dynamic``
+    and the head's ``layout`` (for --augment)."""
 
     def __init__(self, weights: str | Path, device: torch.device | str = "cpu", half: bool = False,
-                 trusted: bool = False, onnx_threads: int = 0) -> None:
+                 trusted: bool = False, runtime_threads: int = 0) -> None:
         self.weights = Path(weights)
-        self.onnx_threads = onnx_threads  # onnxruntime's intra-op threads (0: its default, one per core)
+        self.runtime_threads = runtime_threads  # onnxruntime's / OpenVINO's threads (0: their default)
         self.device = torch.device(device)
-        self.kind = SUFFIXES.get(self.weights.suffix.lower())
+        self.kind = weights_kind(self.weights)
         if self.kind is None:
             raise BackendError(f"--weights {self.weights}: unknown format '{self.weights.suffix}' "
-                               f"(use {', '.join(SUFFIXES)})")
-        if not self.weights.is_file():
+                               f"(use {', '.join(SUFFIXES)} or an OpenVINO folder *{OPENVINO_SUFFIX}/)")
+        if not self.weights.exists():
             raise BackendError(f"--weights {self.weights} not found")
         if half and self.device.type != "cuda":
             raise BackendError("--half needs a CUDA device (--device 0); half precision is not used on CPU")
         if half and self.kind != "pt":
-            raise BackendError(f"--half: {self.weights.name} is a float32 export; use --half with .pt weights")
+            raise BackendError(f"--half applies to .pt weights; {self.weights.name} runs at the precision it was "
+                               "exported with (export.py --half)")
         self.half = half
+        self.input_dtype = torch.float16 if half else torch.float32
         self.img_size: tuple[int, int] | None = None  # fixed input size of a static export (h, w)
         self.batch_size: int | None = None  # fixed batch of a static export
         self.dynamic = True
+        self.strides: tuple[float, ...] = ()
+        self.num_anchors = 3
         getattr(self, f"_load_{self.kind}")(trusted)
 
     def _load_pt(self, trusted: bool) -> None:
@@ -101,6 +143,7 @@ class DetectBackend:
         self.model = model.half() if self.half else model
         self.stride = int(model.stride.max())
         self.names = list(model.names)
+        self.strides, self.num_anchors = tuple(float(s) for s in model.stride.tolist()), int(model.detect.na)
 
     def _load_torchscript(self, trusted: bool) -> None:
         extra = {TORCHSCRIPT_CONFIG: ""}
@@ -110,12 +153,17 @@ class DetectBackend:
         except (RuntimeError, ValueError) as e:
             raise BackendError(f"{self.weights} is not a readable TorchScript file ({str(e).splitlines()[0][:200]})") \
                 from None
-        meta = self._apply_metadata({"config": extra[TORCHSCRIPT_CONFIG] or "{}"})
+        try:
+            meta = json.loads(extra[TORCHSCRIPT_CONFIG] or "{}")
+        except ValueError:
+            meta = {}
+        meta = self._apply_metadata(meta)
         traced_on = meta.get("device", "cpu")
         if traced_on != self.device.type:  # a trace keeps the device of the tensors it created
             raise BackendError(f"{self.weights} was exported on {traced_on} and runs only there; use --device "
                                f"{'cpu' if traced_on == 'cpu' else '0'} or export again with --device {self.device}")
         self.model = model.to(self.device)
+        self.input_dtype = torch.float16 if meta.get("half") else torch.float32
 
     def _load_onnx(self, trusted: bool) -> None:
         try:
@@ -128,42 +176,82 @@ class DetectBackend:
             providers.insert(0, ("CUDAExecutionProvider", {"device_id": self.device.index or 0}))
         try:
             options = onnxruntime.SessionOptions()
-            options.intra_op_num_threads = self.onnx_threads
+            options.intra_op_num_threads = self.runtime_threads
             self.session = onnxruntime.InferenceSession(str(self.weights), options, providers=providers)
         except Exception as e:  # onnxruntime raises its own exception types for bad files
             raise BackendError(f"{self.weights} is not a readable ONNX file ({str(e).splitlines()[0][:200]})") \
                 from None
         self.input_name = self.session.get_inputs()[0].name
-        meta = dict(self.session.get_modelmeta().custom_metadata_map)
-        self._apply_metadata({k: v for k, v in meta.items() if k in ("stride", "names", "img_size", "batch_size",
-                                                                       "dynamic", "device")})
-        shape = self.session.get_inputs()[0].shape  # symbolic dims are strings
+        raw = dict(self.session.get_modelmeta().custom_metadata_map)
+        try:
+            meta = {k: json.loads(v) for k, v in raw.items() if k in METADATA_KEYS}
+        except ValueError:
+            meta = {}
+        self._apply_metadata(meta)
+        model_input = self.session.get_inputs()[0]
+        self.input_dtype = torch.float16 if model_input.type == "tensor(float16)" else torch.float32
+        self._apply_input_shape(list(model_input.shape))  # symbolic dims are strings
+
+    def _load_openvino(self, trusted: bool) -> None:
+        try:
+            import openvino
+        except ImportError:
+            raise BackendError(f"{self.weights}: running OpenVINO models needs openvino (pip install openvino)") \
+                from None
+        xml = openvino_xml(self.weights)
+        meta_file = xml.with_suffix(".yaml")
+        meta = yaml.safe_load(meta_file.read_text()) if meta_file.is_file() else {}
+        self._apply_metadata(meta if isinstance(meta, dict) else {})
+        core = openvino.Core()
+        config = {"INFERENCE_NUM_THREADS": self.runtime_threads} if self.runtime_threads else {}
+        try:
+            self.compiled = core.compile_model(core.read_model(str(xml)), "CPU", config)  # OpenVINO runs on the CPU
+        except RuntimeError as e:
+            raise BackendError(f"{xml} is not a readable OpenVINO model ({str(e).strip().splitlines()[0][:200]})") \
+                from None
+        model_input = self.compiled.input(0)
+        self.input_dtype = torch.float16 if model_input.get_element_type() == openvino.Type.f16 else torch.float32
+        shape = model_input.get_partial_shape()
+        self._apply_input_shape([d.get_length() if d.is_static else "?" for d in shape])
+
+    def _apply_input_shape(self, shape: list[int | str]) -> None:
+        """A runtime's input shape: fixed batch and (h, w) where its dimensions are numbers."""
         self.dynamic = not all(isinstance(d, int) for d in shape[2:])
         self.batch_size = shape[0] if isinstance(shape[0], int) else None
-        if not self.dynamic:
-            self.img_size = (int(shape[2]), int(shape[3]))
+        self.img_size = None if self.dynamic else (int(shape[2]), int(shape[3]))
 
-    def _apply_metadata(self, raw: dict[str, str | bytes]) -> dict[str, Any]:
-        """Read the JSON metadata export.py wrote (TorchScript: one 'config' document; ONNX: one value a key)."""
-        try:
-            meta: dict[str, Any] = json.loads(raw["config"]) if "config" in raw else \
-                {k: json.loads(v) for k, v in raw.items()}
-        except (ValueError, TypeError):
-            meta = {}
+    def _apply_metadata(self, meta: dict[str, Any]) -> dict[str, Any]:
+        """Read the metadata export.py wrote (names as a list, or as YOLOv5's {index: name})."""
         if not isinstance(meta, dict) or "stride" not in meta or "names" not in meta:
             raise BackendError(f"{self.weights} carries no stride/class-name metadata; re-export it with export.py")
+        names = meta["names"]
+        if isinstance(names, dict):
+            names = [names[k] for k in sorted(names, key=int)]
         self.stride = int(meta["stride"])
-        self.names = [str(n) for n in meta["names"]]
+        self.names = [str(n) for n in names]
         self.dynamic = bool(meta.get("dynamic", False))
         self.batch_size = None if self.dynamic else int(meta.get("batch_size", 1))
         if not self.dynamic and meta.get("img_size"):
             self.img_size = (int(meta["img_size"][0]), int(meta["img_size"][1]))
+        levels = int(math.log2(self.stride // 8)) + 1 if self.stride >= 8 else 1  # older exports: P3 and up
+        self.strides = tuple(float(s) for s in meta.get("strides") or [self.stride / 2 ** k
+                                                                        for k in reversed(range(levels))])
+        self.num_anchors = int(meta.get("num_anchors", 3))
         return meta
 
     @property
     def dtype(self) -> torch.dtype:
         """The input dtype the model expects."""
-        return torch.float16 if self.half else torch.float32
+        return self.input_dtype
+
+    @property
+    def layout(self) -> DetectLayout:
+        """Strides per level and anchors per cell, which test-time augmentation needs."""
+        return DetectLayout(self.strides, self.num_anchors)
+
+    def as_module(self) -> nn.Module:
+        """An nn.Module for utils.engine.evaluate: the model itself for .pt, a thin wrapper for the exports."""
+        return self.model if self.kind == "pt" else BackendModule(self)
 
     @torch.no_grad()
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
@@ -177,10 +265,14 @@ class DetectBackend:
         return torch.cat(outputs, 0)
 
     def _forward(self, images: torch.Tensor) -> torch.Tensor:
-        if self.kind == "onnx":
-            array = images.detach().cpu().numpy().astype(np.float32, copy=False)
-            output = self.session.run(None, {self.input_name: array})[0]
-            return torch.from_numpy(output).to(self.device)
+        if self.kind in ("onnx", "openvino"):
+            array = images.detach().cpu().numpy().astype(np.float16 if self.input_dtype == torch.float16
+                                                         else np.float32, copy=False)
+            if self.kind == "onnx":
+                output = self.session.run(None, {self.input_name: array})[0]
+            else:
+                output = self.compiled(array)[self.compiled.output(0)]
+            return torch.from_numpy(np.asarray(output)).to(self.device)
         output = self.model(images.to(self.device, self.dtype))
         return output[0] if isinstance(output, (list, tuple)) else output
 
@@ -188,3 +280,17 @@ class DetectBackend:
         """One forward pass on zeros, so the first timed image does not pay for lazy initialisation."""
         shape = self.img_size or img_size
         self(torch.zeros(self.batch_size or 1, 3, *shape, device=self.device, dtype=self.dtype))
+
+
+class BackendModule(nn.Module):
+    """An exported model as an nn.Module for utils.engine.evaluate: calls run the runtime; train()/eval() change
+    nothing (exports are inference-only)."""
+
+    def __init__(self, backend: DetectBackend) -> None:
+        super().__init__()
+        self.backend = backend
+        self.strides, self.num_anchors = backend.strides, backend.num_anchors
+        self.names = backend.names
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return self.backend(images.float()).float()

@@ -3,6 +3,7 @@ session, one-line errors for bad input, and exit codes.
 
 A flag that two scripts have is defined here once (name, aliases, type, help); a script chooses which ones it
 takes and may give a different default (``--conf-thres`` is 0.001 for validation, 0.25 for detection).
+YOLOv5 v7.0 flags that do not apply here are accepted too (REFUSED) and refused with one line saying what to use.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ EXIT_INTERRUPTED = 130
 # name -> (option strings, argparse keywords). Defaults here are the common ones; scripts may override them.
 FLAGS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "weights": (("--weights",), {"default": "", "help": "a .pt of this project, a YOLOv5 release file or name "
-                                 "(yolov5s.pt, downloaded when missing), or an export; '' = train.py: from scratch, "
-                                 "others: the newest runs/train/*/weights/best.pt"}),
+                                 "(yolov5s.pt, downloaded when missing), or an export (.torchscript, .onnx, "
+                                 "*_openvino_model/); '' = train.py: from scratch, others: the newest "
+                                 "runs/train/*/weights/best.pt"}),
     "trust_weights": (("--trust-weights",), {"action": "store_true",
                                              "help": "allow full unpickling of --weights (only for files you trust)"}),
     "data": (("--data",), {"default": str(ROOT / "data" / "synthetic.yaml"), "help": "dataset YAML"}),
@@ -63,16 +65,85 @@ FLAGS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
                                                    "validation results"}),
     "local_rank": (("--local_rank", "--local-rank"), {"dest": "local_rank", "type": int, "default": -1,
                                                       "help": argparse.SUPPRESS}),  # torch.distributed.launch's
+    "augment": (("--augment",), {"action": "store_true", "help": "test-time augmentation: scales 1, 0.83 "
+                                 "(flipped left-right), 0.67, merged before NMS"}),
 }
 DISTRIBUTED = ("backend", "ddp_timeout", "ddp_long_timeout", "local_rank")
 
+# Flags of YOLOv5 v7.0's detect.py, val.py and export.py that do not apply here. The parser accepts them (hidden
+# from --help) so that a reference command line gets one line saying what to use instead, not an argparse error.
+_TF_ONLY = "applies to YOLOv5's TensorFlow/CoreML exports, which this export.py does not write (formats: " \
+           "torchscript, onnx, openvino); drop it"
+REFUSED: dict[str, tuple[tuple[str, ...], dict[str, Any], str]] = {
+    "dnn": (("--dnn",), {"action": "store_true"}, "OpenCV DNN is not used here: .onnx weights run with onnxruntime "
+            "(and OpenVINO folders with OpenVINO); drop --dnn"),
+    "update": (("--update",), {"action": "store_true"}, "not needed: release files are converted when they are "
+               "read, and checkpoints of this project load as they are; drop --update"),
+    "data": (("--data",), {"default": None}, "class names come from the weights (every format carries them); "
+             "drop --data"),
+    "inplace": (("--inplace",), {"action": "store_true"}, "not needed: the Detect head decodes boxes the same way "
+                "in every export; drop --inplace"),
+    "optimize": (("--optimize",), {"action": "store_true"}, "TorchScript for PyTorch Mobile is not written here; "
+                 "for CPU deployment use --include onnx or openvino"),
+    "keras": (("--keras",), {"action": "store_true"}, _TF_ONLY),
+    "int8": (("--int8",), {"action": "store_true"}, _TF_ONLY),
+    "workspace": (("--workspace",), {"default": None}, "applies to TensorRT engines, which this export.py does not "
+                  "write; export --include onnx and build the engine with trtexec"),
+    "nms": (("--nms",), {"action": "store_true"}, _TF_ONLY + " (exports return the decoded boxes; NMS runs after)"),
+    "agnostic_nms": (("--agnostic-nms",), {"action": "store_true"}, _TF_ONLY),
+    "topk_per_class": (("--topk-per-class",), {"default": None}, _TF_ONLY),
+    "topk_all": (("--topk-all",), {"default": None}, _TF_ONLY),
+    "iou_thres": (("--iou-thres",), {"default": None}, _TF_ONLY),
+    "conf_thres": (("--conf-thres",), {"default": None}, _TF_ONLY),
+}
+REFUSED_PREFIX = "refused_"  # their dest: print_options leaves them out
 
-def add_flags(parser: argparse.ArgumentParser, *names: str, **defaults: Any) -> None:
-    """Add the shared flags ``names`` to ``parser``, with ``defaults`` replacing their common defaults."""
+
+class CliError(UserError, ValueError):
+    """A flag value that cannot work here; the message names the flag and what to use instead."""
+
+
+def add_flags(parser: argparse.ArgumentParser, *names: str, nargs: dict[str, str] | None = None,
+              **defaults: Any) -> None:
+    """Add the shared flags ``names`` to ``parser``, with ``defaults`` replacing their common defaults and
+    ``nargs`` their number of values (``nargs={"weights": "+"}`` accepts YOLOv5's several weights)."""
     for name in names:
         strings, kwargs = FLAGS[name]
-        kwargs = {**kwargs, **({"default": defaults[name]} if name in defaults else {})}
+        kwargs = {**kwargs, **({"default": defaults[name]} if name in defaults else {}),
+                  **({"nargs": nargs[name]} if nargs and name in nargs else {})}
         parser.add_argument(*strings, **kwargs)
+
+
+def add_refused_flags(parser: argparse.ArgumentParser, *names: str) -> None:
+    """Accept the reference-only flags ``names`` (hidden from --help); :func:`check_refused_flags` refuses them."""
+    for name in names:
+        strings, kwargs, _ = REFUSED[name]
+        parser.add_argument(*strings, dest=REFUSED_PREFIX + name, help=argparse.SUPPRESS, **kwargs)
+
+
+def check_refused_flags(opt: argparse.Namespace) -> None:
+    """CliError naming the first reference-only flag that was given, and what to use instead."""
+    for name, (strings, _, message) in REFUSED.items():
+        if getattr(opt, REFUSED_PREFIX + name, None) not in (None, False):
+            raise CliError(f"{strings[0]}: {message}")
+
+
+def visible_options(opt: argparse.Namespace) -> dict[str, Any]:
+    """The options to print: the hidden reference-only flags left out."""
+    return {k: v for k, v in vars(opt).items() if not k.startswith(REFUSED_PREFIX)}
+
+
+def collapse_weights(weights: str | list[str]) -> str | list[str]:
+    """``--weights a.pt`` (nargs '+') as the plain string; several values stay a list, for the script to judge."""
+    return weights[0] if isinstance(weights, list) and len(weights) == 1 else weights
+
+
+def one_weights(weights: str | list[str]) -> str:
+    """The one --weights value detect.py and test.py run; several (a YOLOv5 model ensemble) are refused."""
+    if isinstance(weights, list):
+        raise CliError(f"--weights {' '.join(weights)}: model ensembles are not supported here; "
+                       "pass one weights file (run once per model)")
+    return weights
 
 
 def project_dir(opt: argparse.Namespace, task: str) -> str:

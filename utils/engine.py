@@ -33,7 +33,8 @@ from utils.metrics import ConfusionMatrix, DetectionMetrics, ap_per_class, match
 from utils.optim import ModelEMA, WeightUpdater, unwrap
 from utils.resume import SaveInterval
 from utils.signals import GracefulStop
-from utils.val_outputs import json_rows, save_label_file, write_outputs
+from utils.tta import augmented_forward, layout_of
+from utils.val_outputs import json_rows, save_label_file, with_label_boxes, write_outputs
 from utils.writers import TrainWriters, progress_bar, progress_text
 
 TABLE_HEADER = ("%22s" + "%11s" * 6) % ("Class", "Images", "Labels", "P", "R", "mAP@.5", "mAP@.5:.95")
@@ -198,6 +199,8 @@ class EvalOptions:
     verbose: bool = False
     is_coco: bool = False
     anno_json: Path | None = None  # COCO annotations for pycocotools (with save_json)
+    augment: bool = False  # test-time augmentation (utils/tta.py)
+    save_hybrid: bool = False  # the labels join the predictions before NMS (auto-labelling; inflates the mAP)
 
 
 
@@ -271,8 +274,11 @@ def _head_returns_raw_maps(model: nn.Module, enabled: bool) -> Iterator[None]:
 
 
 def _forward(model: nn.Module, imgs: torch.Tensor, targets: torch.Tensor, compute_loss: Any,
-             half: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+             half: bool, augment: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Decoded predictions (b, n, 5 + nc) and, with ``compute_loss``, the batch's loss items."""
+    if augment and compute_loss is None:
+        with autocast(imgs.device, half):
+            return augmented_forward(model, imgs, layout_of(model)).float(), None
     with autocast(imgs.device, half), _head_returns_raw_maps(model, compute_loss is not None):
         out = model(imgs)
     if compute_loss is None:
@@ -385,7 +391,9 @@ def _run_shard(model: nn.Module, loader: Any, device: torch.device, names: Seque
             x = imgs.to(device, non_blocking=True).float() / 255  # uint8 -> [0, 1]
             targets = targets.to(device)
         with timer.stage(1):
-            preds, loss_items = _forward(model, x, targets, compute_loss, opts.half)
+            preds, loss_items = _forward(model, x, targets, compute_loss, opts.half, opts.augment)
+        if opts.save_hybrid:
+            preds = with_label_boxes(preds, targets, x.shape[2:])
         with timer.stage(2):
             dets = non_max_suppression(preds, multi_label=True, **nms)
         if loss_items is not None:
@@ -445,3 +453,32 @@ def _result(records: list[ImageStats], metrics: DetectionMetrics, totals: dict, 
     return EvalResult(mp=mp, mr=mr, map50=map50, map=map_, maps=metrics.class_maps(nc), speed=speed, loss=loss,
                       seen=seen, n_labels=sum(len(r.target_cls) for r in records), metrics=metrics,
                       confusion=confusion)
+
+
+@torch.no_grad()
+def measure_speed(model: nn.Module, loader: Any, device: torch.device | str,
+                  options: EvalOptions | None = None) -> EvalResult:
+    """Time pre-processing, inference and NMS per image over ``loader`` (test.py --task speed): no matching, no
+    metrics, no files. Every rank times its shard and the totals are gathered. All ranks must call it."""
+    opts, device = options or EvalOptions(), torch.device(device)
+    timer, seen, batch_shape = _Timer(device), 0, (0, 3, 0, 0)
+    was_training = model.training
+    model.eval()
+    try:
+        for imgs, targets, _, _ in _progress(loader, _show_progress()):
+            with timer.stage(0):
+                x = imgs.to(device, non_blocking=True).float() / 255
+            with timer.stage(1):
+                preds, _ = _forward(model, x, targets, None, opts.half, opts.augment)
+            with timer.stage(2):
+                non_max_suppression(preds, opts.conf_thres, opts.iou_thres, multi_label=True,
+                                    agnostic=opts.agnostic or opts.single_cls, max_det=opts.max_det)
+            seen, batch_shape = seen + len(imgs), batch_shape if seen else tuple(x.shape)
+    finally:
+        model.train(was_training)
+    parts = dist.all_gather_object({"times": timer.totals, "seen": seen, "shape": batch_shape})
+    seen = sum(p["seen"] for p in parts)
+    speed = tuple(float(t) / max(seen, 1) * 1e3 for t in np.sum([p["times"] for p in parts], 0))
+    LOGGER.info(f"Speed: {speed[0]:.1f}/{speed[1]:.1f}/{speed[2]:.1f} ms pre-process/inference/NMS per image "
+                f"at shape {parts[0]['shape']} ({seen} images, timing only)")
+    return EvalResult(speed=speed, seen=seen)

@@ -215,3 +215,22 @@ def plot_confusion_matrix(matrix: np.ndarray, names: Sequence[str], save_path: s
                 ax.text(c, r, f"{v:.2f}" if normalize else f"{int(v)}", ha="center", va="center", fontsize=7,
                         color="white" if v > 0.5 * values.max() else "black")
     return _save(fig, Path(save_path))
+
+
+def plot_study(study_txt: str | Path, save_path: str | Path | None = None) -> Path:
+    """study.png from test.py --task study: mAP against image size, and mAP@.5:.95 against inference time."""
+    study_txt = Path(study_txt)
+    rows = np.loadtxt(study_txt, ndmin=2)  # img_size P R mAP@.5 mAP@.5:.95 pre inference NMS (ms)
+    fig, axes = _figure(1, 2, (10, 4))
+    ax_size, ax_time = axes[0]
+    ax_size.plot(rows[:, 0], rows[:, 3], marker=".", label="mAP@.5")
+    ax_size.plot(rows[:, 0], rows[:, 4], marker=".", label="mAP@.5:.95")
+    ax_size.set_xlabel("image size (pixels)")
+    ax_size.legend()
+    ax_time.plot(rows[:, 6], rows[:, 4], marker=".", label=study_txt.stem.replace("study_", ""))
+    for size, ms, value in zip(rows[:, 0], rows[:, 6], rows[:, 4]):
+        ax_time.annotate(f"{int(size)}", (ms, value), fontsize=7)
+    ax_time.set_xlabel("inference (ms/image)")
+    ax_time.set_ylabel("mAP@.5:.95")
+    ax_time.legend()
+    return _save(fig, Path(save_path) if save_path else study_txt.with_name("study.png"))

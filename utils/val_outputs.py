@@ -1,5 +1,6 @@
 """What validation writes besides its table: COCO-format predictions (scored with pycocotools when the data set
-has annotations), YOLO-format label files, and the metric plots."""
+has annotations), YOLO-format label files (with --save-hybrid, labels and predictions together), the metric
+plots, and the --task study table."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from utils.boxes import label_rows, xyxy2xywh
@@ -32,6 +34,23 @@ def json_rows(path: str, det: torch.Tensor, is_coco: bool) -> list[dict]:
         rows.append({"image_id": image_id, "category_id": COCO80_TO_91[cls] if is_coco else cls,
                      "bbox": [round(v, 3) for v in box], "score": round(conf, 5)})
     return rows
+
+
+def with_label_boxes(preds: torch.Tensor, targets: torch.Tensor, img_hw: Sequence[int]) -> torch.Tensor:
+    """--save-hybrid: each image's labels appended to its predictions (b, n, 5 + nc) as boxes of confidence 1, so
+    NMS keeps every label and the predictions that overlap none (YOLOv5's hybrid auto-labelling).
+
+    ``targets`` (m, 6) [image, class, cx, cy, w, h] normalised to the batch's ``img_hw``; rows that pad an image
+    with fewer labels have zero confidence, so NMS drops them."""
+    b, _, width = preds.shape
+    per_image = [targets[targets[:, 0] == i, 1:] for i in range(b)]
+    extra = preds.new_zeros(b, max((len(t) for t in per_image), default=0), width)
+    scale = torch.tensor([img_hw[1], img_hw[0], img_hw[1], img_hw[0]], device=preds.device, dtype=preds.dtype)
+    for i, labels in enumerate(per_image):
+        extra[i, : len(labels), :4] = labels[:, 1:5].to(preds) * scale
+        extra[i, : len(labels), 4] = 1.0
+        extra[i, torch.arange(len(labels), device=preds.device), 5 + labels[:, 0].long().to(preds.device)] = 1.0
+    return torch.cat((preds, extra), 1)
 
 
 def save_label_file(path: str, det: torch.Tensor, shape0: Sequence[int], folder: Path, save_conf: bool) -> None:
@@ -85,3 +104,13 @@ def coco_evaluate(anno_json: str | Path, pred_json: str | Path,
     evaluator.accumulate()
     evaluator.summarize()
     return float(evaluator.stats[0]), float(evaluator.stats[1])
+
+
+STUDY_HEADER = "img_size P R mAP@.5 mAP@.5:.95 pre_ms inference_ms nms_ms"
+
+
+def write_study(path: Path, sizes: Sequence[int], results: Sequence[Any]) -> Path:
+    """test.py --task study: one row per image size (P, R, mAP@.5, mAP@.5:.95, ms per image of each stage)."""
+    rows = [[size, *r.results(), *r.speed] for size, r in zip(sizes, results)]
+    np.savetxt(path, np.array(rows, dtype=np.float64).reshape(-1, 8), fmt="%10.4g", header=STUDY_HEADER)
+    return path

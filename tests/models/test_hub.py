@@ -3,11 +3,6 @@ in original image pixels whatever the input form (path, RGB array, PIL image, li
 
 from __future__ import annotations
 
-import functools
-import shutil
-import threading
-from collections.abc import Iterator
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import cv2
@@ -21,27 +16,6 @@ from models.hub import Detections, Detector, ImageInputError, batch_shape
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
-
-
-class QuietHandler(SimpleHTTPRequestHandler):
-    def log_message(self, *args: object) -> None:
-        pass
-
-
-@pytest.fixture
-def release_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A loopback server offering the v7.0 fixture as ``yolov5n.pt``; YOLO_WEIGHTS_* point at it and tmp_path."""
-    served = tmp_path / "served"
-    served.mkdir()
-    shutil.copyfile(FIXTURES / "yolov5n-v7.0.pt", served / "yolov5n.pt")
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(served)))
-    thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    monkeypatch.setenv("YOLO_WEIGHTS_URL", f"http://127.0.0.1:{httpd.server_address[1]}")
-    monkeypatch.setenv("YOLO_WEIGHTS_DIR", str(tmp_path / "cache"))
-    yield tmp_path / "cache"
-    httpd.shutdown()
-    httpd.server_close()
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,87 @@
+"""Test-time augmentation (``--augment`` of detect.py and test.py), as YOLOv5 does it.
+
+The batch is run at scales 1, 0.83 (flipped left-right) and 0.67 of its size; each pass's boxes are mapped back to
+the input's frame (de-scaled, un-flipped) and the passes are concatenated before NMS. Like the reference, the
+scale-1 pass drops its coarsest level (the largest boxes: the smaller passes see those better) and the 0.67 pass
+its finest (the smallest boxes, which it resolves worst).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch.nn import functional as F
+
+SCALES = (1.0, 0.83, 0.67)
+FLIPS = (False, True, False)  # left-right flip of each pass
+PAD_VALUE = 0.447  # the grey the reference pads scaled images with (the ImageNet mean, in [0, 1])
+
+
+@dataclass(frozen=True)
+class DetectLayout:
+    """How a detector's output rows are laid out: one block per level, ``num_anchors`` rows per grid cell."""
+
+    strides: tuple[float, ...]
+    num_anchors: int
+
+    def counts(self, height: int, width: int) -> list[int]:
+        """Rows of each level's block for an input of ``height`` x ``width`` pixels."""
+        return [self.num_anchors * math.ceil(height / s) * math.ceil(width / s) for s in self.strides]
+
+
+def layout_of(model: object) -> DetectLayout:
+    """The layout of our Model (its Detect head), or of anything with ``strides`` and ``num_anchors`` (backends)."""
+    detect = getattr(model, "detect", None)
+    if detect is not None:
+        return DetectLayout(tuple(float(s) for s in detect.stride.tolist()), int(detect.na))
+    return DetectLayout(tuple(float(s) for s in model.strides), int(model.num_anchors))
+
+
+def scale_image(images: torch.Tensor, ratio: float, stride: int) -> torch.Tensor:
+    """(b, 3, h, w) resized by ``ratio`` and padded right and bottom to a multiple of ``stride``."""
+    if ratio == 1.0:
+        return images
+    h, w = images.shape[2:]
+    size = (int(h * ratio), int(w * ratio))
+    resized = F.interpolate(images, size=size, mode="bilinear", align_corners=False)
+    padded_h, padded_w = (math.ceil(v * ratio / stride) * stride for v in (h, w))
+    return F.pad(resized, [0, padded_w - size[1], 0, padded_h - size[0]], value=PAD_VALUE)
+
+
+def _to_input_frame(pred: torch.Tensor, scale_xy: tuple[float, float], flip: bool, width: int) -> torch.Tensor:
+    """Boxes (cx, cy, w, h) of a scaled (and flipped) pass back in the input's pixels."""
+    pred = pred.float().clone()
+    pred[..., [0, 2]] /= scale_xy[0]
+    pred[..., [1, 3]] /= scale_xy[1]
+    if flip:
+        pred[..., 0] = width - pred[..., 0]
+    return pred
+
+
+def _drop_levels(pred: torch.Tensor, layout: DetectLayout, shape: Sequence[int], keep: slice) -> torch.Tensor:
+    """Keep the levels ``keep`` of one pass; a model whose rows do not follow ``layout`` keeps them all."""
+    counts = layout.counts(*shape)
+    if sum(counts) != pred.shape[1]:
+        return pred
+    starts = [sum(counts[:i]) for i in range(len(counts) + 1)]
+    first, last, _ = keep.indices(len(counts))
+    return pred[:, starts[first]:starts[last]]
+
+
+def augmented_forward(predict: Callable[[torch.Tensor], torch.Tensor], images: torch.Tensor,
+                      layout: DetectLayout) -> torch.Tensor:
+    """Decoded predictions (b, n', 5 + nc) of the three passes, boxes in the pixels of ``images`` (b, 3, h, w)."""
+    height, width = images.shape[2:]
+    stride = int(max(layout.strides))
+    outputs = []
+    for ratio, flip in zip(SCALES, FLIPS):
+        x = scale_image(images.flip(3) if flip else images, ratio, stride)
+        scale_xy = (int(width * ratio) / width, int(height * ratio) / height) if ratio != 1.0 else (1.0, 1.0)
+        outputs.append((_to_input_frame(predict(x), scale_xy, flip, width), x.shape[2:]))
+    (first, first_shape), middle, (last, last_shape) = outputs
+    first = _drop_levels(first, layout, first_shape, slice(0, -1))  # scale 1 without its coarsest level
+    last = _drop_levels(last, layout, last_shape, slice(1, None))  # scale 0.67 without its finest level
+    return torch.cat((first, middle[0], last), 1)
