@@ -138,22 +138,6 @@ def test_compare_outputs_measures_the_largest_difference() -> None:
         export.compare_outputs(a, torch.zeros(1, 5, 8))
 
 
-def test_foreign_or_damaged_exports_are_refused(tmp_path: Path) -> None:
-    from onnx import TensorProto, helper
-
-    graph = helper.make_graph([helper.make_node("Identity", ["images"], ["output0"])], "foreign",
-                              [helper.make_tensor_value_info("images", TensorProto.FLOAT, [1, 3, 64, 64])],
-                              [helper.make_tensor_value_info("output0", TensorProto.FLOAT, [1, 3, 64, 64])])
-    foreign = tmp_path / "foreign.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(foreign))
-    with pytest.raises(UserError, match="no stride/class-name metadata; re-export"):
-        DetectBackend(foreign)
-    damaged = tmp_path / "damaged.torchscript"
-    damaged.write_bytes(b"PK\x03\x04 truncated")
-    with pytest.raises(UserError, match="not a readable TorchScript file"):
-        DetectBackend(damaged)
-
-
 # ------------------------------------------------------------------------------------ YOLOv5 v7.0 flags
 def _error_line(argv: list[str], capsys) -> str:
     code = run_main(export.main, export.parse_opt([str(a) for a in argv]), "export")
@@ -206,17 +190,6 @@ def test_simplify_without_a_simplifier_says_what_to_install(weights: Path, monke
     monkeypatch.setattr(export, "installed_simplifier", lambda: None)
     err = _error_line(["--weights", weights, "--include", "onnx", "--simplify"], capsys)
     assert "--simplify needs onnxslim or onnxsim, which are not installed: pip install onnxslim" in err
-
-
-def test_onnx_export_keywords_exist_in_this_torch() -> None:
-    import argparse
-    import inspect
-
-    parameters = inspect.signature(torch.onnx.export).parameters
-    for dynamic in (False, True):
-        for dynamo in (False, True):
-            opt = argparse.Namespace(opset=17, verbose=False, dynamic=dynamic, dynamo=dynamo)
-            assert set(onnx_export_kwargs(opt)) <= set(parameters), (dynamic, dynamo)
 
 
 def test_torch_without_dynamo_keyword_gets_none(weights: Path, monkeypatch, capsys) -> None:
