@@ -23,7 +23,7 @@ import numpy as np
 
 from utils import dist
 from utils.checkpoint import CheckpointError, load_first_good, new_checkpoint, save_checkpoint, save_run_checkpoints
-from utils.downloads import attempt_download
+from utils.downloads import attempt_download, is_release_name
 from utils.fitness import fitness
 from utils.hooks import HookBase, StepInfo
 from utils.log import LOGGER
@@ -192,7 +192,10 @@ def shared_checkpoint(paths: list[str | Path], trusted: bool = False) -> tuple[P
     """Rank 0 loads the first whole checkpoint of ``paths`` (e.g. last.pt, then best.pt; a YOLOv5 release name
     such as yolov5s.pt is downloaded first when it is not on disk) and sends it to every rank, so no other node
     needs to see the file. A UserError on every rank when none loads. All ranks must call it."""
-    return dist.main_decides(lambda: load_first_good([attempt_download(p) for p in paths], trusted=trusted))
+    def local(path: str | Path) -> Path:  # a release name not on disk is fetched; other paths stay as they are
+        return attempt_download(path) if is_release_name(path) and not Path(path).is_file() else Path(path)
+
+    return dist.main_decides(lambda: load_first_good([local(p) for p in paths], trusted=trusted))
 
 
 # ----------------------------------------------------------------------------------- checkpoints of a run
