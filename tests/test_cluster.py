@@ -91,7 +91,7 @@ def test_a_frozen_rank_is_named_and_the_job_ends(tmp_path: Path, tiny_dataset: P
     args = [*train_args(tiny_dataset, tiny_cfg_file, tmp_path / "runs", "--noval", "--ddp-timeout", "20",
                         epochs=30),
             "--hook", f"tests.plugins.faults:Beacon(path={str(beacon)!r}, seconds=0.2)"]
-    proc = start(torchrun_cmd(2, *args))
+    proc = start(torchrun_cmd(2, *args))  # torchrun SIGKILLs the frozen rank 30 s after its SIGTERM
     pump = OutputPump(proc)
     wait_for(lambda: beacon.exists() and sum(1 for line in beacon.read_text().splitlines()
                                              if line.startswith("1 0 ")) >= 2, proc)
