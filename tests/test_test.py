@@ -96,16 +96,21 @@ def test_bad_weights_give_one_line_errors(checkpoint, tiny_dataset, tmp_path, ca
     assert "not a checkpoint of this project" in _error_line(_args(foreign, tiny_dataset, tmp_path), capsys)
 
 
-def test_bad_data_give_one_line_errors(checkpoint, tiny_dataset, tmp_path, capsys):
-    line = _error_line(_args(checkpoint, tiny_dataset, tmp_path, "--task", "test"), capsys)
-    assert "no 'test' split" in line
-    unlabeled = ensure_synthetic(tmp_path / "unlabeled", n_train=2, n_val=4, img_size=(64, 64), seed=1)
+def _unlabeled(tmp_path, n_val: int):
+    """A data YAML whose images have no label files."""
+    unlabeled = ensure_synthetic(tmp_path / "unlabeled", n_train=1, n_val=n_val, img_size=(64, 64), seed=1)
     for label in (unlabeled / "labels").rglob("*.txt"):
         label.unlink()
     data = tmp_path / "unlabeled.yaml"
     data.write_text(yaml.safe_dump({"path": str(unlabeled), "train": "images/train", "val": "images/val",
                                     "nc": len(SYNTHETIC_NAMES), "names": SYNTHETIC_NAMES}))
-    assert "no labels" in _error_line(_args(checkpoint, data, tmp_path), capsys)
+    return data
+
+
+def test_bad_data_give_one_line_errors(checkpoint, tiny_dataset, tmp_path, capsys):
+    line = _error_line(_args(checkpoint, tiny_dataset, tmp_path, "--task", "test"), capsys)
+    assert "no 'test' split" in line
+    assert "no labels" in _error_line(_args(checkpoint, _unlabeled(tmp_path, 4), tmp_path), capsys)
 
 
 def test_class_count_mismatch_is_refused(tiny_cfg_file, tiny_dataset, tmp_path, capsys):
@@ -144,12 +149,7 @@ def test_speed_task_only_times(checkpoint, tiny_dataset, tmp_path, capsys):
     assert result.metrics is None and result.results() == (0.0, 0.0, 0.0, 0.0)  # nothing was matched
     assert "mAP@.5:.95" not in out and "(12 images, timing only)" in out
     assert _files(tmp_path / "exp") == set()  # no plots, no JSON, no label files
-    unlabeled = ensure_synthetic(tmp_path / "unlabeled", n_train=1, n_val=3, img_size=(64, 64), seed=1)
-    for label in (unlabeled / "labels").rglob("*.txt"):
-        label.unlink()
-    data = tmp_path / "unlabeled.yaml"
-    data.write_text(yaml.safe_dump({"path": str(unlabeled), "train": "images/train", "val": "images/val",
-                                    "nc": len(SYNTHETIC_NAMES), "names": SYNTHETIC_NAMES}))
+    data = _unlabeled(tmp_path, 3)
     assert test_script.main(test_script.parse_opt(_args(checkpoint, data, tmp_path, "--task", "speed"))).seen == 3
 
 

@@ -6,7 +6,6 @@ import contextlib
 import io
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.helpers import free_port
 from utils import dist
 from utils.downloads import (
     DEFAULT_URL,
@@ -97,12 +97,6 @@ def server(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[tuple[st
     httpd.routes.release.set()  # type: ignore[attr-defined]
     httpd.shutdown()
     httpd.server_close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def leftovers(folder: Path) -> list[str]:
