@@ -12,7 +12,7 @@ from PIL import Image
 
 from tests.helpers import GOOD_LABEL, make_set, png_writer, write_jpg
 from utils.data_config import DataError, load_data_config
-from utils.datasets import YoloDataset
+from utils.datasets import YoloDataset, bgr_to_chw_rgb, resized_shape
 
 
 def test_16bit_and_gray_png_load_as_8bit_3_channels(tmp_path: Path) -> None:
@@ -74,3 +74,22 @@ def test_image_caches_give_the_same_pixels(tmp_path: Path) -> None:
     np.save(npy[1], np.zeros((40, 48, 3), np.uint8))  # a damaged cache entry ...
     os.utime(npy[1], ns=(0, 0))  # ... older than its image is ignored
     assert torch.equal(disk[1][0], plain[1][0])
+
+
+def test_mosaic_sources_are_originals_with_load_image_sizes(tmp_path: Path) -> None:
+    """A mosaic warps small images from the original (no resize first), at the size load_image gives them."""
+    from functools import partial
+
+    files = {"small.jpg": (partial(write_jpg, h=37, w=51), GOOD_LABEL), "tall.jpg": (partial(write_jpg, h=61, w=23),
+             GOOD_LABEL), "big.jpg": (partial(write_jpg, h=90, w=120), GOOD_LABEL)}
+    ds = YoloDataset(make_set(tmp_path, files), img_size=64, augment=True, nc=3)
+    for i, name in enumerate(Path(f).name for f in ds.im_files):
+        img, hw = ds._mosaic_source(i)
+        assert hw == ds.load_image(i)[0].shape[:2] == resized_shape(ds._read(i).shape[:2], 64)
+        assert img.shape[:2] == (ds._read(i).shape[:2] if name != "big.jpg" else hw)  # only big ones shrink first
+
+
+def test_chw_rgb_conversion() -> None:
+    img = np.random.default_rng(0).integers(0, 256, (7, 9, 3), dtype=np.uint8)
+    chw = bgr_to_chw_rgb(img)
+    assert chw.flags.c_contiguous and np.array_equal(chw, img[:, :, ::-1].transpose(2, 0, 1))
