@@ -9,8 +9,9 @@ scaling, and the label scan; optionally against an older checkout timed alternat
 Per worker: one process with one thread (as a DataLoader worker) builds ``--samples`` training samples of
 ``--img`` px and collates them into batches; "mosaic" is mosaic + perspective + HSV + flips with
 hyp.scratch.yaml, "letterbox" is the validation pipeline (letterbox, no augmentation). Each tree runs in its
-own process; the trees take turns pass by pass (ABBA order), so a change in the machine's load hits both
-alike, and "speed-up" is the median of the per-pair ratios. Worker scaling times epochs of a torch
+own process, a fresh one for each pipeline (what ran before in a process changes the speed of the next: the C
+allocator's state); the trees take turns pass by pass (ABBA order), so a change in the machine's load hits
+both alike, and "speed-up" is the median of the per-pair ratios. Worker scaling times epochs of a torch
 DataLoader with 1, 2, 4 workers (this tree only; the main process only receives the batches). A reference
 fp32 matmul on one thread is timed before and after (benchmarks/harness.py): "matmuls/img" is the time per
 image in units of it, comparable between runs on a loaded machine; images/s are absolute (this machine, as
@@ -189,17 +190,25 @@ def scaling_rows(seconds: dict[int, list[float]], opt: argparse.Namespace) -> li
 
 
 def measure_trees(data: Path, opt: argparse.Namespace) -> tuple[dict, dict]:
-    """Per-worker pass times of each tree and mode, and this tree's DataLoader epoch times per worker count."""
-    trees = [TreeProcess(ROOT, data, opt)]
-    if opt.compare is not None:
-        trees.append(TreeProcess(opt.compare.resolve(), data, opt))
+    """Per-worker pass times of each tree and mode, and this tree's DataLoader epoch times per worker count.
+    Every mode gets fresh processes: what ran before in a process (the C allocator's state) changes the next
+    mode's speed, and a real worker runs one pipeline."""
+    passes, scaling = {}, {}
+    for mode in MODES:
+        trees = [TreeProcess(ROOT, data, opt)]
+        if opt.compare is not None:
+            trees.append(TreeProcess(opt.compare.resolve(), data, opt))
+        try:
+            passes[mode] = compare_passes(trees, opt, mode)
+        finally:
+            for tree in trees:
+                tree.close()
+    tree = TreeProcess(ROOT, data, opt)
     try:
-        passes = {mode: compare_passes(trees, opt, mode) for mode in MODES}
-        scaling = {w: trees[0].ask(mode="mosaic", samples=opt.loader_samples, workers=w, repeats=opt.repeats)
+        scaling = {w: tree.ask(mode="mosaic", samples=opt.loader_samples, workers=w, repeats=opt.repeats)
                    for w in opt.workers}
     finally:
-        for tree in trees:
-            tree.close()
+        tree.close()
     return passes, scaling
 
 
