@@ -98,6 +98,7 @@ def _time_pass(dataset: Any, batch: int, samples: int, epoch: int) -> float:
 
 
 def _init_worker(_: int) -> None:
+    """A DataLoader worker as utils.loader sets one up: OpenCV on one thread."""
     import cv2
 
     cv2.setNumThreads(0)
@@ -132,17 +133,20 @@ class TreeProcess:
         self._read()  # ready
 
     def ask(self, **request: Any) -> Any:
+        """Send one request, wait for its answer: seconds (one pass) or a list of them (DataLoader epochs)."""
         self.proc.stdin.write(json.dumps(request) + "\n")
         self.proc.stdin.flush()
         return self._read()["seconds"]
 
     def _read(self) -> dict:
+        """The next JSON line of the process (other output, such as the label scan's, is skipped)."""
         for line in self.proc.stdout:
             if line.startswith("{"):
                 return json.loads(line)
         raise RuntimeError(f"the benchmark process for {self.tree} ended (exit code {self.proc.wait()})")
 
     def close(self) -> None:
+        """End the process: it stops at the end of its input."""
         self.proc.stdin.close()
         self.proc.wait(timeout=60)
 
