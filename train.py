@@ -33,7 +33,7 @@ from utils.checkpoint import to_plain
 from utils.cli import DISTRIBUTED, add_flags, distributed_session, project_dir, run_main, square_size
 from utils.data_config import load_data_config
 from utils.datasets import DatasetOptions
-from utils.device import autocast
+from utils.device import autocast, mixed_precision_is_fast
 from utils.engine import EvalOptions, NonFiniteGuard, Trainer, evaluate, train_one_epoch
 from utils.errors import UserError
 from utils.evolve import evolve
@@ -69,6 +69,7 @@ from utils.train_state import restore_rng_state
 from utils.writers import TrainBatchPlots, TrainWriters, progress_header
 
 DEFAULT_CFG = "yolov5n"
+AMP_MODES = ("auto", "on", "off")
 
 
 class TrainError(UserError, ValueError):
@@ -98,6 +99,13 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cache", nargs="?", const="ram", default=None, choices=["ram", "disk"],
                    help="cache images in 'ram' or on 'disk' (bare flag = ram)")
     add_flags(p, "device")
+    p.add_argument("--amp", choices=AMP_MODES, default="auto",
+                   help="mixed precision (float16 on CUDA, bfloat16 on the CPU) where its output matches float32's: "
+                   "auto = only where it is faster (CUDA, CPUs with AMX)")
+    p.add_argument("--channels-last", action="store_true",
+                   help="train in channels_last (NHWC) memory format, which oneDNN's CPU convolutions prefer")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model (also under DDP): faster steps after minutes of compiling")
     p.add_argument("--multi-scale", action="store_true", help="vary the image size by +/- 50%% per step")
     add_flags(p, "single_cls")
     p.add_argument("--optimizer", choices=["", *OPTIMIZERS], default="",
@@ -209,10 +217,11 @@ def setup(hyp: dict, opt: argparse.Namespace, device: torch.device, hooks: Seque
     if not opt.noautoanchor and not opt.resume:
         check_anchors(train_set, model, thr=hyp["anchor_t"], img_size=opt.img_size)  # rank 0 decides, broadcast
     dist.check_agreement(fingerprint(model, opt, hyp, train_set))
-    amp = decide_amp(model, device)
+    amp = decide_amp(model, device, opt.amp)
     ema = ModelEMA(model)
-    updater = build_updater(model, opt, hyp, len(train_loader), ema, amp)
+    updater = build_updater(model, opt, hyp, len(train_loader), ema, scaler=amp and device.type == "cuda")
     model = updater.model = wrap_ddp(model, opt, device)
+    model = compile_model(model, opt)  # the forward only: the updater keeps the DDP module for no_sync and its grads
     main_process = dist.is_main_process()
     writers = TrainWriters(save_dir, enabled=main_process)
     plots = main_process and not opt.noplots
@@ -267,7 +276,7 @@ def build_model(opt: argparse.Namespace, nc: int, names: list[str],
         model.detect.clear_grid_cache()
         LOGGER.info(f"Transferred {len(matched)}/{len(own)} items from {opt.weights}")
     freeze_layers(model, opt.freeze)
-    return model.to(device), ckpt
+    return model.to(device, memory_format=torch.channels_last if opt.channels_last else torch.preserve_format), ckpt
 
 
 def freeze_layers(model: Model, freeze: list[int]) -> None:
@@ -299,36 +308,51 @@ def build_data(opt: argparse.Namespace, hyp: dict, data_cfg: Any, grid: int, nc:
     return train_loader, train_set, val_loader
 
 
-def decide_amp(model: Model, device: torch.device) -> bool:
-    """Mixed precision on CUDA when autocast output matches fp32 closely; checked on rank 0, broadcast."""
-    def probe() -> bool:
-        if device.type != "cuda":
-            return False
-        image = torch.rand(1, 3, 64, 64, device=device)
-        model.eval()
-        with torch.no_grad():
-            ref = model(image)
-            with autocast(device, enabled=True):
-                low = model(image)
-        model.train()
-        return bool(torch.allclose(ref.float(), low.float(), atol=0.1, rtol=0.1))
+def decide_amp(model: nn.Module, device: torch.device, mode: str = "auto") -> bool:
+    """Mixed precision (float16 on CUDA, bfloat16 on the CPU) as ``--amp`` asks: off never; on when autocast output
+    matches float32's; auto also needs it to be faster here. Decided on rank 0, broadcast. All ranks must call it."""
+    def decide() -> tuple[bool, str]:
+        if mode == "off":
+            return False, "off (--amp off)"
+        fast, why = mixed_precision_is_fast(device)
+        if mode == "auto" and not fast:
+            return False, f"off (--amp auto: {why}; --amp on forces it)"
+        if not autocast_matches(model, device):
+            return False, "off (autocast output differs from float32's)"
+        return True, f"{'float16' if device.type == 'cuda' else 'bfloat16'} autocast ({why})"
 
-    usable = dist.main_decides(probe)
-    if device.type == "cuda":
-        LOGGER.info(f"AMP: {'enabled' if usable else 'disabled (autocast output differs)'}")
+    usable, text = dist.main_decides(decide)
+    LOGGER.info(f"AMP: {text}")
     return usable
 
 
+def autocast_matches(model: nn.Module, device: torch.device, tolerance: float = 0.1) -> bool:
+    """Whether ``model``'s eval output under autocast is within ``tolerance`` (absolute and relative) of its float32
+    output, on a fixed random image (its own generator: the global RNG streams stay as they were)."""
+    image = torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(0)).to(device)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            reference = model(image)
+            with autocast(device, enabled=True):
+                low = model(image)
+    finally:
+        model.train(was_training)
+    return bool(torch.allclose(reference.float(), low.float(), atol=tolerance, rtol=tolerance))
+
+
 def build_updater(model: Model, opt: argparse.Namespace, hyp: dict, batches_per_epoch: int, ema: ModelEMA,
-                  amp: bool) -> WeightUpdater:
-    """Optimizer with decay scaled to the nominal batch, LR schedule with warmup, AMP scaler and EMA."""
+                  scaler: bool) -> WeightUpdater:
+    """Optimizer with decay scaled to the nominal batch, LR schedule with warmup, EMA, and the gradient scaler
+    with ``scaler`` (float16 needs it; bfloat16 has float32's range)."""
     accumulate = accumulate_steps(opt.batch_size)
     decay = scaled_weight_decay(hyp["weight_decay"], opt.batch_size, accumulate)
     optimizer = build_optimizer(model, opt.optimizer, hyp["lr0"], hyp["momentum"], decay)
     LOGGER.info(f"{colorstr('optimizer:')} {describe_groups(optimizer)}; accumulate {accumulate} batches, "
                 f"weight_decay {decay:g}")
     schedule = LRSchedule(hyp, opt.epochs, batches_per_epoch, cosine=opt.cos_lr, accumulate=accumulate)
-    return WeightUpdater(model, optimizer, schedule, ema=ema, amp=amp)
+    return WeightUpdater(model, optimizer, schedule, ema=ema, amp=scaler)
 
 
 def wrap_ddp(model: Model, opt: argparse.Namespace, device: torch.device) -> nn.Module:
@@ -340,6 +364,14 @@ def wrap_ddp(model: Model, opt: argparse.Namespace, device: torch.device) -> nn.
         LOGGER.info("Using SyncBatchNorm()")
     device_ids = [device.index] if device.type == "cuda" else None
     return nn.parallel.DistributedDataParallel(model, device_ids=device_ids, output_device=device_ids and device_ids[0])
+
+
+def compile_model(model: nn.Module, opt: argparse.Namespace) -> nn.Module:
+    """``model`` (DDP-wrapped under DDP) under torch.compile with --compile, as is otherwise."""
+    if not opt.compile:
+        return model
+    LOGGER.info("torch.compile: the first steps compile the model (minutes on a CPU), the steps after are faster")
+    return torch.compile(model)
 
 
 def fit(t: Trainer) -> dict[str, float]:

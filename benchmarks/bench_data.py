@@ -1,109 +1,267 @@
-"""Data pipeline throughput: training images/s per worker at 640 px, and label-scan time per 1,000 images.
+"""Data pipeline throughput: training images/s per worker (mosaic and letterbox at 640 px), DataLoader worker
+scaling, and the label scan; optionally against an older checkout timed alternately in the same run.
 
-    python benchmarks/bench_data.py                 # defaults: 640 px, 48 images, 3 repeats
-    python benchmarks/bench_data.py --img 320 --repeats 5
+    python benchmarks/bench_data.py                              # this tree: 640 px, 128-160 px sources
+    python benchmarks/bench_data.py --compare /tmp/old-h13       # also an older checkout (git archive/worktree)
+    python benchmarks/bench_data.py --source-px 480 640          # COCO-like sources instead of small ones
+    python benchmarks/bench_data.py --quick                      # 3 repeats, 1 and 2 workers: about a minute
 
-The training pipeline is mosaic + random perspective + HSV + flips + collate with hyp.scratch.yaml,
-measured in this process (= one dataloader worker). The scan is the parallel image/label check
-without a cache, and the cache load that replaces it on later runs. Figures are medians of repeats.
+Per worker: one process with one thread (as a DataLoader worker) builds ``--samples`` training samples of
+``--img`` px and collates them into batches; "mosaic" is mosaic + perspective + HSV + flips with
+hyp.scratch.yaml, "letterbox" is the validation pipeline (letterbox, no augmentation). Each tree runs in its
+own process, a fresh one for each pipeline (what ran before in a process changes the speed of the next: the C
+allocator's state); the trees take turns pass by pass (ABBA order), so a change in the machine's load hits
+both alike, and "speed-up" is the median of the per-pair ratios. Worker scaling times epochs of a torch
+DataLoader with 1, 2, 4 workers (this tree only; the main process only receives the batches). A reference
+fp32 matmul on one thread is timed before and after (benchmarks/harness.py): "matmuls/img" is the time per
+image in units of it, comparable between runs on a loaded machine; images/s are absolute (this machine, as
+loaded now). Figures are medians [min-max].
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
+import json
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-import cv2
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from utils.datasets import YoloDataset  # noqa: E402
-from utils.device import available_cores  # noqa: E402
-from utils.hyp import load_hyp  # noqa: E402
-from utils.label_cache import (  # noqa: E402
-    files_hash,
-    img2label_paths,
-    list_image_files,
-    load_cache,
-    save_cache,
-    scan_files,
-)
-from utils.synthetic import ensure_synthetic  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+MODES = ("mosaic", "letterbox")
 
 
 def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     """The benchmark's flags."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--img", type=int, default=640, help="training image size (pixels)")
-    parser.add_argument("--images", type=int, default=48, help="source images for the pipeline benchmark")
-    parser.add_argument("--scan-images", type=int, default=400, help="images for the label-scan benchmark")
+    parser.add_argument("--source-px", type=int, nargs=2, default=[128, 160], metavar=("MIN", "MAX"),
+                        help="source image sides are drawn from [MIN, MAX] (128 160: the built-in synthetic set)")
+    parser.add_argument("--images", type=int, default=32, help="source images")
+    parser.add_argument("--samples", type=int, default=64, help="samples per timed pass")
     parser.add_argument("--batch", type=int, default=16, help="batch size for collate")
-    parser.add_argument("--repeats", type=int, default=3, help="repeats (the median is reported)")
-    return parser.parse_args(argv)
+    parser.add_argument("--repeats", type=int, default=7, help="timed passes per tree and mode")
+    parser.add_argument("--workers", type=int, nargs="*", default=[1, 2, 4], help="DataLoader worker counts")
+    parser.add_argument("--loader-samples", type=int, default=192, help="samples per DataLoader epoch")
+    parser.add_argument("--scan-images", type=int, default=400, help="images for the label-scan figure (0: skip)")
+    parser.add_argument("--compare", type=Path, default=None, help="an older checkout to time in the same run")
+    parser.add_argument("--quick", action="store_true", help="3 repeats, workers 1 2, no scan")
+    parser.add_argument("--serve", nargs=2, metavar=("TREE", "DATA"), help=argparse.SUPPRESS)
+    opt = parser.parse_args(argv)
+    if opt.quick:
+        opt.repeats, opt.workers, opt.scan_images, opt.loader_samples = 3, [1, 2], 0, 64
+    return opt
 
 
-def median_time(fn: Callable[[], object], repeats: int) -> float:
-    """Median wall time of ``repeats`` calls of ``fn``."""
-    return statistics.median(_timed(fn, repeats)[0])
+# ---------------------------------------------------------------------------------------- one tree's process
+def serve(tree: str, data: str, img: int, batch: int) -> None:
+    """Build the data sets from ``tree``'s code and answer timing requests (one JSON line each) on stdin."""
+    sys.path.insert(0, str(Path(tree).resolve()))
+    import cv2
+    import torch
+
+    from utils.datasets import YoloDataset
+    from utils.hyp import load_hyp
+
+    cv2.setNumThreads(0)  # as in a DataLoader worker: one thread, the workers are the parallelism
+    torch.set_num_threads(1)
+    images = Path(data) / "images" / "train"
+    datasets = {"mosaic": YoloDataset(images, img_size=img, augment=True, hyp=load_hyp(), nc=3, seed=0),
+                "letterbox": YoloDataset(images, img_size=img, nc=3)}
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        request = json.loads(line)
+        dataset = datasets[request["mode"]]
+        if request.get("workers"):
+            answer = {"seconds": _time_loader(dataset, batch, request["samples"], request["workers"],
+                                              request["repeats"])}
+        else:
+            answer = {"seconds": _time_pass(dataset, batch, request["samples"], request["pass"])}
+        print(json.dumps(answer), flush=True)
 
 
-def _timed(fn: Callable[[], object], repeats: int) -> tuple[list[float], list[float]]:
-    """Wall and CPU (this process) seconds of each of ``repeats`` calls."""
-    walls, cpus = [], []
-    for _ in range(repeats):
-        wall, cpu = time.perf_counter(), time.process_time()
-        fn()
-        walls.append(time.perf_counter() - wall)
-        cpus.append(time.process_time() - cpu)
-    return walls, cpus
+def _keys(dataset: Any, samples: int, epoch: int) -> list:
+    """Sample indices as the training sampler gives them: (index, (seed, epoch, position)) with augmentation."""
+    n = len(dataset)
+    return [(i % n, (0, epoch, i)) if dataset.augment else i % n for i in range(samples)]
 
 
-def bench_pipeline(images: Path, img_size: int, batch: int, repeats: int) -> tuple[float, float]:
-    """Training images per second in one process (mosaic + perspective + HSV + flips + collate), by wall
-    time and by this process's CPU time (what an idle core would give on a busy machine)."""
-    dataset = YoloDataset(images, img_size=img_size, augment=True, hyp=load_hyp(), nc=3, seed=0)
-    count = max(batch * 2, len(dataset))
+def _time_pass(dataset: Any, batch: int, samples: int, epoch: int) -> float:
+    """Seconds to build and collate ``samples`` samples in this process."""
+    keys = _keys(dataset, samples, epoch)
+    start = time.perf_counter()
+    for i in range(0, samples, batch):
+        dataset.collate_fn([dataset[k] for k in keys[i:i + batch]])
+    return time.perf_counter() - start
 
-    def one_pass() -> None:  # one epoch over ``count`` samples, batched and collated
-        for start in range(0, count, batch):
-            YoloDataset.collate_fn([dataset[i % len(dataset)] for i in range(start, min(start + batch, count))])
 
-    one_pass()  # warm the file cache
-    walls, cpus = _timed(one_pass, repeats)
-    return count / statistics.median(walls), count / statistics.median(cpus)
+def _init_worker(_: int) -> None:
+    """A DataLoader worker as utils.loader sets one up: OpenCV on one thread."""
+    import cv2
+
+    cv2.setNumThreads(0)
+
+
+def _time_loader(dataset: Any, batch: int, samples: int, workers: int, repeats: int) -> list[float]:
+    """Seconds per epoch of ``samples`` samples through a DataLoader with ``workers`` persistent workers,
+    after one untimed epoch (worker start-up)."""
+    import torch
+
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch, sampler=_keys(dataset, samples, 0),
+                                         num_workers=workers, collate_fn=dataset.collate_fn,
+                                         worker_init_fn=_init_worker, persistent_workers=True, prefetch_factor=4)
+    seconds = []
+    for r in range(repeats + 1):
+        start = time.perf_counter()
+        for _ in loader:
+            pass
+        if r:
+            seconds.append(time.perf_counter() - start)
+    return seconds
+
+
+class TreeProcess:
+    """A ``serve`` process for one checkout, asked for timings one request at a time."""
+
+    def __init__(self, tree: Path, data: Path, opt: argparse.Namespace) -> None:
+        self.tree = tree
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--serve", str(tree), str(data), "--img", str(opt.img),
+               "--batch", str(opt.batch)]
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=tree)
+        self._read()  # ready
+
+    def ask(self, **request: Any) -> Any:
+        """Send one request, wait for its answer: seconds (one pass) or a list of them (DataLoader epochs)."""
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        return self._read()["seconds"]
+
+    def _read(self) -> dict:
+        """The next JSON line of the process (other output, such as the label scan's, is skipped)."""
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                return json.loads(line)
+        raise RuntimeError(f"the benchmark process for {self.tree} ended (exit code {self.proc.wait()})")
+
+    def close(self) -> None:
+        """End the process: it stops at the end of its input."""
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+# ------------------------------------------------------------------------------------------------ the parent
+def compare_passes(trees: list[TreeProcess], opt: argparse.Namespace, mode: str) -> list[list[float]]:
+    """Seconds of every timed pass of each tree, the trees taking turns in ABBA order; one warm-up pass each."""
+    for tree in trees:
+        tree.ask(mode=mode, samples=opt.samples, **{"pass": 0})
+    seconds: list[list[float]] = [[] for _ in trees]
+    for r in range(opt.repeats):
+        order = list(range(len(trees))) if r % 2 == 0 else list(reversed(range(len(trees))))
+        for t in order:
+            seconds[t].append(trees[t].ask(mode=mode, samples=opt.samples, **{"pass": r + 1}))
+    return seconds
+
+
+def pipeline_rows(seconds: dict[str, list[list[float]]], opt: argparse.Namespace, ref_seconds: float) -> list[str]:
+    """The per-worker table: images/s, matmuls per image and, with --compare, the paired speed-up."""
+    from benchmarks.harness import Stats
+
+    rows = [f"{'pipeline, one worker':<24}{'tree':<9}{'images/s':>20}{'matmuls/img':>13}{'speed-up':>20}"]
+    for mode, per_tree in seconds.items():
+        for t, times in enumerate(per_tree):
+            rate = Stats.of(opt.samples / s for s in times)
+            per_image = Stats.of(s / opt.samples for s in times).median / ref_seconds
+            speedup = ""
+            if t == 0 and len(per_tree) > 1:
+                speedup = Stats.of(old / new for new, old in zip(times, per_tree[1])).fmt(2) + "x"
+            label = "this" if t == 0 else "compare"
+            rows.append(f"{f'{mode} {opt.img} px':<24}{label:<9}{rate.fmt(1):>20}{per_image:>13.2f}{speedup:>20}")
+    return rows
+
+
+def scaling_rows(seconds: dict[int, list[float]], opt: argparse.Namespace) -> list[str]:
+    """Images/s of a DataLoader with each worker count (mosaic), and the ratio to the first count."""
+    from benchmarks.harness import Stats
+
+    rows, base = [f"{'DataLoader, mosaic':<24}{'workers':<9}{'images/s':>20}{'x first':>13}"], None
+    for workers, times in seconds.items():
+        rate = Stats.of(opt.loader_samples / s for s in times)
+        base = base or rate.median
+        rows.append(f"{f'{opt.img} px, batch {opt.batch}':<24}{workers:<9}{rate.fmt(1):>20}{rate.median / base:>13.2f}")
+    return rows
+
+
+def measure_trees(data: Path, opt: argparse.Namespace) -> tuple[dict, dict]:
+    """Per-worker pass times of each tree and mode, and this tree's DataLoader epoch times per worker count.
+    Every mode gets fresh processes: what ran before in a process (the C allocator's state) changes the next
+    mode's speed, and a real worker runs one pipeline."""
+    passes, scaling = {}, {}
+    for mode in MODES:
+        trees = [TreeProcess(ROOT, data, opt)]
+        if opt.compare is not None:
+            trees.append(TreeProcess(opt.compare.resolve(), data, opt))
+        try:
+            passes[mode] = compare_passes(trees, opt, mode)
+        finally:
+            for tree in trees:
+                tree.close()
+    tree = TreeProcess(ROOT, data, opt)
+    try:
+        scaling = {w: tree.ask(mode="mosaic", samples=opt.loader_samples, workers=w, repeats=opt.repeats)
+                   for w in opt.workers}
+    finally:
+        tree.close()
+    return passes, scaling
 
 
 def bench_scan(images: Path, repeats: int) -> tuple[float, float]:
     """Seconds per 1,000 images for a full check (no cache) and for a cache load."""
+    from benchmarks.harness import time_call
+    from utils.label_cache import files_hash, img2label_paths, list_image_files, load_cache, save_cache, scan_files
+
     im_files = list_image_files(images)
     label_files = img2label_paths(im_files)
-    scan_s = median_time(lambda: scan_files(im_files, label_files, 3, show=False), repeats)
+    scan_s = time_call(lambda: scan_files(im_files, label_files, 3, show=False), repeats, 0).median
     result = scan_files(im_files, label_files, 3, show=False)
     cache = Path(label_files[0]).parent.with_suffix(".bench.cache")
     file_hash = files_hash(im_files, label_files, 3)
     save_cache(cache, result, file_hash)
-    load_s = median_time(lambda: (files_hash(im_files, label_files, 3), load_cache(cache, file_hash)), repeats)
+    load_s = time_call(lambda: (files_hash(im_files, label_files, 3), load_cache(cache, file_hash)), repeats).median
     return scan_s * 1000 / len(im_files), load_s * 1000 / len(im_files)
 
 
 def main(opt: argparse.Namespace) -> None:
-    """Generate a temporary synthetic set, measure, print the figures."""
-    cv2.setNumThreads(0)  # as in a dataloader worker: one thread per worker
+    """Generate a temporary synthetic set, start one process per tree, measure, print the figures."""
+    if opt.serve:
+        return serve(*opt.serve, opt.img, opt.batch)
+    sys.path.insert(0, str(ROOT))
+    import torch
+
+    from benchmarks.harness import Reference, header
+    from utils.device import available_cores
+    from utils.synthetic import ensure_synthetic
+
+    torch.set_num_threads(1)  # the reference runs on one thread, as a worker does
+    print(header(f"bench_data: {opt.img} px from {opt.source_px[0]}-{opt.source_px[1]} px sources, "
+                 f"{opt.samples} samples a pass, median [min-max] of {opt.repeats} passes"))
+    reference = Reference(n=512, runs=opt.repeats)
+    reference.measure()
     with tempfile.TemporaryDirectory() as tmp:
-        big = ensure_synthetic(Path(tmp) / "big", n_train=opt.images, n_val=1,
-                               img_size=(opt.img * 3 // 4, opt.img), seed=0)
-        small = ensure_synthetic(Path(tmp) / "small", n_train=opt.scan_images, n_val=1, img_size=(128, 160), seed=0)
-        per_worker, per_cpu = bench_pipeline(big / "images" / "train", opt.img, opt.batch, opt.repeats)
-        scan_ms, load_ms = bench_scan(small / "images" / "train", opt.repeats)
-    print(f"training pipeline at {opt.img} px (mosaic+perspective+HSV+flip+collate): "
-          f"{per_worker:.1f} images/s per worker by wall time, {per_cpu:.1f} per CPU-second (median of {opt.repeats})")
-    print(f"label scan (pool of {available_cores()}, {opt.scan_images} images): {scan_ms:.2f} s per 1,000 images; "
-          f"cache load: {load_ms:.3f} s per 1,000 images ({scan_ms / max(load_ms, 1e-9):.0f}x faster)")
+        data = ensure_synthetic(Path(tmp) / "set", n_train=opt.images, n_val=1, img_size=tuple(opt.source_px), seed=0)
+        passes, scaling = measure_trees(data, opt)
+        if opt.scan_images:
+            small = ensure_synthetic(Path(tmp) / "scan", n_train=opt.scan_images, n_val=1, img_size=(128, 160))
+            scan_ms, load_ms = bench_scan(small / "images" / "train", 3)
+    reference.measure()
+    print(reference.describe())
+    print("\n".join(pipeline_rows(passes, opt, reference.seconds) + scaling_rows(scaling, opt)))
+    if opt.compare is not None:
+        print(f"(compare = {opt.compare}; speed-up = compare's time / this tree's, per pair of passes)")
+    if opt.scan_images:
+        print(f"label scan (pool of {available_cores()}, {opt.scan_images} images): {scan_ms:.2f} s per 1,000 "
+              f"images; cache load: {load_ms:.3f} s per 1,000 images ({scan_ms / max(load_ms, 1e-9):.0f}x faster)")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
     python benchmarks/bench_model.py --quick               # yolov5n, 5 runs: well under a minute
     python benchmarks/bench_model.py --models yolov5s yolov5m --runs 50 --threads 1
     python benchmarks/bench_model.py --threads 1 --clock cpu   # robust on a machine shared with other jobs
+    python benchmarks/bench_model.py --channels-last           # also NHWC vs NCHW, run for run
 
 Each model is built from its YAML, BatchNorm-fused and run in eval mode under torch.inference_mode
 (untrained weights: the speed does not depend on the values). The forward includes the Detect head's
@@ -29,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.harness import Clock, Reference, header, time_call  # noqa: E402
+from benchmarks.harness import Clock, Reference, Stats, header, time_call  # noqa: E402
 from models.yolo import Model  # noqa: E402
 
 
@@ -45,6 +46,8 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
                         help="wall time, or this process's CPU time (use with --threads 1 on a busy machine)")
     parser.add_argument("--quick", action="store_true", help="yolov5n, 5 runs, 1024 matmul")
+    parser.add_argument("--channels-last", action="store_true",
+                        help="also time each model in channels_last (NHWC), run for run with the default layout")
     opt = parser.parse_args(argv)
     if opt.quick:
         opt.models, opt.runs, opt.matmul_size = opt.models[:1], 5, 1024
@@ -63,6 +66,29 @@ def bench_model(name: str, img_size: int, batch_size: int, runs: int, warmup: in
     return {"ms_per_image": seconds.median * 1e3 / batch_size, "gflops_per_image": gflops_per_image,
             "gflops_per_s": gflops_per_image * batch_size / seconds.median,
             "ms": seconds.scaled(1e3 / batch_size)}
+
+
+def channels_last_gain(opt: argparse.Namespace, clock: Clock) -> str:
+    """Per model: ms/image in the default layout and in channels_last, the two timed in turns, and the median of
+    the per-pair ratios (> 1: channels_last is faster)."""
+    lines = [f"{'channels_last':<16}{'NCHW ms':>12}{'NHWC ms':>12}{'NCHW/NHWC':>22}"]
+    for name in opt.models:
+        torch.manual_seed(0)
+        nchw = Model(name).fuse().eval()
+        nhwc = Model(name).fuse().eval().to(memory_format=torch.channels_last)
+        nhwc.load_state_dict(nchw.state_dict())
+        x = torch.rand(opt.batch_size, 3, opt.img_size, opt.img_size)
+        times: tuple[list[float], list[float]] = ([], [])
+        with torch.inference_mode():
+            for model in (nchw, nhwc):
+                time_call(lambda m=model, x=x: m(x), 1, opt.warmup, clock)
+            for _ in range(opt.runs):
+                for i, model in enumerate((nchw, nhwc)):
+                    times[i].append(time_call(lambda m=model, x=x: m(x), 1, 0, clock).median)
+        ratio = Stats.of(a / b for a, b in zip(*times))
+        lines.append(f"{name:<16}{Stats.of(times[0]).median * 1e3:>12.1f}{Stats.of(times[1]).median * 1e3:>12.1f}"
+                     f"{ratio.fmt(2):>22}")
+    return "\n".join(lines)
 
 
 def main(opt: argparse.Namespace) -> list[dict]:
@@ -87,6 +113,8 @@ def main(opt: argparse.Namespace) -> list[dict]:
         print(f"{name:<16}{result['ms_per_image']:>10.1f}{spread:>16}{result['gflops_per_image']:>9.2f}"
               f"{result['gflops_per_s']:>10.1f}{result['fraction_of_matmul']:>10.0%}"
               f"{reference.ratio(result['ms_per_image'] / 1e3):>10.2f}")
+    if opt.channels_last:
+        print(channels_last_gain(opt, clock))
     reference.measure()
     peak_after = reference.gflops(reference.after)
     print(f"fp32 matmul again after the models: {peak_after:.1f} GFLOP/s "

@@ -1,12 +1,22 @@
-"""Training throughput: one process (2 threads) vs 2-process DDP on gloo (1 thread each), same total batch.
+"""Training throughput: DDP scaling (one process vs 2 ranks), and training variants compared step for step
+(float32 vs bfloat16 autocast, channels_last, torch.compile).
 
-    python benchmarks/bench_train.py                 # yolov5n at 128 px, total batch 16
-    python benchmarks/bench_train.py --cfg yolov5s --img 160 --batch-size 32 --repeats 5
+    python benchmarks/bench_train.py                   # DDP: yolov5n 128 px, total batch 16, 1 x 2 threads vs 2 x 1
+    python benchmarks/bench_train.py --variants fp32 bf16 --cfg yolov5n yolov5s --img 320 640
+    python benchmarks/bench_train.py --variants fp32 channels_last compile --img 320
+    python benchmarks/bench_train.py --variants fp32 bf16+channels_last --batch-size 4 --repeats 5
 
-Prints images/s (median of repeats) and the DDP scaling efficiency = DDP images/s / one-process images/s
-(1.0 = two half-size processes train as fast as one process using both cores). Batches are fixed random
-images with a few boxes each, so the figure is the trainer's (forward, loss, backward, all-reduce, step,
-EMA), not the data pipeline's. With CUDA, also one GPU with AMP.
+DDP: images/s of one process (2 threads) and of a 2-rank gloo group (1 thread each) on the same total batch;
+scaling efficiency = DDP / one process (1.0: two half-size processes train as fast as one using both cores).
+Variants: each is ``+``-joined features of fp32 (plain), bf16 (CPU autocast, as --amp on), channels_last, compile
+(torch.compile; its compile time is reported apart and not timed). Every variant trains its own copy of the
+model; the variants take turns round by round, so a change in the machine's load hits all alike, and
+"x first" is the median of the per-round ratios of each variant's images/s to the first variant's.
+Batches are fixed random images with a few boxes each, so the figures are the trainer's (forward, loss,
+backward, step, EMA), not the data pipeline's. A reference fp32 matmul is timed before and after
+(benchmarks/harness.py); "matmuls/img" is the time per image in units of it, comparable between runs on a
+loaded machine. Images/s are absolute (this machine, as loaded now). Figures are medians [min-max]. On a busy
+machine compare variants with ``--threads 1 --clock cpu`` (this process's CPU time: the compute, not the waiting).
 """
 
 from __future__ import annotations
@@ -14,11 +24,12 @@ from __future__ import annotations
 import argparse
 import os
 import socket
-import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.multiprocessing as mp
@@ -27,8 +38,36 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.harness import Reference, Stats, header, time_call  # noqa: E402
+
 HYP = {"lr0": 0.01, "lrf": 1.0, "momentum": 0.937, "weight_decay": 5e-4, "warmup_epochs": 0.0, "box": 0.05,
        "cls": 0.5, "obj": 1.0, "anchor_t": 4.0}
+FEATURES = ("fp32", "bf16", "channels_last", "compile")
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cfg", nargs="+", default=["yolov5n"], help="model YAMLs")
+    p.add_argument("--img", type=int, nargs="+", default=None, help="image sizes (default: 128 for DDP, 320 else)")
+    p.add_argument("--batch-size", type=int, default=None, help="total batch (default: 16 for DDP, 4 for variants)")
+    p.add_argument("--variants", nargs="*", default=[], help="compare these (e.g. fp32 bf16 channels_last compile "
+                   "bf16+channels_last) instead of the DDP scaling; the first is the base")
+    p.add_argument("--steps", type=int, default=2, help="timed steps per round (variants) or repeat (DDP)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    p.add_argument("--repeats", type=int, default=3, help="rounds (variants) or repeats (DDP)")
+    p.add_argument("--threads", type=int, default=0, help="variants: torch threads (0: torch's default)")
+    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
+                   help="variants: wall time, or this process's CPU time (with --threads 1 on a busy machine)")
+    opt = p.parse_args(argv)
+    for name in opt.variants:
+        if any(f not in FEATURES for f in name.split("+")):
+            p.error(f"variant {name!r}: features are {', '.join(FEATURES)}, joined with +")
+    opt.img = opt.img or ([320] if opt.variants else [128])
+    opt.batch_size = opt.batch_size or (4 if opt.variants else 16)
+    if not opt.variants:
+        opt.steps = max(opt.steps, 8)
+    return opt
 
 
 def make_batch(batch: int, img_size: int, seed: int) -> tuple:
@@ -39,48 +78,76 @@ def make_batch(batch: int, img_size: int, seed: int) -> tuple:
     return imgs, torch.tensor(rows), tuple(str(i) for i in range(batch)), None
 
 
-def timed_steps(cfg: str, batch: int, img_size: int, steps: int, warmup: int, repeats: int, device: torch.device,
-                amp: bool = False, seed: int = 0) -> list[float]:
-    """Images/s of this process for each repeat (ddp when a group is initialised). All ranks call it."""
+@dataclass
+class Run:
+    """One model training on fixed batches: ``steps(n)`` runs n optimizer steps (one train_one_epoch)."""
+
+    trainer: Any
+    batches: list
+    batch: int
+
+    def steps(self, n: int) -> None:
+        from utils.engine import train_one_epoch
+
+        self.trainer.train_loader = [self.batches[i % len(self.batches)] for i in range(n)]
+        train_one_epoch(self.trainer, 0)
+
+
+def build_run(cfg: str, batch: int, img_size: int, device: torch.device, variant: str = "fp32",
+              seed: int = 0) -> Run:
+    """A Trainer as train.py builds one (DDP-wrapped when a group is up) with the variant's features."""
     import utils.dist as dist
     from models.yolo import Model
-    from utils.engine import Trainer, train_one_epoch
+    from utils.engine import Trainer
     from utils.hooks import Hooks
     from utils.loss import ComputeLoss
     from utils.optim import LRSchedule, ModelEMA, WeightUpdater, build_optimizer
     from utils.writers import TrainWriters
 
+    features = set(variant.split("+"))
     torch.manual_seed(0)
     core = Model(cfg, nc=3).to(device)
+    if "channels_last" in features:
+        core = core.to(memory_format=torch.channels_last)
     model = torch.nn.parallel.DistributedDataParallel(core, device_ids=[device.index] if device.type == "cuda"
                                                       else None) if dist.is_initialized() else core
+    amp = "bf16" in features  # autocast: bfloat16 on the CPU (float16 on CUDA)
     ema = ModelEMA(core)
     updater = WeightUpdater(model, build_optimizer(core, "SGD", 0.01, 0.937, 5e-4), LRSchedule(HYP, 10, 10),
-                            ema=ema, amp=amp)
-    trainer = Trainer(opt=argparse.Namespace(epochs=10, batch_size=batch), hyp=HYP, device=device,
-                      save_dir=Path(tempfile.gettempdir()), model=model, updater=updater, ema=ema,
+                            ema=ema, amp=amp and device.type == "cuda")
+    save_dir = Path(tempfile.gettempdir())
+    trainer = Trainer(opt=argparse.Namespace(epochs=10, batch_size=batch), hyp=HYP, device=device, save_dir=save_dir,
+                      model=torch.compile(model) if "compile" in features else model, updater=updater, ema=ema,
                       compute_loss=ComputeLoss(core, HYP, img_size), train_loader=[], val_loader=None,
-                      names=["a", "b", "c"], writers=TrainWriters(Path(tempfile.gettempdir()), enabled=False),
-                      hooks=Hooks(), amp=amp)
-    batches = [make_batch(batch, img_size, seed * 100 + i) for i in range(4)]
-    rates = []
-    for r in range(repeats + 1):
-        n = warmup if r == 0 else steps
-        trainer.train_loader = [batches[i % 4] for i in range(n)]
-        dist.barrier()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        train_one_epoch(trainer, 0)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        dist.barrier()
-        if r:
-            rates.append(n * batch * dist.get_world_size() / (time.perf_counter() - t0))
-    return rates
+                      names=["a", "b", "c"], writers=TrainWriters(save_dir, enabled=False), hooks=Hooks(), amp=amp)
+    return Run(trainer, [make_batch(batch, img_size, seed * 100 + i) for i in range(4)], batch)
 
 
-def _ddp_worker(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
+def compare_variants(opt: argparse.Namespace, cfg: str, img_size: int, reference: Reference) -> list[str]:
+    """Rows of the variant table for one model and size: images/s, matmuls per image, ratio to the first."""
+    runs, compile_s = [], {}
+    for variant in opt.variants:
+        runs.append(build_run(cfg, opt.batch_size, img_size, torch.device("cpu"), variant))
+        start = time.perf_counter()
+        runs[-1].steps(opt.warmup)
+        if "compile" in variant:
+            compile_s[variant] = time.perf_counter() - start
+    seconds: list[list[float]] = [[] for _ in runs]
+    for r in range(opt.repeats):
+        for v in (range(len(runs)) if r % 2 == 0 else reversed(range(len(runs)))):
+            seconds[v].append(time_call(lambda run=runs[v]: run.steps(opt.steps), 1, 0, clock=CLOCKS[opt.clock]).median)
+    images = opt.steps * opt.batch_size
+    rows = []
+    for v, variant in enumerate(opt.variants):
+        rate = Stats.of(images / s for s in seconds[v])
+        ratio = Stats.of(base / s for s, base in zip(seconds[v], seconds[0]))
+        note = f"  (compiling took {compile_s[variant]:.0f} s)" if variant in compile_s else ""
+        rows.append(f"{cfg:<10}{img_size:>5}{variant:>22}{rate.fmt(2):>24}"
+                    f"{reference.ratio(Stats.of(seconds[v]).median / images):>13.1f}{ratio.fmt(2):>20}{note}")
+    return rows
+
+
+def _ddp_worker(rank: int, port: int, opt: argparse.Namespace, out: str) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -88,12 +155,27 @@ def _ddp_worker(rank: int, port: int, args: argparse.Namespace, out: str) -> Non
 
     dist.init_distributed("cpu", "gloo", 300, 300)
     try:
-        rates = timed_steps(args.cfg, args.batch_size // 2, args.img, args.steps, args.warmup, args.repeats,
-                            torch.device("cpu"), seed=rank)
+        rates = timed_rates(opt, opt.batch_size // 2, seed=rank)
         if rank == 0:
             Path(out).write_text(" ".join(f"{r:.4f}" for r in rates))
     finally:
         dist.cleanup()
+
+
+def timed_rates(opt: argparse.Namespace, batch: int, seed: int = 0) -> list[float]:
+    """Images/s (all ranks together) of each repeat of ``opt.steps`` steps, between barriers. All ranks call it."""
+    import utils.dist as dist
+
+    run = build_run(opt.cfg[0], batch, opt.img[0], torch.device("cpu"), seed=seed)
+    run.steps(opt.warmup)
+    rates = []
+    for _ in range(opt.repeats):
+        dist.barrier()
+        start = time.perf_counter()
+        run.steps(opt.steps)
+        dist.barrier()
+        rates.append(opt.steps * batch * dist.get_world_size() / (time.perf_counter() - start))
+    return rates
 
 
 def free_port() -> int:
@@ -102,36 +184,51 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def main(argv: list[str] | None = None) -> dict[str, float]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--cfg", default="yolov5n")
-    p.add_argument("--img", type=int, default=128)
-    p.add_argument("--batch-size", type=int, default=16, help="total batch (DDP: half per rank)")
-    p.add_argument("--steps", type=int, default=8)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--repeats", type=int, default=3)
-    args = p.parse_args(argv)
+def ddp_scaling(opt: argparse.Namespace) -> dict[str, Stats]:
+    """Images/s of one process with 2 threads and of 2 DDP ranks with 1 thread each."""
+    single = Stats.of(timed_rates(opt, opt.batch_size))
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "ddp.txt"
+        mp.start_processes(_ddp_worker, args=(free_port(), opt, str(out)), nprocs=2, start_method="spawn")
+        ddp = Stats.of(float(x) for x in out.read_text().split())
+    return {"single": single, "ddp": ddp}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    opt = parse_opt(argv)
     from utils.log import setup_logging
 
     setup_logging(1)  # quiet: only errors
-    torch.set_num_threads(2)
-    single = statistics.median(timed_steps(args.cfg, args.batch_size, args.img, args.steps, args.warmup,
-                                           args.repeats, torch.device("cpu")))
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "ddp.txt"
-        mp.start_processes(_ddp_worker, args=(free_port(), args, str(out)), nprocs=2, start_method="spawn")
-        ddp = statistics.median(float(x) for x in out.read_text().split())
-    figures = {"cpu_1proc_2threads_img_s": single, "cpu_ddp2_1thread_img_s": ddp, "scaling_efficiency": ddp / single}
-    print(f"{args.cfg} {args.img}px, total batch {args.batch_size}, median of {args.repeats} x {args.steps} steps")
-    print(f"  1 process, 2 threads : {single:8.1f} img/s")
-    print(f"  DDP 2 x 1 thread     : {ddp:8.1f} img/s")
-    print(f"  scaling efficiency   : {ddp / single:8.2f}   (target >= 0.9)")
+    torch.set_num_threads(opt.threads if opt.variants and opt.threads else 2)
+    what = "variants " + ", ".join(opt.variants) if opt.variants else "1 process vs DDP 2 ranks"
+    clock = opt.clock if opt.variants else "wall"
+    print(header(f"bench_train: {what}, total batch {opt.batch_size}, median [min-max] of {opt.repeats} x "
+                 f"{opt.steps} steps", clock=clock))
+    reference = Reference(n=1024, runs=5, clock=CLOCKS[clock])
+    reference.measure()
+    if opt.variants:
+        rows = [row for cfg in opt.cfg for img in opt.img for row in compare_variants(opt, cfg, img, reference)]
+        reference.measure()
+        print(reference.describe())
+        print(f"{'model':<10}{'px':>5}{'variant':>22}{'images/s':>24}{'matmuls/img':>13}{'x first':>20}")
+        print("\n".join(rows))
+        return {"rows": rows}
+    figures = ddp_scaling(opt)
+    reference.measure()
+    print(reference.describe())
+    single, ddp = figures["single"], figures["ddp"]
+    print(f"{opt.cfg[0]} {opt.img[0]} px, total batch {opt.batch_size}")
+    print(f"  1 process, 2 threads : {single.fmt(1):>22} img/s")
+    print(f"  DDP 2 x 1 thread     : {ddp.fmt(1):>22} img/s")
+    print(f"  scaling efficiency   : {ddp.median / single.median:>8.2f}   (DDP / 1 process medians; target >= 0.9)")
     if torch.cuda.is_available():
-        gpu = statistics.median(timed_steps(args.cfg, args.batch_size, args.img, args.steps, args.warmup,
-                                            args.repeats, torch.device("cuda", 0), amp=True))
-        figures["cuda_1gpu_amp_img_s"] = gpu
-        print(f"  1 GPU, AMP           : {gpu:8.1f} img/s ({torch.cuda.get_device_name(0)})")
-    return figures
+        run = build_run(opt.cfg[0], opt.batch_size, opt.img[0], torch.device("cuda", 0), "bf16")  # float16 on CUDA
+        run.steps(opt.warmup)
+        gpu = time_call(lambda: run.steps(opt.steps), opt.repeats, 0, sync=torch.cuda.synchronize)
+        figures["cuda_amp"] = gpu.scaled(1 / (opt.steps * opt.batch_size))
+        print(f"  1 GPU, AMP (float16) : {Stats.of(1 / s for s in figures['cuda_amp'].samples).fmt(1):>22} img/s "
+              f"({torch.cuda.get_device_name(0)})")
+    return {**figures, "scaling_efficiency": ddp.median / single.median}
 
 
 if __name__ == "__main__":

@@ -224,7 +224,7 @@ def _broadcast_decisions(rank: int) -> dict:
         agreement = "passed"
     except dist.DistError as e:
         agreement = str(e)
-    return {"sizes": sizes, "stop": stop, "amp": train.decide_amp(None, torch.device("cpu")),
+    return {"sizes": sizes, "stop": stop, "amp": train.decide_amp(None, torch.device("cpu"), "off"),
             "agreement": agreement}
 
 

@@ -8,6 +8,8 @@ so every rank and worker draws from its own stream.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import cv2
 import numpy as np
@@ -15,6 +17,18 @@ import numpy as np
 from utils.boxes import xywhn2xyxy
 
 PAD_COLOR = (114, 114, 114)
+
+
+class TilePlace(NamedTuple):
+    """One mosaic tile: the canvas rectangle [x1a, x2a) x [y1a, y2a) it fills, and the top-left (x1b, y1b) of the
+    part of its image that fills it (the image at its canvas size)."""
+
+    x1a: int
+    y1a: int
+    x2a: int
+    y2a: int
+    x1b: int
+    y1b: int
 
 
 def letterbox(img: np.ndarray, new_shape: int | tuple[int, int] = 640, color: tuple[int, int, int] = PAD_COLOR,
@@ -100,50 +114,69 @@ def random_perspective(img: np.ndarray, labels: np.ndarray, rng: np.random.Gener
             img = cv2.warpPerspective(img, matrix, dsize=(width, height), borderValue=PAD_COLOR)
         else:
             img = cv2.warpAffine(img, matrix[:2], dsize=(width, height), borderValue=PAD_COLOR)
+    return img, warp_boxes(labels, matrix, s, (height, width))
+
+
+def warp_boxes(labels: np.ndarray, matrix: np.ndarray, scale: float, out_shape: tuple[int, int]) -> np.ndarray:
+    """Labels [cls, x1, y1, x2, y2] moved by the 3x3 ``matrix``: each box becomes the bounding box of its warped
+    corners, clipped to ``out_shape`` (h, w); boxes that shrink to nothing or lose most of their area are dropped."""
     if len(labels) == 0:
-        return img, labels
+        return labels
     corners = np.ones((len(labels) * 4, 3))
     corners[:, :2] = labels[:, [1, 2, 3, 4, 1, 4, 3, 2]].reshape(-1, 2)  # x1y1, x2y2, x1y2, x2y1
     corners = corners @ matrix.T
-    corners = corners[:, :2] / corners[:, 2:3] if perspective else corners[:, :2]
+    projective = matrix[2, 0] != 0 or matrix[2, 1] != 0
+    corners = corners[:, :2] / corners[:, 2:3] if projective else corners[:, :2]
     xs, ys = corners[:, 0].reshape(-1, 4), corners[:, 1].reshape(-1, 4)
     boxes = np.stack([xs.min(1), ys.min(1), xs.max(1), ys.max(1)], 1)
-    boxes[:, [0, 2]] = boxes[:, [0, 2]].clip(0, width)
-    boxes[:, [1, 3]] = boxes[:, [1, 3]].clip(0, height)
-    keep = box_candidates(labels[:, 1:5].T * s, boxes.T, area_thr=0.10)
+    boxes[:, [0, 2]] = boxes[:, [0, 2]].clip(0, out_shape[1])
+    boxes[:, [1, 3]] = boxes[:, [1, 3]].clip(0, out_shape[0])
+    keep = box_candidates(labels[:, 1:5].T * scale, boxes.T, area_thr=0.10)
     out = labels[keep].astype(np.float32, copy=True)
     out[:, 1:5] = boxes[keep]
-    return img, out
+    return out
+
+
+def hsv_table(rng: np.random.Generator, hgain: float = 0.5, sgain: float = 0.5,
+              vgain: float = 0.5) -> np.ndarray | None:
+    """A random hue/saturation/value change as a (1, 256, 3) lookup table on HSV pixels; None without gains."""
+    if not (hgain or sgain or vgain):
+        return None
+    gains = rng.uniform(-1, 1, 3) * [hgain, sgain, vgain] + 1
+    x = np.arange(0, 256, dtype=np.float64)
+    table = np.empty((1, 256, 3), np.uint8)
+    table[0, :, 0] = (x * gains[0]) % 180
+    table[0, :, 1] = np.clip(x * gains[1], 0, 255)
+    table[0, :, 2] = np.clip(x * gains[2], 0, 255)
+    return table
+
+
+def apply_hsv(img: np.ndarray, table: np.ndarray, inplace: bool = True) -> np.ndarray:
+    """``img`` (BGR) with the HSV lookup ``table`` applied: in place (returns ``img``), or as a new image."""
+    hsv = cv2.cvtColor(img, cv2.COLOR_BGR2HSV)
+    cv2.LUT(hsv, table, dst=hsv)
+    return cv2.cvtColor(hsv, cv2.COLOR_HSV2BGR, dst=img if inplace else hsv)
 
 
 def augment_hsv(img: np.ndarray, rng: np.random.Generator, hgain: float = 0.5, sgain: float = 0.5,
                 vgain: float = 0.5) -> np.ndarray:
     """Random hue/saturation/value gains, applied in place through lookup tables (returns ``img``)."""
-    if not (hgain or sgain or vgain):
-        return img
-    gains = rng.uniform(-1, 1, 3) * [hgain, sgain, vgain] + 1
-    hue, sat, val = cv2.split(cv2.cvtColor(img, cv2.COLOR_BGR2HSV))
-    x = np.arange(0, 256, dtype=np.float64)
-    lut_hue = ((x * gains[0]) % 180).astype(np.uint8)
-    lut_sat = np.clip(x * gains[1], 0, 255).astype(np.uint8)
-    lut_val = np.clip(x * gains[2], 0, 255).astype(np.uint8)
-    merged = cv2.merge((cv2.LUT(hue, lut_hue), cv2.LUT(sat, lut_sat), cv2.LUT(val, lut_val)))
-    cv2.cvtColor(merged, cv2.COLOR_HSV2BGR, dst=img)
-    return img
+    table = hsv_table(rng, hgain, sgain, vgain)
+    return img if table is None else apply_hsv(img, table)
 
 
 def flip_lr(img: np.ndarray, labels_xywhn: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Mirror left-right; labels are normalised [cls, cx, cy, w, h]."""
     out = labels_xywhn.copy()
     out[:, 1] = 1 - out[:, 1]
-    return np.ascontiguousarray(np.fliplr(img)), out
+    return cv2.flip(img, 1), out
 
 
 def flip_ud(img: np.ndarray, labels_xywhn: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Mirror up-down; labels are normalised [cls, cx, cy, w, h]."""
     out = labels_xywhn.copy()
     out[:, 2] = 1 - out[:, 2]
-    return np.ascontiguousarray(np.flipud(img)), out
+    return cv2.flip(img, 0), out
 
 
 def mixup(img: np.ndarray, labels: np.ndarray, img2: np.ndarray, labels2: np.ndarray,
@@ -154,34 +187,153 @@ def mixup(img: np.ndarray, labels: np.ndarray, img2: np.ndarray, labels2: np.nda
     return blended, np.concatenate((labels, labels2), 0)
 
 
+def mosaic_layout(sizes: Sequence[tuple[int, int]], size: int, rng: np.random.Generator) -> list[TilePlace]:
+    """Where each of 4 images of ``sizes`` (h, w) goes on a 2s x 2s canvas, around a random centre.
+
+    Image 0's bottom-right corner touches the centre, image 1's bottom-left, image 2's top-right, image 3's
+    top-left; an image is cropped only where it would cross the canvas's outer edge.
+    """
+    yc, xc = (int(rng.uniform(size // 2, 3 * size // 2)) for _ in range(2))
+    side = size * 2
+    places = []
+    for i, (h, w) in enumerate(sizes):
+        x1a, x2a = (max(xc - w, 0), xc) if i in (0, 2) else (xc, min(xc + w, side))
+        y1a, y2a = (max(yc - h, 0), yc) if i in (0, 1) else (yc, min(yc + h, side))
+        x1b = w - (x2a - x1a) if i in (0, 2) else 0
+        y1b = h - (y2a - y1a) if i in (0, 1) else 0
+        places.append(TilePlace(x1a, y1a, x2a, y2a, x1b, y1b))
+    return places
+
+
+def mosaic_boxes(labels: Sequence[np.ndarray], sizes: Sequence[tuple[int, int]], places: Sequence[TilePlace],
+                 size: int) -> np.ndarray:
+    """The tiles' labels (normalised xywh per image of ``sizes``) as [cls, x1, y1, x2, y2] canvas pixels, clipped
+    to the 2s x 2s canvas."""
+    out = []
+    for lab, (h, w), place in zip(labels, sizes, places):
+        pixels = lab.astype(np.float32, copy=True)
+        pixels[:, 1:] = xywhn2xyxy(lab[:, 1:], w, h, place.x1a - place.x1b, place.y1a - place.y1b)
+        out.append(pixels)
+    boxes = np.concatenate(out, 0) if out else np.zeros((0, 5), np.float32)
+    boxes[:, 1:5] = boxes[:, 1:5].clip(0, 2 * size)
+    return boxes
+
+
 def mosaic4(images: list[np.ndarray], labels: list[np.ndarray], size: int,
             rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """Tile 4 images around a random centre of a 2s x 2s canvas; labels are normalised xywh per image.
 
-    Returns the canvas and its labels as [cls, x1, y1, x2, y2] pixels (clipped to the canvas);
-    follow with ``random_perspective(..., border=(-s // 2, -s // 2))`` to crop back to s x s.
+    Returns the canvas and its labels as [cls, x1, y1, x2, y2] pixels (clipped to the canvas); follow with
+    ``random_perspective(..., border=(-s // 2, -s // 2))`` to crop back to s x s. ``warp_mosaic`` does both in
+    one pass and is what training uses; this is the plain definition it is tested against.
     """
     canvas = np.full((size * 2, size * 2, images[0].shape[2]), PAD_COLOR[0], dtype=np.uint8)
-    yc, xc = (int(rng.uniform(size // 2, 3 * size // 2)) for _ in range(2))
-    out = []
-    for i, (img, lab) in enumerate(zip(images, labels)):
-        h, w = img.shape[:2]
-        if i == 0:  # top left: the image's bottom-right corner at the centre
-            x1a, y1a, x2a, y2a = max(xc - w, 0), max(yc - h, 0), xc, yc
-            x1b, y1b = w - (x2a - x1a), h - (y2a - y1a)
-        elif i == 1:  # top right
-            x1a, y1a, x2a, y2a = xc, max(yc - h, 0), min(xc + w, size * 2), yc
-            x1b, y1b = 0, h - (y2a - y1a)
-        elif i == 2:  # bottom left
-            x1a, y1a, x2a, y2a = max(xc - w, 0), yc, xc, min(size * 2, yc + h)
-            x1b, y1b = w - (x2a - x1a), 0
-        else:  # bottom right
-            x1a, y1a, x2a, y2a = xc, yc, min(xc + w, size * 2), min(size * 2, yc + h)
-            x1b, y1b = 0, 0
-        canvas[y1a:y2a, x1a:x2a] = img[y1b:y1b + (y2a - y1a), x1b:x1b + (x2a - x1a)]
-        pixels = lab.astype(np.float32, copy=True)
-        pixels[:, 1:] = xywhn2xyxy(lab[:, 1:], w, h, x1a - x1b, y1a - y1b)
-        out.append(pixels)
-    boxes = np.concatenate(out, 0) if out else np.zeros((0, 5), np.float32)
-    boxes[:, 1:5] = boxes[:, 1:5].clip(0, 2 * size)
-    return canvas, boxes
+    sizes = [img.shape[:2] for img in images]
+    places = mosaic_layout(sizes, size, rng)
+    for img, p in zip(images, places):
+        canvas[p.y1a:p.y2a, p.x1a:p.x2a] = img[p.y1b:p.y1b + (p.y2a - p.y1a), p.x1b:p.x1b + (p.x2a - p.x1a)]
+    return canvas, mosaic_boxes(labels, sizes, places, size)
+
+
+def warp_mosaic(images: Sequence[np.ndarray], labels: Sequence[np.ndarray], size: int, rng: np.random.Generator,
+                sizes: Sequence[tuple[int, int]] | None = None, degrees: float = 10, translate: float = 0.1,
+                scale: float = 0.1, shear: float = 10, perspective: float = 0.0,
+                hsv: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """``mosaic4`` then ``random_perspective`` cropping to s x s, in one pass: each image is warped straight into
+    the s x s output by its placement composed with the random transform, so no 2s canvas is built.
+
+    ``sizes`` (h, w) are the sizes the images take on the canvas (default: their own); an image smaller than that
+    is enlarged by the same warp, which saves resizing it first. ``hsv`` (a ``hsv_table``) is applied to the
+    images before the warp when they have fewer pixels than the output, else to the output. The random draws
+    are those of mosaic4 and random_perspective, so both ways give the same boxes and, within interpolation,
+    the same pixels.
+    """
+    sizes = [tuple(img.shape[:2]) for img in images] if sizes is None else [tuple(hw) for hw in sizes]
+    places = mosaic_layout(sizes, size, rng)
+    boxes = mosaic_boxes(labels, sizes, places, size)
+    matrix, s = _perspective_matrix(rng, (2 * size, 2 * size), (size, size), degrees, translate, scale, shear,
+                                    perspective)
+    colour_first = hsv is not None and sum(img.shape[0] * img.shape[1] for img in images) < size * size
+    pad = PAD_COLOR[0]
+    if colour_first:  # the padding as it looks after the change (grey stays grey: only its value changes)
+        pad = int(apply_hsv(np.full((1, 1, 3), pad, np.uint8), hsv, inplace=False)[0, 0, 0])
+    out = np.full((size, size, images[0].shape[2]), pad, dtype=np.uint8)
+    for img, hw, place in zip(images, sizes, places):
+        _warp_tile(img, hw, place, matrix, out, hsv if colour_first else None)
+    if hsv is not None and not colour_first:
+        apply_hsv(out, hsv)
+    return out, warp_boxes(boxes, matrix, s, (size, size))
+
+
+def _warp_tile(img: np.ndarray, canvas_hw: tuple[int, int], place: TilePlace, matrix: np.ndarray,
+               out: np.ndarray, hsv: np.ndarray | None = None) -> None:
+    """Warp the part of ``img`` that ``place`` puts on the canvas into ``out`` (in place), through ``matrix``
+    (canvas -> output), its colours changed by ``hsv`` first when given. Only the output rectangle the tile can
+    reach is computed."""
+    (h, w), (src_h, src_w) = canvas_hw, img.shape[:2]
+    sx, sy = w / src_w, h / src_h
+    # the source pixels covering the placed part (pixel edges scale by sx, sy): the whole image unless cropped
+    u0, u1 = math.floor(place.x1b / sx), min(math.ceil((place.x1b + place.x2a - place.x1a) / sx), src_w)
+    v0, v1 = math.floor(place.y1b / sy), min(math.ceil((place.y1b + place.y2a - place.y1a) / sy), src_h)
+    src, (dx, dy) = img[v0:v1, u0:u1], (place.x1a - place.x1b, place.y1a - place.y1b)
+    if matrix[0, 1] == 0 and matrix[1, 0] == 0 and matrix[2, 0] == 0 and matrix[2, 1] == 0 and matrix[0, 0] > 0:
+        # no rotation, shear or perspective (the default hyps): one resize from the source, as cv2.resize maps
+        # pixel centres (source pixel u of the crop -> canvas sx * (u0 + u + 0.5) - 0.5 + dx), then the matrix
+        to_canvas = np.array([[sx, 0, sx * (u0 + 0.5) - 0.5 + dx], [0, sy, sy * (v0 + 0.5) - 0.5 + dy], [0, 0, 1]])
+        full = matrix @ to_canvas
+        roi = _reach(full, src.shape[:2], out.shape[:2])
+        if roi is not None:
+            _paste_scaled(src, full, roi, out, hsv)
+        return
+    if sx != 1 or sy != 1:  # at canvas size first, so the tile's edges blend over a canvas pixel as on the canvas
+        src = cv2.resize(src, None, fx=sx, fy=sy, interpolation=cv2.INTER_LINEAR)
+    full = matrix @ np.array([[1, 0, sx * u0 + dx], [0, 1, sy * v0 + dy], [0, 0, 1]])
+    roi = _reach(full, src.shape[:2], out.shape[:2])
+    if roi is None:
+        return  # the tile lands outside the output
+    if hsv is not None:
+        src = apply_hsv(src, hsv, inplace=False)  # a copy: the image may be a cached one
+    x0, y0, x1, y1 = roi
+    shift = np.array([[1, 0, -x0], [0, 1, -y0], [0, 0, 1]], float) @ full
+    warp = cv2.warpPerspective if shift[2, 0] or shift[2, 1] else cv2.warpAffine
+    # BORDER_TRANSPARENT: pixels outside the tile keep what is there, and the tile's edge pixels blend with it
+    warp(src, shift if warp is cv2.warpPerspective else shift[:2], (x1 - x0, y1 - y0), dst=out[y0:y1, x0:x1],
+         flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_TRANSPARENT)
+
+
+def _reach(full: np.ndarray, src_hw: tuple[int, int], out_hw: tuple[int, int]) -> tuple[int, int, int, int] | None:
+    """The output rectangle (x0, y0, x1, y1) that a source of ``src_hw`` (with a pixel's margin for blending)
+    reaches through ``full``, clipped to the output; None when it reaches nothing."""
+    (h, w), (out_h, out_w) = src_hw, out_hw
+    corners = np.array([[-1, -1, 1], [w, -1, 1], [-1, h, 1], [w, h, 1]], float) @ full.T
+    if (corners[:, 2] <= 0).any():  # a perspective that folds the tile over the horizon: no tight rectangle
+        return 0, 0, out_w, out_h
+    xy = corners[:, :2] / corners[:, 2:3]
+    x0, y0 = max(math.floor(xy[:, 0].min()), 0), max(math.floor(xy[:, 1].min()), 0)
+    x1, y1 = min(math.ceil(xy[:, 0].max()) + 1, out_w), min(math.ceil(xy[:, 1].max()) + 1, out_h)
+    return (x0, y0, x1, y1) if x1 > x0 and y1 > y0 else None
+
+
+def _paste_scaled(src: np.ndarray, full: np.ndarray, roi: tuple[int, int, int, int], out: np.ndarray,
+                  hsv: np.ndarray | None) -> None:
+    """``src`` scaled and moved by the axis-aligned ``full`` into ``out``'s ``roi``, by cv2.resize (several times
+    faster than warpAffine) of just the source pixels the rectangle needs. The resized block lands on whole
+    pixels, so it may sit up to half an output pixel from where ``full`` puts it; its edges do not blend."""
+    (ax, cx), (ay, cy) = (full[0, 0], full[0, 2]), (full[1, 1], full[1, 2])
+    x0, y0, x1, y1 = roi
+    h, w = src.shape[:2]
+    # source pixels that the rectangle samples, with a pixel's margin so interpolation never replicates an edge
+    u0, u1 = max(math.floor((x0 - cx) / ax) - 1, 0), min(math.ceil((x1 - 1 - cx) / ax) + 2, w)
+    v0, v1 = max(math.floor((y0 - cy) / ay) - 1, 0), min(math.ceil((y1 - 1 - cy) / ay) + 2, h)
+    if u1 <= u0 or v1 <= v0:
+        return
+    part = src[v0:v1, u0:u1]
+    if hsv is not None:
+        part = apply_hsv(part, hsv, inplace=False)  # a copy: the image may be a cached one
+    scaled = cv2.resize(part, None, fx=ax, fy=ay, interpolation=cv2.INTER_LINEAR)
+    # cv2.resize puts the centre of source pixel u at (u + 0.5) * ax - 0.5: the block's origin in the output
+    bx, by = round(ax * (u0 - 0.5) + 0.5 + cx), round(ay * (v0 - 0.5) + 0.5 + cy)
+    px0, py0 = max(x0, bx), max(y0, by)
+    px1, py1 = min(x1, bx + scaled.shape[1]), min(y1, by + scaled.shape[0])
+    if px1 > px0 and py1 > py0:
+        out[py0:py1, px0:px1] = scaled[py0 - by:py1 - by, px0 - bx:px1 - bx]

@@ -21,14 +21,23 @@ import numpy as np
 import torch
 
 from utils import dist
-from utils.augment import augment_hsv, flip_lr, flip_ud, letterbox, mixup, mosaic4, random_perspective
+from utils.augment import (
+    apply_hsv,
+    flip_lr,
+    flip_ud,
+    hsv_table,
+    letterbox,
+    mixup,
+    random_perspective,
+    warp_mosaic,
+)
 from utils.boxes import xywhn2xyxy, xyxy2xywhn
 from utils.data_config import DataError
 from utils.device import available_cores
 from utils.hyp import load_hyp
 from utils.label_cache import STATES, cache_dir_for, cached_scan, copy_name, img2label_paths, list_image_files
 from utils.log import LOGGER
-from utils.ram_cache import SharedImages, build_shared, resized_shapes
+from utils.ram_cache import SharedImages, build_shared
 
 
 @dataclass
@@ -48,6 +57,32 @@ class DatasetOptions:
     nc: int | None = None  # class count the labels are checked against
     seed: int = 0
     names: Sequence[str] | None = None
+
+
+def resized_shape(shape: tuple[int, int], img_size: int) -> tuple[int, int]:
+    """(h, w) of an image of ``shape`` (h, w) after YoloDataset.load_image: long side ``img_size``."""
+    h0, w0 = shape
+    ratio = img_size / max(h0, w0)
+    if ratio == 1:
+        return h0, w0
+    return min(math.ceil(h0 * ratio), img_size), min(math.ceil(w0 * ratio), img_size)
+
+
+def bgr_to_chw_rgb(img: np.ndarray) -> np.ndarray:
+    """HWC BGR -> contiguous CHW RGB, split by OpenCV straight into the planes (a few times faster than numpy's
+    strided transpose copy)."""
+    chw = np.empty((3, *img.shape[:2]), np.uint8)
+    cv2.split(img, [chw[2], chw[1], chw[0]])
+    return chw
+
+
+def new_batch(shape: tuple[int, ...]) -> torch.Tensor:
+    """An uninitialised uint8 tensor; in a DataLoader worker, in shared memory (as torch's default_collate makes
+    it), so sending the batch to the main process does not copy it once more."""
+    if torch.utils.data.get_worker_info() is None:
+        return torch.empty(shape, dtype=torch.uint8)
+    storage = torch.UntypedStorage._new_shared(math.prod(shape))
+    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, shape)
 
 
 def rect_batch_shapes(shapes_wh: np.ndarray, batch_size: int, img_size: int, stride: int,
@@ -125,7 +160,7 @@ class YoloDataset(torch.utils.data.Dataset):
         (utils.ram_cache); ``disk``: decoded originals as ``.npy`` in the split's cache folder. All ranks must
         call it."""
         if kind == "ram":
-            shapes = resized_shapes(self.shapes, self.img_size)
+            shapes = np.array([resized_shape((int(h), int(w)), self.img_size) for w, h in self.shapes], np.int64)
             key = hashlib.sha1(f"{self.im_files[0]}{len(self)}{self.img_size}".encode()).hexdigest()[:12]
             self.ram = build_shared(lambda i: self._decode_resized(i, shapes[i]), shapes, key)
             LOGGER.info(f"{prefix}Cached images to RAM, one shared copy per machine: {self.ram.nbytes / 1e9:.2f} GB")
@@ -187,13 +222,22 @@ class YoloDataset(torch.utils.data.Dataset):
             img = cv2.resize(img, (w, h), interpolation=self._interpolation(max(h, w) / max(img.shape[:2])))
         return img
 
-    def load_mosaic(self, index: int) -> tuple[np.ndarray, np.ndarray]:
-        """Mosaic of image ``index`` and 3 random others, warped and cropped back to img_size."""
+    def load_mosaic(self, index: int, hsv: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Mosaic of image ``index`` and 3 random others, warped and cropped to img_size in one pass, with the
+        colour change ``hsv`` (a utils.augment.hsv_table) applied when given."""
         indices = [index, *self.rng.integers(0, len(self), 3).tolist()]
-        images = [self.load_image(i)[0] for i in indices]
-        img, labels = mosaic4(images, [self.labels[i] for i in indices], self.img_size, self.rng)
-        border = (-self.img_size // 2, -self.img_size // 2)
-        return random_perspective(img, labels, self.rng, border=border, **self._warp_hyp())
+        images, sizes = zip(*(self._mosaic_source(i) for i in indices))
+        return warp_mosaic(images, [self.labels[i] for i in indices], self.img_size, self.rng, sizes,
+                           **self._warp_hyp(), hsv=hsv)
+
+    def _mosaic_source(self, i: int) -> tuple[np.ndarray, tuple[int, int]]:
+        """Image i for a mosaic and the (h, w) it takes there (load_image's size): the decoded original when
+        load_image would only enlarge it, since the mosaic's warp enlarges it anyway; else load_image's."""
+        if self.ram is None and max(self.shapes[i]) < self.img_size:
+            img = self._read(i)
+            return img, resized_shape(img.shape[:2], self.img_size)
+        img = self.load_image(i)[0]
+        return img, img.shape[:2]
 
     def _warp_hyp(self) -> dict[str, float]:
         return {k: self.hyp.get(k, 0.0) for k in ("degrees", "translate", "scale", "shear", "perspective")}
@@ -215,24 +259,27 @@ class YoloDataset(torch.utils.data.Dataset):
             index, key = index
             self.seed_sample(key)
         hyp, rng = self.hyp, self.rng
+        hsv = hsv_table(rng, hyp.get("hsv_h", 0), hyp.get("hsv_s", 0), hyp.get("hsv_v", 0)) if self.augment else None
         if self.mosaic and rng.random() < hyp.get("mosaic", 0):
-            img, labels = self.load_mosaic(index)
-            shapes = None
-            if rng.random() < hyp.get("mixup", 0):
+            shapes, mix = None, rng.random() < hyp.get("mixup", 0)
+            img, labels = self.load_mosaic(index, None if mix else hsv)  # coloured where it costs least
+            if mix:
                 img, labels = mixup(img, labels, *self.load_mosaic(int(rng.integers(0, len(self)))), rng)
+            else:
+                hsv = None
         else:
             img, labels, shapes = self._letterboxed(index)
+        if hsv is not None:
+            apply_hsv(img, hsv)
         labels[:, 1:] = xyxy2xywhn(labels[:, 1:], img.shape[1], img.shape[0], clip=True)
         if self.augment:
-            augment_hsv(img, rng, hyp.get("hsv_h", 0), hyp.get("hsv_s", 0), hyp.get("hsv_v", 0))
             if rng.random() < hyp.get("flipud", 0):
                 img, labels = flip_ud(img, labels)
             if rng.random() < hyp.get("fliplr", 0):
                 img, labels = flip_lr(img, labels)
         targets = torch.zeros((len(labels), 6))
         targets[:, 1:] = torch.from_numpy(labels)
-        chw = np.ascontiguousarray(img[:, :, ::-1].transpose(2, 0, 1))  # BGR HWC -> RGB CHW
-        return torch.from_numpy(chw), targets, self.im_files[index], shapes
+        return torch.from_numpy(bgr_to_chw_rgb(img)), targets, self.im_files[index], shapes
 
     def seed_sample(self, key: Sequence[int]) -> None:
         """Seed the augmentation of the next sample from (seed, epoch, position in the epoch)."""
@@ -272,9 +319,12 @@ class YoloDataset(torch.utils.data.Dataset):
         """Stack images (padding to the largest h, w when they differ) and index targets by image."""
         imgs, targets, paths, shapes = zip(*batch)
         height, width = max(i.shape[1] for i in imgs), max(i.shape[2] for i in imgs)
-        out = torch.full((len(imgs), 3, height, width), 114, dtype=torch.uint8)
+        out = new_batch((len(imgs), 3, height, width))
+        if any(i.shape[1:] != (height, width) for i in imgs):
+            out.fill_(114)
+        pixels = out.numpy()  # numpy's single-threaded copy: torch's threads only slow these copies down
         for i, (img, t) in enumerate(zip(imgs, targets)):
-            out[i, :, :img.shape[1], :img.shape[2]] = img
+            pixels[i, :, :img.shape[1], :img.shape[2]] = img.numpy()
             t[:, 0] = i
             t[:, [2, 4]] *= img.shape[2] / width  # padding on the right/bottom keeps pixel positions
             t[:, [3, 5]] *= img.shape[1] / height

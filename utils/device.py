@@ -58,3 +58,19 @@ def autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextM
         return contextlib.nullcontext()
     dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
     return torch.autocast(device.type, dtype=dtype)
+
+
+def cpu_has_amx() -> bool:
+    """Whether this CPU has AMX tiles, which multiply bfloat16 matrices in hardware (oneDNN convolutions use them)."""
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(probe()) if probe is not None else False
+
+
+def mixed_precision_is_fast(device: torch.device) -> tuple[bool, str]:
+    """Whether autocast is expected to beat float32 on ``device``, and why: float16 on CUDA yes; bfloat16 on a CPU
+    only with AMX (without it, bf16 convolutions measured several times slower than fp32: see README, Performance)."""
+    if device.type == "cuda":
+        return True, "CUDA float16"
+    if cpu_has_amx():
+        return True, "CPU with AMX"
+    return False, "this CPU has no AMX, and bfloat16 without it measured slower than float32"

@@ -23,8 +23,15 @@ MIN_WARMUP_ITERS = 100
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    """The model inside a DistributedDataParallel/DataParallel wrapper (the model itself otherwise)."""
-    return model.module if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)) else model
+    """The model inside torch.compile's and DistributedDataParallel/DataParallel's wrappers, in either order (the
+    model itself otherwise)."""
+    while True:
+        if isinstance(model, (nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):  # torch.compile's OptimizedModule
+            model = model._orig_mod
+        else:
+            return model
 
 
 def accumulate_steps(total_batch: int, nominal_batch: int = NOMINAL_BATCH) -> int:

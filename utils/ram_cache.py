@@ -51,15 +51,6 @@ class SharedImages:
         return int(self.offsets[-1]) if len(self.offsets) else 0
 
 
-def resized_shapes(shapes_wh: np.ndarray, img_size: int) -> np.ndarray:
-    """(n, 2) (h, w) of images of (w, h) ``shapes_wh`` resized so the long side is ``img_size`` (as load_image)."""
-    w0, h0 = shapes_wh[:, 0].astype(np.float64), shapes_wh[:, 1].astype(np.float64)
-    ratio = img_size / np.maximum(w0, h0)
-    h = np.where(ratio == 1, h0, np.minimum(np.ceil(h0 * ratio), img_size))
-    w = np.where(ratio == 1, w0, np.minimum(np.ceil(w0 * ratio), img_size))
-    return np.stack((h, w), 1).astype(np.int64)
-
-
 def remove_stale(folder: Path) -> int:
     """Delete cache files whose creating process is gone (a build killed midway); returns how many."""
     removed = 0

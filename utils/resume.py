@@ -174,7 +174,8 @@ def _decide_run(opt: argparse.Namespace) -> RunPlan:
 RUNTIME_OPTIONS: dict[str, bool] = {
     "resume": True, "device": True, "backend": True, "trust_weights": True, "local_rank": True, "hook": True,
     "workers": False, "ddp_timeout": False, "ddp_long_timeout": False, "save_interval_steps": False,
-    "save_interval_minutes": False, "exist_ok": False, "data": False,  # data: each machine may keep it elsewhere
+    "save_interval_minutes": False, "exist_ok": False, "amp": False, "channels_last": False, "compile": False,
+    "data": False,  # each machine may keep the data elsewhere
 }
 
 

@@ -86,7 +86,7 @@ def main(out_dir: Path) -> int:
     common = ["--data", str(data), "--cfg", "yolov5n", "--img", "128", "--batch-size", "16", "--project", project,
               "--noautoanchor"]
     run("train.py on 1 GPU with AMP", [py, "train.py", *common, "--epochs", "2", "--device", "0", "--name", "gpu"],
-        expect=r"AMP: enabled")
+        expect=r"AMP: float16 autocast")
     nccl_branches()
     run("torchrun 2 ranks on the GPU (gloo, DDP device_ids, AMP)",
         [py, "-m", "torch.distributed.run", "--nproc_per_node", "2", "train.py", *common, "--epochs", "1",

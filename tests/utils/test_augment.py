@@ -160,3 +160,89 @@ def _assert_unlabelled_are_cropped_remnants(uncovered: np.ndarray) -> None:
     h, w = uncovered.shape
     for x, y, bw, bh, _ in stats[1:count]:
         assert x == 0 or y == 0 or x + bw == w or y + bh == h
+
+
+def _gradients(sizes: list[tuple[int, int]]) -> list[np.ndarray]:
+    """Smooth colour ramps, a different one per image (interpolation differences stay small on them)."""
+    out = []
+    for k, (h, w) in enumerate(sizes):
+        yy, xx = np.mgrid[0:h, 0:w]
+        out.append(np.stack([40 + xx * 150 // w + k * 10, 60 + yy * 150 // h, 200 - (xx + yy) * 100 // (w + h)],
+                            -1).astype(np.uint8))
+    return out
+
+
+WARPS = {"scale+translate": {"degrees": 0, "translate": 0.1, "scale": 0.5, "shear": 0, "perspective": 0},
+         "rotate+shear": {"degrees": 10, "translate": 0.1, "scale": 0.5, "shear": 5, "perspective": 0},
+         "perspective": {"degrees": 0, "translate": 0.1, "scale": 0.3, "shear": 0, "perspective": 0.0005}}
+
+
+@pytest.mark.parametrize("warp", WARPS)
+@pytest.mark.parametrize("enlarge", [1, 4])
+def test_composed_mosaic_warp_equals_canvas_then_warp(warp: str, enlarge: int) -> None:
+    """warp_mosaic gives mosaic4 + random_perspective's boxes exactly and its pixels within interpolation."""
+    size, sizes = 256, [(192, 256), (256, 160), (120, 256), (256, 256)]
+    small = [cv2.resize(img, (w // 4, h // 4), interpolation=cv2.INTER_AREA)
+             for img, (h, w) in zip(_gradients(sizes), sizes)]
+    full = [cv2.resize(img, (w, h)) for img, (h, w) in zip(small, sizes)]  # what load_image would give
+    sources = small if enlarge == 4 else full
+    labels = [np.array([[k, 0.5, 0.5, 0.4, 0.3]], np.float32) for k in range(4)]
+    for seed in range(3):
+        rng = np.random.default_rng(seed)
+        canvas, boxes = augment.mosaic4(full, labels, size, rng)
+        expected, expected_boxes = augment.random_perspective(canvas, boxes, rng, border=(-size // 2, -size // 2),
+                                                              **WARPS[warp])
+        out, out_boxes = augment.warp_mosaic(sources, labels, size, np.random.default_rng(seed), sizes,
+                                             **WARPS[warp])
+        assert out.shape == expected.shape and len(out_boxes) > 0
+        np.testing.assert_allclose(out_boxes, expected_boxes, atol=1e-4)
+        diff = np.abs(out.astype(int) - expected.astype(int)).max(2)
+        if warp == "scale+translate":  # resized blocks land on whole pixels: up to half a pixel off at tile edges
+            assert diff.mean() < 2.0 and (diff > 10).mean() < 0.02, (diff.mean(), (diff > 10).mean())
+        else:  # the same warp, tile by tile: differences only where tiles meet
+            assert diff.mean() < 0.5 and (diff > 10).mean() < 0.01, (diff.mean(), (diff > 10).mean())
+
+
+@pytest.mark.parametrize("warp", WARPS)
+@pytest.mark.parametrize("enlarge", [1, 3])
+def test_composed_mosaic_boxes_land_on_the_white_squares(warp: str, enlarge: int) -> None:
+    size = 128
+    images, labels, sizes = [], [], []
+    for k in range(4):
+        h, w = 96 + 8 * k, 120 - 8 * k
+        img, lab = _canvas(h // enlarge, w // enlarge, (10 // enlarge + k, 12 // enlarge, (w - 24) // enlarge,
+                                                         (h - 20 + k) // enlarge))
+        images.append(img)
+        labels.append(_normalised(lab, w // enlarge, h // enlarge))
+        sizes.append((h // enlarge * enlarge, w // enlarge * enlarge))
+    for seed in range(6):
+        out, boxes = augment.warp_mosaic(images, labels, size, np.random.default_rng(seed), sizes, **WARPS[warp])
+        bright = out.max(2) > 127
+        covered = np.zeros_like(bright)
+        for box in boxes:
+            x1, y1, x2, y2 = box[1:].round().astype(int)
+            region = np.zeros_like(bright)
+            region[max(y1 - 3, 0):y2 + 3, max(x1 - 3, 0):x2 + 3] = True
+            covered |= region
+            drawn = _pixel_box(np.where(region[..., None], out, 0), 127)
+            if 0 < box[1] and 0 < box[2] and box[3] < size and box[4] < size:
+                np.testing.assert_allclose(box[1:], drawn, atol=2.0)
+            else:  # cut by the border: the box of the cut corners may be larger than what is left of the square
+                assert (drawn[:2] >= box[1:3] - 2).all() and (drawn[2:] <= box[3:] + 2).all(), (box, drawn)
+        _assert_unlabelled_are_cropped_remnants(bright & ~covered)
+
+
+def test_mosaic_colour_change_on_the_tiles_matches_the_change_afterwards() -> None:
+    """Small tiles are coloured before the warp (cheaper): the same picture as colouring the output."""
+    sizes = [(24, 32), (32, 24), (20, 32), (28, 28)]
+    images, labels = _gradients(sizes), [np.zeros((0, 5), np.float32)] * 4
+    table = augment.hsv_table(np.random.default_rng(3), 0.015, 0.7, 0.4)
+    kwargs = {"degrees": 0, "translate": 0.1, "scale": 0.5, "shear": 0, "perspective": 0}
+    first, _ = augment.warp_mosaic(images, labels, 64, np.random.default_rng(0), **kwargs, hsv=table)  # tiles
+    plain, _ = augment.warp_mosaic(images, labels, 64, np.random.default_rng(0), **kwargs)
+    after = augment.apply_hsv(plain.copy(), table)
+    assert not np.array_equal(plain, after)
+    diff = np.abs(first.astype(int) - after.astype(int))
+    assert diff.mean() < 1.5 and np.percentile(diff, 99) <= 8, (diff.mean(), np.percentile(diff, 99))
+    pad = plain.max(2) == augment.PAD_COLOR[0]
+    assert pad.any() and (first[pad] == after[pad]).all()  # the padding gets the same colour either way

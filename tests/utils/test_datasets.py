@@ -12,7 +12,7 @@ from PIL import Image
 
 from tests.helpers import GOOD_LABEL, make_set, png_writer, write_jpg
 from utils.data_config import DataError, load_data_config
-from utils.datasets import YoloDataset
+from utils.datasets import YoloDataset, bgr_to_chw_rgb, resized_shape
 from utils.ram_cache import shm_dir
 
 
@@ -100,3 +100,22 @@ def test_quad_batches_tile_four_images_with_their_boxes(tmp_path: Path) -> None:
     assert 0 < tiles < 6
     with pytest.raises(DataError, match="divisible by 4"):
         ds.collate_quad([ds[i] for i in range(3)])
+
+
+def test_mosaic_sources_are_originals_with_load_image_sizes(tmp_path: Path) -> None:
+    """A mosaic warps small images from the original (no resize first), at the size load_image gives them."""
+    from functools import partial
+
+    files = {"small.jpg": (partial(write_jpg, h=37, w=51), GOOD_LABEL), "tall.jpg": (partial(write_jpg, h=61, w=23),
+             GOOD_LABEL), "big.jpg": (partial(write_jpg, h=90, w=120), GOOD_LABEL)}
+    ds = YoloDataset(make_set(tmp_path, files), img_size=64, augment=True, nc=3)
+    for i, name in enumerate(Path(f).name for f in ds.im_files):
+        img, hw = ds._mosaic_source(i)
+        assert hw == ds.load_image(i)[0].shape[:2] == resized_shape(ds._read(i).shape[:2], 64)
+        assert img.shape[:2] == (ds._read(i).shape[:2] if name != "big.jpg" else hw)  # only big ones shrink first
+
+
+def test_chw_rgb_conversion() -> None:
+    img = np.random.default_rng(0).integers(0, 256, (7, 9, 3), dtype=np.uint8)
+    chw = bgr_to_chw_rgb(img)
+    assert chw.flags.c_contiguous and np.array_equal(chw, img[:, :, ::-1].transpose(2, 0, 1))

@@ -128,6 +128,16 @@ def test_collate_indexes_targets_and_pads_mixed_shapes() -> None:
     assert (imgs[0, :, 32:] == 114).all()
 
 
+def test_collate_in_a_worker_builds_the_batch_in_shared_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As torch's default_collate: the batch is not copied again on its way to the main process."""
+    imgs = [torch.full((3, 8, 8), i, dtype=torch.uint8) for i in range(3)]
+    batch = [(img, torch.zeros((0, 6)), str(i), None) for i, img in enumerate(imgs)]
+    assert not YoloDataset.collate_fn(batch)[0].is_shared()
+    monkeypatch.setattr(torch.utils.data, "get_worker_info", lambda: object())
+    out = YoloDataset.collate_fn(batch)[0]
+    assert out.is_shared() and torch.equal(out, torch.stack(imgs))
+
+
 def test_create_dataloader_train_and_rect_val(tiny_dataset: Path) -> None:
     config = load_data_config(tiny_dataset)
     hyp = {"mosaic": 1.0, "mixup": 0.5, "fliplr": 0.5, "translate": 0.1, "scale": 0.5, "hsv_v": 0.4}

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from utils.ram_cache import PREFIX, build_shared, remove_stale, resized_shapes, shm_dir
+from utils.ram_cache import PREFIX, build_shared, remove_stale, shm_dir
 
 
 def test_build_packs_every_image_and_leaves_no_file() -> None:
@@ -23,10 +23,6 @@ def test_build_packs_every_image_and_leaves_no_file() -> None:
     with pytest.raises(ValueError):
         cache[0][0, 0, 0] = 9  # views are read-only: an augmentation must never write into the cache
     assert not list(shm_dir().glob(f"{PREFIX}{os.getpid()}-*"))
-
-
-def test_resized_shapes_match_load_image() -> None:
-    assert resized_shapes(np.array([[48, 40], [64, 64], [10, 100]]), 64).tolist() == [[54, 64], [64, 64], [64, 7]]
 
 
 def test_stale_files_of_dead_builders_are_removed(tmp_path) -> None:
