@@ -46,12 +46,13 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, nargs="*", default=[1, 2, 4], help="DataLoader worker counts")
     parser.add_argument("--loader-samples", type=int, default=192, help="samples per DataLoader epoch")
     parser.add_argument("--scan-images", type=int, default=400, help="images for the label-scan figure (0: skip)")
+    parser.add_argument("--cache-images", type=int, default=64, help="images for the RAM-cache memory figure (0: skip)")
     parser.add_argument("--compare", type=Path, default=None, help="an older checkout to time in the same run")
     parser.add_argument("--quick", action="store_true", help="3 repeats, workers 1 2, no scan")
     parser.add_argument("--serve", nargs=2, metavar=("TREE", "DATA"), help=argparse.SUPPRESS)
     opt = parser.parse_args(argv)
     if opt.quick:
-        opt.repeats, opt.workers, opt.scan_images, opt.loader_samples = 3, [1, 2], 0, 64
+        opt.repeats, opt.workers, opt.scan_images, opt.loader_samples, opt.cache_images = 3, [1, 2], 0, 64, 16
     return opt
 
 
@@ -232,6 +233,61 @@ def bench_scan(images: Path, repeats: int) -> tuple[float, float]:
     return scan_s * 1000 / len(im_files), load_s * 1000 / len(im_files)
 
 
+def _pss_mb() -> float:
+    """This process's proportional set size in MB: shared pages count a share per process that maps them."""
+    for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _cache_worker(rank: int, world: int, port: int, images: str, img: int, out: str) -> None:
+    """One rank: build the --cache ram data set and report how much its memory (PSS) grew."""
+    import os
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    sys.path.insert(0, str(ROOT))
+    import torch
+
+    from utils import dist
+    from utils.datasets import DatasetOptions
+    from utils.loader import create_dataloader
+    from utils.log import setup_logging
+
+    torch.set_num_threads(1)
+    dist.init_distributed("cpu", "gloo", 300, 300)
+    setup_logging(1)
+    try:
+        before = _pss_mb()
+        _, dataset = create_dataloader(images, DatasetOptions(img_size=img, batch_size=4, nc=3, cache="ram"),
+                                       workers=0)
+        grown = dist.all_gather_object(_pss_mb() - before)
+        if rank == 0:
+            Path(out).write_text(json.dumps({"grown": grown, "cache_mb": dataset.ram.nbytes / 2**20}))
+    finally:
+        dist.cleanup()
+
+
+def cache_memory(images: Path, img: int) -> list[str]:
+    """--cache ram: the memory one process and two ranks add, as the sum of their PSS (shared pages once)."""
+    import torch.multiprocessing as mp
+
+    from benchmarks.harness import free_port
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for world in (1, 2):
+            out = Path(tmp) / f"{world}.json"
+            mp.start_processes(_cache_worker, args=(world, free_port(), str(images), img, str(out)), nprocs=world,
+                               start_method="spawn")
+            result = json.loads(out.read_text())
+            rows.append((world, sum(result["grown"]), result["cache_mb"]))
+    (_, one, size), (_, two, _) = rows
+    return [f"RAM cache (--cache ram) of {size:.0f} MB of images: 1 process adds {one:.0f} MB; 2 ranks add "
+            f"{two:.0f} MB in all (summed PSS), {two / max(one, 1e-9):.2f}x one process: one copy per machine"]
+
+
 def main(opt: argparse.Namespace) -> None:
     """Generate a temporary synthetic set, start one process per tree, measure, print the figures."""
     if opt.serve:
@@ -254,11 +310,16 @@ def main(opt: argparse.Namespace) -> None:
         if opt.scan_images:
             small = ensure_synthetic(Path(tmp) / "scan", n_train=opt.scan_images, n_val=1, img_size=(128, 160))
             scan_ms, load_ms = bench_scan(small / "images" / "train", 3)
+        if opt.cache_images:
+            big = ensure_synthetic(Path(tmp) / "cache", n_train=opt.cache_images, n_val=1, img_size=(480, 640))
+            cache_rows = cache_memory(big / "images" / "train", opt.img)
     reference.measure()
     print(reference.describe())
     print("\n".join(pipeline_rows(passes, opt, reference.seconds) + scaling_rows(scaling, opt)))
     if opt.compare is not None:
         print(f"(compare = {opt.compare}; speed-up = compare's time / this tree's, per pair of passes)")
+    if opt.cache_images:
+        print("\n".join(cache_rows))
     if opt.scan_images:
         print(f"label scan (pool of {available_cores()}, {opt.scan_images} images): {scan_ms:.2f} s per 1,000 "
               f"images; cache load: {load_ms:.3f} s per 1,000 images ({scan_ms / max(load_ms, 1e-9):.0f}x faster)")

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -38,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.harness import Reference, Stats, header, time_call  # noqa: E402
+from benchmarks.harness import Reference, Stats, free_port, header, time_call  # noqa: E402
 
 HYP = {"lr0": 0.01, "lrf": 1.0, "momentum": 0.937, "weight_decay": 5e-4, "warmup_epochs": 0.0, "box": 0.05,
        "cls": 0.5, "obj": 1.0, "anchor_t": 4.0}
@@ -94,8 +93,9 @@ class Run:
 
 
 def build_run(cfg: str, batch: int, img_size: int, device: torch.device, variant: str = "fp32",
-              seed: int = 0) -> Run:
-    """A Trainer as train.py builds one (DDP-wrapped when a group is up) with the variant's features."""
+              seed: int = 0, accumulate: int = 1) -> Run:
+    """A Trainer as train.py builds one (DDP-wrapped when a group is up) with the variant's features; the optimizer
+    steps every ``accumulate`` batches."""
     import utils.dist as dist
     from models.yolo import Model
     from utils.engine import Trainer
@@ -113,8 +113,8 @@ def build_run(cfg: str, batch: int, img_size: int, device: torch.device, variant
                                                       else None) if dist.is_initialized() else core
     amp = "bf16" in features  # autocast: bfloat16 on the CPU (float16 on CUDA)
     ema = ModelEMA(core)
-    updater = WeightUpdater(model, build_optimizer(core, "SGD", 0.01, 0.937, 5e-4), LRSchedule(HYP, 10, 10),
-                            ema=ema, amp=amp and device.type == "cuda")
+    updater = WeightUpdater(model, build_optimizer(core, "SGD", 0.01, 0.937, 5e-4),
+                            LRSchedule(HYP, 10, 10, accumulate=accumulate), ema=ema, amp=amp and device.type == "cuda")
     save_dir = Path(tempfile.gettempdir())
     trainer = Trainer(opt=argparse.Namespace(epochs=10, batch_size=batch), hyp=HYP, device=device, save_dir=save_dir,
                       model=torch.compile(model) if "compile" in features else model, updater=updater, ema=ema,
@@ -156,17 +156,42 @@ def _ddp_worker(rank: int, port: int, opt: argparse.Namespace, out: str) -> None
     dist.init_distributed("cpu", "gloo", 300, 300)
     try:
         rates = timed_rates(opt, opt.batch_size // 2, seed=rank)
+        lean, every = collectives_per_step(opt, seed=rank), collectives_per_step(opt, seed=rank, sync_every_batch=True)
         if rank == 0:
-            Path(out).write_text(" ".join(f"{r:.4f}" for r in rates))
+            Path(out).write_text(" ".join(f"{r:.4f}" for r in rates) + f"\n{lean} {every}")
     finally:
         dist.cleanup()
+
+
+def collectives_per_step(opt: argparse.Namespace, seed: int, sync_every_batch: bool = False) -> float:
+    """Collectives of the default group per optimizer step (its sequence number counts them: the step vote, DDP's
+    buffer broadcasts and gradient buckets), over 3 accumulations; ``sync_every_batch`` all-reduces gradients on
+    every batch as before issue 12 (no no_sync). All ranks must call it."""
+    import contextlib
+
+    import torch.distributed as tdist
+
+    from utils.optim import accumulate_steps
+
+    accumulate = accumulate_steps(opt.batch_size)
+    run = build_run(opt.cfg[0], opt.batch_size // 2, opt.img[0], torch.device("cpu"), seed=seed,
+                    accumulate=accumulate)
+    if sync_every_batch:
+        run.trainer.updater.sync_context = contextlib.nullcontext
+    run.steps(accumulate)  # settle: the first step's buffer broadcast and bucket rebuild
+    group = tdist.distributed_c10d._get_default_group()
+    before, steps = group._get_sequence_number_for_group(), run.trainer.updater.steps
+    run.steps(3 * accumulate)
+    return (group._get_sequence_number_for_group() - before) / max(run.trainer.updater.steps - steps, 1)
 
 
 def timed_rates(opt: argparse.Namespace, batch: int, seed: int = 0) -> list[float]:
     """Images/s (all ranks together) of each repeat of ``opt.steps`` steps, between barriers. All ranks call it."""
     import utils.dist as dist
+    from utils.optim import accumulate_steps
 
-    run = build_run(opt.cfg[0], batch, opt.img[0], torch.device("cpu"), seed=seed)
+    run = build_run(opt.cfg[0], batch, opt.img[0], torch.device("cpu"), seed=seed,
+                    accumulate=accumulate_steps(opt.batch_size))
     run.steps(opt.warmup)
     rates = []
     for _ in range(opt.repeats):
@@ -178,20 +203,16 @@ def timed_rates(opt: argparse.Namespace, batch: int, seed: int = 0) -> list[floa
     return rates
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def ddp_scaling(opt: argparse.Namespace) -> dict[str, Stats]:
     """Images/s of one process with 2 threads and of 2 DDP ranks with 1 thread each."""
     single = Stats.of(timed_rates(opt, opt.batch_size))
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "ddp.txt"
         mp.start_processes(_ddp_worker, args=(free_port(), opt, str(out)), nprocs=2, start_method="spawn")
-        ddp = Stats.of(float(x) for x in out.read_text().split())
-    return {"single": single, "ddp": ddp}
+        rates, counts = out.read_text().splitlines()
+        ddp = Stats.of(float(x) for x in rates.split())
+    lean, every = (float(x) for x in counts.split())
+    return {"single": single, "ddp": ddp, "collectives_per_step": lean, "collectives_per_step_sync_every": every}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -217,10 +238,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     reference.measure()
     print(reference.describe())
     single, ddp = figures["single"], figures["ddp"]
-    print(f"{opt.cfg[0]} {opt.img[0]} px, total batch {opt.batch_size}")
+    from utils.optim import accumulate_steps
+
+    accumulate = accumulate_steps(opt.batch_size)
+    print(f"{opt.cfg[0]} {opt.img[0]} px, total batch {opt.batch_size}: {accumulate} batches per optimizer step "
+          f"(nominal batch 64)")
     print(f"  1 process, 2 threads : {single.fmt(1):>22} img/s")
     print(f"  DDP 2 x 1 thread     : {ddp.fmt(1):>22} img/s")
-    print(f"  scaling efficiency   : {ddp.median / single.median:>8.2f}   (DDP / 1 process medians; target >= 0.9)")
+    print(f"  scaling efficiency   : {ddp.median / single.median:>8.2f}   (DDP / 1 process medians; goal >= 0.97)")
+    print(f"  collectives per optimizer step (2 ranks): {figures['collectives_per_step']:.1f}; with gradients "
+          f"all-reduced on every batch (no no_sync): {figures['collectives_per_step_sync_every']:.1f}")
     if torch.cuda.is_available():
         run = build_run(opt.cfg[0], opt.batch_size, opt.img[0], torch.device("cuda", 0), "bf16")  # float16 on CUDA
         run.steps(opt.warmup)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.harness import Reference, Stats, header  # noqa: E402
+from benchmarks.harness import Reference, Stats, free_port, header  # noqa: E402
 
 
 def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
@@ -102,16 +101,10 @@ def worker(opt: argparse.Namespace) -> None:
         dist.cleanup()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(opt: argparse.Namespace, ranks: int, data_root: Path, out: Path) -> dict:
     """One torchrun launch with ``ranks`` processes; returns rank 0's figures."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks), "--master_port",
-           str(_free_port()), __file__, "--cfg", opt.cfg, "--img", str(opt.img), "--batch-size", str(opt.batch_size),
+           str(free_port()), __file__, "--cfg", opt.cfg, "--img", str(opt.img), "--batch-size", str(opt.batch_size),
            "--repeats", str(opt.repeats), "--conf-thres", str(opt.conf_thres), "--device", opt.device,
            "--threads", str(opt.threads),
            "--worker", str(data_root), str(out)]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import platform
+import socket
 import statistics
 import time
 from collections.abc import Callable, Iterable
@@ -206,3 +207,10 @@ def header(title: str, device: torch.device | str = "cpu", clock: str = "wall") 
     return (f"{title}\n"
             f"machine: {cpu_model()}, {os.cpu_count()} CPUs, load average {load_average()} (1/5/15 min)\n"
             f"torch {torch.__version__}, {torch.get_num_threads()} threads, {cuda}, {clock} clock")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now (for a process group of the benchmark)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
