@@ -273,7 +273,13 @@ def tracebacks(output: str) -> list[str]:
 def our_tracebacks(output: str) -> list[str]:
     """Tracebacks that went through this project's code: torchrun's own (SignalException when it is signalled,
     ChildFailedError when a worker exits non-zero) pass only through torch."""
-    return [tb for tb in tracebacks(output) if str(ROOT) in tb or "[rank" in tb]
+    return [tb for tb in tracebacks(output) if in_our_code(tb) or "[rank" in tb]
+
+
+def in_our_code(text: str) -> bool:
+    """Whether ``text`` holds a traceback frame in a file of this checkout (not merely a path that starts like it,
+    such as a virtual environment beside the checkout)."""
+    return f'File "{ROOT}{os.sep}' in text
 
 
 def process_tree(pid: int) -> list[int]:
