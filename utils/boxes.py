@@ -10,7 +10,6 @@ import math
 
 import numpy as np
 import torch
-import torchvision
 
 Array = torch.Tensor | np.ndarray
 
@@ -248,12 +247,14 @@ def _nms_sorted(boxes: torch.Tensor, groups: torch.Tensor | None, iou_thres: flo
     torchvision's kernel gets descending ranks as scores: it then visits the boxes in exactly this order, ties
     included (its own sort is not stable), and reads them in sequence.
     """
+    from torchvision.ops import nms  # imported here: torchvision costs a process ~1.6 s, paid only if it runs NMS
+
     ranks = torch.arange(boxes.shape[0], 0, -1, dtype=boxes.dtype, device=boxes.device)
     if groups is None:
-        return torchvision.ops.nms(boxes, ranks, iou_thres)
+        return nms(boxes, ranks, iou_thres)
     by_class = groups.argsort(stable=True)  # positions of each class together, ascending within it
     counts = torch.unique_consecutive(groups[by_class], return_counts=True)[1].tolist()
-    kept = [part[torchvision.ops.nms(boxes[part], ranks[part], iou_thres)] for part in by_class.split(counts)]
+    kept = [part[nms(boxes[part], ranks[part], iou_thres)] for part in by_class.split(counts)]
     return torch.cat(kept).sort().values
 
 
