@@ -28,12 +28,12 @@ import yaml
 import utils.dist as dist
 from models.yolo import Model
 from utils.agreement import fingerprint
+from utils.amp import decide_amp
 from utils.anchors import check_anchors
 from utils.checkpoint import to_plain
 from utils.cli import DISTRIBUTED, add_flags, distributed_session, project_dir, run_main, square_size
 from utils.data_config import load_data_config
 from utils.datasets import DatasetOptions
-from utils.device import autocast, mixed_precision_is_fast
 from utils.engine import EvalOptions, NonFiniteGuard, Trainer, evaluate, train_one_epoch
 from utils.errors import UserError
 from utils.evolve import evolve
@@ -51,6 +51,7 @@ from utils.optim import (
     accumulate_steps,
     build_optimizer,
     describe_groups,
+    freeze_layers,
     scaled_weight_decay,
     unwrap,
 )
@@ -220,7 +221,7 @@ def setup(hyp: dict, opt: argparse.Namespace, device: torch.device, hooks: Seque
     amp = decide_amp(model, device, opt.amp)
     ema = ModelEMA(model)
     updater = build_updater(model, opt, hyp, len(train_loader), ema, scaler=amp and device.type == "cuda")
-    model = updater.model = wrap_ddp(model, opt, device)
+    model = updater.model = dist.wrap_ddp(model, device, opt.sync_bn)
     model = compile_model(model, opt)  # the forward only: the updater keeps the DDP module for no_sync and its grads
     main_process = dist.is_main_process()
     writers = TrainWriters(save_dir, enabled=main_process)
@@ -279,19 +280,6 @@ def build_model(opt: argparse.Namespace, nc: int, names: list[str],
     return model.to(device, memory_format=torch.channels_last if opt.channels_last else torch.preserve_format), ckpt
 
 
-def freeze_layers(model: Model, freeze: list[int]) -> None:
-    """``--freeze N`` freezes layers 0..N-1; ``--freeze i j k`` freezes those layers."""
-    layers = list(range(freeze[0])) if len(freeze) == 1 else list(freeze)
-    prefixes = tuple(f"model.{i}." for i in layers)
-    frozen = 0
-    for name, param in model.named_parameters():
-        if prefixes and name.startswith(prefixes):
-            param.requires_grad_(False)
-            frozen += 1
-    if frozen:
-        LOGGER.info(f"Froze {frozen} tensors in layers {layers}")
-
-
 def build_data(opt: argparse.Namespace, hyp: dict, data_cfg: Any, grid: int, nc: int) -> tuple[Any, Any, Any]:
     """Train loader (distributed sampler, augmented) and the sharded val loader; batch is per rank."""
     batch = dist.batch_per_rank(opt.batch_size)
@@ -308,40 +296,6 @@ def build_data(opt: argparse.Namespace, hyp: dict, data_cfg: Any, grid: int, nc:
     return train_loader, train_set, val_loader
 
 
-def decide_amp(model: nn.Module, device: torch.device, mode: str = "auto") -> bool:
-    """Mixed precision (float16 on CUDA, bfloat16 on the CPU) as ``--amp`` asks: off never; on when autocast output
-    matches float32's; auto also needs it to be faster here. Decided on rank 0, broadcast. All ranks must call it."""
-    def decide() -> tuple[bool, str]:
-        if mode == "off":
-            return False, "off (--amp off)"
-        fast, why = mixed_precision_is_fast(device)
-        if mode == "auto" and not fast:
-            return False, f"off (--amp auto: {why}; --amp on forces it)"
-        if not autocast_matches(model, device):
-            return False, "off (autocast output differs from float32's)"
-        return True, f"{'float16' if device.type == 'cuda' else 'bfloat16'} autocast ({why})"
-
-    usable, text = dist.main_decides(decide)
-    LOGGER.info(f"AMP: {text}")
-    return usable
-
-
-def autocast_matches(model: nn.Module, device: torch.device, tolerance: float = 0.1) -> bool:
-    """Whether ``model``'s eval output under autocast is within ``tolerance`` (absolute and relative) of its float32
-    output, on a fixed random image (its own generator: the global RNG streams stay as they were)."""
-    image = torch.rand(1, 3, 64, 64, generator=torch.Generator().manual_seed(0)).to(device)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            reference = model(image)
-            with autocast(device, enabled=True):
-                low = model(image)
-    finally:
-        model.train(was_training)
-    return bool(torch.allclose(reference.float(), low.float(), atol=tolerance, rtol=tolerance))
-
-
 def build_updater(model: Model, opt: argparse.Namespace, hyp: dict, batches_per_epoch: int, ema: ModelEMA,
                   scaler: bool) -> WeightUpdater:
     """Optimizer with decay scaled to the nominal batch, LR schedule with warmup, EMA, and the gradient scaler
@@ -353,17 +307,6 @@ def build_updater(model: Model, opt: argparse.Namespace, hyp: dict, batches_per_
                 f"weight_decay {decay:g}")
     schedule = LRSchedule(hyp, opt.epochs, batches_per_epoch, cosine=opt.cos_lr, accumulate=accumulate)
     return WeightUpdater(model, optimizer, schedule, ema=ema, amp=scaler)
-
-
-def wrap_ddp(model: Model, opt: argparse.Namespace, device: torch.device) -> nn.Module:
-    """DistributedDataParallel (device_ids on CUDA only), SyncBatchNorm with --sync-bn; as is for one process."""
-    if dist.get_world_size() == 1:
-        return model
-    if opt.sync_bn:
-        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
-        LOGGER.info("Using SyncBatchNorm()")
-    device_ids = [device.index] if device.type == "cuda" else None
-    return nn.parallel.DistributedDataParallel(model, device_ids=device_ids, output_device=device_ids and device_ids[0])
 
 
 def compile_model(model: nn.Module, opt: argparse.Namespace) -> nn.Module:

@@ -211,6 +211,7 @@ def _broadcast_decisions(rank: int) -> dict:
 
     import train
     import utils.dist as dist
+    from utils.amp import decide_amp
     from utils.fitness import EarlyStopping
 
     run = SimpleNamespace(opt=SimpleNamespace(multi_scale=True, seed=rank, img_size=64), grid=32,
@@ -224,7 +225,7 @@ def _broadcast_decisions(rank: int) -> dict:
         agreement = "passed"
     except dist.DistError as e:
         agreement = str(e)
-    return {"sizes": sizes, "stop": stop, "amp": train.decide_amp(None, torch.device("cpu"), "off"),
+    return {"sizes": sizes, "stop": stop, "amp": decide_amp(None, torch.device("cpu"), "off"),
             "agreement": agreement}
 
 

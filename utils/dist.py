@@ -22,6 +22,7 @@ import torch.distributed as tdist
 
 from utils.device import available_cores, select_device
 from utils.errors import UserError
+from utils.log import LOGGER
 from utils.watchdog import ProgressWatch, is_peer_failure, store_timeout
 
 T = TypeVar("T")
@@ -443,6 +444,19 @@ def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
 def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
     """In-place maximum over ranks. All ranks must call it."""
     return all_reduce(tensor, "max")
+
+
+def wrap_ddp(model: torch.nn.Module, device: torch.device, sync_bn: bool = False) -> torch.nn.Module:
+    """DistributedDataParallel (device_ids on CUDA only), with SyncBatchNorm layers when ``sync_bn`` (CUDA only:
+    torch has no CPU path); the model as is for one process."""
+    if get_world_size() == 1:
+        return model
+    if sync_bn:
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        LOGGER.info("Using SyncBatchNorm()")
+    device_ids = [device.index] if device.type == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids,
+                                                     output_device=device_ids and device_ids[0])
 
 
 def collective_device() -> torch.device:

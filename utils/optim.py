@@ -16,6 +16,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from utils.log import LOGGER
+
 OPTIMIZERS = ("SGD", "Adam", "AdamW")
 NOMINAL_BATCH = 64  # the batch the hyperparameters are tuned for; smaller batches accumulate up to it
 MAX_GRAD_NORM = 10.0
@@ -32,6 +34,19 @@ def unwrap(model: nn.Module) -> nn.Module:
             model = model._orig_mod
         else:
             return model
+
+
+def freeze_layers(model: nn.Module, freeze: list[int]) -> None:
+    """``--freeze N`` freezes layers 0..N-1; ``--freeze i j k`` freezes those layers."""
+    layers = list(range(freeze[0])) if len(freeze) == 1 else list(freeze)
+    prefixes = tuple(f"model.{i}." for i in layers)
+    frozen = 0
+    for name, param in model.named_parameters():
+        if prefixes and name.startswith(prefixes):
+            param.requires_grad_(False)
+            frozen += 1
+    if frozen:
+        LOGGER.info(f"Froze {frozen} tensors in layers {layers}")
 
 
 def accumulate_steps(total_batch: int, nominal_batch: int = NOMINAL_BATCH) -> int:

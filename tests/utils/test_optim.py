@@ -12,6 +12,7 @@ from utils.optim import (
     WeightUpdater,
     accumulate_steps,
     build_optimizer,
+    freeze_layers,
     lr_lambda,
     parameter_groups,
     scaled_weight_decay,
@@ -132,3 +133,22 @@ def test_gradients_are_clipped_to_norm_10():
     updater.begin_batch(epoch=0)
     updater.backward(model(torch.full((1, 4), 1000.0)).sum())  # gradient norm 2000
     assert (model.weight.detach() - start).norm().item() == pytest.approx(10.0, rel=1e-4)
+
+
+def test_freeze_a_count_or_a_list_of_layers() -> None:
+    """--freeze N freezes layers 0..N-1 of a YAML model ("model.<i>." names); --freeze i j freezes those."""
+    def model() -> nn.Module:
+        wrapper = nn.Module()
+        wrapper.model = nn.Sequential(*(nn.Conv2d(2, 2, 1) for _ in range(4)))
+        return wrapper
+
+    def frozen(m: nn.Module) -> list[str]:
+        return [name for name, p in m.named_parameters() if not p.requires_grad]
+
+    first_two, picked, none = model(), model(), model()
+    freeze_layers(first_two, [2])
+    freeze_layers(picked, [1, 3])
+    freeze_layers(none, [0])
+    assert frozen(first_two) == ["model.0.weight", "model.0.bias", "model.1.weight", "model.1.bias"]
+    assert frozen(picked) == ["model.1.weight", "model.1.bias", "model.3.weight", "model.3.bias"]
+    assert frozen(none) == []
