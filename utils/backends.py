@@ -283,7 +283,7 @@ class DetectBackend:
 
 
 class BackendModule(nn.Module):
-    """An exported model as an nn.Module for utils.engine.evaluate: calls run the runtime; train()/eval() change
+    """An exported model as an nn.Module for utils.engine.evaluate: calls run the runtime; train and eval mode change
     nothing (exports are inference-only)."""
 
     def __init__(self, backend: DetectBackend) -> None:
