@@ -146,11 +146,12 @@ def csv_epochs(run_dir: Path) -> list[str]:
     return [line.split(",")[0] for line in (run_dir / "results.csv").read_text().strip().splitlines()[1:]]
 
 
-def train_args(data: Path, cfg: Path, project: Path, *extra: str, epochs: int = 3) -> list[str]:
-    """train.py (path first) with the tiny model at 64 px, batch 8, CPU, no workers, no autoanchor."""
+def train_args(data: Path, cfg: Path, project: Path, *extra: str, epochs: int = 3, plots: bool = False) -> list[str]:
+    """train.py (path first) with the tiny model at 64 px, batch 8, CPU, no workers, no autoanchor, and no plots
+    unless ``plots`` (they cost a process about 2 s; tests/test_train.py and test_ddp.py cover them)."""
     return [str(ROOT / "train.py"), "--data", str(data), "--cfg", str(cfg), "--weights", "", "--img-size", "64",
             "--batch-size", "8", "--epochs", str(epochs), "--workers", "0", "--device", "cpu", "--seed", "0",
-            "--project", str(project), "--noautoanchor", *extra]
+            "--project", str(project), "--noautoanchor", *([] if plots else ["--noplots"]), *extra]
 
 
 # --------------------------------------------------------------------------------------------- small data

@@ -97,7 +97,7 @@ def test_two_nodes_on_localhost_with_c10d_rendezvous(tiny_cfg_file, tiny_dataset
     endpoint = f"127.0.0.1:{free_port()}"
     common = ["--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
               "--rdzv-id", f"two-nodes-{os.getpid()}"]
-    flags = train_flags(tiny_cfg_file, tiny_dataset, tmp_path, "--epochs", "1")
+    flags = train_flags(tiny_cfg_file, tiny_dataset, tmp_path, "--epochs", "1", "--noplots")
     nodes = [launch([*common, *flags]) for _ in range(2)]
     results = [collect(node) for node in nodes]
     for rc, lines, _ in results:

@@ -201,7 +201,7 @@ def test_signal_during_the_final_validation_stops_at_once_and_keeps_last_pt(
 
     monkeypatch.setattr(train, "validate", signalled_in_final_validation)
     run_dir = tmp_path / "runs" / "exp"
-    args = train_args(tiny_dataset, tiny_cfg_file, tmp_path / "runs", "--name", "exp", epochs=2)
+    args = train_args(tiny_dataset, tiny_cfg_file, tmp_path / "runs", "--name", "exp", epochs=2, plots=True)
     assert in_process(args) == 143
     err = capsys.readouterr().err
     stops = [line for line in err.splitlines() if "stopped" in line]
