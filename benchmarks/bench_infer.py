@@ -22,8 +22,6 @@ import argparse
 import importlib.util
 import sys
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +33,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import export  # noqa: E402
-from benchmarks.harness import Reference, cuda_sync, header, load_average, time_call  # noqa: E402
+from benchmarks.harness import CLOCKS, Reference, add_timing_flags, cuda_sync, header, load_average, time_call  # noqa: E402
 from models.yolo import Model  # noqa: E402
 from utils.backends import DetectBackend  # noqa: E402
 from utils.boxes import non_max_suppression  # noqa: E402
@@ -53,19 +51,12 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=20, help="timed calls (the median is reported)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
-                        help="wall time, or this process's CPU time (with --threads 1: robust on a busy machine)")
+    add_timing_flags(parser)
     parser.add_argument("--quick", action="store_true", help="yolov5n only, 5 runs")
     opt = parser.parse_args(argv)
     if opt.quick:
         opt.models, opt.runs = opt.models[:1], 5
     return opt
-
-
-def clock(opt: argparse.Namespace) -> Callable[[], float]:
-    """The timer --clock asks for."""
-    return time.process_time if opt.clock == "cpu" else time.perf_counter
 
 
 def bench_model(name: str, folder: Path, opt: argparse.Namespace, device: torch.device) -> list[tuple]:
@@ -85,13 +76,13 @@ def bench_model(name: str, folder: Path, opt: argparse.Namespace, device: torch.
     files += [output_path("openvino", weights)] if "openvino" in formats else []
     for file in files:
         backend = DetectBackend(file, device, runtime_threads=torch.get_num_threads())
-        ms = time_call(lambda b=backend: b(image), opt.runs, opt.warmup, clock(opt), sync).scaled(1e3)
+        ms = time_call(lambda b=backend: b(image), opt.runs, opt.warmup, CLOCKS[opt.clock], sync).scaled(1e3)
         pt_ms = pt_ms or ms.median
         rows.append((name, "openvino" if backend.kind == "openvino" else file.suffix, ms, ms.median / pt_ms))
     pred = DetectBackend(weights, device)(image)
     for conf in (0.25, 0.001):
         ms = time_call(lambda c=conf: non_max_suppression(pred, c, 0.45, max_det=1000), opt.runs, opt.warmup,
-                       clock(opt), sync).scaled(1e3)
+                       CLOCKS[opt.clock], sync).scaled(1e3)
         rows.append((name, f"NMS conf {conf}", ms, None))
     return rows
 
@@ -113,7 +104,7 @@ def main(opt: argparse.Namespace) -> list[tuple]:
     print(header(f"bench_infer: {opt.img_size}x{opt.img_size}, batch 1, {torch.get_num_threads()} threads "
                  f"(torch, onnxruntime {onnxruntime.__version__}{openvino_version()}), median [min-max] of {opt.runs} "
                  f"after {opt.warmup} warm-up", device, opt.clock))
-    reference = Reference(device=str(device), clock=clock(opt))
+    reference = Reference(device=str(device), clock=CLOCKS[opt.clock])
     reference.measure()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.harness import Clock, Reference, Stats, header, time_call  # noqa: E402
+from benchmarks.harness import CLOCKS, Clock, Reference, Stats, add_timing_flags, header, time_call  # noqa: E402
 from models.yolo import Model  # noqa: E402
 
 
@@ -42,9 +42,7 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=20, help="timed forwards (the median is reported)")
     parser.add_argument("--warmup", type=int, default=3, help="untimed forwards first")
     parser.add_argument("--matmul-size", type=int, default=2048, help="n of the n x n fp32 reference matmul")
-    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    parser.add_argument("--clock", choices=["wall", "cpu"], default="wall",
-                        help="wall time, or this process's CPU time (use with --threads 1 on a busy machine)")
+    add_timing_flags(parser)
     parser.add_argument("--quick", action="store_true", help="yolov5n, 5 runs, 1024 matmul")
     parser.add_argument("--channels-last", action="store_true",
                         help="also time each model in channels_last (NHWC), run for run with the default layout")
@@ -94,7 +92,7 @@ def channels_last_gain(opt: argparse.Namespace, clock: Clock) -> str:
 def main(opt: argparse.Namespace) -> list[dict]:
     if opt.threads > 0:
         torch.set_num_threads(opt.threads)
-    clock = time.process_time if opt.clock == "cpu" else time.perf_counter
+    clock = CLOCKS[opt.clock]
     print(header(f"bench_model: {opt.img_size} px, batch {opt.batch_size}, median [min-max] of {opt.runs} runs "
                  f"after {opt.warmup} warm-up", clock=opt.clock))
     reference = Reference(n=opt.matmul_size, runs=opt.runs, clock=clock)

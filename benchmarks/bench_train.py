@@ -37,12 +37,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.harness import Reference, Stats, free_port, header, time_call  # noqa: E402
+from benchmarks.harness import CLOCKS, Reference, Stats, add_timing_flags, free_port, header, time_call  # noqa: E402
 
 HYP = {"lr0": 0.01, "lrf": 1.0, "momentum": 0.937, "weight_decay": 5e-4, "warmup_epochs": 0.0, "box": 0.05,
        "cls": 0.5, "obj": 1.0, "anchor_t": 4.0}
 FEATURES = ("fp32", "bf16", "channels_last", "compile")
-CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
 
 
 def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
@@ -55,9 +54,7 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=2, help="timed steps per round (variants) or repeat (DDP)")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     p.add_argument("--repeats", type=int, default=3, help="rounds (variants) or repeats (DDP)")
-    p.add_argument("--threads", type=int, default=0, help="variants: torch threads (0: torch's default)")
-    p.add_argument("--clock", choices=["wall", "cpu"], default="wall",
-                   help="variants: wall time, or this process's CPU time (with --threads 1 on a busy machine)")
+    add_timing_flags(p, scope="variants: ")
     opt = p.parse_args(argv)
     for name in opt.variants:
         if any(f not in FEATURES for f in name.split("+")):

@@ -5,6 +5,7 @@
 - ``Reference``: a fixed fp32 matmul timed in the same run before and after the figures; every figure is
   also given in units of it (``Reference.ratio``), which moves far less than milliseconds when other jobs
   share the cores.
+- ``add_timing_flags``: ``--threads`` and ``--clock`` (a name of ``CLOCKS``), the same in every script.
 - ``header``: the standard first lines, stating the load average, threads, torch version, CPU model and
   whether CUDA was used.
 
@@ -13,6 +14,7 @@ Scripts import it as ``from benchmarks.harness import ...`` after putting the re
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import socket
@@ -24,6 +26,15 @@ from dataclasses import dataclass, field
 import torch
 
 Clock = Callable[[], float]
+CLOCKS: dict[str, Clock] = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def add_timing_flags(parser: argparse.ArgumentParser, scope: str = "") -> None:
+    """``--threads`` (torch CPU threads, 0 = torch's default) and ``--clock`` (wall or this process's CPU time);
+    ``scope`` starts their help texts (e.g. "variants: ")."""
+    parser.add_argument("--threads", type=int, default=0, help=f"{scope}torch CPU threads (0: torch's default)")
+    parser.add_argument("--clock", choices=list(CLOCKS), default="wall",
+                        help=f"{scope}wall time, or this process's CPU time (with --threads 1 on a busy machine)")
 
 
 @dataclass(frozen=True)
