@@ -24,8 +24,6 @@ import numpy as np
 import torch
 
 from utils import paths
-from utils.annotate import class_name, draw_detections
-from utils.backends import DetectBackend, check_img_size, resolve_weights_arg
 from utils.boxes import label_rows, non_max_suppression, scale_boxes
 from utils.cli import (
     add_flags,
@@ -37,13 +35,15 @@ from utils.cli import (
     run_main,
     visible_options,
 )
+from utils.data.sources import Frame, LoadImages, LoadStreams, LoadWebcam, load_source, media_name
+from utils.deploy.runtime import DetectBackend, check_img_size, resolve_weights_arg
 from utils.device import select_device
 from utils.errors import UserError
-from utils.features import capture_stages, save_feature_maps
+from utils.evaluation.tta import augmented_forward
 from utils.log import LOGGER, colorstr, print_options, setup_logging
-from utils.sources import Frame, LoadImages, LoadStreams, LoadWebcam, load_source, media_name
-from utils.tta import augmented_forward
-from utils.viewer import Viewer
+from utils.plots.annotate import class_name, draw_detections
+from utils.plots.feature_maps import capture_stages, save_feature_maps
+from utils.plots.viewer import Viewer
 
 
 class DetectError(UserError, ValueError):

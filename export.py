@@ -23,8 +23,6 @@ import cv2
 import numpy as np
 import torch
 
-from utils.backends import DetectBackend, check_img_size, export_metadata, resolve_weights_arg
-from utils.checkpoint import load_model
 from utils.cli import (
     add_flags,
     add_refused_flags,
@@ -33,12 +31,14 @@ from utils.cli import (
     run_main,
     visible_options,
 )
+from utils.data.sources import letterbox_image
+from utils.deploy.exporters import EXPORTERS, FORMATS, installed_simplifier, onnx_export_kwargs, output_path
+from utils.deploy.runtime import DetectBackend, check_img_size, export_metadata, resolve_weights_arg
 from utils.device import select_device
 from utils.errors import UserError
-from utils.exporters import EXPORTERS, FORMATS, installed_simplifier, onnx_export_kwargs, output_path
 from utils.log import LOGGER, colorstr, print_options, setup_logging
 from utils.paths import IMG_SUFFIXES, ROOT
-from utils.sources import letterbox_image
+from utils.weights.checkpoint import load_model
 
 MAX_ERROR = 1e-3  # the largest difference accepted between an export and PyTorch (see compare_outputs)
 HALF_RELATIVE_ERROR = 2e-3  # --half: also accepted up to this fraction of the largest output (fp16 rounding)
@@ -124,7 +124,7 @@ def sample_image() -> np.ndarray:
         if path.suffix.lower() in IMG_SUFFIXES and (image := cv2.imread(str(path))) is not None:
             return image
     LOGGER.warning("WARNING: no sample image in data/images; checking exports on a synthetic image")
-    from utils.synthetic import draw_sample, make_spec
+    from utils.data.synthetic import draw_sample, make_spec
 
     return draw_sample(np.random.default_rng(0), make_spec(img_size=(360, 480)))[0]
 

@@ -1,7 +1,7 @@
 """torch.hub entry points: ``torch.hub.load(REPO_DIR, "yolov5s", source="local", pretrained=True, classes=80)``.
 
 Each returns a :class:`models.hub.Detector` (images in, detections in original pixels out; see models/hub.py).
-``pretrained=True`` fetches the official YOLOv5 release file (``yolov5s.pt``; cached, see utils/downloads.py for
+``pretrained=True`` fetches the official YOLOv5 release file (``yolov5s.pt``; cached, see utils/weights/downloads.py for
 ``YOLO_WEIGHTS_DIR`` / ``YOLO_WEIGHTS_URL``) and reads it without running pickled code. ``classes`` other than the
 file's 80 re-initialise the head and transfer every other tensor. ``custom(path=...)`` loads a checkpoint of ours.
 """
@@ -14,10 +14,10 @@ import torch
 
 from models.hub import Detector, transfer_weights
 from models.yolo import Model
-from utils.checkpoint import load_checkpoint, model_from_checkpoint
 from utils.device import select_device
-from utils.downloads import attempt_download_once_per_node
 from utils.log import LOGGER
+from utils.weights.checkpoint import load_checkpoint, model_from_checkpoint
+from utils.weights.downloads import attempt_download_once_per_node
 
 dependencies = ["torch", "torchvision", "numpy", "cv2", "yaml", "tqdm"]
 Device = str | torch.device | None

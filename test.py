@@ -17,8 +17,6 @@ from pathlib import Path
 
 import torch
 
-from utils import dist
-from utils.backends import DetectBackend, check_img_size, resolve_weights_arg
 from utils.cli import (
     DISTRIBUTED,
     add_flags,
@@ -32,14 +30,16 @@ from utils.cli import (
     square_size,
     visible_options,
 )
-from utils.data_config import DataConfig, DataError, load_data_config
-from utils.datasets import DatasetOptions
-from utils.engine import EvalOptions, EvalResult, evaluate, measure_speed
+from utils.data.config import DataConfig, DataError, load_data_config
+from utils.data.datasets import DatasetOptions
+from utils.data.loader import create_dataloader
+from utils.deploy.runtime import DetectBackend, check_img_size, resolve_weights_arg
+from utils.distributed import comm as dist
 from utils.errors import UserError
-from utils.loader import create_dataloader
+from utils.evaluation.evaluate import EvalOptions, EvalResult, evaluate, measure_speed
+from utils.evaluation.outputs import write_study
 from utils.log import LOGGER, colorstr, print_options
 from utils.paths import increment_path
-from utils.val_outputs import write_study
 
 TASKS = ("train", "val", "test", "speed", "study")
 
@@ -184,7 +184,7 @@ def study(opt: argparse.Namespace, backend: DetectBackend, data: DataConfig, dev
         LOGGER.info(f"\nStudy: --img-size {size}")
         results.append(validate(opt, backend, data, device, save_dir, image_size(opt, backend, size)))
     if dist.is_main_process():
-        from utils.plots import plot_study
+        from utils.plots.figures import plot_study
 
         table = write_study(save_dir / f"study_{Path(data.yaml_file).stem}_{weights.stem}.txt", sizes, results)
         plot_study(table, save_dir / "study.png")

@@ -7,7 +7,7 @@
 
 The story: options -> the run folder and hyperparameters -> set-up (data, model, optimizer, DDP, hooks) ->
 the epoch loop (train, validate, log, checkpoint, stop early) -> teardown. The loops themselves live in
-utils/engine.py, checkpoints and resume in utils/resume.py; hooks (utils/hooks.py) plug into the loop.
+utils/training/engine.py, checkpoints and resume in utils/training/resume.py; hooks (utils/hooks.py) plug into the loop.
 """
 
 from __future__ import annotations
@@ -25,25 +25,28 @@ import torch
 import torch.nn as nn
 import yaml
 
-import utils.dist as dist
+import utils.distributed.comm as dist
 from models.yolo import Model
-from utils.agreement import fingerprint
-from utils.amp import decide_amp
-from utils.anchors import check_anchors
-from utils.checkpoint import to_plain
 from utils.cli import DISTRIBUTED, add_flags, distributed_session, project_dir, run_main, square_size
-from utils.data_config import load_data_config
-from utils.datasets import DatasetOptions
-from utils.engine import EvalOptions, NonFiniteGuard, Trainer, evaluate, train_one_epoch
+from utils.data.config import load_data_config
+from utils.data.datasets import DatasetOptions
+from utils.data.loader import create_dataloader, image_weights, set_epoch, set_start, set_weights
+from utils.distributed.signals import GracefulStop, StopRequested, signal_name
 from utils.errors import UserError
-from utils.evolve import evolve
-from utils.fitness import EarlyStopping, fitness
+from utils.evaluation.evaluate import EvalOptions, evaluate
 from utils.hooks import HookBase, Hooks, load_hook
 from utils.hyp import default_hyp_file, load_hyp
-from utils.loader import create_dataloader, image_weights, set_epoch, set_start, set_weights
 from utils.log import LOGGER, colorstr, print_options
-from utils.loss import ComputeLoss
-from utils.optim import (
+from utils.loggers.writers import TrainBatchPlots, TrainWriters, progress_header
+from utils.plots.figures import plot_labels, plot_results
+from utils.training.amp import decide_amp
+from utils.training.autoanchor import check_anchors
+from utils.training.engine import NonFiniteGuard, Trainer, train_one_epoch
+from utils.training.evolve import evolve
+from utils.training.fingerprint import fingerprint
+from utils.training.fitness import EarlyStopping, fitness
+from utils.training.loss import ComputeLoss
+from utils.training.optim import (
     OPTIMIZERS,
     LRSchedule,
     ModelEMA,
@@ -55,8 +58,7 @@ from utils.optim import (
     scaled_weight_decay,
     unwrap,
 )
-from utils.plots import plot_labels, plot_results
-from utils.resume import (
+from utils.training.resume import (
     Checkpointer,
     SaveInterval,
     plan_run,
@@ -65,9 +67,8 @@ from utils.resume import (
     resume_options,
     shared_checkpoint,
 )
-from utils.signals import GracefulStop, StopRequested, signal_name
-from utils.train_state import restore_rng_state
-from utils.writers import TrainBatchPlots, TrainWriters, progress_header
+from utils.training.train_state import restore_rng_state
+from utils.weights.checkpoint import to_plain
 
 DEFAULT_CFG = "yolov5n"
 AMP_MODES = ("auto", "on", "off")
@@ -186,7 +187,9 @@ def train(hyp: dict, opt: argparse.Namespace, device: torch.device,
                                 f"worker ended before the step could be saved; {saved_text(trainer)}") from None
         raise
     finally:
+        cancelled = trainer.stop.requested or sys.exc_info()[0] is not None
         trainer.writers.close(cancel=trainer.stop.requested)  # a stopped run does not wait for queued plots
+        trainer.hooks.close(trainer, cancelled)
 
 
 def saved_text(t: Trainer) -> str:

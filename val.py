@@ -7,13 +7,26 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
+from pathlib import Path
 
-import test as validation
 from utils.cli import run_main
-from utils.engine import EvalResult
+from utils.evaluation.evaluate import EvalResult
 
 SCRIPT = "val"
+
+
+def _load_test_script():
+    """test.py, loaded from this folder by its path: ``import test`` may name Python's own test package."""
+    spec = importlib.util.spec_from_file_location("yolo_test_script", Path(__file__).resolve().with_name("test.py"))
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses and pickling look the module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+validation = sys.modules.get("yolo_test_script") or _load_test_script()
 
 
 def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:

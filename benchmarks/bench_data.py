@@ -63,7 +63,7 @@ def serve(tree: str, data: str, img: int, batch: int) -> None:
     import cv2
     import torch
 
-    from utils.datasets import YoloDataset
+    from utils.data.datasets import YoloDataset
     from utils.hyp import load_hyp
 
     cv2.setNumThreads(0)  # as in a DataLoader worker: one thread, the workers are the parallelism
@@ -99,7 +99,7 @@ def _time_pass(dataset: Any, batch: int, samples: int, epoch: int) -> float:
 
 
 def _init_worker(_: int) -> None:
-    """A DataLoader worker as utils.loader sets one up: OpenCV on one thread."""
+    """A DataLoader worker as utils.data.loader sets one up: OpenCV on one thread."""
     import cv2
 
     cv2.setNumThreads(0)
@@ -220,7 +220,7 @@ def measure_trees(data: Path, opt: argparse.Namespace) -> tuple[dict, dict]:
 def bench_scan(images: Path, repeats: int) -> tuple[float, float]:
     """Seconds per 1,000 images for a full check (no cache) and for a cache load."""
     from benchmarks.harness import time_call
-    from utils.label_cache import files_hash, img2label_paths, list_image_files, load_cache, save_cache, scan_files
+    from utils.data.label_cache import files_hash, img2label_paths, list_image_files, load_cache, save_cache, scan_files
 
     im_files = list_image_files(images)
     label_files = img2label_paths(im_files)
@@ -250,9 +250,9 @@ def _cache_worker(rank: int, world: int, port: int, images: str, img: int, out: 
     sys.path.insert(0, str(ROOT))
     import torch
 
-    from utils import dist
-    from utils.datasets import DatasetOptions
-    from utils.loader import create_dataloader
+    from utils.data.datasets import DatasetOptions
+    from utils.data.loader import create_dataloader
+    from utils.distributed import comm as dist
     from utils.log import setup_logging
 
     torch.set_num_threads(1)
@@ -296,8 +296,8 @@ def main(opt: argparse.Namespace) -> None:
     import torch
 
     from benchmarks.harness import Reference, header
+    from utils.data.synthetic import ensure_synthetic
     from utils.device import available_cores
-    from utils.synthetic import ensure_synthetic
 
     torch.set_num_threads(1)  # the reference runs on one thread, as a worker does
     print(header(f"bench_data: {opt.img} px from {opt.source_px[0]}-{opt.source_px[1]} px sources, "

@@ -35,13 +35,13 @@ if str(ROOT) not in sys.path:
 import export  # noqa: E402
 from benchmarks.harness import CLOCKS, Reference, add_timing_flags, cuda_sync, header, load_average, time_call  # noqa: E402
 from models.yolo import Model  # noqa: E402
-from utils.backends import DetectBackend  # noqa: E402
 from utils.boxes import non_max_suppression  # noqa: E402
-from utils.checkpoint import new_checkpoint, save_checkpoint  # noqa: E402
+from utils.data.sources import letterbox_image  # noqa: E402
+from utils.deploy.exporters import output_path  # noqa: E402
+from utils.deploy.runtime import DetectBackend  # noqa: E402
 from utils.device import select_device  # noqa: E402
-from utils.exporters import output_path  # noqa: E402
 from utils.log import setup_logging  # noqa: E402
-from utils.sources import letterbox_image  # noqa: E402
+from utils.weights.checkpoint import new_checkpoint, save_checkpoint  # noqa: E402
 
 
 def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
@@ -65,7 +65,7 @@ def bench_model(name: str, folder: Path, opt: argparse.Namespace, device: torch.
     formats = ["torchscript", "onnx"] + (["openvino"] if importlib.util.find_spec("openvino") else [])
     export.main(export.parse_opt(["--weights", str(weights), "--img-size", str(opt.img_size),
                                   "--device", opt.device, "--include", *formats]))
-    from utils.synthetic import draw_sample, make_spec
+    from utils.data.synthetic import draw_sample, make_spec
 
     scene = draw_sample(np.random.default_rng(0), make_spec(img_size=(480, 640)))[0]
     chw = letterbox_image(scene, opt.img_size, 32, auto=False)[0]

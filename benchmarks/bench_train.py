@@ -83,7 +83,7 @@ class Run:
     batch: int
 
     def steps(self, n: int) -> None:
-        from utils.engine import train_one_epoch
+        from utils.training.engine import train_one_epoch
 
         self.trainer.train_loader = [self.batches[i % len(self.batches)] for i in range(n)]
         train_one_epoch(self.trainer, 0)
@@ -93,13 +93,13 @@ def build_run(cfg: str, batch: int, img_size: int, device: torch.device, variant
               seed: int = 0, accumulate: int = 1) -> Run:
     """A Trainer as train.py builds one (DDP-wrapped when a group is up) with the variant's features; the optimizer
     steps every ``accumulate`` batches."""
-    import utils.dist as dist
+    import utils.distributed.comm as dist
     from models.yolo import Model
-    from utils.engine import Trainer
     from utils.hooks import Hooks
-    from utils.loss import ComputeLoss
-    from utils.optim import LRSchedule, ModelEMA, WeightUpdater, build_optimizer
-    from utils.writers import TrainWriters
+    from utils.loggers.writers import TrainWriters
+    from utils.training.engine import Trainer
+    from utils.training.loss import ComputeLoss
+    from utils.training.optim import LRSchedule, ModelEMA, WeightUpdater, build_optimizer
 
     features = set(variant.split("+"))
     torch.manual_seed(0)
@@ -148,7 +148,7 @@ def _ddp_worker(rank: int, port: int, opt: argparse.Namespace, out: str) -> None
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    import utils.dist as dist
+    import utils.distributed.comm as dist
 
     dist.init_distributed("cpu", "gloo", 300, 300)
     try:
@@ -168,7 +168,7 @@ def collectives_per_step(opt: argparse.Namespace, seed: int, sync_every_batch: b
 
     import torch.distributed as tdist
 
-    from utils.optim import accumulate_steps
+    from utils.training.optim import accumulate_steps
 
     accumulate = accumulate_steps(opt.batch_size)
     run = build_run(opt.cfg[0], opt.batch_size // 2, opt.img[0], torch.device("cpu"), seed=seed,
@@ -184,8 +184,8 @@ def collectives_per_step(opt: argparse.Namespace, seed: int, sync_every_batch: b
 
 def timed_rates(opt: argparse.Namespace, batch: int, seed: int = 0) -> list[float]:
     """Images/s (all ranks together) of each repeat of ``opt.steps`` steps, between barriers. All ranks call it."""
-    import utils.dist as dist
-    from utils.optim import accumulate_steps
+    import utils.distributed.comm as dist
+    from utils.training.optim import accumulate_steps
 
     run = build_run(opt.cfg[0], batch, opt.img[0], torch.device("cpu"), seed=seed,
                     accumulate=accumulate_steps(opt.batch_size))
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     reference.measure()
     print(reference.describe())
     single, ddp = figures["single"], figures["ddp"]
-    from utils.optim import accumulate_steps
+    from utils.training.optim import accumulate_steps
 
     accumulate = accumulate_steps(opt.batch_size)
     print(f"{opt.cfg[0]} {opt.img[0]} px, total batch {opt.batch_size}: {accumulate} batches per optimizer step "

@@ -58,12 +58,12 @@ def worker(opt: argparse.Namespace) -> None:
     import torch
 
     from models.yolo import Model
-    from utils import dist
-    from utils.datasets import DatasetOptions
-    from utils.engine import evaluate
-    from utils.loader import create_dataloader
+    from utils.data.datasets import DatasetOptions
+    from utils.data.loader import create_dataloader
+    from utils.data.synthetic import SYNTHETIC_NAMES
+    from utils.distributed import comm as dist
+    from utils.evaluation.evaluate import evaluate
     from utils.log import setup_logging
-    from utils.synthetic import SYNTHETIC_NAMES
 
     device = dist.init_distributed(opt.device, "auto")
     setup_logging(dist.get_rank(), verbose=False)
@@ -109,7 +109,7 @@ def launch(opt: argparse.Namespace, ranks: int, data_root: Path, out: Path) -> d
            "--threads", str(opt.threads),
            "--worker", str(data_root), str(out)]
     env = {**os.environ, "NO_COLOR": "1"}
-    env.pop("OMP_NUM_THREADS", None)  # each rank takes its share of the cores (utils.dist.configure_threads)
+    env.pop("OMP_NUM_THREADS", None)  # each rank takes its share of the cores (comm.configure_threads)
     if opt.threads:
         env["OMP_NUM_THREADS"] = str(opt.threads)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
@@ -151,7 +151,7 @@ def report(opt: argparse.Namespace, rows: list[dict]) -> None:
 
 
 def main(opt: argparse.Namespace) -> list[dict]:
-    from utils.synthetic import ensure_synthetic
+    from utils.data.synthetic import ensure_synthetic
 
     if opt.worker:
         worker(opt)

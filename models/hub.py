@@ -20,8 +20,8 @@ import torch
 from torch import nn
 
 from models.yolo import Model
-from utils.augment import letterbox
 from utils.boxes import non_max_suppression, scale_boxes, xyxy2xywh
+from utils.data.augment import letterbox
 from utils.errors import UserError
 
 

@@ -41,7 +41,7 @@ def tiny_cfg_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A data YAML for a tiny synthetic set (24 train + 12 val images of 64-96 px, 3 classes), made once."""
-    from utils.synthetic import SYNTHETIC_NAMES, ensure_synthetic
+    from utils.data.synthetic import SYNTHETIC_NAMES, ensure_synthetic
 
     folder = tmp_path_factory.mktemp("tiny_dataset")
     root = ensure_synthetic(folder / "synthetic", n_train=24, n_val=12, img_size=(64, 96), seed=0)
@@ -104,8 +104,8 @@ def tiny_weights(tiny_cfg_file: Path, tmp_path_factory: pytest.TempPathFactory) 
     import torch
 
     from models.yolo import Model
-    from utils.checkpoint import new_checkpoint, save_checkpoint
-    from utils.synthetic import SYNTHETIC_NAMES
+    from utils.data.synthetic import SYNTHETIC_NAMES
+    from utils.weights.checkpoint import new_checkpoint, save_checkpoint
 
     torch.manual_seed(0)
     model = Model(tiny_cfg_file)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import os
 import signal
 import socket
@@ -26,6 +27,19 @@ from torch import nn
 ROOT = Path(__file__).resolve().parents[1]
 JOB_TIMEOUT_S = 180  # bound for one launched job on a loaded 2-core machine; a hang fails the test
 GOOD_LABEL = "0 0.5 0.5 0.25 0.25\n"
+
+
+def load_script(name: str):
+    """A script of the project (train, test, ...) loaded by its path, never by ``import test`` (which may find
+    Python's own test package). test.py is registered under the name val.py uses, so both share one module."""
+    module_name = "yolo_test_script" if name == "test" else name
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, ROOT / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 # ------------------------------------------------------------------------------------------------ network

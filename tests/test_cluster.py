@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from tests.helpers import ROOT, OutputPump, alive, finish, process_tree, start, torchrun_cmd, train_args, wait_for
-from utils.dist import SLURM_PORT_BASE, SLURM_PORT_SPAN
+from utils.distributed.comm import SLURM_PORT_BASE, SLURM_PORT_SPAN
 
 pytestmark = [pytest.mark.slow, pytest.mark.ddp]
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import run_job, torchrun_cmd
-from utils.ram_cache import shm_dir
+from utils.data.ram_cache import shm_dir
 
 
 @pytest.mark.ddp

@@ -129,7 +129,7 @@ def _rank_worker(rank: int, port: int, out_dir: str, cfg: dict) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    import utils.dist as dist
+    import utils.distributed.comm as dist
 
     dist.init_distributed("cpu", "gloo", 300, 300)
     try:
@@ -150,11 +150,11 @@ def _frozen_bn(model: torch.nn.Module) -> torch.nn.Module:
 
 def _step(model, batch):
     """One train_one_epoch over one batch (DDP-wrapped or not); the flattened parameters after it."""
-    from utils.engine import Trainer, train_one_epoch
     from utils.hooks import Hooks
-    from utils.loss import ComputeLoss
-    from utils.optim import LRSchedule, ModelEMA, WeightUpdater, build_optimizer, unwrap
-    from utils.writers import TrainWriters
+    from utils.loggers.writers import TrainWriters
+    from utils.training.engine import Trainer, train_one_epoch
+    from utils.training.loss import ComputeLoss
+    from utils.training.optim import LRSchedule, ModelEMA, WeightUpdater, build_optimizer, unwrap
 
     hyp = {"lr0": 0.01, "lrf": 1.0, "momentum": 0.9, "weight_decay": 5e-4, "warmup_epochs": 0.0, "box": 0.05,
            "cls": 0.5, "obj": 1.0, "anchor_t": 4.0}
@@ -173,16 +173,16 @@ def _step(model, batch):
 
 
 class _single_process:
-    """Inside: utils.dist answers as one process would (world size 1), though the group is up."""
+    """Inside: utils.distributed.comm answers as one process would (world size 1), though the group is up."""
 
     def __enter__(self) -> None:
-        import utils.dist as dist
+        import utils.distributed.comm as dist
 
         self.saved = dist.get_world_size
         dist.get_world_size = lambda: 1
 
     def __exit__(self, *exc: object) -> None:
-        import utils.dist as dist
+        import utils.distributed.comm as dist
 
         dist.get_world_size = self.saved
 
@@ -210,9 +210,9 @@ def _broadcast_decisions(rank: int) -> dict:
     from types import SimpleNamespace
 
     import train
-    import utils.dist as dist
-    from utils.amp import decide_amp
-    from utils.fitness import EarlyStopping
+    import utils.distributed.comm as dist
+    from utils.training.amp import decide_amp
+    from utils.training.fitness import EarlyStopping
 
     run = SimpleNamespace(opt=SimpleNamespace(multi_scale=True, seed=rank, img_size=64), grid=32,
                           train_loader=[None] * 20)

@@ -15,12 +15,12 @@ from torchvision.ops import box_iou
 import detect
 import export
 from utils import paths
-from utils.annotate import class_color
-from utils.augment import letterbox
 from utils.boxes import non_max_suppression, scale_boxes, xywhn2xyxy
-from utils.checkpoint import load_model
 from utils.cli import run_main
+from utils.data.augment import letterbox
 from utils.errors import UserError
+from utils.plots.annotate import class_color
+from utils.weights.checkpoint import load_model
 
 NAMES = ["circle", "square", "triangle"]
 LOW_CONF = ["--conf-thres", "0.001", "--max-det", "5"]  # an untrained model's scores are low
@@ -220,7 +220,7 @@ def test_classes_filter_keeps_only_those_classes(weights: Path, tmp_path: Path) 
 
 
 def test_stream_reader_yields_frames(tmp_path: Path) -> None:
-    from utils.sources import LoadWebcam
+    from utils.data.sources import LoadWebcam
 
     video = tmp_path / "cam.avi"
     writer = cv2.VideoWriter(str(video), cv2.VideoWriter_fourcc(*"MJPG"), 5, (64, 48))
@@ -272,10 +272,10 @@ def test_view_img_without_a_display_warns_once_and_saves(weights: Path, tmp_path
 
 
 def test_view_img_shows_every_annotated_frame(weights: Path, tmp_path: Path, monkeypatch) -> None:
-    import utils.viewer
+    import utils.plots.viewer
 
     shown = []
-    monkeypatch.setattr(utils.viewer, "display_problem", lambda: None)
+    monkeypatch.setattr(utils.plots.viewer, "display_problem", lambda: None)
     for name in ("namedWindow", "resizeWindow", "destroyAllWindows"):
         monkeypatch.setattr(cv2, name, lambda *a: None)
     monkeypatch.setattr(cv2, "waitKey", lambda delay: -1)
@@ -354,7 +354,7 @@ def test_release_name_is_downloaded_and_names_come_from_the_file(release_server:
     result = run_detect("--weights", "yolov5s.pt", "--source", image_file, "--img-size", 64, "--conf-thres", 0.0,
                         "--max-det", 3, "--nosave", "--project", tmp_path / "runs")
     assert result.weights == release_server / "yolov5s.pt" and result.weights.is_file()
-    from utils.backends import DetectBackend
+    from utils.deploy.runtime import DetectBackend
 
     assert DetectBackend(result.weights).names == [f"class{i}" for i in range(80)]  # the fixture's own names
     assert len(result.detections[0][1]) == 3

@@ -1,7 +1,7 @@
 """Proof that torchrun's elastic restart works on this stack: the restarted group forms, and finds its run.
 
 On torch 2.14 a group restarted by torchrun hangs in a plain gloo ``init_process_group`` (the agent's
-store still holds the previous attempt's keys); utils.dist prefixes the keys with the restart count.
+store still holds the previous attempt's keys); utils.distributed.comm prefixes the keys with the restart count.
 These tests launch real torchrun jobs whose rank 1 SIGKILLs itself on attempt 0.
 """
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 
 import export
-from utils.backends import DetectBackend
-from utils.checkpoint import load_model
 from utils.cli import run_main
+from utils.deploy.exporters import onnx_export_kwargs
+from utils.deploy.runtime import DetectBackend
 from utils.errors import UserError
-from utils.exporters import onnx_export_kwargs
+from utils.weights.checkpoint import load_model
 
 NAMES = ["circle", "square", "triangle"]
 
@@ -30,8 +30,8 @@ def weights(tiny_weights: Path) -> Path:
 
 def real_images(shape: tuple[int, int], batch: int) -> torch.Tensor:
     """Letterboxed scenes (not noise) as a float batch in [0, 1], every image different."""
-    from utils.sources import letterbox_image
-    from utils.synthetic import draw_sample, make_spec
+    from utils.data.sources import letterbox_image
+    from utils.data.synthetic import draw_sample, make_spec
 
     rng = np.random.default_rng(1)
     spec = make_spec(img_size=(90, 120))
@@ -201,9 +201,9 @@ def test_torch_without_dynamo_keyword_gets_none(weights: Path, monkeypatch, caps
     opt = argparse.Namespace(opset=12, verbose=False, dynamic=True, dynamo=False)
     kwargs = onnx_export_kwargs(opt, torch_2_4)
     assert "dynamo" not in kwargs and set(kwargs) <= set(torch_2_4) and kwargs["opset_version"] == 12
-    import utils.exporters
+    import utils.deploy.exporters
 
-    monkeypatch.setattr(utils.exporters, "onnx_export_parameters", lambda: torch_2_4)
+    monkeypatch.setattr(utils.deploy.exporters, "onnx_export_parameters", lambda: torch_2_4)
     assert "--dynamo needs torch 2.5 or newer" in _error_line(["--weights", weights, "--dynamo"], capsys)
 
 

@@ -19,7 +19,7 @@ import torch
 
 from tests.helpers import ROOT, csv_epochs, finish, our_tracebacks, start, torchrun_cmd, train_args
 from tests.plugins.faults import FailAt, ResidentMemory
-from utils.checkpoint import FORMAT, load_checkpoint
+from utils.weights.checkpoint import FORMAT, load_checkpoint
 
 pytestmark = pytest.mark.slow
 

@@ -26,7 +26,7 @@ from tests.helpers import (
     train_args,
     wait_for,
 )
-from utils.checkpoint import load_checkpoint
+from utils.weights.checkpoint import load_checkpoint
 
 pytestmark = [pytest.mark.slow, pytest.mark.ddp]
 BATCH = 32  # 2 ranks x 16; accumulation 2 (nominal batch 64): a checkpoint can be taken every other batch
@@ -38,7 +38,7 @@ STAGES = [("agent", signal.SIGTERM), ("job", signal.SIGTERM), ("agent", signal.S
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from utils.synthetic import SYNTHETIC_NAMES, ensure_synthetic
+    from utils.data.synthetic import SYNTHETIC_NAMES, ensure_synthetic
 
     folder = tmp_path_factory.mktemp("preempt")
     root = ensure_synthetic(folder / "synthetic", n_train=128, n_val=8, img_size=(64, 80), seed=1)

@@ -13,11 +13,13 @@ import pytest
 import torch
 import yaml
 
-import test as test_script
 from models.yolo import Model
-from utils.checkpoint import new_checkpoint, save_checkpoint
+from tests.helpers import load_script
 from utils.cli import run_main
-from utils.synthetic import SYNTHETIC_NAMES, ensure_synthetic
+from utils.data.synthetic import SYNTHETIC_NAMES, ensure_synthetic
+from utils.weights.checkpoint import new_checkpoint, save_checkpoint
+
+test_script = load_script("test")
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -131,10 +133,10 @@ def test_script_exit_code_and_single_line(tmp_path):
 @pytest.fixture
 def no_curve_plots(monkeypatch):
     """Skip the PR/F1/P/R curves and the confusion matrix (2-3 s of matplotlib a run) where a test checks none."""
-    import utils.plots
+    import utils.plots.figures
 
-    monkeypatch.setattr(utils.plots, "plot_metric_curves", lambda *args, **kwargs: [])
-    monkeypatch.setattr(utils.plots, "plot_confusion_matrix", lambda *args, **kwargs: None)
+    monkeypatch.setattr(utils.plots.figures, "plot_metric_curves", lambda *args, **kwargs: [])
+    monkeypatch.setattr(utils.plots.figures, "plot_confusion_matrix", lambda *args, **kwargs: None)
 
 
 def _files(run_dir: Path) -> set[str]:
@@ -235,7 +237,7 @@ def test_augment_boxes_score_as_the_plain_ones(checkpoint, white_boxes, tmp_path
 
 
 def test_release_name_weights_validate(release_server, tiny_dataset, tmp_path, no_curve_plots):
-    from utils.backends import DetectBackend
+    from utils.deploy.runtime import DetectBackend
 
     names = DetectBackend(ROOT / "tests" / "fixtures" / "yolov5n-v7.0.pt").names
     data = tmp_path / "coco-like.yaml"

@@ -12,15 +12,15 @@ import yaml
 
 import train
 from models.yolo import Model
-from utils.checkpoint import load_checkpoint
 from utils.cli import run_main
-from utils.datasets import DatasetOptions
-from utils.engine import Trainer, train_one_epoch
+from utils.data.datasets import DatasetOptions
 from utils.hooks import Hooks
 from utils.hyp import REQUIRED
-from utils.loss import ComputeLoss
-from utils.optim import LRSchedule, ModelEMA, WeightUpdater, build_optimizer
-from utils.writers import TrainWriters, results_columns
+from utils.loggers.writers import TrainWriters, results_columns
+from utils.training.engine import Trainer, train_one_epoch
+from utils.training.loss import ComputeLoss
+from utils.training.optim import LRSchedule, ModelEMA, WeightUpdater, build_optimizer
+from utils.weights.checkpoint import load_checkpoint
 
 HYP = {"lr0": 0.01, "lrf": 0.01, "momentum": 0.937, "weight_decay": 5e-4, "warmup_epochs": 0.0,
        "box": 0.05, "cls": 0.5, "obj": 1.0, "anchor_t": 4.0}
@@ -85,7 +85,7 @@ def test_one_process_run_writes_a_complete_run_folder(tiny_cfg_file, tiny_datase
     last = load_checkpoint(run_dir / "weights" / "last.pt")
     assert last["epoch"] == 1 and last["train_state"]["states"]["updater"]["iteration"] == 6  # 24 images / 8, 2 epochs
     assert "train_state" not in load_checkpoint(run_dir / "weights" / "best.pt")
-    if importlib.util.find_spec("utils.plots"):
+    if importlib.util.find_spec("utils.plots.figures"):
         assert (run_dir / "train_batch0.jpg").is_file() and (run_dir / "labels.jpg").is_file()
 
 
@@ -124,8 +124,8 @@ def test_evolve_writes_evolve_csv_and_the_best_hyp(tiny_cfg_file, tiny_dataset, 
 
 
 def test_loss_falls_by_half_when_overfitting_one_batch(tiny_cfg, tiny_dataset, tmp_path):
-    from utils.data_config import load_data_config
-    from utils.loader import create_dataloader
+    from utils.data.config import load_data_config
+    from utils.data.loader import create_dataloader
 
     torch.manual_seed(0)
     model = Model(tiny_cfg)
@@ -177,7 +177,7 @@ def test_fine_tune_from_release_weights_transfers_the_backbone_and_freezes_it(ti
     the model holds the file's tensors when training starts; --freeze 10 keeps the backbone at them."""
     from tests.helpers import ROOT
     from utils.hooks import HookBase
-    from utils.release_weights import load_release_checkpoint
+    from utils.weights.release_reader import load_release_checkpoint
 
     fixture = ROOT / "tests" / "fixtures" / "yolov5n-v7.0.pt"
     release = load_release_checkpoint(fixture)["model"]

@@ -1,5 +1,5 @@
 """train.py's speed options: --amp, --channels-last and --compile, their parsing and resume behaviour (the --amp
-decision itself: tests/utils/test_amp.py)."""
+decision itself: tests/utils/training/test_amp.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import train
-from utils.resume import resume_options
+from utils.training.resume import resume_options
 
 CPU = torch.device("cpu")
 
@@ -36,7 +36,7 @@ class Compiled(torch.nn.Module):
 
 
 def test_channels_last_and_compile_flags(tiny_cfg_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from utils.optim import unwrap
+    from utils.training.optim import unwrap
 
     monkeypatch.setattr(torch, "compile", Compiled)
 

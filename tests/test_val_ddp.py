@@ -1,7 +1,7 @@
 """Distributed validation: 2 processes (torchrun, gloo on CPU) give the metrics of 1 process.
 
 Run by pytest, and also the worker that torchrun starts (``python -m torch.distributed.run ... this file``):
-every rank evaluates its shard with the oracle detector of tests/utils/test_engine.py and writes
+every rank evaluates its shard with the oracle detector of tests/utils/training/test_engine.py and writes
 the metrics it got, so the test can check that every rank agrees with a 1-process run.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import OracleModel, run_job, torchrun_cmd
+from tests.helpers import OracleModel, load_script, run_job, torchrun_cmd
 
 pytestmark = [pytest.mark.ddp, pytest.mark.slow]
 
@@ -28,10 +28,10 @@ def _evaluate_oracle(root: Path) -> dict:
     """Evaluate the oracle detector on root's val split with this process's shard loader (4 images per rank)."""
     import torch
 
-    from utils.datasets import DatasetOptions
-    from utils.engine import evaluate
-    from utils.loader import create_dataloader
-    from utils.synthetic import SYNTHETIC_NAMES
+    from utils.data.datasets import DatasetOptions
+    from utils.data.loader import create_dataloader
+    from utils.data.synthetic import SYNTHETIC_NAMES
+    from utils.evaluation.evaluate import evaluate
 
     torch.set_num_threads(1)
     options = DatasetOptions(img_size=96, batch_size=4, rect=True, pad=0.5, nc=len(SYNTHETIC_NAMES),
@@ -44,9 +44,9 @@ def _evaluate_oracle(root: Path) -> dict:
 def _worker(root: str, out_dir: str, test_args: list[str]) -> int:
     """torchrun entry: test.py's main() on this rank; inside it, before test.py's own evaluation, the oracle
     evaluation of ``root`` (the group is up then), whose result this rank writes to ``out_dir``."""
-    import test as test_script
-    from utils import dist
+    test_script = load_script("test")
     from utils.cli import run_main
+    from utils.distributed import comm as dist
 
     real_evaluate = test_script.evaluate
 
@@ -63,7 +63,7 @@ def _worker(root: str, out_dir: str, test_args: list[str]) -> int:
 @pytest.fixture(scope="module")
 def odd_val_set(tmp_path_factory) -> Path:
     """25 val images: the shards of 2 ranks differ in size (13 and 12), with no padding duplicate."""
-    from utils.synthetic import ensure_synthetic
+    from utils.data.synthetic import ensure_synthetic
 
     return ensure_synthetic(tmp_path_factory.mktemp("odd") / "synthetic", n_train=2, n_val=25, img_size=(64, 96),
                             seed=5)
@@ -76,8 +76,8 @@ def two_rank_run(odd_val_set, tmp_path_factory, tiny_cfg_file) -> tuple[Path, li
     import yaml
 
     from models.yolo import Model
-    from utils.checkpoint import new_checkpoint, save_checkpoint
-    from utils.synthetic import SYNTHETIC_NAMES
+    from utils.data.synthetic import SYNTHETIC_NAMES
+    from utils.weights.checkpoint import new_checkpoint, save_checkpoint
 
     out = tmp_path_factory.mktemp("two_ranks")
     torch.manual_seed(0)
@@ -118,7 +118,7 @@ def _table_rows(stdout: str) -> list[str]:
 def test_test_py_under_torchrun_matches_one_process(two_rank_run):
     import torch
 
-    import test as test_script
+    test_script = load_script("test")
 
     out, args, stdout = two_rank_run
     threads = torch.get_num_threads()

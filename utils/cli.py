@@ -16,12 +16,13 @@ from typing import Any
 
 import torch
 
-from utils import dist, paths
-from utils.dist import read_env
+from utils import paths
+from utils.distributed import comm as dist
+from utils.distributed.comm import read_env
+from utils.distributed.signals import StopRequested
 from utils.errors import UserError
 from utils.log import setup_logging
 from utils.paths import ROOT
-from utils.signals import StopRequested
 
 EXIT_USER_ERROR = 2
 EXIT_PEER_LOST = 3

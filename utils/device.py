@@ -1,7 +1,7 @@
 """Devices and the machine: ``--device`` parsing, the cores this process may use, mixed-precision contexts.
 
 Nothing here touches torch.distributed: detect.py and export.py use it without a process group, and
-``utils.dist`` builds on it.
+``utils.distributed.comm`` builds on it.
 """
 
 from __future__ import annotations

@@ -1,18 +1,30 @@
 """Training events and the hooks that listen to them.
 
-The epoch loop announces a small set of events; plots, checkpoints and anything a user adds plug into them
-instead of into the loop. A hook overrides the events it needs:
+The epoch loop announces a small set of events; checkpoints, loggers, plots and anything a user adds plug into
+them instead of into the loop. A hook overrides the events it needs (``trainer`` is the run's Trainer):
 
-    before_train(trainer)                   after set-up, before the first epoch
+    before_train(trainer)                          after set-up (and after a resume restored the state)
     before_epoch(trainer, epoch)
-    before_step(trainer, epoch, batch)      before the batch's forward pass
-    after_step(trainer, step)               after the batch's backward/step (``step``: a StepInfo)
-    after_epoch(trainer, epoch, metrics)    after validation and the epoch's checkpoint
-    on_checkpoint(trainer, position)        after last.pt was written (``position``: epoch, samples seen)
-    after_train(trainer)                    after the last epoch (not after a failure)
+    before_step(trainer, epoch, batch)             before the batch's forward pass
+    after_step(trainer, step)                      after the batch's backward/step (``step``: a StepInfo)
+    after_epoch(trainer, epoch, metrics)           after validation; ``metrics``: the epoch's results.csv row by
+                                                   column name ("train/box_loss", "metrics/mAP_0.5", "x/lr0", ...)
+    on_checkpoint(trainer, epoch, samples_seen)    after last.pt was written; it holds the position (epoch,
+                                                   samples of that epoch already seen)
+    after_train(trainer)                           after the last epoch (not after a failure)
+    close(trainer, cancelled)                      always, last: flush what is queued (``cancelled``: a stop
+                                                   signal or an error ended the run; be quick)
 
-Every rank calls every hook, in registration order; a hook that must act once checks
-``utils.dist.is_main_process()`` when it is built, not in the loop.
+Order: hooks run by ``priority`` (lower first), then in registration order. The Checkpointer has
+CHECKPOINT_PRIORITY (0), so at ``after_epoch`` the epoch's last.pt and best.pt exist before any logger
+(LOGGER_PRIORITY) or user hook (DEFAULT_PRIORITY) runs.
+
+State: a hook with a ``state_key`` has its ``state_dict()`` (plain Python types) saved in every checkpoint under
+``ckpt["hooks"][state_key]`` and handed back through ``load_state_dict`` when the run resumes, before
+``before_train`` (a tracker's run id continues the same tracked run).
+
+Every rank calls every hook; a hook that must act once checks ``utils.distributed.comm.is_main_process()``
+when it is built, not in the loop.
 
 From the command line, ``train.py --hook 'package.module:Factory(key=value, ...)'`` builds a hook: the module
 is imported by its dotted name and the factory called with the literal keyword arguments (numbers, strings,
@@ -25,11 +37,18 @@ import ast
 import importlib
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from utils.errors import UserError
+
+if TYPE_CHECKING:  # annotations only: the training package is built on this module
+    from utils.training.engine import Trainer
+
+CHECKPOINT_PRIORITY = 0  # the Checkpointer: files exist before anything reads or uploads them
+LOGGER_PRIORITY = 50  # results.csv, TensorBoard, trackers
+DEFAULT_PRIORITY = 100  # plots and user hooks
 
 
 class HookError(UserError, ValueError):
@@ -54,64 +73,99 @@ class StepInfo:
 class HookBase:
     """Does nothing at every event; subclass it and override the events you need."""
 
-    def before_train(self, trainer: Any) -> None:
+    priority: int = DEFAULT_PRIORITY
+    state_key: str | None = None  # set to keep state in checkpoints (see the module docstring)
+
+    def before_train(self, trainer: Trainer) -> None:
         pass
 
-    def before_epoch(self, trainer: Any, epoch: int) -> None:
+    def before_epoch(self, trainer: Trainer, epoch: int) -> None:
         pass
 
-    def before_step(self, trainer: Any, epoch: int, batch: int) -> None:
+    def before_step(self, trainer: Trainer, epoch: int, batch: int) -> None:
         pass
 
-    def after_step(self, trainer: Any, step: StepInfo) -> None:
+    def after_step(self, trainer: Trainer, step: StepInfo) -> None:
         pass
 
-    def after_epoch(self, trainer: Any, epoch: int, metrics: dict[str, float]) -> None:
+    def after_epoch(self, trainer: Trainer, epoch: int, metrics: dict[str, float]) -> None:
         pass
 
-    def on_checkpoint(self, trainer: Any, epoch: int, samples_seen: int) -> None:
+    def on_checkpoint(self, trainer: Trainer, epoch: int, samples_seen: int) -> None:
         pass
 
-    def after_train(self, trainer: Any) -> None:
+    def after_train(self, trainer: Trainer) -> None:
+        pass
+
+    def close(self, trainer: Trainer, cancelled: bool) -> None:
+        pass
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
 
 
 class Hooks(HookBase):
-    """An ordered list of hooks, called like one hook."""
+    """Hooks called like one hook: by priority (lower first), then in the order they were added."""
 
     def __init__(self, hooks: Iterable[HookBase] = ()) -> None:
-        self.hooks = list(hooks)
+        self.hooks: list[HookBase] = []
+        for hook in hooks:
+            self.append(hook)
 
     def append(self, hook: HookBase) -> None:
         self.hooks.append(hook)
+        self.hooks.sort(key=lambda h: h.priority)  # stable: registration order within a priority
 
-    def before_train(self, trainer: Any) -> None:
+    def before_train(self, trainer: Trainer) -> None:
         for hook in self.hooks:
             hook.before_train(trainer)
 
-    def before_epoch(self, trainer: Any, epoch: int) -> None:
+    def before_epoch(self, trainer: Trainer, epoch: int) -> None:
         for hook in self.hooks:
             hook.before_epoch(trainer, epoch)
 
-    def before_step(self, trainer: Any, epoch: int, batch: int) -> None:
+    def before_step(self, trainer: Trainer, epoch: int, batch: int) -> None:
         for hook in self.hooks:
             hook.before_step(trainer, epoch, batch)
 
-    def after_step(self, trainer: Any, step: StepInfo) -> None:
+    def after_step(self, trainer: Trainer, step: StepInfo) -> None:
         for hook in self.hooks:
             hook.after_step(trainer, step)
 
-    def after_epoch(self, trainer: Any, epoch: int, metrics: dict[str, float]) -> None:
+    def after_epoch(self, trainer: Trainer, epoch: int, metrics: dict[str, float]) -> None:
         for hook in self.hooks:
             hook.after_epoch(trainer, epoch, metrics)
 
-    def on_checkpoint(self, trainer: Any, epoch: int, samples_seen: int) -> None:
+    def on_checkpoint(self, trainer: Trainer, epoch: int, samples_seen: int) -> None:
         for hook in self.hooks:
             hook.on_checkpoint(trainer, epoch, samples_seen)
 
-    def after_train(self, trainer: Any) -> None:
+    def after_train(self, trainer: Trainer) -> None:
         for hook in self.hooks:
             hook.after_train(trainer)
+
+    def close(self, trainer: Trainer, cancelled: bool) -> None:
+        """Every hook's close, even when one of them fails (the first error is raised after the rest ran)."""
+        error: BaseException | None = None
+        for hook in self.hooks:
+            try:
+                hook.close(trainer, cancelled)
+            except Exception as e:  # noqa: BLE001 - the others must still flush
+                error = error or e
+        if error is not None:
+            raise error
+
+    def state_dict(self) -> dict[str, Any]:
+        """{state_key: state} of the hooks that keep state (saved under ckpt["hooks"])."""
+        return {h.state_key: h.state_dict() for h in self.hooks if h.state_key}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for hook in self.hooks:
+            if hook.state_key and isinstance(state.get(hook.state_key), dict):
+                hook.load_state_dict(state[hook.state_key])
 
 
 def parse_hook_spec(spec: str) -> tuple[str, str, dict[str, Any]]:

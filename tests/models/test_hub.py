@@ -60,7 +60,7 @@ def test_hub_pretrained_release_weights_through_the_download_path(release_server
     data = np.load(FIXTURES / "yolov5n-v7.0.npz")
     output = model(torch.from_numpy(data["input"]))  # a tensor batch goes straight to the model
     expected = torch.from_numpy(data["output"])
-    torch.testing.assert_close(output, expected, atol=1e-4, rtol=1e-6)  # see test_release_weights.max_error
+    torch.testing.assert_close(output, expected, atol=1e-4, rtol=1e-6)  # see test_release_reader.max_error
     # a new class count: the head starts afresh, everything else is the release's
     three = torch.hub.load(str(ROOT), "yolov5n", source="local", pretrained=True, classes=3, device="cpu")
     assert three.model.nc == 3 and three.model.detect.m[0].weight.shape == (24, 64, 1, 1)

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from utils import dist
+from utils.distributed import comm as dist
 from utils.hooks import HookBase
 
 

@@ -11,9 +11,10 @@ import json
 import sys
 from pathlib import Path
 
-from utils import datasets, dist, label_cache, synthetic
-from utils.datasets import DatasetOptions
-from utils.loader import create_dataloader, set_epoch
+from utils.data import datasets, label_cache, synthetic
+from utils.data.datasets import DatasetOptions
+from utils.data.loader import create_dataloader, set_epoch
+from utils.distributed import comm as dist
 from utils.log import setup_logging
 
 

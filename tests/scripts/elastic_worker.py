@@ -3,7 +3,7 @@
 Run under ``torch.distributed.run --nproc_per_node 2 --max-restarts 1``. Usage:
 ``elastic_worker.py EVENTS_FILE PROJECT_DIR``. Each rank appends ``attempt=<n> rank=<r> <event>``
 lines to EVENTS_FILE so the test can see what ran. Besides the group restart itself it checks
-that the run folder chosen by attempt 0 is found again by attempt 1 (utils.resume.plan_run),
+that the run folder chosen by attempt 0 is found again by attempt 1 (utils.training.resume.plan_run),
 with the last.pt attempt 0 wrote as the checkpoint to resume from.
 """
 
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import torch
 
-from utils import dist
-from utils.checkpoint import FORMAT, load_checkpoint, save_run_checkpoints
-from utils.resume import plan_run
+from utils.distributed import comm as dist
+from utils.training.resume import plan_run
+from utils.weights.checkpoint import FORMAT, load_checkpoint, save_run_checkpoints
 
 
 def record(events: Path, event: str) -> None:

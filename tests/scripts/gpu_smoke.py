@@ -3,7 +3,7 @@
     python -m tests.scripts.gpu_smoke [OUT_DIR]
 
 1. train.py on one GPU: AMP decided on and used, 2 epochs of the tiny synthetic set;
-2. the NCCL branches of utils.dist (barrier naming its device, reductions, the step vote) in a 1-rank group;
+2. the NCCL branches of utils.distributed.comm (barrier naming its device, reductions, the step vote) in a 1-rank group;
 3. train.py under torchrun with 2 ranks on the GPU (gloo: NCCL needs a GPU per rank), DDP with device_ids and AMP;
 4. detect.py with --half against fp32; test.py with --half; export.py on the GPU (TorchScript and ONNX, verified);
 5. the NMS and release-weight tests, whose CUDA cases run only there.
@@ -46,12 +46,12 @@ def record(name: str, ok: bool, seconds: float, detail: str) -> None:
 
 
 def nccl_branches() -> None:
-    """utils.dist with NCCL in a 1-rank group: barrier with device_ids, all_reduce on the GPU, the step vote."""
+    """utils.distributed.comm with NCCL, 1 rank: barrier with device_ids, all_reduce on the GPU, the step vote."""
     import torch
     import torch.distributed as tdist
 
-    from utils import dist
-    from utils.engine import StepVote
+    from utils.distributed import comm as dist
+    from utils.training.engine import StepVote
 
     start = time.perf_counter()
     try:
@@ -75,7 +75,7 @@ def nccl_branches() -> None:
 def main(out_dir: Path) -> int:
     import torch
 
-    from utils.synthetic import SYNTHETIC_NAMES, ensure_synthetic
+    from utils.data.synthetic import SYNTHETIC_NAMES, ensure_synthetic
 
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, {torch.cuda.get_device_name(0)}", flush=True)
     root = ensure_synthetic(out_dir / "synthetic", n_train=64, n_val=16, img_size=(128, 160), seed=0)
@@ -107,7 +107,7 @@ def main(out_dir: Path) -> int:
         expect=r"Export summary")
     run("pytest: NMS (with its CUDA case) and release weights", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                                                   "tests/utils/test_boxes.py",
-                                                                  "tests/utils/test_release_weights.py"],
+                                                                  "tests/utils/weights/test_release_reader.py"],
         expect=r"\[100%\]")  # -q -q prints no summary line; a failure makes the exit code non-zero
     failed = [r for r in RESULTS if not r[1]]
     print(f"\n{len(RESULTS) - len(failed)}/{len(RESULTS)} checks passed", flush=True)

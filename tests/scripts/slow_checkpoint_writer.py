@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from utils.checkpoint import FORMAT, save_run_checkpoints
+from utils.weights.checkpoint import FORMAT, save_run_checkpoints
 
 
 def checkpoint(epoch: int) -> dict:

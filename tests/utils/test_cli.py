@@ -7,8 +7,8 @@ import argparse
 import pytest
 
 from utils.cli import FLAGS, PeerLost, add_flags, flag_table, run_main, square_size
+from utils.distributed.signals import StopRequested
 from utils.errors import UserError
-from utils.signals import StopRequested
 
 
 def test_shared_flags_take_per_script_defaults_but_one_definition() -> None:

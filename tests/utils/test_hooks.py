@@ -46,3 +46,70 @@ def test_hook_specs_take_literal_keywords_only() -> None:
 
 
 NAMES = ["not", "callable"]
+
+
+def test_hooks_run_by_priority_then_registration_order():
+    from utils.hooks import CHECKPOINT_PRIORITY, LOGGER_PRIORITY, HookBase, Hooks
+
+    calls = []
+
+    class Named(HookBase):
+        def __init__(self, name, priority):
+            self.name, self.priority = name, priority
+
+        def after_train(self, trainer):
+            calls.append(self.name)
+
+    Hooks([Named("user", 100), Named("logger", LOGGER_PRIORITY), Named("ckpt", CHECKPOINT_PRIORITY),
+           Named("user2", 100)]).after_train(None)
+    assert calls == ["ckpt", "logger", "user", "user2"]
+
+
+def test_the_checkpointer_runs_first_whatever_the_registration_order():
+    from utils.hooks import HookBase, Hooks
+    from utils.training.resume import Checkpointer
+
+    hooks = Hooks([HookBase(), Checkpointer(enabled=False)])
+    assert isinstance(hooks.hooks[0], Checkpointer)
+
+
+def test_hook_state_round_trips_and_close_runs_every_hook():
+    from utils.hooks import HookBase, Hooks
+
+    closed = []
+
+    class Tracker(HookBase):
+        state_key = "tracker"
+
+        def __init__(self):
+            self.run_id = None
+
+        def state_dict(self):
+            return {"run_id": self.run_id}
+
+        def load_state_dict(self, state):
+            self.run_id = state["run_id"]
+
+        def close(self, trainer, cancelled):
+            closed.append(cancelled)
+            raise RuntimeError("tracker down")
+
+    class Other(HookBase):
+        def close(self, trainer, cancelled):
+            closed.append("other")
+
+    first = Tracker()
+    first.run_id = "abc"
+    saved = Hooks([first, HookBase()]).state_dict()
+    assert saved == {"tracker": {"run_id": "abc"}}
+    second = Tracker()
+    hooks = Hooks([second, Other()])
+    hooks.load_state_dict(saved)
+    assert second.run_id == "abc"
+    try:
+        hooks.close(None, cancelled=True)
+    except RuntimeError as e:
+        assert "tracker down" in str(e)
+    else:
+        raise AssertionError("the first close error is raised")
+    assert closed == [True, "other"]

@@ -1,0 +1,121 @@
+"""The YOLO data set: samples and their contract, --rect shapes, image formats, EXIF, duplicates, image caches."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from tests.helpers import GOOD_LABEL, make_set, png_writer, write_jpg
+from utils.data.config import DataError, load_data_config
+from utils.data.datasets import YoloDataset, bgr_to_chw_rgb, resized_shape
+from utils.data.ram_cache import shm_dir
+
+
+def test_16bit_and_gray_png_load_as_8bit_3_channels(tmp_path: Path) -> None:
+    images = make_set(tmp_path, {"g.png": (png_writer(1), None), "d.png": (png_writer(3, np.uint16), None)})
+    ds = YoloDataset(images, img_size=36)
+    for i in range(2):
+        img = ds.load_image(i)[0]
+        assert img.dtype == np.uint8 and img.shape == (30, 36, 3) and img.max() > 100
+
+
+def test_exif_orientation_swaps_the_size(tmp_path: Path) -> None:
+    def rotated(path: Path) -> None:
+        exif = Image.Image.getexif(Image.new("RGB", (1, 1)))
+        exif[0x0112] = 6  # rotate 90 degrees on display
+        Image.fromarray(np.zeros((20, 50, 3), np.uint8)).save(path, exif=exif)
+
+    ds = YoloDataset(make_set(tmp_path, {"r.jpg": (rotated, GOOD_LABEL)}), img_size=50, nc=3)
+    assert ds.shapes[0].tolist() == [20, 50]  # (w, h) after rotation
+    assert ds.load_image(0)[0].shape[:2] == (50, 20)
+
+
+def test_duplicate_rows_are_dropped(tmp_path: Path) -> None:
+    label = "1 0.5 0.5 0.2 0.2\n1 0.5 0.5 0.2 0.2\n2 0.3 0.3 0.1 0.1\n"
+    ds = YoloDataset(make_set(tmp_path, {"a.jpg": (write_jpg, label)}), img_size=64, nc=3)
+    assert np.allclose(ds.labels[0], [[1, 0.5, 0.5, 0.2, 0.2], [2, 0.3, 0.3, 0.1, 0.1]])
+    assert "1 duplicate labels removed" in ds.scan.warnings[0]
+
+
+def test_all_corrupt_is_a_user_error(tmp_path: Path) -> None:
+    with pytest.raises(DataError, match="no usable images"):
+        YoloDataset(make_set(tmp_path, {"a.jpg": (lambda p: p.write_bytes(b""), None)}), img_size=64)
+
+
+def test_sample_contract_and_rect_shapes(tiny_dataset: Path) -> None:
+    config = load_data_config(tiny_dataset)
+    ds = YoloDataset(config.val, img_size=96, batch_size=4, rect=True, pad=0.5, nc=3)
+    img, targets, path, ((h0, w0), ((rh, rw), (pw, ph))) = ds[0]
+    assert img.shape[0] == 3 and img.shape[1] % 32 == 0 and img.shape[2] % 32 == 0
+    assert targets.shape[1] == 6 and (targets[:, 0] == 0).all() and len(targets) == len(ds.labels[0])
+    assert path == ds.im_files[0] and (h0, w0) == (int(ds.shapes[0][1]), int(ds.shapes[0][0]))
+    ratios = ds.shapes[:, 1] / ds.shapes[:, 0]
+    assert (np.diff(ratios) >= 0).all()  # sorted by aspect ratio
+    batch = YoloDataset.collate_fn([ds[i] for i in range(4)])
+    assert batch[0].shape[0] == 4 and batch[0].dtype == torch.uint8
+    assert batch[1][:, 0].tolist() == sorted(batch[1][:, 0].tolist())
+
+
+def test_image_caches_give_the_same_pixels(tmp_path: Path) -> None:
+    images = make_set(tmp_path, {f"{i}.jpg": (write_jpg, GOOD_LABEL) for i in range(3)})
+    plain = YoloDataset(images, img_size=64, nc=3)
+    ram = YoloDataset(images, img_size=64, nc=3, cache="ram")
+    disk = YoloDataset(images, img_size=64, nc=3, cache="disk")
+    assert ram.ram is not None and len(ram.ram) == 3 and disk.ram is None and plain.ram is None
+    assert not list(shm_dir().glob(f"yolo-ram-{os.getpid()}-*"))  # mapped, and its name already removed
+    assert not list(images.glob("*.npy"))  # never beside the user's images ...
+    npy = sorted((tmp_path / "labels" / "train.cache.d" / "npy").glob("*.npy"))  # ... but in the cache folder
+    assert [p.name.split("-")[0] for p in npy] == ["0", "1", "2"]
+    for i in range(3):
+        assert torch.equal(plain[i][0], ram[i][0]) and torch.equal(plain[i][0], disk[i][0])
+    np.save(npy[1], np.zeros((40, 48, 3), np.uint8))  # a damaged cache entry ...
+    os.utime(npy[1], ns=(0, 0))  # ... older than its image is ignored
+    assert torch.equal(disk[1][0], plain[1][0])
+
+
+def test_quad_batches_tile_four_images_with_their_boxes(tmp_path: Path) -> None:
+    def white_box(path: Path) -> None:
+        image = np.zeros((64, 64, 3), np.uint8)
+        image[16:48, 8:40] = 255
+        import cv2
+
+        cv2.imwrite(str(path), image)
+
+    images = make_set(tmp_path, {f"{i}.png": (white_box, "0 0.375 0.5 0.5 0.5\n") for i in range(4)})
+    ds = YoloDataset(images, img_size=64, nc=3)
+    tiles = 0
+    for seed in range(6):  # both outcomes: one image upscaled, or the four tiled
+        ds.rng = np.random.default_rng(seed)
+        imgs, targets, paths, _ = ds.collate_quad([ds[i] for i in range(4)])
+        assert imgs.shape == (1, 3, 128, 128) and len(paths) == 1 and (targets[:, 0] == 0).all()
+        tiles += len(targets) == 4
+        for _, _, cx, cy, w, h in targets.tolist():  # every box covers white pixels only
+            x1, y1, x2, y2 = (int(round(v * 128)) for v in (cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2))
+            assert imgs[0, :, y1 + 1:y2 - 1, x1 + 1:x2 - 1].min() == 255
+    assert 0 < tiles < 6
+    with pytest.raises(DataError, match="divisible by 4"):
+        ds.collate_quad([ds[i] for i in range(3)])
+
+
+def test_mosaic_sources_are_originals_with_load_image_sizes(tmp_path: Path) -> None:
+    """A mosaic warps small images from the original (no resize first), at the size load_image gives them."""
+    from functools import partial
+
+    files = {"small.jpg": (partial(write_jpg, h=37, w=51), GOOD_LABEL), "tall.jpg": (partial(write_jpg, h=61, w=23),
+             GOOD_LABEL), "big.jpg": (partial(write_jpg, h=90, w=120), GOOD_LABEL)}
+    ds = YoloDataset(make_set(tmp_path, files), img_size=64, augment=True, nc=3)
+    for i, name in enumerate(Path(f).name for f in ds.im_files):
+        img, hw = ds._mosaic_source(i)
+        assert hw == ds.load_image(i)[0].shape[:2] == resized_shape(ds._read(i).shape[:2], 64)
+        assert img.shape[:2] == (ds._read(i).shape[:2] if name != "big.jpg" else hw)  # only big ones shrink first
+
+
+def test_chw_rgb_conversion() -> None:
+    img = np.random.default_rng(0).integers(0, 256, (7, 9, 3), dtype=np.uint8)
+    chw = bgr_to_chw_rgb(img)
+    assert chw.flags.c_contiguous and np.array_equal(chw, img[:, :, ::-1].transpose(2, 0, 1))

@@ -1,0 +1,105 @@
+"""detect.py's inputs: --vid-stride, URLs of files, live streams read by background threads, .streams files."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from tests.helpers import free_port, serve_folder, write_video
+from utils.data.sources import LoadImages, LoadStreams, SourceError, StreamReader, load_source, read_streams_file
+
+
+def numbered_frames(count: int) -> list[np.ndarray]:
+    """Frames whose brightness encodes their number (1-based: 10, 20, ...), so a decoded frame says which it is."""
+    return [np.full((48, 64, 3), 10 * (i + 1), np.uint8) for i in range(count)]
+
+
+def frame_number(image: np.ndarray) -> int:
+    return int(round(image.mean() / 10))
+
+
+@pytest.fixture(scope="module")
+def video(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_video(tmp_path_factory.mktemp("video") / "v.mp4", numbered_frames(7))
+
+
+def test_vid_stride_reads_every_nth_frame(video: Path) -> None:
+    frames = list(LoadImages(video, img_size=64, vid_stride=3))
+    assert [f.frame for f in frames] == [3, 6] and [frame_number(f.original) for f in frames] == [3, 6]
+    assert frames[0].describe().startswith("video 1/1 (frame 3/7)") and frames[0].fps == pytest.approx(10 / 3)
+    with pytest.raises(SourceError, match="--vid-stride 0"):
+        load_source(video, vid_stride=0)
+
+
+def test_url_of_a_video_or_image_file_is_read_over_http(video: Path, tmp_path: Path) -> None:
+    cv2.imwrite(str(video.parent / "still.png"), numbered_frames(3)[2])
+    with serve_folder(video.parent) as url:
+        frames = list(load_source(f"{url}/v.mp4", img_size=64))
+        assert [f.frame for f in frames] == list(range(1, 8)) and frames[0].kind == "video"
+        assert [frame_number(f.original) for f in frames] == list(range(1, 8))
+        still = list(load_source(f"{url}/still.png?size=1", img_size=64))
+        assert len(still) == 1 and still[0].kind == "image" and frame_number(still[0].original) == 3
+        assert still[0].stem == "still"
+
+
+def test_streams_file_reads_each_stream_on_its_own_thread(video: Path, tmp_path: Path) -> None:
+    with serve_folder(video.parent) as url:
+        listing = tmp_path / "cams.streams"
+        listing.write_text(f"# two cameras\n{url}/v.mp4\n\n{url}/v.mp4\n")
+        source = load_source(listing, img_size=64)
+        assert isinstance(source, LoadStreams) and len(source) == 2
+        frames = list(source)
+    by_stream = {i: [f.frame for f in frames if f.index == i] for i in (1, 2)}
+    for numbers in by_stream.values():  # every stream delivers, newest first-seen frames in order, up to its end
+        assert numbers and numbers == sorted(set(numbers)) and numbers[-1] == 7
+    assert frames[0].kind == "stream" and frames[0].describe().startswith("stream 1/2 (frame ")
+    assert all(not reader.thread.is_alive() for reader in source.readers)  # threads end with the iteration
+
+
+def test_stream_reader_keeps_only_the_newest_frame(video: Path) -> None:
+    reader = StreamReader(str(video))  # a file stands in for a camera: the thread reads far faster than we take
+    time.sleep(0.5)
+    taken = []
+    while (newest := reader.newest_after(taken[-1][0] if taken else 0, timeout=5)) is not None:
+        taken.append(newest)
+    assert [n for n, _ in taken] == [7] and frame_number(taken[0][1]) == 7  # frames 1..6 were dropped, not queued
+    reader.stop()
+
+
+def test_bad_stream_sources_give_one_line_errors(tmp_path: Path) -> None:
+    start = time.monotonic()
+    with pytest.raises(SourceError, match=r"cannot open stream http://127\.0\.0\.1:\d+/live \(unreachable"):
+        load_source(f"http://127.0.0.1:{free_port()}/live")
+    assert time.monotonic() - start < 5  # refused connections fail at once
+    for scheme in ("rtsp", "rtmp"):  # always live streams, whatever their path says
+        with pytest.raises(SourceError, match=f"cannot open stream {scheme}://127"):
+            load_source(f"{scheme}://127.0.0.1:{free_port()}/live.mp4")
+    empty = tmp_path / "empty.streams"
+    empty.write_text("# nothing here\n\n")
+    with pytest.raises(SourceError, match="lists no streams"):
+        read_streams_file(empty)
+    bad = tmp_path / "bad.streams"
+    bad.write_text("rtsp://camera/1\nfolder/video.mp4\n")
+    with pytest.raises(SourceError, match="'folder/video.mp4' is not a stream URL"):
+        load_source(bad)
+    with pytest.raises(SourceError, match="does not exist"):
+        load_source(tmp_path / "missing.streams")
+
+
+def test_a_stream_that_never_answers_times_out(monkeypatch) -> None:
+    import socket
+
+    import utils.data.sources
+
+    monkeypatch.setattr(utils.data.sources, "NETWORK_TIMEOUT_S", 1.0)
+    with socket.socket() as server:  # accepts connections (the kernel's backlog) but never sends a byte
+        server.bind(("127.0.0.1", 0))
+        server.listen(4)
+        start = time.monotonic()
+        with pytest.raises(SourceError, match="cannot open stream"):
+            load_source(f"http://127.0.0.1:{server.getsockname()[1]}/live")
+        assert time.monotonic() - start < 8

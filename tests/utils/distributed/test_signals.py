@@ -1,0 +1,101 @@
+"""GracefulStop: a signal only records its number; the vote makes it every rank's; a second one aborts; in an
+immediate section it stops at once; exit codes; DataLoader workers ignore the stop signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from utils.distributed import signals
+from utils.distributed.signals import GracefulStop, StopRequested
+
+
+def test_signal_is_recorded_then_agreed_and_handlers_restored() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    with GracefulStop() as stop:
+        assert not stop.requested and not stop.agreed
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.requested and stop.signum == signal.SIGTERM and not stop.agreed  # only recorded
+        os.kill(os.getpid(), signal.SIGINT)  # a second, different signal (Ctrl-C, then torchrun's SIGTERM)
+        assert stop.signum == signal.SIGTERM
+        stop.agree(0)
+        assert not stop.agreed
+        stop.agree(int(signal.SIGTERM))  # the step vote carried it
+        assert stop.agreed
+        with pytest.raises(StopRequested) as info:
+            stop.raise_stop(epoch=2, batch=5)
+        assert info.value.exit_code == 143 and isinstance(info.value, KeyboardInterrupt)
+        assert str(info.value) == "stopped by SIGTERM at epoch 2, batch 5; last.pt saved; continue with --resume"
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_another_ranks_signal_is_agreed_here() -> None:
+    with GracefulStop() as stop:
+        stop.agree(int(signal.SIGUSR1))  # this rank got nothing; the vote says a rank got SIGUSR1
+        assert stop.agreed and stop.requested
+        with pytest.raises(StopRequested) as info:
+            stop.raise_stop(epoch=0, batch=1)
+    assert info.value.exit_code == 0 and "SIGUSR1" in str(info.value) and "requeued" in str(info.value)
+
+
+def test_same_signal_twice_aborts_at_once_unless_it_is_a_duplicate(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(signals.time, "monotonic", lambda: clock[0])
+    before = signal.getsignal(signal.SIGINT)  # SIG_IGN when pytest runs in a background job
+    with GracefulStop() as stop:
+        os.kill(os.getpid(), signal.SIGINT)
+        clock[0] += 1.0  # delivered again at once (Slurm to every process, torchrun forwarding): one request
+        os.kill(os.getpid(), signal.SIGINT)
+        clock[0] += signals.REPEAT_WINDOW_S  # again, later: the user insists
+        with pytest.raises(KeyboardInterrupt, match="second SIGINT"):
+            os.kill(os.getpid(), signal.SIGINT)
+        assert stop.requested
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_immediate_section_stops_at_once() -> None:
+    with GracefulStop() as stop:
+        with pytest.raises(StopRequested, match="stopped by SIGTERM while validating epoch 3") as info:
+            with stop.immediate("while validating epoch 3"):
+                os.kill(os.getpid(), signal.SIGTERM)
+                pytest.fail("the signal should have stopped the section")
+        assert info.value.exit_code == 143 and stop.agreed
+    with GracefulStop() as stop:
+        os.kill(os.getpid(), signal.SIGINT)  # arrived just before the section: acted on when it starts
+        with pytest.raises(StopRequested, match="SIGINT while saving"), stop.immediate("while saving"):
+            pytest.fail("the section should not run")
+    with GracefulStop() as stop, stop.immediate("quiet"):
+        pass  # no signal: nothing happens
+    assert not stop.requested
+
+
+def test_protected_worker_ignores_stop_signals_from_others_but_not_from_its_rank() -> None:
+    """A process (the 'rank') forks a protected child (the 'worker'): SIGTERM, SIGINT and SIGUSR1 from another
+    process leave the worker running; SIGTERM from the rank (multiprocessing's terminate at exit) ends it."""
+    code = """
+import multiprocessing, os, signal, subprocess, sys, time
+from utils.distributed.signals import protect_worker
+
+def work():
+    protect_worker()
+    time.sleep(60)
+
+if __name__ == "__main__":
+    child = multiprocessing.get_context("fork").Process(target=work, daemon=True)
+    child.start()
+    time.sleep(0.5)
+    for sig in ("-TERM", "-INT", "-USR1"):
+        subprocess.run(["kill", sig, str(child.pid)], check=True)  # another process signals the worker
+    time.sleep(0.5)
+    print("alive after others' signals:", child.is_alive(), flush=True)
+    child.terminate()  # the owner's SIGTERM
+    child.join(timeout=10)
+    print("exit code after the owner's SIGTERM:", child.exitcode, flush=True)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["alive after others' signals: True", "exit code after the owner's SIGTERM: 0"]

@@ -1,0 +1,144 @@
+"""evaluate(): metrics agree with pycocotools' COCOeval on the --save-json output, outputs, loss, single-class.
+
+An "oracle" model stands in for a trained detector: for each batch it returns jittered copies of the
+labels (some with the wrong class) plus spurious boxes, as decoded outputs, so the whole path runs
+(NMS, rescaling to original pixels, matching, JSON) with metrics well away from 0 and 1.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from tests.helpers import OracleModel
+from utils.data.datasets import DatasetOptions
+from utils.data.loader import create_dataloader
+from utils.data.synthetic import SYNTHETIC_NAMES, ensure_synthetic
+from utils.evaluation.evaluate import TABLE_HEADER, evaluate
+from utils.evaluation.outputs import COCO80_TO_91
+from utils.log import LOGGER
+
+NC = len(SYNTHETIC_NAMES)
+
+
+def coco_ground_truth(root: Path, split: str = "val") -> dict:
+    """The COCO-format ground truth of a YOLO-format split (image ids from numeric file stems)."""
+    gt = {"images": [], "annotations": [], "categories": [{"id": c, "name": n} for c, n in enumerate(SYNTHETIC_NAMES)]}
+    for image in sorted((root / "images" / split).glob("*.jpg")):
+        h, w = cv2.imread(str(image)).shape[:2]
+        gt["images"].append({"id": int(image.stem), "width": w, "height": h, "file_name": image.name})
+        rows = np.loadtxt(root / "labels" / split / f"{image.stem}.txt", ndmin=2)
+        for c, cx, cy, bw, bh in rows:
+            gt["annotations"].append({"id": len(gt["annotations"]) + 1, "image_id": int(image.stem),
+                                      "category_id": int(c), "bbox": [(cx - bw / 2) * w, (cy - bh / 2) * h, bw * w,
+                                                                      bh * h],
+                                      "area": bw * w * bh * h, "iscrowd": 0})
+    return gt
+
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def val_set(tmp_path_factory) -> Path:
+    """A 100-image val split of 64-96 px synthetic images."""
+    return ensure_synthetic(tmp_path_factory.mktemp("val100") / "synthetic", n_train=2, n_val=100,
+                            img_size=(64, 96), seed=3)
+
+
+def _loader(root: Path, batch_size: int = 16):
+    options = DatasetOptions(img_size=96, batch_size=batch_size, rect=True, pad=0.5, nc=NC, names=SYNTHETIC_NAMES)
+    return create_dataloader(root / "images" / "val", options, workers=0, shard_eval=True)
+
+
+def test_map_agrees_with_cocoeval_on_saved_json(val_set, tmp_path, caplog):
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
+
+    loader, dataset = _loader(val_set)
+    assert len(dataset) >= 100
+    LOGGER.addHandler(caplog.handler)  # the 'yolo' logger does not propagate once setup_logging() has run
+    try:
+        with caplog.at_level("INFO", logger="yolo"):
+            result = evaluate(OracleModel(loader), loader, device="cpu", names=SYNTHETIC_NAMES, save_dir=tmp_path,
+                              save_json=True, verbose=True)
+    finally:
+        LOGGER.removeHandler(caplog.handler)
+    assert result.seen == 100 and result.json_path == tmp_path / "predictions.json"
+    assert 0.1 < result.map < result.map50 < 0.99  # a detector that detects something, imperfectly
+    gt_path = tmp_path / "gt.json"
+    gt_path.write_text(json.dumps(coco_ground_truth(val_set)))
+    coco_gt = COCO(str(gt_path))
+    evaluator = COCOeval(coco_gt, coco_gt.loadRes(str(result.json_path)), "bbox")
+    evaluator.evaluate()
+    evaluator.accumulate()
+    evaluator.summarize()
+    assert abs(result.map - evaluator.stats[0]) < 0.005
+    assert abs(result.map50 - evaluator.stats[1]) < 0.005
+    assert result.n_labels == len(coco_gt.dataset["annotations"])
+    assert TABLE_HEADER in caplog.text and "Speed: " in caplog.text
+    assert sum(f" {n} " in caplog.text for n in SYNTHETIC_NAMES) == NC  # --verbose: one row per class
+
+
+def test_pycocotools_runs_when_annotations_exist(val_set, tmp_path):
+    loader, _ = _loader(val_set, batch_size=32)
+    gt_path = tmp_path / "instances.json"
+    gt_path.write_text(json.dumps(coco_ground_truth(val_set)))
+    result = evaluate(OracleModel(loader), loader, device="cpu", names=SYNTHETIC_NAMES, save_dir=tmp_path,
+                      save_json=True, anno_json=gt_path, plots=True)
+    assert result.coco_map is not None and abs(result.coco_map - result.map) < 0.005
+    for name in ("PR_curve.png", "F1_curve.png", "confusion_matrix.png", "val_batch0_labels.jpg",
+                 "val_batch0_pred.jpg", "val_batch2_pred.jpg"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    assert result.confusion is not None and result.confusion.matrix.sum() > 0
+
+
+def test_save_txt_and_json_fields(val_set, tmp_path):
+    loader, _ = _loader(val_set, batch_size=50)
+    result = evaluate(OracleModel(loader), loader, device="cpu", names=SYNTHETIC_NAMES, save_dir=tmp_path,
+                      save_txt=True, save_conf=True, save_json=True, is_coco=True)
+    rows = json.loads(result.json_path.read_text())
+    assert {type(r["image_id"]) for r in rows} == {int}
+    assert {r["category_id"] for r in rows} <= {COCO80_TO_91[c] for c in range(NC)} == {1, 2, 3}
+    first = min(rows, key=lambda r: (r["image_id"], -r["score"]))
+    w, h = cv2.imread(str(val_set / "images" / "val" / "00000.jpg")).shape[1::-1]
+    x, y, bw, bh = first["bbox"]
+    assert 0 <= x and 0 <= y and x + bw <= w + 1e-3 and y + bh <= h + 1e-3  # original pixels, clipped
+    lines = (tmp_path / "labels" / "00000.txt").read_text().splitlines()
+    assert len(lines) == sum(r["image_id"] == 0 for r in rows)
+    values = np.array([[float(v) for v in line.split()] for line in lines])
+    assert values.shape[1] == 6 and np.all((values[:, 1:5] >= 0) & (values[:, 1:5] <= 1))
+    assert np.isclose(values[:, 5].max(), first["score"], atol=1e-4)
+
+
+def test_single_cls_merges_classes(val_set, tmp_path):
+    loader, _ = _loader(val_set, batch_size=50)
+    multi = evaluate(OracleModel(loader), loader, device="cpu", names=SYNTHETIC_NAMES)
+    single = evaluate(OracleModel(loader), loader, device="cpu", names=SYNTHETIC_NAMES, single_cls=True)
+    assert single.maps.shape == (1,) and multi.maps.shape == (NC,)
+    assert single.map50 > multi.map50  # wrong-class detections count once classes are ignored
+
+
+def test_compute_loss_keeps_batchnorm_frozen(tiny_cfg, val_set):
+    from models.yolo import Model
+
+    loader, _ = _loader(val_set, batch_size=50)
+    model = Model(tiny_cfg).eval()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    calls = []
+
+    def fake_loss(maps, targets):
+        calls.append([tuple(m.shape) for m in maps])
+        items = torch.stack([m[..., 4].sigmoid().mean() for m in maps])
+        return items.sum() * len(targets), items
+
+    result = evaluate(model, loader, device="cpu", names=SYNTHETIC_NAMES, compute_loss=fake_loss, conf_thres=0.01)
+    assert len(calls) == 2 and len(calls[0]) == 3 and calls[0][0][-1] == 5 + NC  # raw (b, na, ny, nx, no) maps
+    assert result.loss is not None and result.loss.shape == (3,) and torch.all(result.loss > 0)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # BN statistics untouched
+    assert not model.training and not model.detect.training

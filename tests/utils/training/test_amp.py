@@ -1,0 +1,94 @@
+"""utils.training.amp: the mixed-precision decision - the closeness probe accepts or refuses, auto follows the device,
+rank 0 decides for every rank."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import utils.device
+from tests.helpers import free_port
+from utils.training import amp
+
+CPU = torch.device("cpu")
+
+
+class Cancelling(torch.nn.Module):
+    """Output a @ b: 256 - 255.5 = 0.5 in float32, but 0 in bfloat16 (255.5 rounds to 256): autocast must be
+    refused. With ``exact`` the operands are small integers, the same in both precisions."""
+
+    def __init__(self, exact: bool = False) -> None:
+        super().__init__()
+        self.a = torch.nn.Parameter(torch.tensor([[2.0, 3.0]] if exact else [[256.0, -255.5]]))
+        self.b = torch.nn.Parameter(torch.ones(2, 1))
+        self.calls = 0
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        return torch.mm(self.a, self.b) + 0 * image.mean()
+
+
+class Untouchable(torch.nn.Module):
+    """A model that must not be run (the probe happens on rank 0 only)."""
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        raise AssertionError("the probe ran on a rank other than 0")
+
+
+def test_probe_accepts_close_output_and_refuses_a_cancellation() -> None:
+    exact, cancelling = Cancelling(exact=True), Cancelling()
+    assert amp.autocast_matches(exact, CPU) is True
+    assert amp.autocast_matches(cancelling, CPU) is False
+    assert amp.decide_amp(exact, CPU, "on") is True
+    assert amp.decide_amp(cancelling, CPU, "on") is False
+    assert exact.training and cancelling.training  # the probe puts the model back in training mode
+
+
+def test_a_real_model_passes_the_bfloat16_probe(tiny_cfg: dict) -> None:
+    from models.yolo import Model
+
+    torch.manual_seed(0)
+    model = Model(tiny_cfg)
+    state = torch.get_rng_state()
+    assert amp.autocast_matches(model, CPU) is True
+    assert torch.equal(torch.get_rng_state(), state)  # the probe's image does not use the global stream
+
+
+def test_auto_means_cuda_or_a_cpu_with_amx(monkeypatch: pytest.MonkeyPatch, yolo_log: list[str]) -> None:
+    model = Cancelling(exact=True)
+    monkeypatch.setattr(utils.device, "cpu_has_amx", lambda: False)
+    assert amp.decide_amp(model, CPU, "auto") is False and model.calls == 0  # not even probed
+    assert "no AMX" in yolo_log[-1]
+    monkeypatch.setattr(utils.device, "cpu_has_amx", lambda: True)
+    assert amp.decide_amp(model, CPU, "auto") is True and model.calls == 2  # fp32 and bf16 forwards
+    assert yolo_log[-1] == "AMP: bfloat16 autocast (CPU with AMX)"
+    assert amp.decide_amp(model, CPU, "off") is False and model.calls == 2
+    assert utils.device.mixed_precision_is_fast(torch.device("cuda", 0))[0] is True
+
+
+def _rank_decides(rank: int, port: int, out_dir: str) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    import utils.distributed.comm as dist
+
+    dist.init_distributed("cpu", "gloo", 120, 120)
+    try:
+        accepted = Cancelling(exact=True) if rank == 0 else Untouchable()
+        refused = Cancelling() if rank == 0 else Untouchable()
+        result = {"on": amp.decide_amp(accepted, CPU, "on"), "refused": amp.decide_amp(refused, CPU, "on")}
+        (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(result))
+    finally:
+        dist.cleanup(clean_exit=True)
+
+
+@pytest.mark.ddp
+def test_rank0_decides_amp_for_every_rank(tmp_path: Path) -> None:
+    mp.start_processes(_rank_decides, args=(free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert results[0] == results[1] == {"on": True, "refused": False}

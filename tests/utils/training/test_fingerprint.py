@@ -1,0 +1,54 @@
+"""The start-up fingerprint: what must agree across ranks, what may differ per machine."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from utils.training.fingerprint import code_digest, fingerprint
+
+
+class _Data:
+    def __init__(self, root: str) -> None:
+        self.im_files = [f"{root}/images/a.jpg", f"{root}/images/b.jpg"]
+        self.labels = [np.ones((1, 5)), np.zeros((0, 5))]
+
+    def __len__(self) -> int:
+        return 2
+
+
+def _opt(**changes: object) -> argparse.Namespace:
+    base = {"epochs": 3, "batch_size": 16, "img_size": 64, "data": "/node0/d.yaml", "project": "/node0/runs",
+            "workers": 8, "device": "", "seed": 0}
+    return argparse.Namespace(**{**base, **changes})
+
+
+def test_per_machine_options_are_left_out_and_the_rest_compared_one_by_one(tiny_cfg: dict) -> None:
+    from models.yolo import Model
+
+    torch.manual_seed(0)
+    model = Model(tiny_cfg)
+    node0 = fingerprint(model, _opt(), {"lr0": 0.01}, _Data("/node0"))
+    node1 = fingerprint(model, _opt(data="/node1/d.yaml", project="/elsewhere", workers=2, device="cpu"),
+                        {"lr0": 0.01}, _Data("/mnt/node1"))
+    assert node0 == node1  # other paths, workers, device: the same run
+    other = fingerprint(model, _opt(epochs=5), {"lr0": 0.01}, _Data("/node0"))
+    assert [k for k in node0 if node0[k] != other[k]] == ["--epochs"] and other["--epochs"] == 5
+    assert fingerprint(model, _opt(), {"lr0": 0.02}, _Data("/node0"))["hyperparameters"] != node0["hyperparameters"]
+
+
+def test_code_digest_changes_with_the_code(tmp_path: Path) -> None:
+    from utils.paths import ROOT
+
+    for folder in ("models", "utils"):
+        shutil.copytree(ROOT / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    for script in ROOT.glob("*.py"):
+        shutil.copy(script, tmp_path / script.name)
+    before = code_digest(tmp_path)
+    assert before == code_digest(ROOT)
+    (tmp_path / "utils" / "loss.py").write_text((tmp_path / "utils" / "loss.py").read_text() + "\n# edited\n")
+    assert code_digest(tmp_path) != before

@@ -1,0 +1,169 @@
+"""Data set YAMLs: reading and checking them, resolving split paths, and downloading missing data sets.
+
+A data YAML names image folders or ``.txt`` lists (``train``, ``val``, optional ``test``) relative to its
+``path``, the class count ``nc`` and ``names``, and optionally a ``download`` URL used when a split is missing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import urllib.request
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from utils.distributed import comm as dist
+from utils.errors import UserError
+from utils.log import LOGGER
+from utils.paths import ROOT, data_home
+
+DEFAULT_DATA = ROOT / "data" / "synthetic.yaml"
+
+
+class DataError(UserError):
+    """A data set problem the user can fix: a missing or malformed YAML, split or image list."""
+
+
+@dataclass
+class DataConfig:
+    """A resolved data YAML: absolute split paths, class names and where it came from."""
+
+    root: Path
+    train: list[Path]
+    val: list[Path]
+    test: list[Path] | None
+    nc: int
+    names: list[str]
+    yaml_file: Path
+    is_coco: bool = False
+    download: Any = None
+
+
+def _find_yaml(path: str | Path | None) -> Path:
+    """The YAML file for ``--data``: as given, else under ``data/`` (so ``--data coco128.yaml`` works)."""
+    if path in (None, ""):
+        return DEFAULT_DATA
+    candidates = [Path(path), ROOT / "data" / Path(path).name]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate.resolve()
+    raise DataError(f"--data {path}: file not found (give a data YAML path such as data/synthetic.yaml)")
+
+
+def _read_yaml(path: Path) -> dict:
+    try:
+        content = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise DataError(f"{path}: not a readable YAML file ({type(e).__name__}); fix its syntax") from None
+    if not isinstance(content, dict):
+        raise DataError(f"{path}: expected a mapping with keys path, train, val, nc, names")
+    return content
+
+
+def _parse_names(data: dict, yaml_file: Path) -> tuple[int, list[str]]:
+    names = data.get("names")
+    if isinstance(names, dict):
+        try:
+            names = [str(names[k]) for k in sorted(names, key=int)]
+        except (TypeError, ValueError):
+            raise DataError(f"{yaml_file}: 'names' keys must be class indices 0..nc-1") from None
+    nc = data.get("nc", len(names) if names else None)
+    if not isinstance(nc, int) or nc < 1:
+        raise DataError(f"{yaml_file}: 'nc' must be a positive class count (got {nc!r})")
+    names = [str(n) for n in names] if names else [f"class{i}" for i in range(nc)]
+    if len(names) != nc:
+        raise DataError(f"{yaml_file}: nc is {nc} but 'names' lists {len(names)} classes; make them agree")
+    return nc, names
+
+
+def _dataset_root(data: dict, yaml_file: Path) -> Path:
+    """``synthetic:`` generates the built-in set; relative ``path`` is tried beside the YAML, then in data_home()."""
+    if "synthetic" in data:
+        params = data["synthetic"] or {}
+        if not isinstance(params, dict):
+            raise DataError(f"{yaml_file}: 'synthetic' must be a mapping (n_train, n_val, img_size, seed)")
+        from utils.data.synthetic import ensure_synthetic  # local: synthetic imports nothing from here
+
+        try:
+            return ensure_synthetic(root=data.get("path"), **params)
+        except (TypeError, ValueError) as e:
+            raise DataError(f"{yaml_file}: bad 'synthetic' parameters: {e}") from None
+    if not data.get("path"):
+        return yaml_file.parent
+    path = Path(str(data["path"])).expanduser()
+    if path.is_absolute():
+        return path
+    beside = (yaml_file.parent / path).resolve()
+    return beside if beside.exists() or not data.get("download") else data_home() / path
+
+
+def _split_paths(value: Any, root: Path) -> list[Path]:
+    values = value if isinstance(value, list | tuple) else [value]
+    return [p if (p := Path(str(v)).expanduser()).is_absolute() else root / p for v in values]
+
+
+def load_data_config(path: str | Path | None = None) -> DataConfig:
+    """Read and resolve a data YAML (default: the built-in synthetic set, generated on first use).
+
+    Missing splits are downloaded when the YAML has a ``download`` key (zero-first), otherwise a
+    DataError names the resolved path. All ranks must call it (it may run zero-first sections).
+    """
+    yaml_file = _find_yaml(path)
+    data = _read_yaml(yaml_file)
+    nc, names = _parse_names(data, yaml_file)
+    for key in ("train", "val"):
+        if not data.get(key):
+            raise DataError(f"{yaml_file}: missing '{key}' (a folder of images, a .txt list, or a list of them)")
+    root = _dataset_root(data, yaml_file)
+    splits = {k: _split_paths(data[k], root) for k in ("train", "val", "test") if data.get(k)}
+    missing = [p for paths in splits.values() for p in paths if not p.exists()]
+    if missing and data.get("download"):
+        with dist.zero_first(local=True):
+            if dist.is_local_main_process() and not all(p.exists() for p in missing):
+                download_dataset(data["download"], root)
+        missing = [p for p in missing if not p.exists()]
+    if missing:
+        raise DataError(f"{yaml_file}: split path {missing[0]} does not exist; check 'path' and the split entries")
+    return DataConfig(root=root, train=splits["train"], val=splits["val"], test=splits.get("test"), nc=nc,
+                      names=names, yaml_file=yaml_file, is_coco=yaml_file.name == "coco.yaml" and nc == 80,
+                      download=data.get("download"))
+
+
+def safe_extract(zip_path: str | Path, dest: str | Path) -> list[Path]:
+    """Extract a zip into ``dest``, refusing any member that would land outside it (``../``, absolute paths)."""
+    dest = Path(dest).resolve()
+    with zipfile.ZipFile(zip_path) as archive:
+        for member in archive.namelist():
+            target = (dest / member).resolve()
+            if target != dest and dest not in target.parents:
+                raise DataError(f"{zip_path}: member {member!r} would be written outside {dest}; refusing to extract")
+        archive.extractall(dest)
+        return [dest / m for m in archive.namelist()]
+
+
+def download_dataset(spec: Any, root: Path) -> None:
+    """Fetch and unzip what a YAML's ``download`` key names: a URL, a list of URLs, or {url, dir} mappings.
+
+    A bare URL's zip is extracted into the dataset folder's parent (the zip holds the folder itself).
+    """
+    entries = spec if isinstance(spec, list) else [spec]
+    for entry in entries:
+        url, to = (entry.get("url"), entry.get("dir")) if isinstance(entry, dict) else (str(entry), None)
+        dest = (root / to) if to else root.parent
+        dest.mkdir(parents=True, exist_ok=True)
+        zip_path = dest / Path(str(url).split("?")[0]).name
+        LOGGER.info(f"Downloading {url} to {zip_path} ...")
+        tmp = zip_path.with_name(zip_path.name + ".part")
+        try:
+            with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as out:
+                shutil.copyfileobj(response, out)
+        except OSError as e:
+            raise DataError(f"download of {url} failed ({e}); fetch it by hand into {dest}") from None
+        os.replace(tmp, zip_path)
+        if zip_path.suffix == ".zip":
+            safe_extract(zip_path, dest)
+            zip_path.unlink()

@@ -1,0 +1,331 @@
+"""The YOLO data set: images and their checked labels, letterboxed or mosaicked and augmented, for training
+and validation.
+
+The files come from ``utils.data.label_cache`` (the checked, cached scan); data YAMLs from ``utils.data.config``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from multiprocessing.pool import ThreadPool
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import torch
+
+from utils.boxes import xywhn2xyxy, xyxy2xywhn
+from utils.data.augment import (
+    apply_hsv,
+    flip_lr,
+    flip_ud,
+    hsv_table,
+    letterbox,
+    mixup,
+    random_perspective,
+    warp_mosaic,
+)
+from utils.data.config import DataError
+from utils.data.label_cache import STATES, cache_dir_for, cached_scan, copy_name, img2label_paths, list_image_files
+from utils.data.ram_cache import SharedImages, build_shared
+from utils.device import available_cores
+from utils.distributed import comm as dist
+from utils.hyp import load_hyp
+from utils.log import LOGGER
+
+
+@dataclass
+class DatasetOptions:
+    """How a split is loaded: size, batch geometry for --rect, augmentation, caching, classes."""
+
+    img_size: int = 640
+    batch_size: int = 16  # images per --rect shape group (the total over ranks for a sharded loader)
+    augment: bool = False
+    hyp: dict | None = None  # augmentation hyperparameters (the scratch hyps when augmenting without them)
+    rect: bool = False
+    stride: int = 32
+    pad: float = 0.0
+    cache: str | None = None  # 'ram' | 'disk' | None
+    single_cls: bool = False
+    prefix: str = ""  # log prefix, e.g. 'train: '
+    nc: int | None = None  # class count the labels are checked against
+    seed: int = 0
+    names: Sequence[str] | None = None
+
+
+def resized_shape(shape: tuple[int, int], img_size: int) -> tuple[int, int]:
+    """(h, w) of an image of ``shape`` (h, w) after YoloDataset.load_image: long side ``img_size``."""
+    h0, w0 = shape
+    ratio = img_size / max(h0, w0)
+    if ratio == 1:
+        return h0, w0
+    return min(math.ceil(h0 * ratio), img_size), min(math.ceil(w0 * ratio), img_size)
+
+
+def bgr_to_chw_rgb(img: np.ndarray) -> np.ndarray:
+    """HWC BGR -> contiguous CHW RGB, split by OpenCV straight into the planes (a few times faster than numpy's
+    strided transpose copy)."""
+    chw = np.empty((3, *img.shape[:2]), np.uint8)
+    cv2.split(img, [chw[2], chw[1], chw[0]])
+    return chw
+
+
+def new_batch(shape: tuple[int, ...]) -> torch.Tensor:
+    """An uninitialised uint8 tensor; in a DataLoader worker, in shared memory (as torch's default_collate makes
+    it), so sending the batch to the main process does not copy it once more."""
+    if torch.utils.data.get_worker_info() is None:
+        return torch.empty(shape, dtype=torch.uint8)
+    storage = torch.UntypedStorage._new_shared(math.prod(shape))
+    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, shape)
+
+
+def rect_batch_shapes(shapes_wh: np.ndarray, batch_size: int, img_size: int, stride: int,
+                      pad: float) -> tuple[np.ndarray, np.ndarray]:
+    """For images sorted by aspect ratio: each image's batch index and each batch's (h, w) letterbox shape."""
+    batch_index = np.arange(len(shapes_wh)) // batch_size
+    aspect = shapes_wh[:, 1] / shapes_wh[:, 0]  # h / w
+    shapes = np.ones((int(batch_index[-1]) + 1, 2))
+    for b in range(len(shapes)):
+        ar = aspect[batch_index == b]
+        low, high = ar.min(), ar.max()
+        if high < 1:
+            shapes[b] = [high, 1]
+        elif low > 1:
+            shapes[b] = [1, 1 / low]
+    return batch_index, (np.ceil(shapes * img_size / stride + pad) * stride).astype(int)
+
+
+class YoloDataset(torch.utils.data.Dataset):
+    """Images and YOLO labels, letterboxed (or mosaicked and augmented) to ``img_size``.
+
+    ``dataset[i]`` -> (uint8 (3, h, w) RGB, float32 (k, 6) [0, cls, cx, cy, w, h] normalised to the
+    returned image, path, ((h0, w0), ((ratio_h, ratio_w), (pad_w, pad_h))) or None after mosaic).
+    """
+
+    def __init__(self, sources: str | Path | Sequence[str | Path], options: DatasetOptions | None = None,
+                 **overrides: Any) -> None:
+        """``options`` with any of its fields replaced by ``overrides`` (``YoloDataset(path, img_size=64)``)."""
+        opts = replace(options or DatasetOptions(), **overrides)
+        self.options = opts
+        self.img_size, self.augment, self.rect, self.stride = opts.img_size, opts.augment, opts.rect, opts.stride
+        self.hyp = dict(load_hyp() if opts.hyp is None and opts.augment else opts.hyp or {})
+        self.mosaic = opts.augment and not opts.rect and self.hyp.get("mosaic", 0) > 0
+        self.names = list(opts.names) if opts.names is not None else None
+        self.seed = opts.seed
+        self.rng = np.random.default_rng([opts.seed, dist.get_rank()])
+        im_files = list_image_files(sources)
+        label_files = img2label_paths(im_files)
+        result, self.cache_path = cached_scan(im_files, label_files, opts.nc, opts.prefix)
+        self.cache_dir = cache_dir_for(label_files)
+        self.scan = result.summary()
+        keep = np.flatnonzero(result.states != STATES.index("corrupt"))
+        if not len(keep):
+            raise DataError(f"{opts.prefix}no usable images in {sources}: all {len(im_files)} are corrupt "
+                            "(see warnings)")
+        self.im_files = [result.im_files[i] for i in keep]
+        self.read_files = [result.read_path(i) for i in keep]  # a repaired copy where the scan made one
+        self.labels = [result.labels[i].copy() for i in keep]
+        self.shapes = result.shapes[keep].astype(np.float64)  # (n, 2) w, h
+        if opts.single_cls:
+            for lab in self.labels:
+                lab[:, 0] = 0
+        self.batch_index, self.batch_shapes = None, None
+        if opts.rect:
+            self._sort_for_rect(opts.batch_size, opts.pad)
+        self.label_files = img2label_paths(self.im_files)
+        self.ram: SharedImages | None = None  # --cache ram: one shared copy per machine
+        if opts.cache:
+            self.cache_images("disk" if opts.cache == "disk" else "ram", opts.prefix)
+
+    def _sort_for_rect(self, batch_size: int, pad: float) -> None:
+        order = np.argsort(self.shapes[:, 1] / self.shapes[:, 0], kind="stable")
+        self.im_files = [self.im_files[i] for i in order]
+        self.read_files = [self.read_files[i] for i in order]
+        self.labels = [self.labels[i] for i in order]
+        self.shapes = self.shapes[order]
+        self.batch_index, self.batch_shapes = rect_batch_shapes(self.shapes, batch_size, self.img_size,
+                                                                self.stride, pad)
+
+    def __len__(self) -> int:
+        return len(self.im_files)
+
+    def cache_images(self, kind: str, prefix: str = "") -> None:
+        """``ram``: the resized images once per machine in shared memory, read by every local rank and worker
+        (utils.data.ram_cache); ``disk``: decoded originals as ``.npy`` in the split's cache folder. All ranks must
+        call it."""
+        if kind == "ram":
+            shapes = np.array([resized_shape((int(h), int(w)), self.img_size) for w, h in self.shapes], np.int64)
+            key = hashlib.sha1(f"{self.im_files[0]}{len(self)}{self.img_size}".encode()).hexdigest()[:12]
+            self.ram = build_shared(lambda i: self._decode_resized(i, shapes[i]), shapes, key)
+            LOGGER.info(f"{prefix}Cached images to RAM, one shared copy per machine: {self.ram.nbytes / 1e9:.2f} GB")
+            return
+        indices = list(range(dist.get_local_rank(), len(self), dist.get_local_world_size()))
+        with ThreadPool(available_cores()) as pool:
+            total = sum(pool.imap(self._save_npy, indices))
+        LOGGER.info(f"{prefix}Cached images to disk ({self.cache_dir / 'npy'}): {total / 1e9:.2f} GB")
+
+    def _npy_path(self, i: int) -> Path:
+        return self.cache_dir / "npy" / copy_name(self.im_files[i], ".npy")
+
+    def _save_npy(self, i: int) -> int:
+        npy = self._npy_path(i)
+        npy.parent.mkdir(parents=True, exist_ok=True)
+        if not npy.exists() or npy.stat().st_mtime_ns < os.stat(self.im_files[i]).st_mtime_ns:
+            img = self._read(i)
+            tmp = npy.with_name(f"{npy.stem}.tmp{os.getpid()}.npy")
+            np.save(tmp, img)
+            os.replace(tmp, npy)
+        return npy.stat().st_size
+
+    def _read(self, i: int) -> np.ndarray:
+        """The original decoded image (BGR, EXIF orientation applied), from .npy when cached on disk."""
+        npy = self._npy_path(i)
+        with contextlib.suppress(OSError, ValueError):  # missing, damaged or older than the image: decode it
+            if npy.stat().st_mtime_ns >= os.stat(self.im_files[i]).st_mtime_ns:
+                return np.load(npy, allow_pickle=False)
+        img = cv2.imread(self.read_files[i], cv2.IMREAD_COLOR)
+        if img is None and self.read_files[i] != self.im_files[i]:  # the repaired copy is gone: the original
+            img = cv2.imread(self.im_files[i], cv2.IMREAD_COLOR)
+        if img is None:
+            raise DataError(f"{self.im_files[i]}: image could not be read (was it changed after the scan?)")
+        return img
+
+    def load_image(self, i: int) -> tuple[np.ndarray, tuple[int, int], tuple[int, int]]:
+        """Image i resized so its long side is ``img_size`` -> (img, (h0, w0), (h, w)); read-only when it comes
+        from the RAM cache."""
+        w0, h0 = (int(v) for v in self.shapes[i])
+        if self.ram is not None:
+            img = self.ram[i]
+            return img, (h0, w0), img.shape[:2]
+        img = self._read(i)
+        h0, w0 = img.shape[:2]
+        ratio = self.img_size / max(h0, w0)
+        if ratio != 1:
+            size = (min(math.ceil(w0 * ratio), self.img_size), min(math.ceil(h0 * ratio), self.img_size))
+            img = cv2.resize(img, size, interpolation=self._interpolation(ratio))
+        return img, (h0, w0), img.shape[:2]
+
+    def _interpolation(self, ratio: float) -> int:
+        return cv2.INTER_LINEAR if (self.augment or ratio > 1) else cv2.INTER_AREA
+
+    def _decode_resized(self, i: int, shape_hw: Sequence[int]) -> np.ndarray:
+        """Image i decoded and resized to exactly ``shape_hw`` (the RAM cache's slot for it)."""
+        img = self._read(i)
+        h, w = int(shape_hw[0]), int(shape_hw[1])
+        if img.shape[:2] != (h, w):
+            img = cv2.resize(img, (w, h), interpolation=self._interpolation(max(h, w) / max(img.shape[:2])))
+        return img
+
+    def load_mosaic(self, index: int, hsv: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Mosaic of image ``index`` and 3 random others, warped and cropped to img_size in one pass, with the
+        colour change ``hsv`` (a utils.data.augment.hsv_table) applied when given."""
+        indices = [index, *self.rng.integers(0, len(self), 3).tolist()]
+        images, sizes = zip(*(self._mosaic_source(i) for i in indices))
+        return warp_mosaic(images, [self.labels[i] for i in indices], self.img_size, self.rng, sizes,
+                           **self._warp_hyp(), hsv=hsv)
+
+    def _mosaic_source(self, i: int) -> tuple[np.ndarray, tuple[int, int]]:
+        """Image i for a mosaic and the (h, w) it takes there (load_image's size): the decoded original when
+        load_image would only enlarge it, since the mosaic's warp enlarges it anyway; else load_image's."""
+        if self.ram is None and max(self.shapes[i]) < self.img_size:
+            img = self._read(i)
+            return img, resized_shape(img.shape[:2], self.img_size)
+        img = self.load_image(i)[0]
+        return img, img.shape[:2]
+
+    def _warp_hyp(self) -> dict[str, float]:
+        return {k: self.hyp.get(k, 0.0) for k in ("degrees", "translate", "scale", "shear", "perspective")}
+
+    def _letterboxed(self, index: int) -> tuple[np.ndarray, np.ndarray, tuple]:
+        img, (h0, w0), (h, w) = self.load_image(index)
+        shape = self.batch_shapes[self.batch_index[index]] if self.rect else self.img_size
+        img, ratio, pad = letterbox(img, tuple(shape) if self.rect else shape, auto=False, scaleup=self.augment)
+        labels = self.labels[index].copy()
+        labels[:, 1:] = xywhn2xyxy(labels[:, 1:], ratio[0] * w, ratio[1] * h, pad[0], pad[1])
+        if self.augment:
+            img, labels = random_perspective(img, labels, self.rng, **self._warp_hyp())
+        return img, labels, ((h0, w0), ((h * ratio[1] / h0, w * ratio[0] / w0), pad))  # load resize x letterbox
+
+    def __getitem__(self, index: int | tuple[int, tuple[int, ...]]) -> tuple[torch.Tensor, torch.Tensor, str,
+                                                                           tuple | None]:
+        """Sample ``index``; ``(index, key)`` (from the training sampler) first seeds the augmentation from key."""
+        if isinstance(index, tuple):
+            index, key = index
+            self.seed_sample(key)
+        hyp, rng = self.hyp, self.rng
+        hsv = hsv_table(rng, hyp.get("hsv_h", 0), hyp.get("hsv_s", 0), hyp.get("hsv_v", 0)) if self.augment else None
+        if self.mosaic and rng.random() < hyp.get("mosaic", 0):
+            shapes, mix = None, rng.random() < hyp.get("mixup", 0)
+            img, labels = self.load_mosaic(index, None if mix else hsv)  # coloured where it costs least
+            if mix:
+                img, labels = mixup(img, labels, *self.load_mosaic(int(rng.integers(0, len(self)))), rng)
+            else:
+                hsv = None
+        else:
+            img, labels, shapes = self._letterboxed(index)
+        if hsv is not None:
+            apply_hsv(img, hsv)
+        labels[:, 1:] = xyxy2xywhn(labels[:, 1:], img.shape[1], img.shape[0], clip=True)
+        if self.augment:
+            if rng.random() < hyp.get("flipud", 0):
+                img, labels = flip_ud(img, labels)
+            if rng.random() < hyp.get("fliplr", 0):
+                img, labels = flip_lr(img, labels)
+        targets = torch.zeros((len(labels), 6))
+        targets[:, 1:] = torch.from_numpy(labels)
+        return torch.from_numpy(bgr_to_chw_rgb(img)), targets, self.im_files[index], shapes
+
+    def seed_sample(self, key: Sequence[int]) -> None:
+        """Seed the augmentation of the next sample from (seed, epoch, position in the epoch)."""
+        self.rng = np.random.default_rng([self.seed, *key])
+
+    def reseed(self, seed: int) -> None:
+        """A fresh augmentation stream (called per worker with a seed unique to rank and worker)."""
+        self.rng = np.random.default_rng(seed)
+
+    def collate_quad(self, batch: Sequence[tuple]) -> tuple[torch.Tensor, torch.Tensor, tuple, tuple]:
+        """--quad: every 4 samples become one image of twice the size: the first one upscaled 2x, or the four
+        tiled 2 x 2 (by a draw from the last sample's seeded stream, so a resumed run repeats it)."""
+        imgs, targets, paths, shapes = self.collate_fn(batch)
+        if len(imgs) % 4:
+            raise DataError(f"--quad needs a batch per rank divisible by 4, got {len(imgs)}")
+        out, labels = [], []
+        for q in range(len(imgs) // 4):
+            group = targets[(targets[:, 0] >= 4 * q) & (targets[:, 0] < 4 * q + 4)].clone()
+            if self.rng.random() < 0.5:
+                big = torch.nn.functional.interpolate(imgs[4 * q:4 * q + 1].float(), scale_factor=2.0,
+                                                      mode="bilinear", align_corners=False).round().to(torch.uint8)
+                group = group[group[:, 0] == 4 * q]
+            else:
+                top = torch.cat((imgs[4 * q], imgs[4 * q + 1]), 2)
+                big = torch.cat((top, torch.cat((imgs[4 * q + 2], imgs[4 * q + 3]), 2)), 1)[None]
+                slot = group[:, 0] - 4 * q  # 0 1 / 2 3
+                group[:, 2] = group[:, 2] / 2 + (slot % 2) * 0.5
+                group[:, 3] = group[:, 3] / 2 + (slot // 2) * 0.5
+                group[:, 4:6] /= 2
+            group[:, 0] = q
+            out.append(big[0])
+            labels.append(group)
+        return torch.stack(out), torch.cat(labels, 0), paths[::4], shapes[::4]
+
+    @staticmethod
+    def collate_fn(batch: Sequence[tuple]) -> tuple[torch.Tensor, torch.Tensor, tuple, tuple]:
+        """Stack images (padding to the largest h, w when they differ) and index targets by image."""
+        imgs, targets, paths, shapes = zip(*batch)
+        height, width = max(i.shape[1] for i in imgs), max(i.shape[2] for i in imgs)
+        out = new_batch((len(imgs), 3, height, width))
+        if any(i.shape[1:] != (height, width) for i in imgs):
+            out.fill_(114)
+        pixels = out.numpy()  # numpy's single-threaded copy: torch's threads only slow these copies down
+        for i, (img, t) in enumerate(zip(imgs, targets)):
+            pixels[i, :, :img.shape[1], :img.shape[2]] = img.numpy()
+            t[:, 0] = i
+            t[:, [2, 4]] *= img.shape[2] / width  # padding on the right/bottom keeps pixel positions
+            t[:, [3, 5]] *= img.shape[1] / height
+        return out, torch.cat(targets, 0), paths, shapes

@@ -1,0 +1,348 @@
+"""The label scan: every image and label file checked once, in parallel, the result cached.
+
+Labels live beside the images (``.../images/...`` -> ``.../labels/....txt``), one ``class cx cy w h`` row per
+object, normalised to [0, 1]. The scan counts each image as found, missing (no label file), empty or corrupt
+and caches the result in ``<labels dir>.cache`` (an ``.npz`` of plain arrays, loaded without unpickling),
+rebuilt when any file changes. The user's files are never modified: a repaired copy of a damaged image goes
+into the split's cache folder (``<labels dir>.cache.d``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import multiprocessing
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from multiprocessing.pool import ThreadPool
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+from PIL import Image
+from tqdm import tqdm
+
+from utils.data.config import DataError
+from utils.device import available_cores
+from utils.distributed import comm as dist
+from utils.log import LOGGER
+from utils.paths import IMG_SUFFIXES
+
+CACHE_VERSION = 2  # 2: repaired copies of damaged images live in the cache folder
+COORD_TOLERANCE = 1e-3  # a normalised coordinate up to this far outside [0, 1] is clipped, not rejected
+MIN_IMAGE_SIDE = 10
+PROCESS_POOL_MIN = 128  # scans of fewer images use threads
+STATES = ("found", "missing", "empty", "corrupt")  # index = state code stored in the cache
+
+
+def list_image_files(sources: str | Path | Sequence[str | Path]) -> list[str]:
+    """Image paths from folders (searched recursively), ``.txt`` lists, or single image files; sorted."""
+    files: list[str] = []
+    for source in [sources] if isinstance(sources, str | Path) else sources:
+        path = Path(source)
+        if path.is_dir():
+            files += [str(p) for p in path.rglob("*") if p.suffix.lower() in IMG_SUFFIXES and p.is_file()]
+        elif path.is_file() and path.suffix == ".txt":
+            for line in path.read_text().splitlines():
+                entry = Path(line.strip())
+                if line.strip():
+                    files.append(str(entry if entry.is_absolute() else (path.parent / entry).resolve()))
+        elif path.is_file() and path.suffix.lower() in IMG_SUFFIXES:
+            files.append(str(path))
+        else:
+            raise DataError(f"{path}: not a folder, a .txt list or an image file")
+    files = sorted(f for f in files if Path(f).suffix.lower() in IMG_SUFFIXES)
+    if not files:
+        raise DataError(f"no images found in {sources}")
+    return files
+
+
+def img2label_paths(im_files: Sequence[str]) -> list[str]:
+    """``.../images/x/a.jpg`` -> ``.../labels/x/a.txt`` (the last ``/images/`` is replaced)."""
+    images, labels = f"{os.sep}images{os.sep}", f"{os.sep}labels{os.sep}"
+    out = []
+    for f in im_files:
+        head, sep, tail = f.rpartition(images)
+        out.append(str(Path(head + labels + tail if sep else f).with_suffix(".txt")))
+    return out
+
+
+def exif_size(img: Image.Image) -> tuple[int, int]:
+    """(w, h) after the EXIF orientation is applied (rotations by 90 degrees swap the sides)."""
+    with contextlib.suppress(Exception):
+        if img.getexif().get(0x0112) in (5, 6, 7, 8):
+            return img.size[1], img.size[0]
+    return img.size
+
+
+def copy_name(path: str | Path, suffix: str) -> str:
+    """A file name for a cached copy of ``path``: its stem and a hash of its full path (names repeat across
+    folders), e.g. ``0001-3f2a9c1b.jpg``."""
+    digest = hashlib.sha1(str(path).encode()).hexdigest()[:8]
+    return f"{Path(path).stem}-{digest}{suffix}"
+
+
+def repair_jpeg(path: str, repair_dir: Path) -> Path:
+    """A re-encoded copy, in ``repair_dir``, of a JPEG whose end marker is missing (the decoder fills the lost
+    tail); the user's file is left as it is. Atomic write. Raises ValueError when it cannot be decoded."""
+    img = cv2.imread(path, cv2.IMREAD_COLOR)
+    if img is None:
+        raise ValueError("truncated JPEG that cannot be decoded")
+    _, encoded = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 100])
+    target = repair_dir / copy_name(path, ".jpg")
+    tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
+    repair_dir.mkdir(parents=True, exist_ok=True)
+    tmp.write_bytes(encoded.tobytes())
+    os.replace(tmp, target)
+    return target
+
+
+def check_image(path: str, repair_dir: Path | None = None) -> tuple[tuple[int, int], str, str]:
+    """(size (w, h), note, path of a repaired copy or '') of a decodable image of a known format; raises
+    ValueError with the reason otherwise. A truncated JPEG is repaired into ``repair_dir`` when given."""
+    try:
+        with Image.open(path) as img:
+            img.verify()
+        with Image.open(path) as img:
+            fmt, size = (img.format or "").lower(), exif_size(img)
+    except Exception as e:  # PIL raises many types for bad files
+        raise ValueError(f"cannot decode image ({type(e).__name__})") from None
+    if f".{fmt}" not in IMG_SUFFIXES:
+        raise ValueError(f"unsupported image format {fmt!r}")
+    if min(size) < MIN_IMAGE_SIDE:
+        raise ValueError(f"image size {size[0]}x{size[1]} < {MIN_IMAGE_SIDE} pixels")
+    if fmt in ("jpeg", "mpo"):
+        with open(path, "rb") as f:
+            f.seek(-2, os.SEEK_END)
+            truncated = f.read() != b"\xff\xd9"
+        if truncated and repair_dir is not None:
+            with contextlib.suppress(OSError):  # an unwritable cache folder: train on the original as it is
+                return size, f"corrupt JPEG repaired into {repair_dir.name}/ (the original is unchanged)", \
+                    str(repair_jpeg(path, repair_dir))
+        if truncated:
+            return size, "corrupt JPEG (missing end marker), read as it is", ""
+    return size, "", ""
+
+
+def read_label_file(path: str, nc: int | None) -> tuple[np.ndarray, str, int, str]:
+    """Parse and check one label file -> (labels (n, 5), state, duplicates removed, note).
+
+    State is 'found', 'missing' or 'empty'; invalid content raises ValueError with the reason.
+    """
+    if not os.path.isfile(path):
+        return np.zeros((0, 5), np.float32), "missing", 0, ""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        rows = [line.split() for line in f.read().splitlines() if line.strip()]
+    if not rows:
+        return np.zeros((0, 5), np.float32), "empty", 0, ""
+    bad_width = next((len(r) for r in rows if len(r) != 5), None)
+    if bad_width is not None:
+        raise ValueError(f"labels require 5 columns, {bad_width} columns detected")
+    try:
+        labels = np.array(rows, dtype=np.float64)
+    except ValueError:
+        raise ValueError("non-numeric label values") from None
+    if not np.isfinite(labels).all():
+        raise ValueError("non-finite label values")
+    classes = labels[:, 0]
+    if (classes < 0).any():
+        raise ValueError(f"negative class label {classes.min():g}")
+    if (classes != np.round(classes)).any():
+        raise ValueError("non-integer class label")
+    if nc is not None and (classes >= nc).any():
+        raise ValueError(f"class label {int(classes.max())} >= nc {nc}")
+    coords = labels[:, 1:]
+    if (coords < -COORD_TOLERANCE).any() or (coords > 1 + COORD_TOLERANCE).any():
+        raise ValueError(f"non-normalized or out of bounds coordinates {coords[(coords < 0) | (coords > 1)][0]:g}")
+    labels[:, 1:] = coords.clip(0, 1)
+    if (labels[:, 3:5] <= 0).any():
+        raise ValueError("box with zero width or height")
+    _, first = np.unique(labels, axis=0, return_index=True)
+    duplicates = len(labels) - len(first)
+    if duplicates:
+        labels = labels[np.sort(first)]
+    note = f"{duplicates} duplicate labels removed" if duplicates else ""
+    return labels.astype(np.float32), "found", duplicates, note
+
+
+def check_sample(args: tuple[str, str, int | None, Path | None]) -> tuple[np.ndarray, tuple[int, int], str, int, str,
+                                                                        str]:
+    """Check an (image, label) pair -> (labels, (w, h), state, duplicates, warning, repaired copy or '');
+    a corrupt pair never raises."""
+    im_file, label_file, nc, repair_dir = args
+    try:
+        shape, image_note, repaired = check_image(im_file, repair_dir)
+        labels, state, duplicates, label_note = read_label_file(label_file, nc)
+    except ValueError as e:
+        return np.zeros((0, 5), np.float32), (0, 0), "corrupt", 0, f"{im_file}: ignoring corrupt image/label: {e}", ""
+    notes = "; ".join(n for n in (image_note, label_note) if n)
+    return labels, shape, state, duplicates, f"{im_file}: {notes}" if notes else "", repaired
+
+
+@dataclass
+class ScanSummary:
+    """Counts of one split's scan. Each image is exactly one of found / missing / corrupt; empty is part of found."""
+
+    found: int = 0
+    missing: int = 0
+    empty: int = 0
+    corrupt: int = 0
+    duplicates: int = 0
+    total: int = 0
+    warnings: list[str] = field(default_factory=list)
+
+    def __getitem__(self, key: str) -> Any:
+        return getattr(self, key)
+
+    def line(self) -> str:
+        """The counts as users know them: 'N found, M missing, K empty, C corrupt'."""
+        text = f"{self.found} found, {self.missing} missing, {self.empty} empty, {self.corrupt} corrupt"
+        return text + (f", {self.duplicates} duplicate rows removed" if self.duplicates else "")
+
+
+@dataclass
+class ScanResult:
+    """Per-image results of a scan, in ``im_files`` order (what the cache stores)."""
+
+    im_files: list[str]
+    states: np.ndarray  # (n,) int8 index into STATES
+    shapes: np.ndarray  # (n, 2) int32 (w, h)
+    labels: list[np.ndarray]
+    duplicates: np.ndarray  # (n,) int32
+    messages: list[str]
+    repaired: list[str] = field(default_factory=list)  # per image: a repaired copy to read instead, or ''
+
+    def read_path(self, index: int) -> str:
+        """The file to decode for image ``index``: its repaired copy when the scan made one, else the image."""
+        return self.repaired[index] if self.repaired and self.repaired[index] else self.im_files[index]
+
+    def summary(self) -> ScanSummary:
+        """The split's counts and warnings."""
+        counts = np.bincount(self.states, minlength=len(STATES))
+        return ScanSummary(found=int(counts[0] + counts[2]), missing=int(counts[1]), empty=int(counts[2]),
+                           corrupt=int(counts[3]), duplicates=int(self.duplicates.sum()), total=len(self.im_files),
+                           warnings=[m for m in self.messages if m])
+
+
+def files_hash(im_files: Sequence[str], label_files: Sequence[str], nc: int | None) -> str:
+    """A hash of the file list, sizes and mtimes (and nc, which decides class validity)."""
+    h = hashlib.sha256(f"v{CACHE_VERSION} nc={nc}".encode())
+    for path in (*im_files, *label_files):
+        try:
+            st = os.stat(path)
+            h.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+        except OSError:
+            h.update(f"{path}\0-\n".encode())
+    return h.hexdigest()
+
+
+def _check_pool(n_items: int) -> Any:
+    """A process pool sized to the cores (decoding and parsing hold the GIL); threads for small scans, where
+    starting processes costs more than it saves, and where forking is unavailable (daemonic loader workers)."""
+    workers = max(min(available_cores(), n_items), 1)
+    can_fork = "fork" in multiprocessing.get_all_start_methods() and not multiprocessing.current_process().daemon
+    if workers > 1 and n_items >= PROCESS_POOL_MIN and can_fork:
+        return multiprocessing.get_context("fork").Pool(workers)
+    return ThreadPool(workers)
+
+
+def scan_files(im_files: Sequence[str], label_files: Sequence[str], nc: int | None, desc: str = "",
+               show: bool = True, repair_dir: Path | None = None) -> ScanResult:
+    """Check every pair on a pool sized to the cores, with a progress bar when ``show``; damaged images that can
+    be repaired get a repaired copy in ``repair_dir``."""
+    n = len(im_files)
+    states, shapes = np.zeros(n, np.int8), np.zeros((n, 2), np.int32)
+    labels, duplicates, messages, repaired = [], np.zeros(n, np.int32), [], []
+    counts = dict.fromkeys(STATES, 0)
+    with _check_pool(n) as pool:
+        jobs = [(im, lb, nc, repair_dir) for im, lb in zip(im_files, label_files)]
+        bar = tqdm(pool.imap(check_sample, jobs, chunksize=16), total=n, desc=desc, disable=not show, leave=False,
+                   unit="img")
+        for i, (lab, shape, state, dup, msg, copy) in enumerate(bar):
+            states[i], shapes[i], duplicates[i] = STATES.index(state), shape, dup
+            labels.append(lab)
+            messages.append(msg)
+            repaired.append(copy)
+            counts[state] += 1
+            bar.set_postfix_str(f"{counts['found'] + counts['empty']} found, {counts['missing']} missing, "
+                                f"{counts['empty']} empty, {counts['corrupt']} corrupt", refresh=False)
+    return ScanResult(list(im_files), states, shapes, labels, duplicates, messages, repaired)
+
+
+def cache_path_for(label_files: Sequence[str]) -> Path:
+    """``<labels dir>.cache`` next to the first label file's folder."""
+    return Path(label_files[0]).parent.with_suffix(".cache")
+
+
+def cache_dir_for(label_files: Sequence[str]) -> Path:
+    """The split's cache folder, ``<labels dir>.cache.d`` beside the label cache: repaired images and the
+    ``--cache disk`` arrays go there, never beside the user's images."""
+    return Path(label_files[0]).parent.with_suffix(".cache.d")
+
+
+def save_cache(path: Path, result: ScanResult, file_hash: str) -> bool:
+    """Write the scan as an ``.npz`` of plain arrays to a temporary file, then rename; False if not writable."""
+    counts = np.array([len(lab) for lab in result.labels], np.int64)
+    arrays = {
+        "version": np.array(CACHE_VERSION), "hash": np.array(file_hash), "im_files": np.array(result.im_files),
+        "states": result.states, "shapes": result.shapes, "counts": counts, "duplicates": result.duplicates,
+        "labels": np.concatenate(result.labels, 0) if result.labels else np.zeros((0, 5), np.float32),
+        "messages": np.array(result.messages if result.messages else [], dtype=str),
+        "repaired": np.array(result.repaired if result.repaired else [], dtype=str),
+    }
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        return True
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        LOGGER.warning(f"WARNING: cache directory {path.parent} is not writeable ({e}); labels will be rescanned")
+        return False
+
+
+def load_cache(path: Path, file_hash: str) -> ScanResult | None:
+    """The cached scan when its version and hash match; None when missing, stale or unreadable."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            if int(z["version"]) != CACHE_VERSION or str(z["hash"]) != file_hash:
+                return None
+            counts = z["counts"]
+            labels = np.split(z["labels"].astype(np.float32), np.cumsum(counts)[:-1]) if len(counts) else []
+            return ScanResult([str(f) for f in z["im_files"]], z["states"].astype(np.int8),
+                              z["shapes"].astype(np.int32), labels, z["duplicates"].astype(np.int32),
+                              [str(m) for m in z["messages"]], [str(r) for r in z["repaired"]])
+    except Exception:  # any damage means: rebuild
+        return None
+
+
+def cached_scan(im_files: Sequence[str], label_files: Sequence[str], nc: int | None,
+                prefix: str = "") -> tuple[ScanResult, Path]:
+    """The scan of these files, from ``<labels dir>.cache`` when valid, else scanned and cached.
+
+    Logs the ``Scanning '...'... N found, M missing, K empty, C corrupt`` line and the warnings once.
+    """
+    path, file_hash = cache_path_for(label_files), files_hash(im_files, label_files, nc)
+    result = load_cache(path, file_hash)
+    shown = path
+    if result is None:
+        shown = path.parent / path.stem
+        desc = f"{prefix}Scanning '{shown}' images and labels..."
+        result = scan_files(im_files, label_files, nc, desc=desc, show=dist.is_main_process(),
+                            repair_dir=cache_dir_for(label_files) / "repaired")
+        if save_cache(path, result, file_hash):
+            LOGGER.info(f"{prefix}New cache created: {path}")
+    summary = result.summary()
+    LOGGER.info(f"{prefix}Scanning '{shown}' images and labels... {summary.line()}")
+    for message in summary.warnings:
+        LOGGER.warning(f"{prefix}WARNING: {message}")
+    if summary.found and not any(len(lab) for lab in result.labels):
+        LOGGER.warning(f"{prefix}WARNING: no labels found in {path.parent / path.stem}; training needs labels")
+    return result, path

@@ -1,0 +1,195 @@
+"""Rank-aware dataloaders: a resumable seeded sampler, per-rank and per-worker seeds, persistent workers.
+
+The training order of an epoch depends only on (seed, epoch): a permutation of the whole data set
+that every rank computes alike. Rank r of W takes positions ``start + r, start + r + W, ...`` of it,
+so after ``set_start(samples_consumed)`` a resumed run - with any world size - sees exactly the
+samples the interrupted run had not reached.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import cv2
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler
+
+from utils.data.datasets import DatasetOptions, YoloDataset
+from utils.device import available_cores
+from utils.distributed import comm as dist
+from utils.distributed.signals import protect_worker
+from utils.log import LOGGER
+
+
+class ResumableSampler(Sampler):
+    """Shards a (seed, epoch)-determined order over ranks; ``set_start`` skips globally consumed samples.
+
+    The remaining positions are padded (by wrapping) to a multiple of the world size so every rank
+    yields the same number of samples, as DistributedSampler does. With ``sample_seeds`` it yields
+    ``(index, (seed, epoch, position))``: the dataset seeds that sample's augmentation from it, so
+    augmentations depend on neither rank, worker nor world size, and a resumed run repeats them exactly.
+    """
+
+    def __init__(self, dataset_len: int, *, shuffle: bool = True, seed: int = 0, rank: int | None = None,
+                 world_size: int | None = None, sample_seeds: bool = False) -> None:
+        self.dataset_len, self.shuffle, self.seed, self.sample_seeds = dataset_len, shuffle, seed, sample_seeds
+        self.rank = dist.get_rank() if rank is None else rank
+        self.world_size = dist.get_world_size() if world_size is None else world_size
+        self.epoch, self.start = 0, 0
+        self.weights: torch.Tensor | None = None  # --image-weights: draw the order by these, with replacement
+
+    def set_weights(self, weights: Sequence[float] | np.ndarray | None) -> None:
+        """Sample images in proportion to ``weights`` from now on (None: a plain shuffle). Every rank must set
+        the same weights, so that they draw the same order and each takes its shard."""
+        self.weights = None if weights is None else torch.as_tensor(np.asarray(weights, np.float64))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch's order and rewind to its beginning (call ``set_start`` after it to resume)."""
+        self.epoch, self.start = int(epoch), 0
+
+    def set_start(self, samples_consumed: int) -> None:
+        """Skip the first ``samples_consumed`` positions of this epoch's global order (summed over ranks)."""
+        self.start = max(0, min(int(samples_consumed), self.dataset_len))
+
+    def epoch_order(self) -> list[int]:
+        """The whole epoch's global order (the same on every rank)."""
+        if not self.shuffle:
+            return list(range(self.dataset_len))
+        generator = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        if self.weights is not None and float(self.weights.sum()) > 0:
+            return torch.multinomial(self.weights, self.dataset_len, replacement=True, generator=generator).tolist()
+        return torch.randperm(self.dataset_len, generator=generator).tolist()
+
+    def _my_positions(self) -> list[int]:
+        """This rank's positions in the epoch order: start + rank, start + rank + W, ... (wrapped padding)."""
+        remaining = self.dataset_len - self.start
+        padded = math.ceil(remaining / self.world_size) * self.world_size
+        return [self.start + (p % remaining) for p in range(self.rank, padded, self.world_size)] if remaining else []
+
+    def __iter__(self) -> Iterator:
+        order = self.epoch_order()
+        if self.sample_seeds:
+            return iter([(order[p], (self.seed, self.epoch, p)) for p in self._my_positions()])
+        return iter([order[p] for p in self._my_positions()])
+
+    def __len__(self) -> int:
+        return math.ceil((self.dataset_len - self.start) / self.world_size)
+
+
+class ShardSampler(Sampler[int]):
+    """Rank r gets r, r + W, r + 2W, ... with no padding duplicates (distributed validation)."""
+
+    def __init__(self, dataset_len: int, rank: int | None = None, world_size: int | None = None) -> None:
+        self.dataset_len = dataset_len
+        self.rank = dist.get_rank() if rank is None else rank
+        self.world_size = dist.get_world_size() if world_size is None else world_size
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(range(self.rank, self.dataset_len, self.world_size))
+
+    def __len__(self) -> int:
+        return len(range(self.rank, self.dataset_len, self.world_size))
+
+
+def worker_count(requested: int, batch_size: int) -> int:
+    """Workers per rank: min(requested, cores // processes on this machine, batch size); 0 for batch 1."""
+    cores = available_cores() // max(dist.get_local_world_size(), 1)
+    return max(0, min(requested, cores, batch_size if batch_size > 1 else 0))
+
+
+def _seed_worker(worker_id: int) -> None:
+    """Leave stop signals to the rank (signals.protect_worker), and give each worker its own augmentation
+    stream: torch seeds workers with base_seed + worker_id."""
+    protect_worker()
+    seed = torch.initial_seed() % 2**32
+    np.random.seed(seed)
+    cv2.setNumThreads(0)  # workers are the parallelism; OpenCV's own threads would oversubscribe the cores
+    info = torch.utils.data.get_worker_info()
+    if info is not None and hasattr(info.dataset, "reseed"):
+        info.dataset.reseed(seed)
+
+
+def build_dataloader(dataset: Dataset, batch_size: int, *, shuffle: bool, workers: int, seed: int = 0,
+                     shard_eval: bool = False, resumable: bool | None = None, collate: Any = None) -> DataLoader:
+    """A DataLoader for this rank; ``batch_size`` is the per-rank batch.
+
+    ``resumable`` (default: ``shuffle`` or world > 1) uses ResumableSampler, the training sampler;
+    ``shard_eval`` shards without padding; otherwise a plain sequential order. Augmentation seeds
+    differ per rank (the generator) and per worker (torch adds the worker id).
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if resumable is None:
+        resumable = shuffle or world > 1
+    if shard_eval:
+        sampler: Sampler = ShardSampler(len(dataset), rank, world)
+    elif resumable:
+        sampler = ResumableSampler(len(dataset), shuffle=shuffle, seed=seed, rank=rank, world_size=world,
+                                   sample_seeds=hasattr(dataset, "seed_sample"))
+    else:
+        sampler = torch.utils.data.SequentialSampler(dataset)
+    num_workers = worker_count(workers, batch_size)
+    generator = torch.Generator().manual_seed(seed * 1000 + rank)
+    if num_workers == 0 and hasattr(dataset, "reseed"):
+        dataset.reseed(seed * 1000 + rank)
+    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
+                      pin_memory=torch.cuda.is_available(),
+                      collate_fn=collate or getattr(dataset, "collate_fn", None),
+                      worker_init_fn=_seed_worker, generator=generator, persistent_workers=num_workers > 0,
+                      prefetch_factor=4 if num_workers > 0 else None)
+
+
+def set_epoch(loader: DataLoader, epoch: int) -> None:
+    """Select the epoch's sample order (no-op for samplers without epochs)."""
+    if hasattr(loader.sampler, "set_epoch"):
+        loader.sampler.set_epoch(epoch)
+
+
+def set_weights(loader: DataLoader, weights: np.ndarray | None) -> None:
+    """--image-weights: draw the epoch's order in proportion to per-image ``weights`` (no-op for other samplers)."""
+    if hasattr(loader.sampler, "set_weights"):
+        loader.sampler.set_weights(weights)
+
+
+def image_weights(labels: Sequence[np.ndarray], nc: int, maps: np.ndarray) -> np.ndarray:
+    """Per-image sampling weights that balance the classes, as --image-weights uses them: each class weighs its
+    inverse frequency (normalised) times (1 - its last mAP)^2 / nc, and an image the sum over its labels."""
+    classes = [lab[:, 0].astype(int) for lab in labels]
+    counts = np.bincount(np.concatenate(classes), minlength=nc)[:nc] if any(len(c) for c in classes) else \
+        np.zeros(nc)
+    class_weights = 1 / np.where(counts == 0, 1, counts)
+    class_weights = class_weights / class_weights.sum() * (1 - np.asarray(maps, np.float64)) ** 2 / nc
+    return np.array([class_weights[c].sum() for c in classes], np.float64)
+
+
+def set_start(loader: DataLoader, samples_consumed: int) -> None:
+    """Resume mid-epoch: skip the first ``samples_consumed`` samples (global, all ranks) of this epoch."""
+    if hasattr(loader.sampler, "set_start"):
+        loader.sampler.set_start(samples_consumed)
+
+
+def create_dataloader(sources: str | Path | Sequence[str | Path], options: DatasetOptions, *, workers: int = 8,
+                      shuffle: bool = False, shard_eval: bool = False, quad: bool = False) \
+        -> tuple[DataLoader, YoloDataset]:
+    """Build the dataset zero-first (label cache and disk cache written once per machine), then its loader;
+    ``options.batch_size`` is the batch per rank.
+
+    With ``rect``, batch shapes are grouped over ``batch_size * world`` images, so each rank's batches
+    (positions r, r + W, ...) still share one shape. All ranks must call it.
+    """
+    world, batch_size = dist.get_world_size(), options.batch_size
+    if options.rect and shuffle:
+        LOGGER.warning(f"{options.prefix}WARNING: --rect keeps images sorted by aspect ratio; shuffle is turned off")
+    with dist.zero_first(local=True):  # the label cache is written once per machine, then read
+        dataset = YoloDataset(sources, options, batch_size=batch_size * world if options.rect else batch_size,
+                              cache=None)
+    if options.cache:  # every rank takes part (a shared RAM cache, or a share of the disk cache)
+        dataset.cache_images(options.cache, options.prefix)
+    training = shuffle or options.augment  # a training loader resumes exactly, even with --rect (kept order)
+    loader = build_dataloader(dataset, batch_size, shuffle=shuffle and not options.rect, workers=workers,
+                              seed=options.seed, shard_eval=shard_eval, resumable=training and not shard_eval,
+                              collate=dataset.collate_quad if quad else None)
+    return loader, dataset

@@ -1,0 +1,216 @@
+"""The built-in data set: solid shapes on textured backgrounds, generated deterministically from a seed.
+
+It makes ``python train.py`` work offline. The set is written in YOLO format
+(``images/{train,val}/*.jpg`` + ``labels/{train,val}/*.txt``) into
+``data_home()/synthetic-v<version>-<params hash>`` on first use, zero-first under DDP, and is
+skipped when already present and valid. Generation happens in a temporary folder that is
+renamed into place, so a crash never leaves a half-written set that looks valid.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import shutil
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from utils.distributed import comm as dist
+from utils.log import LOGGER, colorstr
+from utils.paths import data_home
+
+SYNTHETIC_NAMES = ["circle", "square", "triangle"]
+SYNTHETIC_VERSION = 1
+MANIFEST = "synthetic.json"
+SPLITS = ("train", "val")
+
+
+@dataclass(frozen=True)
+class SyntheticSpec:
+    """What to generate; its hash names the folder, so changing any field makes a new set."""
+
+    n_train: int = 512
+    n_val: int = 128
+    img_size: tuple[int, int] = (128, 160)  # each image's width and height are drawn from [min, max]
+    seed: int = 0
+    max_objects: int = 4
+    min_object: float = 0.2  # object diameter as a fraction of the image's shorter side
+    max_object: float = 0.5
+
+    def key(self) -> str:
+        """Short hash of the version and every field: the folder name's suffix."""
+        text = json.dumps({"version": SYNTHETIC_VERSION, **asdict(self)}, sort_keys=True)
+        return hashlib.sha1(text.encode()).hexdigest()[:8]
+
+
+def make_spec(n_train: int = 512, n_val: int = 128, img_size: int | Sequence[int] = (128, 160), seed: int = 0,
+              max_objects: int = 4, min_object: float = 0.2, max_object: float = 0.5) -> SyntheticSpec:
+    """A validated SyntheticSpec; ``img_size`` is one side or a [min, max] range."""
+    sizes = (int(img_size), int(img_size)) if isinstance(img_size, int | float) else tuple(int(s) for s in img_size)
+    if len(sizes) != 2 or not 32 <= sizes[0] <= sizes[1]:
+        raise ValueError(f"synthetic img_size {img_size!r} must be a side >= 32 or a [min, max] range")
+    if n_train < 1 or n_val < 1 or max_objects < 1 or not 0 < min_object <= max_object <= 0.9:
+        raise ValueError("synthetic n_train, n_val, max_objects must be >= 1 and 0 < min_object <= max_object <= 0.9")
+    return SyntheticSpec(int(n_train), int(n_val), sizes, int(seed), int(max_objects), float(min_object),
+                         float(max_object))
+
+
+def _background(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+    """A muted, low-contrast texture: a smooth colour field plus stripes and fine noise (BGR uint8)."""
+    base = rng.uniform(60, 190)
+    tint = rng.uniform(-25, 25, size=3)
+    coarse = rng.normal(0, 18, size=(4, 4, 3)).astype(np.float32)
+    field = cv2.resize(coarse, (width, height), interpolation=cv2.INTER_CUBIC)
+    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
+    angle, period = rng.uniform(0, math.pi), rng.uniform(6, 24)
+    stripes = 8 * np.sin((xx * math.cos(angle) + yy * math.sin(angle)) * 2 * math.pi / period)
+    noise = rng.normal(0, 6, size=(height, width, 3))
+    img = base + tint + field + stripes[..., None] + noise
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def _luma(bgr: np.ndarray) -> float:
+    return float(0.114 * bgr[0] + 0.587 * bgr[1] + 0.299 * bgr[2])
+
+
+def _contrasting_color(rng: np.random.Generator, background_luma: float) -> tuple[int, int, int]:
+    """A vivid colour whose brightness differs clearly from the background under it."""
+    for _ in range(50):
+        hsv = np.array([[[rng.integers(0, 180), rng.integers(140, 256), rng.integers(0, 256)]]], np.uint8)
+        bgr = cv2.cvtColor(hsv, cv2.COLOR_HSV2BGR)[0, 0].astype(np.float32)
+        if abs(_luma(bgr) - background_luma) >= 70:
+            return int(bgr[0]), int(bgr[1]), int(bgr[2])
+    return (20, 20, 20) if background_luma > 128 else (235, 235, 235)
+
+
+def _shape_points(kind: int, cx: float, cy: float, radius: float, rng: np.random.Generator) -> np.ndarray:
+    """Polygon (k, 2) for a square (small tilt) or a triangle (any rotation); unused for circles."""
+    if kind == 1:
+        angles = np.deg2rad(rng.uniform(-15, 15)) + np.array([0.25, 0.75, 1.25, 1.75]) * math.pi
+        radius = radius * math.sqrt(2) * 0.85  # so the square's area is close to the circle's
+    else:
+        angles = rng.uniform(0, 2 * math.pi) + np.array([0, 2 / 3, 4 / 3]) * math.pi
+        radius = radius * 1.15
+    return np.stack([cx + radius * np.cos(angles), cy + radius * np.sin(angles)], 1)
+
+
+def _iou(box: np.ndarray, boxes: list[np.ndarray]) -> float:
+    if not boxes:
+        return 0.0
+    others = np.stack(boxes)
+    inter_w = np.clip(np.minimum(box[2], others[:, 2]) - np.maximum(box[0], others[:, 0]), 0, None)
+    inter_h = np.clip(np.minimum(box[3], others[:, 3]) - np.maximum(box[1], others[:, 1]), 0, None)
+    inter = inter_w * inter_h
+    area = lambda b: (b[..., 2] - b[..., 0]) * (b[..., 3] - b[..., 1])  # noqa: E731
+    return float((inter / (area(box) + area(others) - inter)).max())
+
+
+def draw_sample(rng: np.random.Generator, spec: SyntheticSpec) -> tuple[np.ndarray, np.ndarray]:
+    """One image (BGR uint8) and its labels (k, 5) [class, cx, cy, w, h] normalised."""
+    width, height = (int(rng.integers(spec.img_size[0], spec.img_size[1] + 1)) for _ in range(2))
+    img = _background(rng, height, width)
+    short = min(height, width)
+    boxes: list[np.ndarray] = []
+    labels = []
+    for _ in range(int(rng.integers(1, spec.max_objects + 1))):
+        for _attempt in range(20):
+            kind = int(rng.integers(0, len(SYNTHETIC_NAMES)))
+            radius = rng.uniform(spec.min_object, spec.max_object) * short / 2
+            margin = radius * 1.2 + 1
+            cx, cy = rng.uniform(margin, width - margin), rng.uniform(margin, height - margin)
+            points = None if kind == 0 else _shape_points(kind, cx, cy, radius, rng)
+            if points is None:
+                box = np.array([cx - radius, cy - radius, cx + radius, cy + radius])
+            else:
+                box = np.concatenate([points.min(0), points.max(0)])
+            box = np.clip(box, 0, [width, height, width, height])
+            if _iou(box, boxes) < 0.2:
+                break
+        else:
+            continue
+        under = img[int(box[1]):int(box[3]) + 1, int(box[0]):int(box[2]) + 1].reshape(-1, 3).mean(0)
+        color = _contrasting_color(rng, _luma(under))
+        if points is None:
+            cv2.circle(img, (round(cx), round(cy)), round(radius), color, -1, cv2.LINE_AA)
+        else:
+            cv2.fillPoly(img, [np.round(points).astype(np.int32)], color, cv2.LINE_AA)
+        boxes.append(box)
+        labels.append([kind, (box[0] + box[2]) / 2 / width, (box[1] + box[3]) / 2 / height,
+                       (box[2] - box[0]) / width, (box[3] - box[1]) / height])
+    return img, np.array(labels, np.float32).reshape(-1, 5)
+
+
+def _write_split(folder: Path, split: str, count: int, spec: SyntheticSpec) -> None:
+    image_dir, label_dir = folder / "images" / split, folder / "labels" / split
+    image_dir.mkdir(parents=True)
+    label_dir.mkdir(parents=True)
+    for i in range(count):
+        rng = np.random.default_rng([spec.seed, SPLITS.index(split), i])  # independent of order
+        img, labels = draw_sample(rng, spec)
+        cv2.imwrite(str(image_dir / f"{i:05d}.jpg"), img, [cv2.IMWRITE_JPEG_QUALITY, 95])
+        rows = [f"{int(c)} {x:.6f} {y:.6f} {w:.6f} {h:.6f}" for c, x, y, w, h in labels]
+        (label_dir / f"{i:05d}.txt").write_text("\n".join(rows) + ("\n" if rows else ""))
+
+
+def _manifest(spec: SyntheticSpec) -> dict:
+    return {"version": SYNTHETIC_VERSION, "spec": asdict(spec) | {"img_size": list(spec.img_size)},
+            "names": SYNTHETIC_NAMES}
+
+
+def is_valid(root: Path, spec: SyntheticSpec) -> bool:
+    """True when ``root`` holds a complete set made from ``spec`` (manifest matches, files all there)."""
+    try:
+        if json.loads((root / MANIFEST).read_text()) != _manifest(spec):
+            return False
+        counts = {"train": spec.n_train, "val": spec.n_val}
+        return all(len(os.listdir(root / kind / split)) == counts[split]
+                   for split in SPLITS for kind in ("images", "labels"))
+    except (OSError, ValueError):
+        return False
+
+
+def generate(root: Path, spec: SyntheticSpec) -> Path:
+    """Write the set into a temporary sibling folder, then rename it to ``root`` (atomic on one disk)."""
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = root.with_name(f".{root.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    _write_split(tmp, "train", spec.n_train, spec)
+    _write_split(tmp, "val", spec.n_val, spec)
+    (tmp / MANIFEST).write_text(json.dumps(_manifest(spec), indent=1))
+    if root.exists():  # an invalid leftover (older or damaged set) is replaced
+        shutil.rmtree(root, ignore_errors=True)
+    try:
+        tmp.rename(root)
+    except OSError:  # another process (not in our group) finished first
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not is_valid(root, spec):
+            raise
+    return root
+
+
+def default_root(spec: SyntheticSpec) -> Path:
+    """``data_home()/synthetic-v<version>-<hash>``: one folder per version and parameter set."""
+    return data_home() / f"synthetic-v{SYNTHETIC_VERSION}-{spec.key()}"
+
+
+def ensure_synthetic(root: str | Path | None = None, n_train: int = 512, n_val: int = 128,
+                     img_size: int | Sequence[int] = (128, 160), seed: int = 0, max_objects: int = 4,
+                     min_object: float = 0.2, max_object: float = 0.5) -> Path:
+    """The folder of the synthetic set for these parameters, generated first when missing or invalid.
+
+    Generation runs on local rank 0 while the other ranks wait (zero-first). All ranks must call it.
+    """
+    spec = make_spec(n_train, n_val, img_size, seed, max_objects, min_object, max_object)
+    folder = Path(root) if root is not None else default_root(spec)
+    with dist.zero_first(local=True):
+        if dist.is_local_main_process() and not is_valid(folder, spec):
+            LOGGER.info(f"{colorstr('synthetic:')} generating {spec.n_train} train + {spec.n_val} val images "
+                        f"into {folder} ...")
+            generate(folder, spec)
+    return folder

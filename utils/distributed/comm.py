@@ -1,0 +1,499 @@
+"""The one door to torch.distributed: rank state, start-up, barriers, reductions, teardown.
+
+This is the only module that reads RANK / LOCAL_RANK / WORLD_SIZE or calls
+``init_process_group``. Everything else asks it. When the process is not part of a group,
+the answers are rank 0, world size 1, main process True, and collectives are no-ops.
+
+Every function here that runs a collective says so: all ranks must call it, in the same
+order, or the job deadlocks (until the group's timeout ends it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as tdist
+
+from utils.device import available_cores, select_device
+from utils.distributed.watchdog import ProgressWatch, is_peer_failure, store_timeout
+from utils.errors import UserError
+from utils.log import LOGGER
+
+T = TypeVar("T")
+
+
+class DistError(UserError, RuntimeError):
+    """A distributed set-up problem the user can fix (bad device, backend, world size)."""
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Rank state as the launcher set it: torchrun (or the legacy launcher), Slurm's srun, or none."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    restart_count: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    agent_store: bool = False
+    launcher: str = "none"  # 'torchrun' | 'slurm' | 'none'
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def read_env(local_rank_flag: int = -1) -> DistEnv:
+    """Rank state from the environment; ``local_rank_flag`` is the legacy ``--local_rank`` value.
+
+    torchrun's variables (RANK, WORLD_SIZE, ...) win; without them, an srun task (SLURM_STEP_ID set) takes its
+    rank from Slurm; otherwise the process is alone."""
+    env = os.environ
+    if "WORLD_SIZE" not in env and "RANK" not in env and local_rank_flag < 0 and _is_srun_task(env):
+        return _slurm_env(env)
+    world_size = int(env.get("WORLD_SIZE", 1))
+    local_rank = int(env.get("LOCAL_RANK", local_rank_flag if local_rank_flag >= 0 else 0))
+    return DistEnv(
+        rank=int(env.get("RANK", local_rank if world_size > 1 else 0)),
+        local_rank=local_rank,
+        world_size=world_size,
+        local_world_size=int(env.get("LOCAL_WORLD_SIZE", world_size)),
+        restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)),
+        master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+        master_port=int(env.get("MASTER_PORT", 29500)),
+        agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true",
+        launcher="torchrun" if world_size > 1 else "none",
+    )
+
+
+def _is_srun_task(env: os._Environ | dict) -> bool:
+    """A task started by srun (a job step), not the batch script itself, which has the job's task count too."""
+    return bool(env.get("SLURM_PROCID")) and bool(env.get("SLURM_NTASKS")) and \
+        bool(env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID"))
+
+
+def _slurm_env(env: os._Environ | dict) -> DistEnv:
+    """Rank state of an srun task: rank SLURM_PROCID of SLURM_NTASKS, local rank SLURM_LOCALID, this node's
+    task count, the first host of the node list as MASTER_ADDR and a port derived from the job id (both
+    unless MASTER_ADDR / MASTER_PORT are set)."""
+    nodes = expand_nodelist(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
+                            or env.get("SLURM_NODELIST") or "127.0.0.1")
+    per_node = expand_tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
+                                     or env.get("SLURM_NTASKS_PER_NODE") or env["SLURM_NTASKS"])
+    node = int(env.get("SLURM_NODEID", 0))
+    job_id = int("".join(c for c in env.get("SLURM_JOB_ID", "0") if c.isdigit()) or 0)
+    return DistEnv(
+        rank=int(env["SLURM_PROCID"]), local_rank=int(env.get("SLURM_LOCALID", 0)),
+        world_size=int(env["SLURM_NTASKS"]), local_world_size=per_node[min(node, len(per_node) - 1)],
+        restart_count=int(env.get("SLURM_RESTART_COUNT", 0) or 0),
+        master_addr=env.get("MASTER_ADDR") or nodes[0],
+        master_port=int(env.get("MASTER_PORT") or SLURM_PORT_BASE + job_id % SLURM_PORT_SPAN),
+        launcher="slurm")
+
+
+SLURM_PORT_BASE, SLURM_PORT_SPAN = 20000, 20000  # srun without MASTER_PORT: port 20000 + job id mod 20000
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Slurm's compact host list -> host names: ``node[01-03,07],gpu-a[1-2]-ib`` -> node01, node02, node03,
+    node07, gpu-a1-ib, gpu-a2-ib (zero padding kept; several bracket groups multiply), without scontrol."""
+    hosts, depth, start = [], 0, 0
+    for i, char in enumerate(nodelist + ","):
+        depth += {"[": 1, "]": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            if nodelist[start:i].strip():
+                hosts += _expand_host(nodelist[start:i].strip())
+            start = i + 1
+    if depth != 0 or not hosts:
+        raise DistError(f"SLURM_NODELIST {nodelist!r} is not a host list Slurm writes (e.g. node[01-04,07])")
+    return hosts
+
+
+def _expand_host(pattern: str) -> list[str]:
+    """One host pattern with zero or more ``[ranges]`` groups -> its host names."""
+    head, sep, rest = pattern.partition("[")
+    if not sep:
+        return [pattern]
+    ranges, _, tail = rest.partition("]")
+    values = []
+    for part in ranges.split(","):
+        low, _, high = part.partition("-")
+        if not low.isdigit() or (high and not high.isdigit()):
+            raise DistError(f"SLURM_NODELIST range {part!r} in {pattern!r} is not numeric")
+        width = len(low)
+        values += [str(v).zfill(width) for v in range(int(low), int(high or low) + 1)]
+    return [head + value + host for value in values for host in _expand_host(tail)]
+
+
+def expand_tasks_per_node(spec: str) -> list[int]:
+    """``2(x3),1`` (SLURM_TASKS_PER_NODE) -> [2, 2, 2, 1]; a plain ``8`` -> [8]."""
+    counts = []
+    for part in str(spec).split(","):
+        value, _, repeat = part.strip().partition("(x")
+        counts += [int(value)] * int(repeat.rstrip(")") or 1)
+    return counts
+
+
+# Set once by init_distributed(); read through the accessors below.
+_ENV = DistEnv()
+_LONG_GROUP: Any = None  # gloo group with a long timeout, for "rank 0 is busy" waits
+_DEVICE: torch.device | None = None
+_WATCH: ProgressWatch | None = None  # this rank's progress mark and the stuck-rank watch (utils.distributed.watchdog)
+
+
+def is_initialized() -> bool:
+    return tdist.is_available() and tdist.is_initialized()
+
+
+def get_rank() -> int:
+    return tdist.get_rank() if is_initialized() else 0
+
+
+def get_world_size() -> int:
+    return tdist.get_world_size() if is_initialized() else 1
+
+
+def get_local_rank() -> int:
+    return _ENV.local_rank if is_initialized() else 0
+
+
+def node_rank() -> int:
+    """This machine's index in the job: torchrun's GROUP_RANK, Slurm's SLURM_NODEID, else 0."""
+    if not is_initialized():
+        return 0
+    value = os.environ.get("GROUP_RANK") if _ENV.launcher == "torchrun" else os.environ.get("SLURM_NODEID")
+    return int(value or 0)
+
+
+def get_local_world_size() -> int:
+    return _ENV.local_world_size if is_initialized() else 1
+
+
+@dataclass(frozen=True)
+class SchedulerJob:
+    """The batch scheduler's job this process belongs to (Slurm): its id and how often it was requeued."""
+
+    job_id: str
+    restarts: int
+
+
+def scheduler_job() -> SchedulerJob | None:
+    """The Slurm job of this process (SLURM_JOB_ID, SLURM_RESTART_COUNT), or None outside Slurm."""
+    job_id = os.environ.get("SLURM_JOB_ID", "").strip()
+    if not job_id:
+        return None
+    return SchedulerJob(job_id, int(os.environ.get("SLURM_RESTART_COUNT", 0) or 0))
+
+
+def restart_count() -> int:
+    """How many times torchrun's elastic agent has restarted this worker group (0 outside torchrun)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+
+
+def is_main_process() -> bool:
+    return get_rank() == 0
+
+
+def is_local_main_process() -> bool:
+    return get_local_rank() == 0
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """auto -> nccl on CUDA (when NCCL is built in), else gloo; refuse nccl without CUDA."""
+    backend = backend.lower()
+    if backend not in ("auto", "nccl", "gloo"):
+        raise DistError(f"--backend {backend!r} is not one of auto, nccl, gloo")
+    if backend == "auto":
+        return "nccl" if device.type == "cuda" and tdist.is_nccl_available() else "gloo"
+    if backend == "nccl" and (device.type != "cuda" or not tdist.is_nccl_available()):
+        raise DistError("--backend nccl needs CUDA GPUs (and a torch built with NCCL); use --backend gloo on CPU")
+    return backend
+
+
+def _store_for(env: DistEnv, timeout: datetime.timedelta) -> tdist.Store:
+    """A store whose keys are unique to this attempt.
+
+    torchrun's agent hosts a TCPStore at MASTER_ADDR:MASTER_PORT. After an elastic restart it
+    still holds the previous attempt's keys, and a plain init_process_group then hangs in gloo's
+    rendezvous. Prefixing every key with the restart count gives each attempt a clean namespace.
+    """
+    store = tdist.TCPStore(
+        env.master_addr, env.master_port, env.world_size,
+        is_master=(not env.agent_store and env.rank == 0),
+        timeout=timeout, wait_for_workers=False,
+    )
+    return tdist.PrefixStore(f"yolo/attempt{env.restart_count}", store)
+
+
+_JOB_STORE: Any = None  # client of torchrun's agent store, opened on first use by job_store()
+
+
+def job_store(timeout_s: float = 60.0) -> tdist.Store | None:
+    """The key-value store that lives as long as the whole torchrun job: torchrun's agent store, shared by
+    every rank and kept across elastic restarts (its keys here are not prefixed with the attempt).
+
+    None when the launcher provides no agent store (plain ``python``, other launchers). Used for facts a
+    restarted attempt must find again, such as the run folder (see utils.training.resume).
+    """
+    global _JOB_STORE
+    env = read_env()
+    if not env.agent_store:
+        return None
+    if _JOB_STORE is None:
+        client = tdist.TCPStore(env.master_addr, env.master_port, is_master=False,
+                                timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+        _JOB_STORE = tdist.PrefixStore("yolo/job", client)
+    return _JOB_STORE
+
+
+def init_distributed(device: str = "", backend: str = "auto", timeout_s: float = 600.0,
+                     long_timeout_s: float = 1800.0, local_rank_flag: int = -1, script: str = "train") -> torch.device:
+    """Start-up for every launch mode; returns this process's device.
+
+    Reads the launcher's environment, picks the device and backend, sets the CUDA device
+    before init (so NCCL never guesses the rank-to-GPU mapping), and joins the group with
+    ``timeout_s`` for training collectives plus a gloo side group with ``long_timeout_s``
+    for long waits. With WORLD_SIZE 1 (plain ``python train.py``) nothing is initialised.
+    All ranks must call it.
+    """
+    global _ENV, _LONG_GROUP, _DEVICE, _WATCH
+    env = read_env(local_rank_flag)
+    device_obj = select_device(device, env.local_rank)
+    chosen = resolve_backend(backend, device_obj)
+    _ENV, _DEVICE = env, device_obj
+    if device_obj.type == "cuda":
+        torch.cuda.set_device(device_obj)
+    if not env.distributed:
+        return device_obj
+    if env.world_size % max(env.local_world_size, 1) and env.local_world_size > env.world_size:
+        raise DistError(f"LOCAL_WORLD_SIZE {env.local_world_size} > WORLD_SIZE {env.world_size}")
+    timeout = datetime.timedelta(seconds=timeout_s)
+    kwargs: dict[str, Any] = {}
+    if chosen == "nccl":
+        kwargs["device_id"] = device_obj  # binds the group to this GPU: barriers never guess
+    tdist.init_process_group(chosen, store=_store_for(env, timeout), rank=env.rank,
+                             world_size=env.world_size, timeout=timeout, **kwargs)
+    _LONG_GROUP = tdist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=long_timeout_s)) \
+        if chosen != "gloo" or long_timeout_s != timeout_s else None
+    watch_store = tdist.PrefixStore(f"yolo/attempt{env.restart_count}", tdist.TCPStore(
+        env.master_addr, env.master_port, is_master=False, timeout=store_timeout(timeout_s), wait_for_workers=False))
+    _WATCH = ProgressWatch(watch_store, env.rank, env.world_size, timeout_s, long_timeout_s, script=script).start()
+    return device_obj
+
+
+def peer_failure_line(error: BaseException) -> str | None:
+    """For a collective that failed because a peer is gone: the one line to print (on one live rank; None on
+    the others, and None when ``error`` is something else). See utils.distributed.watchdog."""
+    if _WATCH is None or not is_peer_failure(error):
+        return None
+    return _WATCH.peer_failure(error) or ""
+
+
+def progress(phase: str, epoch: int = -1, batch: int = -1, waiting: bool = False, long: bool = False) -> None:
+    """Mark where this rank is, for the watch that names a stuck rank (watchdog.py); no-op for one process."""
+    if _WATCH is not None:
+        _WATCH.at(phase, epoch, batch, waiting, long)
+
+
+def cpu_share_of(local_world_size: int) -> int:
+    """The machine's (affinity) cores divided among ``local_world_size`` processes, at least 1."""
+    return max(available_cores() // max(local_world_size, 1), 1)
+
+
+def cpu_share() -> int:
+    """CPU cores available to this process: the machine's cores divided among the local ranks."""
+    return cpu_share_of(get_local_world_size())
+
+
+def configure_threads() -> int:
+    """Size torch's intra-op threads for this rank and return the number chosen.
+
+    Rule: an OMP_NUM_THREADS the user set is respected. torchrun exports OMP_NUM_THREADS=1 to its
+    workers whenever it starts more than one per machine, and that value is indistinguishable from
+    a user's, so with several local ranks "1" is read as torchrun's default and replaced by this
+    rank's share of the cores (cores // local world size; 1 on a 2-core machine with 2 ranks anyway).
+    Without OMP_NUM_THREADS torch's own default (all cores) stands for a single process.
+    Call after init_distributed (it needs the local world size).
+    """
+    value = os.environ.get("OMP_NUM_THREADS", "").strip()
+    local_world = get_local_world_size()
+    if value.isdigit() and int(value) > 0 and not (value == "1" and local_world > 1):
+        threads = int(value)
+    elif local_world > 1:
+        threads = cpu_share()
+    else:
+        return torch.get_num_threads()
+    torch.set_num_threads(threads)
+    return threads
+
+
+def backend() -> str:
+    return tdist.get_backend() if is_initialized() else "none"
+
+
+def barrier(long: bool = False) -> None:
+    """Wait for every rank. ``long=True`` uses the long-timeout gloo group, for waits on work
+    that one rank does for all (cache building). No-op when not distributed. All ranks must call it."""
+    if not is_initialized():
+        return
+    if _WATCH is not None:
+        _WATCH.waits(long)
+    if long and _LONG_GROUP is not None:
+        tdist.barrier(group=_LONG_GROUP)
+    elif backend() == "nccl" and _DEVICE is not None and _DEVICE.type == "cuda":
+        tdist.barrier(device_ids=[_DEVICE.index])
+    else:
+        tdist.barrier()
+
+
+@contextlib.contextmanager
+def zero_first(local: bool = True) -> Iterator[None]:
+    """Let the (local) rank 0 run the block first while the others wait, then the others run it.
+
+    Used for building caches once: rank 0 writes, the others then read what it wrote. With
+    ``local=True`` it is rank 0 of each machine (caches live on each machine's disk).
+    All ranks must enter it.
+    """
+    first = is_local_main_process() if local else is_main_process()
+    if not first:
+        barrier(long=True)
+    try:
+        yield
+    finally:
+        if first:
+            barrier(long=True)
+
+
+def all_gather_object(obj: Any, long: bool = False) -> list[Any]:
+    """Every rank's ``obj``, in rank order ([obj] when not distributed). All ranks must call it."""
+    if not is_initialized():
+        return [obj]
+    if _WATCH is not None:
+        _WATCH.waits(long)
+    out: list[Any] = [None] * get_world_size()
+    tdist.all_gather_object(out, obj, group=_LONG_GROUP if long else None)
+    return out
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """Rank ``src``'s ``obj`` on every rank (decisions made once on rank 0). All ranks must call it."""
+    if not is_initialized():
+        return obj
+    if _WATCH is not None:
+        _WATCH.waits()
+    box = [obj]
+    tdist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def batch_per_rank(total: int) -> int:
+    """``--batch-size`` is the total over all ranks: this rank's share, or a DistError when it does not divide."""
+    world = get_world_size()
+    if total < 1 or total % world:
+        raise DistError(f"--batch-size {total} must be a positive multiple of the world size {world} "
+                        "(it is the total over all ranks)")
+    return total // world
+
+
+def main_decides(decide: Callable[[], T]) -> T:
+    """``decide()`` run on rank 0 only, its result returned on every rank (decisions made once: run folders,
+    checkpoints read by rank 0, early stopping). A UserError it raises is raised on every rank with the same
+    message, so no rank waits for an answer that never comes. All ranks must call it."""
+    outcome: tuple[str, Any] = ("error", DistError("rank 0 did not decide"))
+    if is_main_process():
+        try:
+            outcome = ("ok", decide())
+        except UserError as e:
+            outcome = ("error", e)
+    outcome = broadcast_object(outcome)
+    if outcome[0] == "error":
+        raise outcome[1]
+    return outcome[1]
+
+
+def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """In-place reduction over ranks, ``op`` one of sum, mean, max (returned for chaining; as it is when not
+    distributed). All ranks must call it."""
+    if is_initialized():
+        if _WATCH is not None:
+            _WATCH.waits()
+        tdist.all_reduce(tensor, op=tdist.ReduceOp.MAX if op == "max" else tdist.ReduceOp.SUM)
+        if op == "mean":
+            tensor /= get_world_size()
+    return tensor
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """In-place sum over ranks. All ranks must call it."""
+    return all_reduce(tensor, "sum")
+
+
+def all_reduce_mean(tensor: torch.Tensor) -> torch.Tensor:
+    """In-place mean over ranks. All ranks must call it."""
+    return all_reduce(tensor, "mean")
+
+
+def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
+    """In-place maximum over ranks. All ranks must call it."""
+    return all_reduce(tensor, "max")
+
+
+def wrap_ddp(model: torch.nn.Module, device: torch.device, sync_bn: bool = False) -> torch.nn.Module:
+    """DistributedDataParallel (device_ids on CUDA only), with SyncBatchNorm layers when ``sync_bn`` (CUDA only:
+    torch has no CPU path); the model as is for one process."""
+    if get_world_size() == 1:
+        return model
+    if sync_bn:
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+        LOGGER.info("Using SyncBatchNorm()")
+    device_ids = [device.index] if device.type == "cuda" else None
+    return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids,
+                                                     output_device=device_ids and device_ids[0])
+
+
+def collective_device() -> torch.device:
+    return _DEVICE if (_DEVICE is not None and backend() == "nccl") else torch.device("cpu")
+
+
+def check_agreement(fingerprint: dict[str, Any]) -> None:
+    """Fail fast when ranks disagree on what they run: DistError naming the first rank and field that differ
+    from rank 0, with both values (``rank 1 differs from rank 0 in --epochs: 3 vs 5``). All ranks must call it."""
+    prints = all_gather_object(fingerprint)
+    for rank, other in enumerate(prints):
+        keys = [k for k in {**prints[0], **other} if other.get(k) != prints[0].get(k)]
+        if keys:
+            more = f" (and {len(keys) - 1} more: {', '.join(keys[1:4])})" if len(keys) > 1 else ""
+            raise DistError(f"rank {rank} differs from rank 0 in {keys[0]}: {other.get(keys[0])} vs "
+                            f"{prints[0].get(keys[0])}{more}; every rank must run the same code, config and data")
+
+
+def cleanup(clean_exit: bool = True) -> None:
+    """Tear the group down; safe to call when not initialised or after a failure.
+
+    Called from each script's ``main()`` ``finally``, outside ``train()``, so every exit path
+    releases the group and the process exits. On a clean exit the ranks meet at a barrier first
+    (so no rank tears down while a peer still sends); after an error they do not wait for peers
+    that may be gone. All ranks must call it.
+    """
+    global _LONG_GROUP, _WATCH
+    if _WATCH is not None and not clean_exit:
+        _WATCH.flush()  # where this rank was when it failed, for the peers' message (and it stays there)
+    if is_initialized():
+        if clean_exit:
+            progress("exit")
+        with contextlib.suppress(Exception):
+            if clean_exit:
+                barrier()
+        with contextlib.suppress(Exception):
+            tdist.destroy_process_group()
+    if _WATCH is not None:
+        _WATCH.close()
+    _LONG_GROUP = _WATCH = None

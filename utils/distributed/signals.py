@@ -1,0 +1,146 @@
+"""Stopping on a signal without losing work: SIGTERM / SIGINT (a scheduler's pre-emption, Ctrl-C) and SIGUSR1
+(Slurm's warning before a time limit, ``sbatch --signal=USR1@90``).
+
+A signal only records its number. The training loop shares it with every rank in its per-step vote
+(``utils.training.engine.StepVote``), so every rank stops at the same step even when one alone was signalled; rank 0
+saves ``last.pt`` there and ``raise_stop()`` ends every rank with StopRequested. Outside the steps (validation,
+plots, the epoch's checkpoint) a signal stops at once: ``last.pt`` is whatever was last written whole.
+The same signal a second time (more than REPEAT_WINDOW_S later) aborts at once. SIGUSR1 ends with exit code 0,
+so Slurm can requeue the job and the new attempt resumes by itself; SIGTERM and SIGINT end with 128 + the signal
+number. DataLoader workers ignore all three (``protect_worker``): their rank decides.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from types import FrameType, TracebackType
+from typing import Any
+
+from utils.log import LOGGER
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+# The same signal again within this many seconds is the same request delivered twice (Slurm signals every process
+# of a job and torchrun forwards what it got to the ranks), not a user insisting.
+REPEAT_WINDOW_S = 3.0
+REQUEUE_SIGNALS = (signal.SIGUSR1,)  # stop, save and exit 0: the scheduler requeues and the job resumes
+
+
+class StopRequested(KeyboardInterrupt):
+    """Training stopped on a signal. ``exit_code`` is 0 for a requeue signal, else 128 + the signal number."""
+
+    def __init__(self, signum: int, message: str) -> None:
+        self.signum, self.message = signum, message
+        self.exit_code = 0 if signum in REQUEUE_SIGNALS else 128 + signum
+        super().__init__(message)
+
+
+def signal_name(signum: int) -> str:
+    return signal.Signals(signum).name
+
+
+def protect_worker() -> None:
+    """For DataLoader workers (call first in the worker): leave SIGTERM, SIGINT and SIGUSR1 to the rank that owns
+    the worker, so that a scheduler signalling every process of the job (Slurm's scancel, Ctrl-C in a terminal,
+    torchrun signalling the rank's process group) never kills the workers under a rank that is saving.
+
+    SIGINT and SIGUSR1 are ignored. SIGTERM is blocked and read by a thread that exits the worker only when the
+    rank itself sends it (Python's multiprocessing terminates daemonic workers so at exit); from anyone else it
+    is ignored.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    owner = os.getppid()
+
+    def watch() -> None:
+        while True:
+            if signal.sigwaitinfo({signal.SIGTERM}).si_pid == owner:
+                os._exit(0)
+
+    threading.Thread(target=watch, name="sigterm-watch", daemon=True).start()
+
+
+class GracefulStop:
+    """Context manager turning ``signals`` into a stop request; see the module docstring.
+
+    Handlers are installed only in the main thread (Python allows no other); elsewhere it is inert.
+    """
+
+    def __init__(self, signals: tuple[int, ...] = STOP_SIGNALS) -> None:
+        self.signals = signals
+        self.signum: int | None = None  # the first signal received here
+        self.agreed_signum: int | None = None  # the signal every rank agreed to stop on
+        self.where = ""  # what was running when it stopped, for the exit message
+        self._immediate = False
+        self._received_at = 0.0
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> GracefulStop:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.signals:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.restore()
+
+    def restore(self) -> None:
+        """Put the handlers that were there before back (idempotent)."""
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        repeat = self.signum == signum and time.monotonic() - self._received_at > REPEAT_WINDOW_S
+        if repeat:  # the same signal again, later: the user insists, stop now without saving
+            self.restore()
+            raise KeyboardInterrupt(f"second {signal_name(signum)}: stopping at once")
+        if self.signum is not None:  # e.g. Ctrl-C's SIGINT, then torchrun's SIGTERM: one stop request
+            return
+        self.signum, self._received_at = signum, time.monotonic()
+        if self._immediate:
+            self.agreed_signum = signum
+            raise StopRequested(signum, f"stopped by {signal_name(signum)} {self.where}")
+        LOGGER.warning(f"{signal_name(signum)} received: stopping after this step and saving last.pt "
+                       "(send it again to stop at once)")
+
+    @property
+    def requested(self) -> bool:
+        """True once this process received one of the signals (local, no communication)."""
+        return self.signum is not None
+
+    @property
+    def agreed(self) -> bool:
+        """True once the ranks agreed to stop (after a vote that carried a signal)."""
+        return self.agreed_signum is not None
+
+    def agree(self, voted_signum: int) -> None:
+        """Record the outcome of a vote: ``voted_signum`` is a signal some rank received (0: none)."""
+        if voted_signum and self.agreed_signum is None:
+            self.agreed_signum = voted_signum
+            self.signum = self.signum or voted_signum
+
+    @contextlib.contextmanager
+    def immediate(self, where: str) -> Iterator[None]:
+        """Inside: a signal stops at once with StopRequested (``where`` says what was interrupted)."""
+        self._immediate, self.where = True, where
+        try:
+            if self.signum is not None and self.agreed_signum is None:  # it came just before: act on it now
+                self.agreed_signum = self.signum
+                raise StopRequested(self.signum, f"stopped by {signal_name(self.signum)} {where}")
+            yield
+        finally:
+            self._immediate = False
+
+    def raise_stop(self, epoch: int, batch: int) -> None:
+        """End training on this rank with StopRequested after rank 0 saved the step."""
+        signum = self.agreed_signum or signal.SIGTERM
+        then = "the job can be requeued" if signum in REQUEUE_SIGNALS else "continue with --resume"
+        raise StopRequested(signum, f"stopped by {signal_name(signum)} at epoch {epoch}, batch {batch}; "
+                                    f"last.pt saved; {then}")

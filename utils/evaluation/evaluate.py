@@ -1,0 +1,326 @@
+"""The evaluation loop train.py and test.py share: ``evaluate`` and ``measure_speed``, distributed across ranks.
+
+Every rank evaluates its shard of the val set (a ``shard_eval=True`` loader), the per-image statistics are gathered,
+and every rank computes the same metrics a 1-process run gets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from utils.boxes import non_max_suppression, scale_boxes, xywhn2xyxy
+from utils.device import autocast
+from utils.distributed import comm as dist
+from utils.evaluation.metrics import ConfusionMatrix, DetectionMetrics, ap_per_class, match_predictions
+from utils.evaluation.outputs import json_rows, save_label_file, with_label_boxes, write_outputs
+from utils.evaluation.tta import augmented_forward, layout_of
+from utils.log import LOGGER
+from utils.plots.annotate import class_name
+
+TABLE_HEADER = ("%22s" + "%11s" * 6) % ("Class", "Images", "Labels", "P", "R", "mAP@.5", "mAP@.5:.95")
+ROW_FORMAT = "%22s" + "%11i" * 2 + "%11.3g" * 4
+PLOTTED_BATCHES = 3  # val_batch0..2 images
+@dataclass
+class EvalOptions:
+    """How ``evaluate`` judges and what it writes."""
+
+    conf_thres: float = 0.001
+    iou_thres: float = 0.6
+    max_det: int = 300
+    single_cls: bool = False
+    agnostic: bool = False
+    half: bool = False  # mixed precision (float16 on CUDA, bfloat16 on the CPU)
+    save_dir: Path | None = None
+    plots: bool = False
+    save_json: bool = False
+    save_txt: bool = False
+    save_conf: bool = False
+    verbose: bool = False
+    is_coco: bool = False
+    anno_json: Path | None = None  # COCO annotations for pycocotools (with save_json)
+    augment: bool = False  # test-time augmentation (utils/evaluation/tta.py)
+    save_hybrid: bool = False  # the labels join the predictions before NMS (auto-labelling; inflates the mAP)
+
+
+@dataclass
+class EvalResult:
+    """What a validation pass measured; identical on every rank."""
+
+    mp: float = 0.0
+    mr: float = 0.0
+    map50: float = 0.0
+    map: float = 0.0
+    maps: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (nc,) mAP@.5:.95 per class
+    speed: tuple[float, float, float] = (0.0, 0.0, 0.0)  # pre-process, inference, NMS ms per image
+    loss: torch.Tensor | None = None  # mean (box, obj, cls) loss when compute_loss was given
+    seen: int = 0
+    n_labels: int = 0
+    metrics: DetectionMetrics | None = None  # per-class details and curves
+    confusion: ConfusionMatrix | None = None  # (nc + 1, nc + 1) counts at conf 0.25, IoU 0.45
+    json_path: Path | None = None
+    coco_map50: float | None = None  # pycocotools' figures, when it ran (rank 0 only)
+    coco_map: float | None = None
+
+    def results(self) -> tuple[float, float, float, float]:
+        """(P, R, mAP@.5, mAP@.5:.95), the order results.csv and fitness use."""
+        return self.mp, self.mr, self.map50, self.map
+
+
+@dataclass
+class ImageStats:
+    """One image's evaluation record: small, picklable, gathered across ranks."""
+
+    path: str
+    correct: np.ndarray  # (n, 10) bool
+    conf: np.ndarray  # (n,)
+    pred_cls: np.ndarray  # (n,)
+    target_cls: np.ndarray  # (m,)
+    json_rows: list[dict] = field(default_factory=list)
+
+
+class _Timer:
+    """Accumulates seconds per stage; synchronises CUDA so GPU time is not misattributed."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.totals = [0.0, 0.0, 0.0]
+
+    @contextlib.contextmanager
+    def stage(self, index: int) -> Iterator[None]:
+        if self.cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        yield
+        if self.cuda:
+            torch.cuda.synchronize()
+        self.totals[index] += time.perf_counter() - start
+
+
+@contextlib.contextmanager
+def _head_returns_raw_maps(model: nn.Module, enabled: bool) -> Iterator[None]:
+    """Let the Detect head return raw maps (for the loss) while every BatchNorm stays in eval mode."""
+    detect = getattr(model, "detect", None)
+    if not enabled or detect is None:
+        yield
+        return
+    detect.train()
+    try:
+        yield
+    finally:
+        detect.eval()
+
+
+def _forward(model: nn.Module, imgs: torch.Tensor, targets: torch.Tensor, compute_loss: Any,
+             half: bool, augment: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Decoded predictions (b, n, 5 + nc) and, with ``compute_loss``, the batch's loss items."""
+    if augment and compute_loss is None:
+        with autocast(imgs.device, half):
+            return augmented_forward(model, imgs, layout_of(model)).float(), None
+    with autocast(imgs.device, half), _head_returns_raw_maps(model, compute_loss is not None):
+        out = model(imgs)
+    if compute_loss is None:
+        return out.float(), None
+    maps = [m.float() for m in out]
+    loss_items = compute_loss(maps, targets)[1].detach()[:3]
+    return model.detect.decode(maps), loss_items
+
+
+def _labels_in_original(targets: torch.Tensor, image_index: int, img_hw: Sequence[int], shape: Any,
+                        single_cls: bool) -> torch.Tensor:
+    """One image's labels as (m, 5) [cls, x1, y1, x2, y2] in original pixels."""
+    labels = targets[targets[:, 0] == image_index, 1:6].clone()
+    if single_cls:
+        labels[:, 0] = 0
+    boxes = xywhn2xyxy(labels[:, 1:5], w=img_hw[1], h=img_hw[0])
+    labels[:, 1:5] = scale_boxes(img_hw, boxes, shape[0], shape[1])
+    return labels
+
+
+def _image_stats(det: torch.Tensor, targets: torch.Tensor, index: int, img_hw: Sequence[int], path: str,
+                 shape: Any, opts: EvalOptions, confusion: ConfusionMatrix, txt_dir: Path | None) -> ImageStats:
+    """Scale one image's detections to original pixels, match them, and record what the outputs need."""
+    labels = _labels_in_original(targets, index, img_hw, shape, opts.single_cls)
+    det = det.clone()
+    if opts.single_cls:
+        det[:, 5] = 0
+    det[:, :4] = scale_boxes(img_hw, det[:, :4], shape[0], shape[1])
+    confusion.process_batch(det, labels)
+    if txt_dir is not None:
+        save_label_file(path, det, shape[0], txt_dir, opts.save_conf)
+    return ImageStats(path=str(path), correct=match_predictions(det, labels), conf=det[:, 4].cpu().numpy(),
+                      pred_cls=det[:, 5].cpu().numpy(), target_cls=labels[:, 0].cpu().numpy(),
+                      json_rows=json_rows(path, det.cpu(), opts.is_coco) if opts.save_json else [])
+
+
+def _show_progress() -> bool:
+    """A progress bar on the main process's terminal only; logs (not a TTY) get the plain table."""
+    return dist.is_main_process() and sys.stdout.isatty()
+
+
+def _progress(loader: Any, enabled: bool) -> Any:
+    """A tqdm bar titled with the table header where ``enabled``; the plain loader elsewhere."""
+    if not enabled:
+        return loader
+    from tqdm import tqdm
+
+    return tqdm(loader, desc=TABLE_HEADER, bar_format="{l_bar}{bar:10}{r_bar}", file=sys.stdout, mininterval=1.0)
+
+
+def _plot_batch(imgs: torch.Tensor, targets: torch.Tensor, dets: list[torch.Tensor], paths: Sequence[str],
+                names: Sequence[str], save_dir: Path, batch_index: int) -> None:
+    """val_batch{i}_labels.jpg and val_batch{i}_pred.jpg (boxes in letterboxed pixels)."""
+    from utils.plots.figures import plot_images
+
+    plot_images(imgs, targets, paths, save_dir / f"val_batch{batch_index}_labels.jpg", names)
+    plot_images(imgs, None, paths, save_dir / f"val_batch{batch_index}_pred.jpg", names, preds=dets)
+
+
+def _merge(parts: list[dict]) -> tuple[list[ImageStats], DetectionMetrics, dict]:
+    """Every rank's records in one order (by path, as a 1-process run sorts them) and the metrics."""
+    records = sorted((r for part in parts for r in part["records"]), key=lambda r: r.path)
+    correct = np.concatenate([r.correct for r in records]) if records else np.zeros((0, 10), bool)
+    conf, pred_cls, target_cls = (np.concatenate([getattr(r, k) for r in records]) if records else np.zeros(0)
+                                  for k in ("conf", "pred_cls", "target_cls"))
+    metrics = ap_per_class(correct, conf, pred_cls, target_cls)
+    totals = {
+        "times": np.sum([p["times"] for p in parts], 0),
+        "batches": sum(p["batches"] for p in parts),
+        "loss": None if parts[0]["loss"] is None else sum(p["loss"] for p in parts),
+        "shape": max((p["shape"] for p in parts), key=lambda s: s[0]),
+        "confusion": [p["confusion"] for p in parts],
+    }
+    return records, metrics, totals
+
+
+def _log_table(records: list[ImageStats], metrics: DetectionMetrics, names: Sequence[str], verbose: bool) -> None:
+    """The table users know: an ``all`` row, then one row per class with ``verbose``."""
+    n_labels = sum(len(r.target_cls) for r in records)
+    mp, mr, map50, map_ = metrics.mean_results()
+    if not _show_progress():  # the progress bar's title is the header
+        LOGGER.info(TABLE_HEADER)
+    LOGGER.info(ROW_FORMAT % ("all", len(records), n_labels, mp, mr, map50, map_))
+    if n_labels == 0:
+        LOGGER.warning("WARNING: no labels in the val set: metrics need labels (check the data YAML's val path)")
+    if verbose and len(names) > 1:
+        for i, c in enumerate(metrics.classes):
+            images = sum(bool(np.any(r.target_cls == c)) for r in records)
+            LOGGER.info(ROW_FORMAT % (class_name(names, c), images, metrics.n_labels[i], metrics.precision[i],
+                                      metrics.recall[i], metrics.ap[i, 0], metrics.ap[i].mean()))
+
+
+@torch.no_grad()
+def _run_shard(model: nn.Module, loader: Any, device: torch.device, names: Sequence[str], opts: EvalOptions,
+               compute_loss: Any, plot_dir: Path | None, txt_dir: Path | None) -> dict:
+    """Evaluate this rank's batches; returns what is gathered: per-image stats, stage times, loss sums."""
+    timer, confusion = _Timer(device), ConfusionMatrix(len(names))  # counted on every rank: the merge is complete
+    records: list[ImageStats] = []
+    loss_sum, batches, batch_shape = torch.zeros(3), 0, (0, 3, 0, 0)
+    nms = {"conf_thres": opts.conf_thres, "iou_thres": opts.iou_thres, "max_det": opts.max_det,
+           "agnostic": opts.agnostic or opts.single_cls}
+    for batch_index, (imgs, targets, paths, shapes) in enumerate(_progress(loader, _show_progress())):
+        dist.progress("validation", batch=batch_index)
+        with timer.stage(0):
+            x = imgs.to(device, non_blocking=True).float() / 255  # uint8 -> [0, 1]
+            targets = targets.to(device)
+        with timer.stage(1):
+            preds, loss_items = _forward(model, x, targets, compute_loss, opts.half, opts.augment)
+        if opts.save_hybrid:
+            preds = with_label_boxes(preds, targets, x.shape[2:])
+        with timer.stage(2):
+            dets = non_max_suppression(preds, multi_label=True, **nms)
+        if loss_items is not None:
+            loss_sum += loss_items.cpu()
+        batches, batch_shape = batches + 1, batch_shape if batches else tuple(x.shape)  # the first batch's
+        img_hw = tuple(x.shape[2:])
+        records += [_image_stats(det, targets, i, img_hw, paths[i], shapes[i], opts, confusion, txt_dir)
+                    for i, det in enumerate(dets)]
+        if plot_dir is not None and batch_index < PLOTTED_BATCHES:
+            _plot_batch(imgs, targets.cpu(), [d.cpu() for d in dets], paths, names, plot_dir, batch_index)
+    return {"records": records, "times": timer.totals, "loss": loss_sum if compute_loss is not None else None,
+            "batches": batches, "shape": batch_shape, "confusion": confusion.matrix}
+
+
+def evaluate(model: nn.Module, loader: Any, device: torch.device | str, names: Sequence[str],
+             options: EvalOptions | None = None, compute_loss: Any = None, **overrides: Any) -> EvalResult:
+    """Validate ``model`` (eval mode, not DDP-wrapped) on ``loader``: P, R, mAP@.5, mAP@.5:.95, speed, outputs.
+
+    ``options`` with any field replaced by ``overrides``; ``compute_loss`` adds the mean validation loss.
+    Under DDP pass a ``shard_eval=True`` loader; the per-image statistics are gathered and every rank returns
+    the metrics a 1-process run gives. Files and the table come from rank 0. All ranks must call it.
+    """
+    opts = replace(options or EvalOptions(), **overrides)
+    device, main = torch.device(device), dist.is_main_process()
+    save_dir = Path(opts.save_dir) if opts.save_dir is not None else None
+    names = ["item"] if opts.single_cls else list(names)
+    txt_dir = save_dir / "labels" if opts.save_txt and save_dir is not None else None
+    if txt_dir is not None:
+        txt_dir.mkdir(parents=True, exist_ok=True)
+    plots = opts.plots and save_dir is not None
+    opts = replace(opts, save_json=opts.save_json and save_dir is not None)
+    was_training = model.training
+    model.eval()
+    try:
+        part = _run_shard(model, loader, device, names, opts, compute_loss, save_dir if plots and main else None,
+                          txt_dir)
+    finally:
+        model.train(was_training)
+    records, metrics, totals = _merge(dist.all_gather_object(part, long=True))  # shards may end far apart
+    result = _result(records, metrics, totals, len(names))
+    _log_table(records, metrics, names, opts.verbose)
+    pre, inf, nms_ms = result.speed
+    LOGGER.info(f"Speed: {pre:.1f}/{inf:.1f}/{nms_ms:.1f} ms pre-process/inference/NMS per image "
+                f"at shape {totals['shape']}")
+    if main and save_dir is not None:
+        write_outputs(result, records, names, save_dir, plots, opts.save_json, opts.anno_json)
+    return result
+
+
+def _result(records: list[ImageStats], metrics: DetectionMetrics, totals: dict, nc: int) -> EvalResult:
+    seen = len(records)
+    speed = tuple(float(t) / max(seen, 1) * 1e3 for t in totals["times"])
+    loss = None if totals["loss"] is None else totals["loss"] / max(totals["batches"], 1)
+    confusion = ConfusionMatrix(nc)
+    confusion.merge(totals["confusion"])
+    mp, mr, map50, map_ = metrics.mean_results()
+    return EvalResult(mp=mp, mr=mr, map50=map50, map=map_, maps=metrics.class_maps(nc), speed=speed, loss=loss,
+                      seen=seen, n_labels=sum(len(r.target_cls) for r in records), metrics=metrics,
+                      confusion=confusion)
+
+
+@torch.no_grad()
+def measure_speed(model: nn.Module, loader: Any, device: torch.device | str,
+                  options: EvalOptions | None = None) -> EvalResult:
+    """Time pre-processing, inference and NMS per image over ``loader`` (test.py --task speed): no matching, no
+    metrics, no files. Every rank times its shard and the totals are gathered. All ranks must call it."""
+    opts, device = options or EvalOptions(), torch.device(device)
+    timer, seen, batch_shape = _Timer(device), 0, (0, 3, 0, 0)
+    was_training = model.training
+    model.eval()
+    try:
+        for imgs, targets, _, _ in _progress(loader, _show_progress()):
+            with timer.stage(0):
+                x = imgs.to(device, non_blocking=True).float() / 255
+            with timer.stage(1):
+                preds, _ = _forward(model, x, targets, None, opts.half, opts.augment)
+            with timer.stage(2):
+                non_max_suppression(preds, opts.conf_thres, opts.iou_thres, multi_label=True,
+                                    agnostic=opts.agnostic or opts.single_cls, max_det=opts.max_det)
+            seen, batch_shape = seen + len(imgs), batch_shape if seen else tuple(x.shape)
+    finally:
+        model.train(was_training)
+    parts = dist.all_gather_object({"times": timer.totals, "seen": seen, "shape": batch_shape})
+    seen = sum(p["seen"] for p in parts)
+    speed = tuple(float(t) / max(seen, 1) * 1e3 for t in np.sum([p["times"] for p in parts], 0))
+    LOGGER.info(f"Speed: {speed[0]:.1f}/{speed[1]:.1f}/{speed[2]:.1f} ms pre-process/inference/NMS per image "
+                f"at shape {parts[0]['shape']} ({seen} images, timing only)")
+    return EvalResult(speed=speed, seen=seen)

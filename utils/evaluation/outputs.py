@@ -1,0 +1,116 @@
+"""What validation writes besides its table: COCO-format predictions (scored with pycocotools when the data set
+has annotations), YOLO-format label files (with --save-hybrid, labels and predictions together), the metric
+plots, and the --task study table."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from utils.boxes import label_rows, xyxy2xywh
+from utils.log import LOGGER
+
+# COCO's 80 training classes -> the 91 category ids of its annotation files.
+COCO80_TO_91 = (
+    1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 27, 28, 31, 32, 33, 34,
+    35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 46, 47, 48, 49, 50, 51, 52, 53, 54, 55, 56, 57, 58, 59, 60, 61, 62, 63,
+    64, 65, 67, 70, 72, 73, 74, 75, 76, 77, 78, 79, 80, 81, 82, 84, 85, 86, 87, 88, 89, 90,
+)
+
+
+def json_rows(path: str, det: torch.Tensor, is_coco: bool) -> list[dict]:
+    """COCO result rows: image_id from the file stem, bbox [x, y, w, h] in original pixels."""
+    stem = Path(path).stem
+    image_id: int | str = int(stem) if stem.isnumeric() else stem
+    boxes = xyxy2xywh(det[:, :4].double())
+    boxes[:, :2] -= boxes[:, 2:] / 2
+    rows = []
+    for box, conf, cls in zip(boxes.tolist(), det[:, 4].tolist(), det[:, 5].long().tolist()):
+        rows.append({"image_id": image_id, "category_id": COCO80_TO_91[cls] if is_coco else cls,
+                     "bbox": [round(v, 3) for v in box], "score": round(conf, 5)})
+    return rows
+
+
+def with_label_boxes(preds: torch.Tensor, targets: torch.Tensor, img_hw: Sequence[int]) -> torch.Tensor:
+    """--save-hybrid: each image's labels appended to its predictions (b, n, 5 + nc) as boxes of confidence 1, so
+    NMS keeps every label and the predictions that overlap none (YOLOv5's hybrid auto-labelling).
+
+    ``targets`` (m, 6) [image, class, cx, cy, w, h] normalised to the batch's ``img_hw``; rows that pad an image
+    with fewer labels have zero confidence, so NMS drops them."""
+    b, _, width = preds.shape
+    per_image = [targets[targets[:, 0] == i, 1:] for i in range(b)]
+    extra = preds.new_zeros(b, max((len(t) for t in per_image), default=0), width)
+    scale = torch.tensor([img_hw[1], img_hw[0], img_hw[1], img_hw[0]], device=preds.device, dtype=preds.dtype)
+    for i, labels in enumerate(per_image):
+        extra[i, : len(labels), :4] = labels[:, 1:5].to(preds) * scale
+        extra[i, : len(labels), 4] = 1.0
+        extra[i, torch.arange(len(labels), device=preds.device), 5 + labels[:, 0].long().to(preds.device)] = 1.0
+    return torch.cat((preds, extra), 1)
+
+
+def save_label_file(path: str, det: torch.Tensor, shape0: Sequence[int], folder: Path, save_conf: bool) -> None:
+    """labels/<stem>.txt: ``cls cx cy w h [conf]`` rows normalised to the original image of ``shape0`` (h, w)."""
+    rows = label_rows(det, (shape0[0], shape0[1]), save_conf)
+    (folder / f"{Path(path).stem}.txt").write_text("".join(row + "\n" for row in rows))
+
+
+def write_outputs(result: Any, records: list[Any], names: Sequence[str], save_dir: Path, plots: bool,
+                  save_json: bool, anno_json: str | Path | None) -> None:
+    """Rank 0: predictions JSON (and pycocotools' mAP when annotations exist), PR/F1/P/R curves, confusion."""
+    if save_json:
+        result.json_path = save_dir / "predictions.json"
+        result.json_path.write_text(json.dumps([row for r in records for row in r.json_rows]))
+        LOGGER.info(f"Saved {sum(len(r.json_rows) for r in records)} predictions to {result.json_path}")
+        if anno_json is not None:
+            coco = coco_evaluate(anno_json, result.json_path, [Path(r.path).stem for r in records])
+            if coco is not None:
+                result.coco_map, result.coco_map50 = coco
+    if plots and result.metrics is not None:
+        from utils.plots.figures import plot_confusion_matrix, plot_metric_curves
+
+        plot_metric_curves(result.metrics, names, save_dir)
+        if result.confusion is not None:
+            plot_confusion_matrix(result.confusion.matrix, names, save_dir / "confusion_matrix.png")
+
+
+def coco_evaluate(anno_json: str | Path, pred_json: str | Path,
+                  stems: Sequence[str] = ()) -> tuple[float, float] | None:
+    """pycocotools' (mAP@.5:.95, mAP@.5) of a predictions file; None (with a note) when it cannot run."""
+    anno_json = Path(anno_json)
+    try:
+        from pycocotools.coco import COCO
+        from pycocotools.cocoeval import COCOeval
+    except ImportError:
+        LOGGER.info("pycocotools not installed: skipping the COCO mAP (pip install pycocotools)")
+        return None
+    if not anno_json.is_file():
+        LOGGER.info(f"COCO annotations {anno_json} not found: skipping the COCO mAP")
+        return None
+    LOGGER.info(f"\nEvaluating pycocotools mAP with {anno_json} and {pred_json}...")
+    gt = COCO(str(anno_json))
+    if not json.loads(Path(pred_json).read_text()):
+        LOGGER.info("no predictions: COCO mAP is 0")
+        return 0.0, 0.0
+    evaluator = COCOeval(gt, gt.loadRes(str(pred_json)), "bbox")
+    ids = [int(s) if s.isnumeric() else s for s in stems]
+    if ids:
+        evaluator.params.imgIds = ids
+    evaluator.evaluate()
+    evaluator.accumulate()
+    evaluator.summarize()
+    return float(evaluator.stats[0]), float(evaluator.stats[1])
+
+
+STUDY_HEADER = "img_size P R mAP@.5 mAP@.5:.95 pre_ms inference_ms nms_ms"
+
+
+def write_study(path: Path, sizes: Sequence[int], results: Sequence[Any]) -> Path:
+    """test.py --task study: one row per image size (P, R, mAP@.5, mAP@.5:.95, ms per image of each stage)."""
+    rows = [[size, *r.results(), *r.speed] for size, r in zip(sizes, results)]
+    np.savetxt(path, np.array(rows, dtype=np.float64).reshape(-1, 8), fmt="%10.4g", header=STUDY_HEADER)
+    return path

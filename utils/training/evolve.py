@@ -1,0 +1,81 @@
+"""Hyperparameter evolution (``train.py --evolve N``): short runs whose hyperparameters are mutated from the
+fittest so far, a genetic search over the gains, learning rates and augmentation strengths."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+
+from utils.distributed import comm as dist
+from utils.log import LOGGER
+from utils.paths import increment_path
+from utils.training.fitness import fitness
+from utils.weights.checkpoint import to_plain
+
+# Hyperparameter evolution: key -> (mutation gain, lower bound, upper bound); gain 0 keeps the value fixed.
+EVOLVE_BOUNDS = {
+    "lr0": (1, 1e-5, 1e-1), "lrf": (1, 0.01, 1.0), "momentum": (0.3, 0.6, 0.98), "weight_decay": (1, 0.0, 0.001),
+    "warmup_epochs": (1, 0.0, 5.0), "warmup_momentum": (1, 0.0, 0.95), "warmup_bias_lr": (1, 0.0, 0.2),
+    "box": (1, 0.02, 0.2), "cls": (1, 0.2, 4.0), "cls_pw": (1, 0.5, 2.0), "obj": (1, 0.2, 4.0),
+    "obj_pw": (1, 0.5, 2.0), "iou_t": (0, 0.1, 0.7), "anchor_t": (1, 2.0, 8.0), "fl_gamma": (0, 0.0, 2.0),
+    "hsv_h": (1, 0.0, 0.1), "hsv_s": (1, 0.0, 0.9), "hsv_v": (1, 0.0, 0.9), "degrees": (1, 0.0, 45.0),
+    "translate": (1, 0.0, 0.9), "scale": (1, 0.0, 0.9), "shear": (1, 0.0, 10.0), "perspective": (0, 0.0, 0.001),
+    "flipud": (1, 0.0, 1.0), "fliplr": (0, 0.0, 1.0), "mosaic": (1, 0.0, 1.0), "mixup": (1, 0.0, 1.0)}
+
+
+def mutate(base: dict, history: list[tuple[float, dict]], rng: np.random.Generator,
+           probability: float = 0.8, sigma: float = 0.2) -> dict:
+    """A new hyp: a parent picked among the 5 fittest (fitness-weighted), each gene scaled by ~N(1, sigma)."""
+    if not history:
+        return dict(base)
+    top = sorted(history, key=lambda h: h[0], reverse=True)[:5]
+    weights = np.array([f for f, _ in top]) - min(f for f, _ in top) + 1e-6
+    parent = top[rng.choice(len(top), p=weights / weights.sum())][1]
+    keys = [k for k in EVOLVE_BOUNDS if k in parent]
+    gains = np.array([EVOLVE_BOUNDS[k][0] for k in keys], dtype=float)
+    factors = np.ones(len(keys))
+    while len(keys) and np.all(factors == 1):  # mutate until something changes
+        mask = rng.random(len(keys)) < probability
+        factors = (gains * mask * rng.standard_normal(len(keys)) * rng.random() * sigma + 1).clip(0.3, 3.0)
+    child = dict(parent)
+    for key, factor in zip(keys, factors):
+        low, high = EVOLVE_BOUNDS[key][1:]
+        child[key] = round(float(np.clip(parent[key] * factor, low, high)), 5)
+    return child
+
+
+def evolve(base_hyp: dict, opt: argparse.Namespace, device: torch.device,
+           train: Callable[[dict, argparse.Namespace, torch.device], dict[str, float]]) -> dict:
+    """--evolve N: N short ``train`` runs (final-epoch validation only, final checkpoint only), each with hyps
+    mutated from the fittest so far; writes evolve.csv and hyp_evolve.yaml (the best). All ranks must call it."""
+    opt.noval, opt.nosave = True, True
+    evolve_dir = dist.main_decides(lambda: increment_path(Path(opt.project) / f"{opt.name}-evolve",
+                                                          exist_ok=opt.exist_ok, mkdir=True))
+    rng, history = np.random.default_rng(opt.seed), []
+    for generation in range(opt.evolve):
+        hyp = dist.main_decides(lambda: mutate(base_hyp, history, rng))
+        run_opt = argparse.Namespace(**{**vars(opt), "save_dir": str(evolve_dir / f"gen{generation}")})
+        metrics = train(hyp, run_opt, device)
+        history.append((fitness(list(metrics.values())), hyp))
+        if dist.is_main_process():
+            _write_evolution(evolve_dir, history, metrics)
+    LOGGER.info(f"Hyperparameter evolution finished: {len(history)} runs; best hyps in {evolve_dir}/hyp_evolve.yaml")
+    return max(history, key=lambda h: h[0])[1]
+
+
+def _write_evolution(evolve_dir: Path, history: list[tuple[float, dict]], metrics: dict[str, float]) -> None:
+    """Append the latest generation to evolve.csv and rewrite hyp_evolve.yaml with the fittest hyps."""
+    fit, hyp = history[-1]
+    csv_path = evolve_dir / "evolve.csv"
+    keys = [k for k, v in hyp.items() if isinstance(v, (int, float))]
+    header = "" if csv_path.exists() else ",".join(["fitness", *metrics, *keys]) + "\n"
+    with open(csv_path, "a") as f:
+        f.write(header + ",".join(f"{v:.5g}" for v in [fit, *metrics.values(), *(float(hyp[k]) for k in keys)]) + "\n")
+    best_fit, best = max(history, key=lambda h: h[0])
+    text = f"# Hyperparameter evolution: best fitness {best_fit:.5g} of {len(history)} runs\n"
+    (evolve_dir / "hyp_evolve.yaml").write_text(text + yaml.safe_dump(to_plain(best), sort_keys=False))

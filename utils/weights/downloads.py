@@ -1,0 +1,164 @@
+"""Resolve ``--weights``: a file on disk as it is, or an official YOLOv5 release name fetched once into a cache.
+
+User-facing settings (environment variables, read when a name is resolved, never at import):
+
+    YOLO_WEIGHTS_DIR   where release weights are cached (default ``~/.cache/yolo-ddp/weights``)
+    YOLO_WEIGHTS_URL   the base URL release names are fetched from
+                       (default https://github.com/ultralytics/yolov5/releases/download/v7.0)
+
+Downloads go to a temporary name in the cache folder, are checked (length, zip structure), flushed to disk and
+renamed, so a killed download never leaves a half file under the final name. Under torchrun use
+:func:`attempt_download_once_per_node`: local rank 0 downloads while the other ranks of its machine wait.
+The module does not import torch, so a download costs no torch start-up.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import time
+import urllib.error
+import urllib.request
+import zipfile
+from pathlib import Path
+
+from tqdm import tqdm
+
+from utils.atomic_files import fsync_dir, remove_dead_writers_files
+from utils.errors import UserError
+from utils.log import LOGGER
+
+DEFAULT_URL = "https://github.com/ultralytics/yolov5/releases/download/v7.0"
+RELEASE_NAMES = tuple(f"yolov5{size}{p6}.pt" for p6 in ("", "6") for size in "nsmlx")
+CHUNK = 1 << 16
+
+
+class DownloadError(UserError, RuntimeError):
+    """Weights that are neither on disk nor downloadable; the message says where to put the file."""
+
+
+def weights_dir() -> Path:
+    """The cache folder of release weights: $YOLO_WEIGHTS_DIR, else ``~/.cache/yolo-ddp/weights``."""
+    return Path(os.environ.get("YOLO_WEIGHTS_DIR") or Path.home() / ".cache" / "yolo-ddp" / "weights").expanduser()
+
+
+def release_url(name: str) -> str:
+    """Where release file ``name`` is fetched from: $YOLO_WEIGHTS_URL (a base URL) or the v7.0 GitHub release."""
+    return f"{(os.environ.get('YOLO_WEIGHTS_URL') or DEFAULT_URL).rstrip('/')}/{name}"
+
+
+def is_release_name(weights: str | Path) -> bool:
+    """True for the official file names (``yolov5s.pt``, ``yolov5x6.pt``, ...), wherever the path points."""
+    return Path(weights).name in RELEASE_NAMES
+
+
+def resolve_weights(weights: str | Path) -> Path:
+    """Where ``weights`` is or would be put: the path itself when it exists or names a folder, else the cache.
+
+    ``yolov5s.pt`` (a bare release name) -> ``$YOLO_WEIGHTS_DIR/yolov5s.pt``; ``path/to/yolov5s.pt`` stays there.
+    Raises DownloadError when the file is missing and not a release name. Never downloads.
+    """
+    path = Path(weights).expanduser()
+    if path.is_file():
+        return path
+    if not is_release_name(path):
+        raise DownloadError(f"weights {weights} not found, and it is not an official release name "
+                            f"({', '.join(RELEASE_NAMES)})")
+    return path if str(weights) != path.name else weights_dir() / path.name
+
+
+def attempt_download(weights: str | Path, *, progress: bool = True, timeout: float = 30.0, attempts: int = 2) -> Path:
+    """The local path of ``weights``, downloading an official release file (``yolov5s.pt``) when it is missing.
+
+    Existing paths are returned unchanged. Raises DownloadError (one line: URL, reason, where to put the file).
+    """
+    path = resolve_weights(weights)
+    if path.is_file():
+        return path
+    url = release_url(path.name)
+    LOGGER.info(f"Downloading {url} to {path}")
+    reason = ""
+    for attempt in range(max(attempts, 1)):
+        if attempt:
+            LOGGER.warning(f"WARNING: download of {path.name} failed ({reason}); retrying ({attempt}/{attempts - 1})")
+            time.sleep(min(2.0 ** (attempt - 1), 8.0))
+        try:
+            return download_file(url, path, progress=progress, timeout=timeout)
+        except DownloadError as e:
+            reason = str(e)
+    raise DownloadError(f"could not download {path.name} from {url}: {reason}; put the file at {path}")
+
+
+def attempt_download_once_per_node(weights: str | Path, *, progress: bool = True, timeout: float = 30.0,
+                                   attempts: int = 2) -> Path:
+    """:func:`attempt_download` by local rank 0 of each machine while its other ranks wait, then find the file.
+
+    All ranks must call it (it runs barriers). When the download fails every rank raises DownloadError.
+    """
+    from utils.distributed import comm as dist  # torch: imported only where the process group is needed
+
+    with dist.zero_first(local=True):
+        if dist.is_local_main_process():
+            return attempt_download(weights, progress=progress, timeout=timeout, attempts=attempts)
+    path = resolve_weights(weights)
+    if not path.is_file():
+        raise DownloadError(f"{path} is missing: local rank 0 could not download it; put the file at {path}")
+    return path
+
+
+def download_file(url: str, dest: str | Path, *, progress: bool = True, timeout: float = 30.0) -> Path:
+    """Fetch ``url`` into ``dest`` atomically (temp file in the same folder, length and zip checks, fsync, rename).
+
+    Raises DownloadError with the bare reason; the temporary file is removed on every failure.
+    """
+    dest = Path(dest)
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise DownloadError(f"cannot create {dest.parent} ({e.strerror or e})") from None
+    remove_stale_parts(dest.parent)
+    tmp = dest.with_name(f".{dest.name}.part{os.getpid()}")
+    try:
+        size = _fetch(url, tmp, dest.name, progress, timeout)
+        if not zipfile.is_zipfile(tmp):
+            raise DownloadError(f"the server sent {size} bytes that are not a PyTorch zip file")
+        os.replace(tmp, dest)
+        fsync_dir(dest.parent)
+    except OSError as e:
+        raise DownloadError(f"cannot write {tmp} ({e.strerror or e})") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return dest
+
+
+def _fetch(url: str, tmp: Path, label: str, progress: bool, timeout: float) -> int:
+    """Stream ``url`` into ``tmp`` with a progress bar; the byte count, checked against Content-Length."""
+    request = urllib.request.Request(url, headers={"User-Agent": "yolo-ddp"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response, open(tmp, "wb") as f:
+            expected = int(response.headers.get("Content-Length") or 0) or None
+            received = 0
+            with tqdm(total=expected, unit="B", unit_scale=True, unit_divisor=1024, desc=label,
+                      disable=not progress) as bar:
+                while chunk := response.read1(CHUNK):  # what has arrived, so the bar moves
+                    f.write(chunk)
+                    received += len(chunk)
+                    bar.update(len(chunk))
+            f.flush()
+            os.fsync(f.fileno())
+    except urllib.error.HTTPError as e:
+        raise DownloadError(f"HTTP {e.code} {e.reason}") from None
+    except urllib.error.URLError as e:
+        raise DownloadError(str(e.reason)) from None
+    except (OSError, http.client.HTTPException) as e:  # timeouts, resets, a truncated chunked body, a full disk
+        raise DownloadError(f"{type(e).__name__}: {e}") from None
+    if expected is not None and received != expected:
+        raise DownloadError(f"the connection closed after {received} of {expected} bytes")
+    if received == 0:
+        raise DownloadError("the server sent an empty file")
+    return received
+
+
+def remove_stale_parts(folder: Path) -> None:
+    """Delete ``.NAME.part<pid>`` files left by downloads that were killed (their process is gone)."""
+    remove_dead_writers_files(folder, ".*.part*", ".part")
