@@ -1,0 +1,71 @@
+"""The loggers ``train.py --loggers`` chooses from: one name, one module, one hook each.
+
+Each logger is a hook (utils/hooks.py) built by a factory that takes a LoggerContext. A logger's module (and the
+package it talks to) is imported only when the logger is chosen, and only on the main process: other ranks
+never import a tracking package. Adding a logger is one module plus one line in LOGGERS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from utils.errors import UserError
+from utils.hooks import HookBase
+
+# name -> "module:factory"; the factory is called with a LoggerContext and returns a HookBase
+LOGGERS: dict[str, str] = {
+    "csv": "utils.loggers.results_csv:ResultsCsvLogger",
+    "tensorboard": "utils.loggers.tensorboard:TensorBoardLogger",
+}
+DEFAULT_LOGGERS = ("csv", "tensorboard")
+
+
+class LoggerError(UserError, ValueError):
+    """A logger that cannot be chosen or built (unknown name, missing package)."""
+
+
+@dataclass
+class LoggerContext:
+    """What a logger factory gets: where the run writes, its options, and whether this process logs at all."""
+
+    save_dir: Path
+    options: dict[str, Any] = field(default_factory=dict)  # the run's options (plain types)
+    enabled: bool = True  # the main process; a disabled context builds nothing
+
+
+def add_logger_flags(parser: argparse.ArgumentParser) -> None:
+    """--loggers (repeatable, or several names at once)."""
+    parser.add_argument("--loggers", nargs="+", action="extend", default=None, metavar="NAME",
+                        help=f"where training logs: {', '.join(LOGGERS)} (repeatable; default: "
+                        f"{' '.join(DEFAULT_LOGGERS)})")
+
+
+def chosen_loggers(names: Sequence[str] | None) -> list[str]:
+    """The names to build, in order, each once (``None``: the defaults); unknown names are one-line errors."""
+    chosen = list(dict.fromkeys(names if names else DEFAULT_LOGGERS))
+    unknown = [n for n in chosen if n not in LOGGERS]
+    if unknown:
+        raise LoggerError(f"--loggers: unknown {', '.join(unknown)} (choose from {', '.join(LOGGERS)})")
+    return chosen
+
+
+def build_loggers(names: Sequence[str] | None, context: LoggerContext) -> list[HookBase]:
+    """The hooks of the chosen loggers; none where ``context.enabled`` is false (ranks other than 0)."""
+    chosen = chosen_loggers(names)
+    if not context.enabled:
+        return []
+    return [_factory(name)(context) for name in chosen]
+
+
+def _factory(name: str) -> Any:
+    module_name, _, factory_name = LOGGERS[name].partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise LoggerError(f"--loggers {name}: cannot import {module_name} ({e})") from None
+    return getattr(module, factory_name)
