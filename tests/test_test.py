@@ -272,7 +272,7 @@ def test_val_py_is_test_py_under_the_newer_name(checkpoint, tiny_dataset, tmp_pa
     code = run_main(val.main, val.parse_opt(_args(tmp_path / "none.pt", tiny_dataset, tmp_path)), "val")
     assert code == 2 and capsys.readouterr().err.strip().splitlines() == [
         f"val: error: --weights {tmp_path / 'none.pt'} not found"]
-    assert len((ROOT / "val.py").read_text().splitlines()) < 40  # no copy of test.py
+    assert len((ROOT / "val.py").read_text().splitlines()) < 50  # no copy of test.py
 
 
 V7_VAL_FLAGS = ["--data", "d.yaml", "--weights", "a.pt", "--batch-size", "8", "--imgsz", "320", "--conf-thres", "0.1",

@@ -32,7 +32,7 @@ def digest(obj: Any) -> str:
 def code_digest(root: Path = ROOT) -> str:
     """A hash of the project's own Python files (scripts, models/, utils/): two ranks on different code differ."""
     h = hashlib.sha1()
-    for path in sorted([*root.glob("*.py"), *(root / "models").glob("*.py"), *(root / "utils").glob("*.py")]):
+    for path in sorted([*root.glob("*.py"), *(root / "models").glob("*.py"), *(root / "utils").rglob("*.py")]):
         h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes())
     return h.hexdigest()[:12]
 
