@@ -2,7 +2,8 @@
 
 VOC corners are 1-based pixel indices, both ends inclusive: a box ``xmin..xmax`` covers the continuous span
 ``[xmin - 1, xmax]`` in 0-based pixels, so ``x1 = xmin - 1`` and ``x2 = xmax``. An object's ``name`` is looked
-up in the data YAML's ``names``. ``difficult`` objects are left out of training unless the split says
+up in the data YAML's ``names``. The split is the ids of its ``list`` file (VOC's ``ImageSets/Main/*.txt``), else
+every image in its image folder. ``difficult`` objects are left out of training unless the split says
 ``keep_crowd: true`` (VOC's own evaluation ignores them). An image listed without an XML file is a background
 image (counted 'missing', as a YOLO image without a label file is). XML with a DOCTYPE or entities is refused.
 """
@@ -22,9 +23,10 @@ MAX_XML_BYTES = 4 << 20  # one image's annotation file; larger ones are refused,
 
 
 def voc_ids(split: AnnotationSplit) -> list[str]:
-    """The split's image ids: the lines of its list file, else the stems of every XML file in the folder."""
+    """The split's image ids: the lines of its list file, else the stems of the images in the image folder (as a
+    YOLO split is its images: one without an XML file is a background)."""
     if split.image_list is None:
-        return sorted(p.stem for p in split.annotations.glob("*.xml"))
+        return sorted({p.stem for p in split.images.glob("*") if p.suffix.lower() in IMG_SUFFIXES})
     try:
         return [line.split()[0] for line in split.image_list.read_text().splitlines() if line.strip()]
     except (OSError, UnicodeDecodeError) as e:
