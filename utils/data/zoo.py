@@ -191,6 +191,8 @@ def convert_xview(root: Path, names: Sequence[str]) -> None:
     files = sorted(p.name for p in (root / "images" / "train").iterdir())
     rng = np.random.default_rng(0)
     to_val = rng.random(len(files)) < 0.1
+    if len(files) > 1 and not to_val.any():  # a small set still gets a val image
+        to_val[-1] = True
     for name, chosen in (("autosplit_train.txt", ~to_val), ("autosplit_val.txt", to_val)):
         listed = [f"./train/{f}\n" for f, c in zip(files, chosen) if c]
         (root / "images" / name).write_text("".join(listed))
