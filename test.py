@@ -67,8 +67,8 @@ def parse_opt(argv: list[str] | None = None, script: str = "test") -> argparse.N
     p.add_argument("--save-hybrid", action="store_true", help="save labels and predictions together to labels/*.txt "
                    "(auto-labelling; the reported mAP then counts the labels too)")
     add_flags(p, "save_conf")
-    p.add_argument("--save-json", action="store_true", help="save a COCO-format predictions JSON (on a COCO JSON "
-                   "split: that file's image and category ids, scored by pycocotools against it)")
+    p.add_argument("--save-json", action="store_true", help="save a COCO-format predictions JSON (a COCO JSON "
+                   "split's own ids)")
     add_flags(p, "project", "name", "exist_ok", *DISTRIBUTED)
     add_refused_flags(p, "dnn")
     opt = square_size(p, p.parse_args(argv))

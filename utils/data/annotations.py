@@ -166,7 +166,7 @@ def crowd_note(excluded: int, what: str) -> str:
     """The one line a parse logs about the boxes it left out of training."""
     if not excluded:
         return ""
-    return f"{excluded} {what} excluded from training (ignored in COCO evaluation); set keep_crowd: true to keep them"
+    return f"{excluded} {what} excluded from training; a split's keep_crowd: true keeps them"
 
 
 def path_inside(folder: Path, name: Any) -> Path | None:
