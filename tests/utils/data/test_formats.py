@@ -227,3 +227,31 @@ def test_splits_mix_formats_and_lists(sets):
     dataset = YoloDataset(config.train, img_size=64, nc=3)
     assert len(dataset) == 6 and dataset.scan.line() == "5 found, 1 missing, 1 empty, 0 corrupt"
     assert YoloDataset(config.val, img_size=64, nc=3).scan.empty == 1  # val: COCO
+
+
+def test_a_voc_list_picks_the_split_and_names_missing_xml_files(sets):
+    root = sets["voc"].parent
+    (root / "ids.txt").write_text("img_002\nimg_000\n\nimg_003\n")
+    (root / "voc" / "train" / "img_003.xml").unlink()
+    data = yaml.safe_load(sets["voc"].read_text())
+    data["val"] = {"voc": "voc/train", "images": "images/train", "list": "ids.txt"}
+    sets["voc"].write_text(yaml.safe_dump(data))
+    split = load_data_config(sets["voc"]).val[0]
+    assert split.cache_path().name == "train.ids.cache"  # one cache per list, beside the XML folder
+    dataset = YoloDataset([split], img_size=64, nc=3)
+    assert [Path(f).name for f in dataset.im_files] == ["img_000.jpg", "img_002.jpg", "img_003.jpg"]
+    assert dataset.scan.line() == "2 found, 1 missing, 0 empty, 0 corrupt"
+
+
+def test_an_unknown_voc_name_or_a_bad_bbox_makes_the_image_corrupt(sets, yolo_log):
+    root = sets["voc"].parent
+    xml = root / "voc" / "train" / "img_000.xml"
+    xml.write_text(xml.read_text().replace("<name>", "<name>x", 1))
+    annotations = root / "annotations" / "instances_train.json"
+    doc = json.loads(annotations.read_text())
+    doc["annotations"][0]["bbox"] = [1, 2, "3", 4]
+    annotations.write_text(json.dumps(doc))
+    assert YoloDataset(load_data_config(sets["voc"]).train, img_size=64, nc=3).scan.corrupt == 1
+    assert YoloDataset(load_data_config(sets["coco"]).train, img_size=64, nc=3).scan.corrupt == 1
+    assert any("is not in the data YAML's names" in line for line in yolo_log)
+    assert any("has a bad bbox" in line for line in yolo_log)
