@@ -146,3 +146,40 @@ def test_a_malformed_annotation_file_stops_train_py_with_one_line(tiny_cfg_file,
     assert err.strip().splitlines() == [f"train: error: {annotations}: not valid JSON (Expecting value at line 1, "
                                         "column 31); fix or re-export the annotation file"]
     assert not our_tracebacks(err)
+
+
+DDP_WORKER = '''
+import json, sys
+from pathlib import Path
+from utils.data import annotations
+from utils.data.config import load_data_config
+from utils.data.datasets import DatasetOptions
+from utils.data.loader import create_dataloader
+from utils.distributed import comm as dist
+
+parses, real_parse = [0], annotations.scan_files
+annotations.scan_files = lambda *a, **k: parses.__setitem__(0, parses[0] + 1) or real_parse(*a, **k)
+dist.init_distributed(device="cpu", backend="gloo", timeout_s=60, long_timeout_s=120)
+try:
+    split = load_data_config(sys.argv[1]).train
+    loader, dataset = create_dataloader(split, DatasetOptions(img_size=64, batch_size=2, nc=3), workers=0)
+    result = {"parses": parses[0], "found": dataset.scan.found, "labels": [lab.tolist() for lab in dataset.labels]}
+    Path(sys.argv[2], f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
+finally:
+    dist.cleanup()
+'''
+
+
+@pytest.mark.ddp
+def test_two_ranks_parse_a_coco_split_once(tmp_path):
+    from tests.helpers import ROOT, job_env, run_job, torchrun_cmd
+
+    yamls = write_sets(tmp_path / "set", n_train=4, n_val=1)
+    worker = tmp_path / "coco_ddp_worker.py"
+    worker.write_text(DDP_WORKER)
+    code, output = run_job(torchrun_cmd(2, str(worker), str(yamls["coco"]), str(tmp_path)),
+                           env=job_env(PYTHONPATH=str(ROOT)))
+    assert code == 0, output[-3000:]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [r["parses"] for r in ranks] == [1, 0]  # local rank 0 parsed and cached; rank 1 read the cache
+    assert ranks[0]["labels"] == ranks[1]["labels"] and ranks[0]["found"] == 4
