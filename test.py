@@ -30,6 +30,8 @@ from utils.cli import (
     square_size,
     visible_options,
 )
+from utils.data.annotations import AnnotationSplit
+from utils.data.coco_json import CocoIds, coco_ids
 from utils.data.config import DataConfig, DataError, load_data_config
 from utils.data.datasets import DatasetOptions
 from utils.data.loader import create_dataloader
@@ -65,7 +67,8 @@ def parse_opt(argv: list[str] | None = None, script: str = "test") -> argparse.N
     p.add_argument("--save-hybrid", action="store_true", help="save labels and predictions together to labels/*.txt "
                    "(auto-labelling; the reported mAP then counts the labels too)")
     add_flags(p, "save_conf")
-    p.add_argument("--save-json", action="store_true", help="save a COCO-format predictions JSON")
+    p.add_argument("--save-json", action="store_true", help="save a COCO-format predictions JSON (a COCO JSON "
+                   "split's own ids)")
     add_flags(p, "project", "name", "exist_ok", *DISTRIBUTED)
     add_refused_flags(p, "dnn")
     opt = square_size(p, p.parse_args(argv))
@@ -89,11 +92,15 @@ def _split(data: DataConfig, task: str) -> list[Path]:
     return data.train if task == "train" else data.val
 
 
-def _coco_annotations(data: DataConfig) -> Path | None:
-    """COCO's instances JSON, where a COCO data set keeps it (pycocotools then reports the official mAP)."""
+def _coco_annotations(data: DataConfig, sources: list, save_json: bool) -> tuple[Path | None, CocoIds | None]:
+    """The annotation file pycocotools scores against, and the ids the predictions JSON must use: a COCO JSON
+    split's own file and ids (read only for --save-json), else COCO's instances JSON where a COCO data set keeps
+    it, with COCO's 91 category ids."""
+    if len(sources) == 1 and isinstance(sources[0], AnnotationSplit) and sources[0].format == "coco":
+        return sources[0].annotations, coco_ids(sources[0]) if save_json else None
     if not data.is_coco:
-        return None
-    return Path(data.root) / "annotations" / "instances_val2017.json"
+        return None, None
+    return Path(data.root) / "annotations" / "instances_val2017.json", None
 
 
 def check_options(opt: argparse.Namespace, backend: DetectBackend) -> None:
@@ -151,17 +158,19 @@ def validate(opt: argparse.Namespace, backend: DetectBackend, data: DataConfig, 
     options = DatasetOptions(img_size=img_size, batch_size=dist.batch_per_rank(opt.batch_size), stride=backend.stride,
                              rect=backend.dynamic, pad=0.5, nc=data.nc, prefix=colorstr(f"{opt.task}: "),
                              single_cls=opt.single_cls, names=data.names)
-    loader, dataset = create_dataloader(_split(data, split), options, workers=opt.workers, shard_eval=True)
+    sources = _split(data, split)
+    loader, dataset = create_dataloader(sources, options, workers=opt.workers, shard_eval=True)
     if not speed_only and sum(len(labels) for labels in dataset.labels) == 0:
         raise DataError(f"{opt.task} split of {data.yaml_file} has no labels (looked for .txt files in labels/ "
                         "next to images/); metrics need labels")
+    anno_json, ids = _coco_annotations(data, sources, opt.save_json and files)
     with torch.no_grad():  # warm-up: first-call costs stay out of the timing
         model(torch.zeros(1, 3, img_size, img_size, device=device))
     options = EvalOptions(conf_thres=opt.conf_thres, iou_thres=opt.iou_thres, max_det=opt.max_det,
                           single_cls=opt.single_cls, agnostic=opt.agnostic_nms, half=opt.half and device.type == "cuda",
                           save_dir=save_dir, plots=files, save_json=opt.save_json and files,
                           save_txt=opt.save_txt, save_conf=opt.save_conf, verbose=opt.verbose, is_coco=data.is_coco,
-                          anno_json=_coco_annotations(data), augment=opt.augment, save_hybrid=opt.save_hybrid)
+                          anno_json=anno_json, coco_ids=ids, augment=opt.augment, save_hybrid=opt.save_hybrid)
     if speed_only:
         return measure_speed(model, loader, device, options)
     return evaluate(model, loader, device, data.names, options)

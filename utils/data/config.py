@@ -1,7 +1,9 @@
 """Data set YAMLs: reading and checking them, resolving split paths, and downloading missing data sets.
 
 A data YAML names image folders or ``.txt`` lists (``train``, ``val``, optional ``test``) relative to its
-``path``, the class count ``nc`` and ``names``, and optionally a ``download`` URL used when a split is missing.
+``path``, the class count ``nc`` and ``names``, and optionally a ``download`` URL used when a split is missing
+(then the registered converter named by ``convert``). A split may instead be a mapping naming a COCO JSON file or a
+folder of VOC XML files (utils.data.formats).
 """
 
 from __future__ import annotations
@@ -33,9 +35,9 @@ class DataConfig:
     """A resolved data YAML: absolute split paths, class names and where it came from."""
 
     root: Path
-    train: list[Path]
-    val: list[Path]
-    test: list[Path] | None
+    train: list[Any]  # paths (YOLO folders, .txt lists) and annotation splits (utils.data.formats)
+    val: list[Any]
+    test: list[Any] | None
     nc: int
     names: list[str]
     yaml_file: Path
@@ -101,9 +103,30 @@ def _dataset_root(data: dict, yaml_file: Path) -> Path:
     return beside if beside.exists() or not data.get("download") else data_home() / path
 
 
-def _split_paths(value: Any, root: Path) -> list[Path]:
+def _split_paths(value: Any, root: Path, names: list[str], yaml_file: Path) -> list[Any]:
+    """A split's entries: YOLO folders and lists as paths, mappings as annotation splits (utils.data.formats)."""
+    from utils.data.formats import split_from_mapping  # local: formats imports this module
+
     values = value if isinstance(value, list | tuple) else [value]
-    return [p if (p := Path(str(v)).expanduser()).is_absolute() else root / p for v in values]
+    return [split_from_mapping(v, root, names, yaml_file) if isinstance(v, dict) else
+            p if (p := Path(str(v)).expanduser()).is_absolute() else root / p for v in values]
+
+
+def check_converter(name: Any, yaml_file: Path) -> None:
+    """A YAML's ``convert`` must name a registered converter (utils.data.zoo); None means none."""
+    from utils.data.zoo import CONVERTERS  # local: the converters import this module
+
+    if name is not None and name not in CONVERTERS:
+        raise DataError(f"{yaml_file}: convert: {name!r} is not a known converter ({', '.join(sorted(CONVERTERS))})")
+
+
+def run_converter(name: Any, root: Path, names: list[str], yaml_file: Path) -> None:
+    """Run the YAML's named converter on freshly downloaded files (never code from the YAML)."""
+    from utils.data.zoo import CONVERTERS
+
+    if name is not None:
+        LOGGER.info(f"Converting {root} with the '{name}' converter of {yaml_file.name} ...")
+        CONVERTERS[name](root, names)
 
 
 def load_data_config(path: str | Path | None = None) -> DataConfig:
@@ -119,12 +142,14 @@ def load_data_config(path: str | Path | None = None) -> DataConfig:
         if not data.get(key):
             raise DataError(f"{yaml_file}: missing '{key}' (a folder of images, a .txt list, or a list of them)")
     root = _dataset_root(data, yaml_file)
-    splits = {k: _split_paths(data[k], root) for k in ("train", "val", "test") if data.get(k)}
+    check_converter(data.get("convert"), yaml_file)
+    splits = {k: _split_paths(data[k], root, names, yaml_file) for k in ("train", "val", "test") if data.get(k)}
     missing = [p for paths in splits.values() for p in paths if not p.exists()]
     if missing and data.get("download"):
         with dist.zero_first(local=True):
             if dist.is_local_main_process() and not all(p.exists() for p in missing):
                 download_dataset(data["download"], root)
+                run_converter(data.get("convert"), root, names, yaml_file)
         missing = [p for p in missing if not p.exists()]
     if missing:
         raise DataError(f"{yaml_file}: split path {missing[0]} does not exist; check 'path' and the split entries")

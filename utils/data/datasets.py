@@ -1,7 +1,8 @@
 """The YOLO data set: images and their checked labels, letterboxed or mosaicked and augmented, for training
 and validation.
 
-The files come from ``utils.data.label_cache`` (the checked, cached scan); data YAMLs from ``utils.data.config``.
+The files come from ``utils.data.formats`` (the checked, cached scan of YOLO txt, COCO JSON or VOC XML labels);
+data YAMLs from ``utils.data.config``.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from utils.data.augment import (
     warp_mosaic,
 )
 from utils.data.config import DataError
-from utils.data.label_cache import STATES, cache_dir_for, cached_scan, copy_name, img2label_paths, list_image_files
+from utils.data.formats import scan_sources
+from utils.data.label_cache import STATES, copy_name, img2label_paths
 from utils.data.ram_cache import SharedImages, build_shared
 from utils.device import available_cores
 from utils.distributed import comm as dist
@@ -119,14 +121,11 @@ class YoloDataset(torch.utils.data.Dataset):
         self.names = list(opts.names) if opts.names is not None else None
         self.seed = opts.seed
         self.rng = np.random.default_rng([opts.seed, dist.get_rank()])
-        im_files = list_image_files(sources)
-        label_files = img2label_paths(im_files)
-        result, self.cache_path = cached_scan(im_files, label_files, opts.nc, opts.prefix)
-        self.cache_dir = cache_dir_for(label_files)
+        result, self.cache_path, self.cache_dir = scan_sources(sources, opts.nc, opts.prefix)
         self.scan = result.summary()
         keep = np.flatnonzero(result.states != STATES.index("corrupt"))
         if not len(keep):
-            raise DataError(f"{opts.prefix}no usable images in {sources}: all {len(im_files)} are corrupt "
+            raise DataError(f"{opts.prefix}no usable images in {sources}: all {len(result.im_files)} are corrupt "
                             "(see warnings)")
         self.im_files = [result.im_files[i] for i in keep]
         self.read_files = [result.read_path(i) for i in keep]  # a repaired copy where the scan made one

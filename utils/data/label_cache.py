@@ -144,6 +144,13 @@ def read_label_file(path: str, nc: int | None) -> tuple[np.ndarray, str, int, st
         labels = np.array(rows, dtype=np.float64)
     except ValueError:
         raise ValueError("non-numeric label values") from None
+    labels, duplicates, note = check_label_rows(labels, nc)
+    return labels, "found", duplicates, note
+
+
+def check_label_rows(labels: np.ndarray, nc: int | None) -> tuple[np.ndarray, int, str]:
+    """The checks every label format meets: (n, 5) float64 ``class cx cy w h`` rows -> (float32 rows clipped to
+    [0, 1] without duplicates, duplicates removed, note). Invalid rows raise ValueError with the reason."""
     if not np.isfinite(labels).all():
         raise ValueError("non-finite label values")
     classes = labels[:, 0]
@@ -164,7 +171,7 @@ def read_label_file(path: str, nc: int | None) -> tuple[np.ndarray, str, int, st
     if duplicates:
         labels = labels[np.sort(first)]
     note = f"{duplicates} duplicate labels removed" if duplicates else ""
-    return labels.astype(np.float32), "found", duplicates, note
+    return labels.astype(np.float32), duplicates, note
 
 
 def check_sample(args: tuple[str, str, int | None, Path | None]) -> tuple[np.ndarray, tuple[int, int], str, int, str,
@@ -248,17 +255,18 @@ def _check_pool(n_items: int) -> Any:
     return ThreadPool(workers)
 
 
-def scan_files(im_files: Sequence[str], label_files: Sequence[str], nc: int | None, desc: str = "",
-               show: bool = True, repair_dir: Path | None = None) -> ScanResult:
+def scan_files(im_files: Sequence[str], label_files: Sequence[Any], nc: int | None, desc: str = "",
+               show: bool = True, repair_dir: Path | None = None, check: Any = check_sample) -> ScanResult:
     """Check every pair on a pool sized to the cores, with a progress bar when ``show``; damaged images that can
-    be repaired get a repaired copy in ``repair_dir``."""
+    be repaired get a repaired copy in ``repair_dir``. ``check`` reads one pair's labels (the default: a YOLO txt
+    file; utils.data.annotations passes the boxes an annotation file gave)."""
     n = len(im_files)
     states, shapes = np.zeros(n, np.int8), np.zeros((n, 2), np.int32)
     labels, duplicates, messages, repaired = [], np.zeros(n, np.int32), [], []
     counts = dict.fromkeys(STATES, 0)
     with _check_pool(n) as pool:
         jobs = [(im, lb, nc, repair_dir) for im, lb in zip(im_files, label_files)]
-        bar = tqdm(pool.imap(check_sample, jobs, chunksize=16), total=n, desc=desc, disable=not show, leave=False,
+        bar = tqdm(pool.imap(check, jobs, chunksize=16), total=n, desc=desc, disable=not show, leave=False,
                    unit="img")
         for i, (lab, shape, state, dup, msg, copy) in enumerate(bar):
             states[i], shapes[i], duplicates[i] = STATES.index(state), shape, dup
@@ -339,10 +347,15 @@ def cached_scan(im_files: Sequence[str], label_files: Sequence[str], nc: int | N
                             repair_dir=cache_dir_for(label_files) / "repaired")
         if save_cache(path, result, file_hash):
             LOGGER.info(f"{prefix}New cache created: {path}")
+    log_scan(result, prefix, shown, path.parent / path.stem)
+    return result, path
+
+
+def log_scan(result: ScanResult, prefix: str, shown: Path, source: Path) -> None:
+    """The ``Scanning '...'... N found, M missing, K empty, C corrupt`` line, then each warning once."""
     summary = result.summary()
     LOGGER.info(f"{prefix}Scanning '{shown}' images and labels... {summary.line()}")
     for message in summary.warnings:
         LOGGER.warning(f"{prefix}WARNING: {message}")
     if summary.found and not any(len(lab) for lab in result.labels):
-        LOGGER.warning(f"{prefix}WARNING: no labels found in {path.parent / path.stem}; training needs labels")
-    return result, path
+        LOGGER.warning(f"{prefix}WARNING: no labels found in {source}; training needs labels")

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from utils.boxes import non_max_suppression, scale_boxes, xywhn2xyxy
+from utils.data.coco_json import CocoIds
 from utils.device import autocast
 from utils.distributed import comm as dist
 from utils.evaluation.metrics import ConfusionMatrix, DetectionMetrics, ap_per_class, match_predictions
@@ -48,6 +49,7 @@ class EvalOptions:
     verbose: bool = False
     is_coco: bool = False
     anno_json: Path | None = None  # COCO annotations for pycocotools (with save_json)
+    coco_ids: CocoIds | None = None  # a COCO JSON split's own image and category ids, for the predictions JSON
     augment: bool = False  # test-time augmentation (utils/evaluation/tta.py)
     save_hybrid: bool = False  # the labels join the predictions before NMS (auto-labelling; inflates the mAP)
 
@@ -159,7 +161,7 @@ def _image_stats(det: torch.Tensor, targets: torch.Tensor, index: int, img_hw: S
         save_label_file(path, det, shape[0], txt_dir, opts.save_conf)
     return ImageStats(path=str(path), correct=match_predictions(det, labels), conf=det[:, 4].cpu().numpy(),
                       pred_cls=det[:, 5].cpu().numpy(), target_cls=labels[:, 0].cpu().numpy(),
-                      json_rows=json_rows(path, det.cpu(), opts.is_coco) if opts.save_json else [])
+                      json_rows=json_rows(path, det.cpu(), opts.is_coco, opts.coco_ids) if opts.save_json else [])
 
 
 def _show_progress() -> bool:
@@ -281,7 +283,7 @@ def evaluate(model: nn.Module, loader: Any, device: torch.device | str, names: S
     LOGGER.info(f"Speed: {pre:.1f}/{inf:.1f}/{nms_ms:.1f} ms pre-process/inference/NMS per image "
                 f"at shape {totals['shape']}")
     if main and save_dir is not None:
-        write_outputs(result, records, names, save_dir, plots, opts.save_json, opts.anno_json)
+        write_outputs(result, records, names, save_dir, plots, opts.save_json, opts.anno_json, opts.coco_ids)
     return result
 
 

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from utils.boxes import label_rows, xyxy2xywh
+from utils.data.coco_json import CocoIds
 from utils.log import LOGGER
 
 # COCO's 80 training classes -> the 91 category ids of its annotation files.
@@ -23,15 +24,22 @@ COCO80_TO_91 = (
 )
 
 
-def json_rows(path: str, det: torch.Tensor, is_coco: bool) -> list[dict]:
-    """COCO result rows: image_id from the file stem, bbox [x, y, w, h] in original pixels."""
+def stem_id(path: str) -> int | str:
+    """The image id COCO's own files use: the numeric file stem (``000000000139.jpg`` -> 139), else the stem."""
     stem = Path(path).stem
-    image_id: int | str = int(stem) if stem.isnumeric() else stem
+    return int(stem) if stem.isnumeric() else stem
+
+
+def json_rows(path: str, det: torch.Tensor, is_coco: bool, coco_ids: CocoIds | None = None) -> list[dict]:
+    """COCO result rows, bbox [x, y, w, h] in original pixels: with ``coco_ids`` (a COCO JSON split), that file's
+    image and category ids; else image_id from the file stem and the class (COCO's 91 ids with ``is_coco``)."""
+    image_id = coco_ids.image_id(path) if coco_ids is not None else stem_id(path)
+    categories = coco_ids.category_ids if coco_ids is not None else COCO80_TO_91 if is_coco else None
     boxes = xyxy2xywh(det[:, :4].double())
     boxes[:, :2] -= boxes[:, 2:] / 2
     rows = []
     for box, conf, cls in zip(boxes.tolist(), det[:, 4].tolist(), det[:, 5].long().tolist()):
-        rows.append({"image_id": image_id, "category_id": COCO80_TO_91[cls] if is_coco else cls,
+        rows.append({"image_id": image_id, "category_id": categories[cls] if categories is not None else cls,
                      "bbox": [round(v, 3) for v in box], "score": round(conf, 5)})
     return rows
 
@@ -60,14 +68,16 @@ def save_label_file(path: str, det: torch.Tensor, shape0: Sequence[int], folder:
 
 
 def write_outputs(result: Any, records: list[Any], names: Sequence[str], save_dir: Path, plots: bool,
-                  save_json: bool, anno_json: str | Path | None) -> None:
-    """Rank 0: predictions JSON (and pycocotools' mAP when annotations exist), PR/F1/P/R curves, confusion."""
+                  save_json: bool, anno_json: str | Path | None, coco_ids: CocoIds | None = None) -> None:
+    """Rank 0: predictions JSON (and pycocotools' mAP on the evaluated images when annotations exist), PR/F1/P/R
+    curves, confusion."""
     if save_json:
         result.json_path = save_dir / "predictions.json"
         result.json_path.write_text(json.dumps([row for r in records for row in r.json_rows]))
         LOGGER.info(f"Saved {sum(len(r.json_rows) for r in records)} predictions to {result.json_path}")
         if anno_json is not None:
-            coco = coco_evaluate(anno_json, result.json_path, [Path(r.path).stem for r in records])
+            ids = [coco_ids.image_id(r.path) if coco_ids is not None else stem_id(r.path) for r in records]
+            coco = coco_evaluate(anno_json, result.json_path, ids)
             if coco is not None:
                 result.coco_map, result.coco_map50 = coco
     if plots and result.metrics is not None:
@@ -79,8 +89,9 @@ def write_outputs(result: Any, records: list[Any], names: Sequence[str], save_di
 
 
 def coco_evaluate(anno_json: str | Path, pred_json: str | Path,
-                  stems: Sequence[str] = ()) -> tuple[float, float] | None:
-    """pycocotools' (mAP@.5:.95, mAP@.5) of a predictions file; None (with a note) when it cannot run."""
+                  image_ids: Sequence[int | str] = ()) -> tuple[float, float] | None:
+    """pycocotools' (mAP@.5:.95, mAP@.5) of a predictions file over ``image_ids`` (default: every image); None
+    (with a note) when it cannot run."""
     anno_json = Path(anno_json)
     try:
         from pycocotools.coco import COCO
@@ -97,9 +108,8 @@ def coco_evaluate(anno_json: str | Path, pred_json: str | Path,
         LOGGER.info("no predictions: COCO mAP is 0")
         return 0.0, 0.0
     evaluator = COCOeval(gt, gt.loadRes(str(pred_json)), "bbox")
-    ids = [int(s) if s.isnumeric() else s for s in stems]
-    if ids:
-        evaluator.params.imgIds = ids
+    if image_ids:
+        evaluator.params.imgIds = list(image_ids)
     evaluator.evaluate()
     evaluator.accumulate()
     evaluator.summarize()

@@ -1,0 +1,176 @@
+"""Splits given as annotation files (a COCO JSON file, a folder of Pascal VOC XML files): their boxes go through
+the same checks, counts and cache as YOLO txt labels (utils.data.label_cache).
+
+A format's parser turns its file(s) into one ``ImageEntry`` per image: boxes as corners in the image's pixels and
+class indices. ``scan_annotations`` checks every image and its boxes on the scan pool and caches the result in
+``<annotations>.<list>.cache`` beside the annotations, rebuilt when the annotation files or the images change.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from utils.data.label_cache import (
+    ScanResult,
+    check_image,
+    check_label_rows,
+    files_hash,
+    load_cache,
+    log_scan,
+    save_cache,
+    scan_files,
+)
+from utils.distributed import comm as dist
+from utils.log import LOGGER
+
+ANNOTATION_CACHE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class AnnotationSplit:
+    """A split read from annotation files: the ``format`` ('coco' or 'voc'), the annotation file (COCO) or folder
+    (VOC), the image folder, an optional image-id list (VOC ``ImageSets/Main/*.txt``), the data set's class names,
+    and whether crowd boxes and VOC ``difficult`` objects are kept as ordinary targets (default: excluded)."""
+
+    format: str
+    annotations: Path
+    images: Path
+    image_list: Path | None = None
+    names: tuple[str, ...] = ()
+    keep_crowd: bool = False
+
+    def __str__(self) -> str:
+        listed = f" (list {self.image_list})" if self.image_list else ""
+        return f"{self.format} annotations {self.annotations}{listed}"
+
+    def exists(self) -> bool:
+        """Whether the annotations, the image folder and the list (when given) are all there."""
+        paths = (self.annotations, self.images, *((self.image_list,) if self.image_list else ()))
+        return all(p.exists() for p in paths)
+
+    def cache_path(self) -> Path:
+        """``instances_val.all.cache`` beside a COCO file; ``Annotations.val.cache`` beside a VOC folder."""
+        tag = self.image_list.stem if self.image_list else "all"
+        return self.annotations.with_name(f"{self.annotations.stem}.{tag}.cache")
+
+    def cache_dir(self) -> Path:
+        """The split's cache folder (repaired images, ``--cache disk`` arrays), beside the cache file."""
+        return self.cache_path().with_suffix(".cache.d")
+
+
+@dataclass
+class ImageEntry:
+    """One image of an annotation file: its boxes (k, 4) x1 y1 x2 y2 in its pixels, their class indices, the size
+    the file declares (w, h) if any, and why the entry is unusable ('' when it is fine)."""
+
+    path: str
+    boxes: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))
+    classes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    size: tuple[int, int] | None = None
+    problem: str = ""
+    no_labels: str = "empty"  # the state of an image without boxes: 'empty', or 'missing' (no annotation file)
+
+
+def corner_rows(boxes: np.ndarray, classes: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """(k, 4) pixel corners and (k,) classes -> (k, 5) float64 ``class cx cy w h`` normalised to ``size`` (w, h)."""
+    w, h = size
+    x1, y1, x2, y2 = (boxes[:, i].astype(np.float64) for i in range(4))
+    return np.stack([classes.astype(np.float64), (x1 + x2) / 2 / w, (y1 + y2) / 2 / h, (x2 - x1) / w,
+                     (y2 - y1) / h], 1)
+
+
+def check_entry(args: tuple[str, ImageEntry, int | None, Path | None]) -> tuple[np.ndarray, tuple[int, int], str,
+                                                                               int, str, str]:
+    """label_cache.check_sample for an annotation entry: the image checked, its boxes normalised and checked as
+    YOLO rows are; a corrupt entry never raises."""
+    im_file, entry, nc, repair_dir = args
+    try:
+        if entry.problem:
+            raise ValueError(entry.problem)
+        shape, note, repaired = check_image(im_file, repair_dir)
+        if entry.size is not None and tuple(entry.size) != tuple(shape):
+            raise ValueError(f"the annotations say {entry.size[0]}x{entry.size[1]} pixels, the image is "
+                             f"{shape[0]}x{shape[1]}")
+        labels, state, duplicates = np.zeros((0, 5), np.float32), entry.no_labels, 0
+        if len(entry.boxes):
+            labels, duplicates, label_note = check_label_rows(corner_rows(entry.boxes, entry.classes, shape), nc)
+            state, note = "found", "; ".join(n for n in (note, label_note) if n)
+    except ValueError as e:
+        return np.zeros((0, 5), np.float32), (0, 0), "corrupt", 0, f"{im_file}: ignoring corrupt image/label: {e}", ""
+    return labels, shape, state, duplicates, f"{im_file}: {note}" if note else "", repaired
+
+
+def annotation_hash(split: AnnotationSplit, im_files: Sequence[str], annotation_files: Sequence[str],
+                    nc: int | None) -> str:
+    """What decides the cache's validity: the files (paths, sizes, mtimes), nc, names and the crowd rule."""
+    head = f"a{ANNOTATION_CACHE_VERSION} {split.format} {split.keep_crowd} {split.names}"
+    return hashlib.sha256((head + files_hash(im_files, annotation_files, nc)).encode()).hexdigest()
+
+
+def _cached_files(path: Path) -> list[str]:
+    """The image list a cache holds (to compute its expected hash); [] when there is no readable cache."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return [str(f) for f in z["im_files"]]
+    except Exception:  # missing or damaged: rebuild
+        return []
+
+
+@dataclass(frozen=True)
+class AnnotationFormat:
+    """A registered format: ``parse`` (split -> entries and a note to log) and ``files`` (split -> the annotation
+    files whose sizes and mtimes decide the cache's validity, listed without parsing them)."""
+
+    parse: Callable[[AnnotationSplit], tuple[list[ImageEntry], str]]
+    files: Callable[[AnnotationSplit], list[str]]
+
+
+def scan_annotations(split: AnnotationSplit, fmt: AnnotationFormat, nc: int | None, prefix: str = "") -> ScanResult:
+    """The checked scan of an annotation split, from its cache when valid, else parsed and cached. Logs the same
+    counts line and warnings as a YOLO split."""
+    path, files = split.cache_path(), fmt.files(split)
+    listed = _cached_files(path)
+    result = load_cache(path, annotation_hash(split, listed, files, nc)) if listed else None
+    shown = path
+    if result is None:
+        shown = split.annotations
+        entries, note = fmt.parse(split)
+        if note:
+            LOGGER.info(f"{prefix}{split.annotations}: {note}")
+        im_files = [e.path for e in entries]
+        result = scan_files(im_files, entries, nc, desc=f"{prefix}Reading '{shown}'...", show=dist.is_main_process(),
+                            repair_dir=split.cache_dir() / "repaired", check=check_entry)
+        if save_cache(path, result, annotation_hash(split, im_files, files, nc)):
+            LOGGER.info(f"{prefix}New cache created: {path}")
+    log_scan(result, prefix, shown, split.annotations)
+    return result
+
+
+def concat_results(results: Sequence[ScanResult]) -> ScanResult:
+    """One ScanResult of several sources' scans, in order."""
+    if len(results) == 1:
+        return results[0]
+    return ScanResult([f for r in results for f in r.im_files], np.concatenate([r.states for r in results]),
+                      np.concatenate([r.shapes for r in results]), [lab for r in results for lab in r.labels],
+                      np.concatenate([r.duplicates for r in results]), [m for r in results for m in r.messages],
+                      [c for r in results for c in (r.repaired or [""] * len(r.im_files))])
+
+
+def crowd_note(excluded: int, what: str) -> str:
+    """The one line a parse logs about the boxes it left out of training."""
+    if not excluded:
+        return ""
+    return f"{excluded} {what} excluded from training; a split's keep_crowd: true keeps them"
+
+
+def path_inside(folder: Path, name: Any) -> Path | None:
+    """``folder / name`` when ``name`` is a relative path that stays inside ``folder``; None otherwise."""
+    if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts:
+        return None
+    return folder / name

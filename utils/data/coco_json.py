@@ -1,0 +1,173 @@
+"""COCO annotation JSON: read as a split (boxes, contiguous classes, crowd rule), the original ids for
+``--save-json``, and written from checked YOLO labels (``python -m utils.data.convert --to coco``).
+
+Classes are the file's categories in ascending id order (COCO's 80 of 91 ids become 0..79); a data YAML's
+``names`` must list the same names in that order. ``bbox`` is [x, y, w, h] from the top-left corner in pixels.
+Crowd boxes (``iscrowd: 1``) are left out of training unless the split says ``keep_crowd: true``; COCOeval ignores
+detections that land on them. An image with no annotation is a background image (counted 'empty').
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from utils.data.annotations import AnnotationSplit, ImageEntry, crowd_note, path_inside
+from utils.data.config import DataError
+
+
+def read_coco(path: Path) -> dict:
+    """The parsed file, checked to be a COCO annotation file; one DataError line otherwise."""
+    try:
+        data = json.loads(Path(path).read_bytes())
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); fix or re-export "
+                        "the annotation file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: cannot read the annotation file ({type(e).__name__})") from None
+    if not isinstance(data, dict) or not isinstance(data.get("images"), list) \
+            or not isinstance(data.get("categories"), list):
+        raise DataError(f"{path}: not a COCO annotation file (needs 'images' and 'categories' lists)")
+    if not isinstance(data.get("annotations", []), list):
+        raise DataError(f"{path}: 'annotations' must be a list")
+    return data
+
+
+def category_order(data: dict, path: Path, names: Sequence[str] = ()) -> tuple[list[int], list[str]]:
+    """(category ids, names) in ascending id order: class i is category ids[i]. With ``names`` (the data
+    YAML's), they must agree with the file's."""
+    try:
+        categories = sorted((int(c["id"]), str(c["name"])) for c in data["categories"])
+    except (KeyError, TypeError, ValueError):
+        raise DataError(f"{path}: every category needs an integer 'id' and a 'name'") from None
+    ids, file_names = [c[0] for c in categories], [c[1] for c in categories]
+    if len(set(ids)) != len(ids):
+        raise DataError(f"{path}: category ids repeat")
+    if names and list(names) != file_names:
+        if len(names) != len(file_names):
+            raise DataError(f"{path}: {len(file_names)} categories, but the data YAML lists {len(names)} names; "
+                            "list the file's category names in ascending id order")
+        i = next(i for i, (a, b) in enumerate(zip(names, file_names)) if a != b)
+        raise DataError(f"{path}: class {i} is category {ids[i]} '{file_names[i]}' in the file but '{names[i]}' in "
+                        "the data YAML; list the file's category names in ascending id order")
+    return ids, file_names
+
+
+def _image_entries(data: dict, locate: Callable[[Any], Path | None]) -> dict[Any, ImageEntry]:
+    entries: dict[Any, ImageEntry] = {}
+    for index, image in enumerate(data["images"]):
+        image = image if isinstance(image, dict) else {}
+        path, problem = locate(image.get("file_name")), ""
+        try:
+            size = (int(image["width"]), int(image["height"]))
+        except (KeyError, TypeError, ValueError):
+            size, problem = None, "image entry without integer 'width' and 'height'"
+        if path is None:
+            path, problem = Path(f"<images[{index}]>"), f"bad file_name {image.get('file_name')!r}"
+        key = image.get("id")
+        if key in entries or not isinstance(key, int | str):
+            problem = f"image id {key!r} missing or repeated"
+            key = ("bad", index)
+        entries[key] = ImageEntry(str(path), size=size, problem=problem)
+    return entries
+
+
+def _box(annotation: dict) -> list[float] | None:
+    box = annotation.get("bbox")
+    if not isinstance(box, list) or len(box) != 4 or not all(isinstance(v, int | float) for v in box):
+        return None
+    x, y, w, h = (float(v) for v in box)
+    return [x, y, x + w, y + h]
+
+
+def coco_entries(data: dict, path: Path, images: Path, names: Sequence[str] = (), keep_crowd: bool = False,
+                 locate: Callable[[Any], Path | None] | None = None) -> tuple[list[ImageEntry], list[str], str]:
+    """One entry per image of a parsed COCO file (sorted by path), the class names, and a note on what was left
+    out. ``locate`` maps a ``file_name`` to its path (default: inside ``images``, never outside it)."""
+    ids, file_names = category_order(data, path, names)
+    class_of = {cid: i for i, cid in enumerate(ids)}
+    entries = _image_entries(data, locate or (lambda name: path_inside(images, name)))
+    boxes: dict[Any, list] = {key: [] for key in entries}
+    crowd = orphans = 0
+    for annotation in data.get("annotations", []):
+        annotation = annotation if isinstance(annotation, dict) else {}
+        entry = entries.get(annotation.get("image_id"))
+        if entry is None:
+            orphans += 1
+            continue
+        if annotation.get("iscrowd", 0) and not keep_crowd:
+            crowd += 1
+            continue
+        box, cls = _box(annotation), class_of.get(annotation.get("category_id"))
+        if box is None or cls is None:
+            what = "bbox" if box is None else f"category_id {annotation.get('category_id')!r}"
+            entry.problem = entry.problem or f"annotation {annotation.get('id')!r} has a bad {what}"
+            continue
+        boxes[annotation["image_id"]].append((cls, box))
+    for key, entry in entries.items():
+        if boxes[key]:
+            entry.classes = np.array([c for c, _ in boxes[key]], np.int64)
+            entry.boxes = np.array([b for _, b in boxes[key]], np.float64)
+    notes = [crowd_note(crowd, "crowd boxes"), f"{orphans} annotations name no listed image (ignored)" if orphans
+             else ""]
+    return sorted(entries.values(), key=lambda e: e.path), file_names, "; ".join(n for n in notes if n)
+
+
+def parse_coco(split: AnnotationSplit) -> tuple[list[ImageEntry], str]:
+    """The registered parser of ``coco:`` splits."""
+    entries, _, note = coco_entries(read_coco(split.annotations), split.annotations, split.images, split.names,
+                                    split.keep_crowd)
+    return entries, note
+
+
+def coco_files(split: AnnotationSplit) -> list[str]:
+    """A COCO split's cache depends on its one JSON file."""
+    return [str(split.annotations)]
+
+
+@dataclass
+class CocoIds:
+    """The original ids of a COCO split, for ``--save-json``: image id by image path, category id by class."""
+
+    annotations: Path
+    image_ids: dict[str, int | str]
+    category_ids: list[int]
+
+    def image_id(self, path: str) -> int | str:
+        """The file's id for this image (the file-stem rule for an image it does not list)."""
+        stem = Path(path).stem
+        return self.image_ids.get(str(path), int(stem) if stem.isnumeric() else stem)
+
+
+def coco_ids(split: AnnotationSplit) -> CocoIds:
+    """Read a COCO split's image and category ids (test.py --save-json writes them)."""
+    data = read_coco(split.annotations)
+    ids, _ = category_order(data, split.annotations, split.names)
+    image_ids = {}
+    for image in data["images"]:
+        path = path_inside(split.images, image.get("file_name")) if isinstance(image, dict) else None
+        if path is not None:
+            image_ids[str(path)] = image.get("id")
+    return CocoIds(split.annotations, image_ids, ids)
+
+
+def coco_document(im_files: Sequence[str], labels: Sequence[np.ndarray], shapes: np.ndarray, names: Sequence[str],
+                  images: Path) -> dict:
+    """A COCO annotation file for checked YOLO labels: image ids 1..n in the given order, category ids 1..nc
+    (class i is id i + 1), file names relative to ``images``."""
+    doc: dict = {"images": [], "annotations": [], "categories": [{"id": i + 1, "name": n} for i, n in
+                                                                  enumerate(names)]}
+    for image_id, (file, rows, (w, h)) in enumerate(zip(im_files, labels, shapes.tolist()), 1):
+        doc["images"].append({"id": image_id, "file_name": Path(file).relative_to(images).as_posix(), "width": w,
+                              "height": h})
+        for cls, cx, cy, bw, bh in rows.astype(np.float64).tolist():
+            box = [(cx - bw / 2) * w, (cy - bh / 2) * h, bw * w, bh * h]
+            doc["annotations"].append({"id": len(doc["annotations"]) + 1, "image_id": image_id,
+                                       "category_id": int(cls) + 1, "bbox": box, "area": box[2] * box[3],
+                                       "iscrowd": 0})
+    return doc

@@ -1,0 +1,139 @@
+"""Convert label files between formats: YOLO txt from a COCO JSON file or VOC XML, and a COCO JSON file from YOLO
+txt. The input goes through the same checks as training reads it (corrupt images and boxes are left out, with
+the same counted warnings).
+
+    python -m utils.data.convert --from coco --annotations instances_val.json --images val2017 --out coco-yolo
+    python -m utils.data.convert --from voc --annotations VOC2007/Annotations --images VOC2007/JPEGImages \\
+        --list VOC2007/ImageSets/Main/val.txt --names aeroplane bicycle ... --out voc-yolo
+    python -m utils.data.convert --from yolo --images set/images/train --names cat dog --out instances_train.json
+
+``--to yolo`` writes ``OUT/images/`` (hard links, or copies across file systems) and ``OUT/labels/`` in the
+layout a data YAML's YOLO split reads; ``--to coco`` writes one annotation file (category ids 1..nc).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from utils.data.annotations import AnnotationSplit
+from utils.data.coco_json import coco_document, read_coco
+from utils.data.config import DataError
+from utils.data.formats import scan_sources
+from utils.data.label_cache import STATES, ScanResult
+from utils.errors import UserError
+from utils.log import LOGGER, setup_logging
+
+
+def label_text(rows: np.ndarray) -> str:
+    """YOLO rows as text: each value the shortest decimal that reads back as the same float32, so a file written
+    here loads to exactly the labels it came from."""
+    lines = []
+    for cls, *coords in np.asarray(rows, np.float32).tolist():
+        values = " ".join(np.format_float_positional(np.float32(v), trim="-") for v in coords)
+        lines.append(f"{int(cls)} {values}\n")
+    return "".join(lines)
+
+
+def place_file(source: Path, target: Path, move: bool = False) -> None:
+    """Put ``source`` at ``target``: moved, else hard-linked, else copied (another file system)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists() and not move:
+        return
+    if move:
+        os.replace(source, target)
+        return
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def export_yolo(result: ScanResult, images: Path, out: Path) -> int:
+    """Images of a checked scan (paths relative to ``images``) into ``out/images`` and their labels into
+    ``out/labels``; corrupt images are left out. Returns the images written."""
+    written = 0
+    for i, (file, state) in enumerate(zip(result.im_files, result.states)):
+        if STATES[state] == "corrupt":
+            continue
+        relative = Path(file).relative_to(images)
+        place_file(Path(file), out / "images" / relative)
+        if STATES[state] != "missing":
+            label = (out / "labels" / relative).with_suffix(".txt")
+            label.parent.mkdir(parents=True, exist_ok=True)
+            label.write_text(label_text(result.labels[i]))
+        written += 1
+    return written
+
+
+def _names(opt: argparse.Namespace) -> list[str]:
+    if opt.names:
+        return list(opt.names)
+    if opt.from_format == "coco":
+        from utils.data.coco_json import category_order
+
+        return category_order(read_coco(opt.annotations), opt.annotations)[1]
+    raise DataError(f"--from {opt.from_format} needs --names (the class names in class-index order)")
+
+
+def convert(opt: argparse.Namespace) -> Path:
+    """Run one conversion; returns what it wrote (the output folder or JSON file)."""
+    names = _names(opt)
+    if opt.from_format == "yolo":
+        result, _, _ = scan_sources([opt.images], len(names))
+        keep = [i for i, s in enumerate(result.states) if STATES[s] != "corrupt"]
+        doc = coco_document([result.im_files[i] for i in keep], [result.labels[i] for i in keep],
+                            result.shapes[keep], names, opt.images)
+        opt.out.parent.mkdir(parents=True, exist_ok=True)
+        opt.out.write_text(json.dumps(doc))
+        LOGGER.info(f"Wrote {len(doc['images'])} images and {len(doc['annotations'])} boxes to {opt.out}")
+        return opt.out
+    if opt.annotations is None:
+        raise DataError(f"--from {opt.from_format} needs --annotations")
+    split = AnnotationSplit(opt.from_format, opt.annotations, opt.images, opt.list, tuple(names), opt.keep_crowd)
+    result, _, _ = scan_sources(split, len(names))
+    written = export_yolo(result, opt.images, opt.out)
+    LOGGER.info(f"Wrote {written} images and their labels to {opt.out}/images and {opt.out}/labels "
+                f"(classes: {', '.join(names)})")
+    return opt.out
+
+
+def parse_opt(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The command's options."""
+    p = argparse.ArgumentParser(prog="python -m utils.data.convert", description="Convert detection labels "
+                                "between YOLO txt, COCO JSON and Pascal VOC XML")
+    p.add_argument("--from", dest="from_format", required=True, choices=("coco", "voc", "yolo"))
+    p.add_argument("--to", dest="to_format", choices=("yolo", "coco"), help="default: yolo, or coco from yolo")
+    p.add_argument("--annotations", type=Path, help="COCO JSON file, or the folder of VOC XML files")
+    p.add_argument("--images", type=Path, required=True, help="the image folder")
+    p.add_argument("--list", type=Path, help="VOC: a list of image ids (ImageSets/Main/*.txt)")
+    p.add_argument("--names", nargs="+", help="class names in class-index order (COCO: read from the file)")
+    p.add_argument("--keep-crowd", action="store_true", help="keep crowd boxes / difficult objects")
+    p.add_argument("--out", type=Path, required=True, help="output folder (--to yolo) or JSON file (--to coco)")
+    opt = p.parse_args(argv)
+    opt.to_format = opt.to_format or ("coco" if opt.from_format == "yolo" else "yolo")
+    if (opt.from_format == "yolo") != (opt.to_format == "coco"):
+        p.error(f"--from {opt.from_format} --to {opt.to_format}: supported are coco/voc -> yolo and yolo -> coco")
+    return opt
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Exit code 0 on success, 2 with one line for a user error."""
+    setup_logging()
+    try:
+        convert(parse_opt(argv))
+    except UserError as e:
+        print(f"convert: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

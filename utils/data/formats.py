@@ -1,0 +1,73 @@
+"""The label formats a data YAML's split may use, by name, and the one scan the dataset asks for.
+
+A split is a YOLO folder or ``.txt`` list (labels in ``labels/`` beside ``images/``), or a mapping naming an
+annotation format:
+
+    train: {coco: annotations/instances_train.json, images: images/train}
+    val: {voc: VOC2007/Annotations, images: VOC2007/JPEGImages, list: VOC2007/ImageSets/Main/val.txt}
+
+with ``keep_crowd: true`` to train on crowd boxes / difficult objects too. A split may also be a list of these.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from utils.data.annotations import AnnotationFormat, AnnotationSplit, concat_results, scan_annotations
+from utils.data.coco_json import coco_files, parse_coco
+from utils.data.config import DataError
+from utils.data.label_cache import ScanResult, cache_dir_for, cached_scan, img2label_paths, list_image_files
+from utils.data.voc import parse_voc, voc_files
+
+FORMATS: dict[str, AnnotationFormat] = {
+    "coco": AnnotationFormat(parse=parse_coco, files=coco_files),
+    "voc": AnnotationFormat(parse=parse_voc, files=voc_files),
+}
+SPLIT_KEYS = {"images", "list", "keep_crowd"}
+
+
+def _resolve(value: Any, root: Path, where: str) -> Path:
+    if not isinstance(value, str) or not value:
+        raise DataError(f"{where}: expected a path, got {value!r}")
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else root / path
+
+
+def split_from_mapping(value: dict, root: Path, names: Sequence[str], yaml_file: Path) -> AnnotationSplit:
+    """A YAML split mapping -> AnnotationSplit (paths relative to the data set's root); one DataError line for an
+    unknown format or key, or a missing ``images``."""
+    kinds = [k for k in value if k in FORMATS]
+    unknown = sorted(set(value) - set(FORMATS) - SPLIT_KEYS, key=str)
+    if len(kinds) != 1 or unknown:
+        what = f"unknown key '{unknown[0]}'" if unknown else f"{len(kinds)} formats"
+        raise DataError(f"{yaml_file}: split {value}: {what}; a split mapping names one format "
+                        f"({', '.join(FORMATS)}) and 'images', optionally 'list' and 'keep_crowd'")
+    kind, where = kinds[0], f"{yaml_file}: split '{kinds[0]}'"
+    if "images" not in value:
+        raise DataError(f"{where}: needs 'images', the folder its images are in")
+    if not isinstance(value.get("keep_crowd", False), bool):
+        raise DataError(f"{where}: 'keep_crowd' must be true or false")
+    image_list = _resolve(value["list"], root, where) if value.get("list") is not None else None
+    return AnnotationSplit(kind, _resolve(value[kind], root, where), _resolve(value["images"], root, where),
+                           image_list, tuple(names), bool(value.get("keep_crowd", False)))
+
+
+def scan_sources(sources: Any, nc: int | None, prefix: str = "") -> tuple[ScanResult, Path, Path]:
+    """The checked scan of a split's sources, YOLO ones first, then each annotation split:
+    (result, the first source's cache file, its cache folder). All local ranks build it zero-first."""
+    items = list(sources) if isinstance(sources, list | tuple) else [sources]
+    yolo = [s for s in items if not isinstance(s, AnnotationSplit)]
+    parts = []
+    if yolo:
+        im_files = list_image_files(yolo)
+        label_files = img2label_paths(im_files)
+        result, path = cached_scan(im_files, label_files, nc, prefix)
+        parts.append((result, path, cache_dir_for(label_files)))
+    for split in (s for s in items if isinstance(s, AnnotationSplit)):
+        parts.append((scan_annotations(split, FORMATS[split.format], nc, prefix), split.cache_path(),
+                      split.cache_dir()))
+    if not parts or not sum(len(r.im_files) for r, _, _ in parts):
+        raise DataError(f"no images found in {', '.join(map(str, items))}")
+    return concat_results([r for r, _, _ in parts]), parts[0][1], parts[0][2]
