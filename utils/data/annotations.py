@@ -64,10 +64,19 @@ class AnnotationSplit:
         return self.cache_path().with_suffix(".cache.d")
 
 
+IGNORE_COLUMNS = 6  # an ignore region: class, x1, y1, x2, y2 in the image's pixels, crowd (1) or difficult (0)
+
+
+def no_regions() -> np.ndarray:
+    """An empty (0, 6) array of ignore regions."""
+    return np.zeros((0, IGNORE_COLUMNS))
+
+
 @dataclass
 class ImageEntry:
     """One image of an annotation file: its boxes (k, 4) x1 y1 x2 y2 in its pixels, their class indices, the size
-    the file declares (w, h) if any, and why the entry is unusable ('' when it is fine)."""
+    the file declares (w, h) if any, and why the entry is unusable ('' when it is fine). ``ignore`` holds the
+    crowd boxes / difficult objects left out of training, (r, 6) [cls, x1, y1, x2, y2, crowd], for evaluation."""
 
     path: str
     boxes: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))
@@ -75,6 +84,7 @@ class ImageEntry:
     size: tuple[int, int] | None = None
     problem: str = ""
     no_labels: str = "empty"  # the state of an image without boxes: 'empty', or 'missing' (no annotation file)
+    ignore: np.ndarray = field(default_factory=no_regions)
 
 
 def corner_rows(boxes: np.ndarray, classes: np.ndarray, size: tuple[int, int]) -> np.ndarray:

@@ -3,8 +3,9 @@
 
 Classes are the file's categories in ascending id order (COCO's 80 of 91 ids become 0..79); a data YAML's
 ``names`` must list the same names in that order. ``bbox`` is [x, y, w, h] from the top-left corner in pixels.
-Crowd boxes (``iscrowd: 1``) are left out of training unless the split says ``keep_crowd: true``; COCOeval ignores
-detections that land on them. An image with no annotation is a background image (counted 'empty').
+Crowd boxes (``iscrowd: 1``) are left out of training unless the split says ``keep_crowd: true``; they become the
+image's ignore regions, and evaluation ignores detections that land on them, as COCOeval does. An image with no
+annotation is a background image (counted 'empty').
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from utils.data.annotations import AnnotationSplit, ImageEntry, crowd_note, path_inside
+from utils.data.annotations import IGNORE_COLUMNS, AnnotationSplit, ImageEntry, crowd_note, path_inside
 from utils.data.config import DataError
 
 
@@ -93,17 +94,18 @@ def coco_entries(data: dict, path: Path, images: Path, names: Sequence[str] = ()
     class_of = {cid: i for i, cid in enumerate(ids)}
     entries = _image_entries(data, locate or (lambda name: path_inside(images, name)))
     boxes: dict[Any, list] = {key: [] for key in entries}
-    crowd = orphans = 0
+    crowds: dict[Any, list] = {key: [] for key in entries}
+    orphans = 0
     for annotation in data.get("annotations", []):
         annotation = annotation if isinstance(annotation, dict) else {}
         entry = entries.get(annotation.get("image_id"))
         if entry is None:
             orphans += 1
             continue
-        if annotation.get("iscrowd", 0) and not keep_crowd:
-            crowd += 1
-            continue
         box, cls = _box(annotation), class_of.get(annotation.get("category_id"))
+        if annotation.get("iscrowd", 0) and not keep_crowd:  # an ignore region; a bad one is dropped, not fatal
+            crowds[annotation["image_id"]].append([cls, *box, 1.0] if box is not None and cls is not None else None)
+            continue
         if box is None or cls is None:
             what = "bbox" if box is None else f"category_id {annotation.get('category_id')!r}"
             entry.problem = entry.problem or f"annotation {annotation.get('id')!r} has a bad {what}"
@@ -113,6 +115,8 @@ def coco_entries(data: dict, path: Path, images: Path, names: Sequence[str] = ()
         if boxes[key]:
             entry.classes = np.array([c for c, _ in boxes[key]], np.int64)
             entry.boxes = np.array([b for _, b in boxes[key]], np.float64)
+        entry.ignore = np.array([r for r in crowds[key] if r is not None], np.float64).reshape(-1, IGNORE_COLUMNS)
+    crowd = sum(len(c) for c in crowds.values())
     notes = [crowd_note(crowd, "crowd boxes"), f"{orphans} annotations name no listed image (ignored)" if orphans
              else ""]
     return sorted(entries.values(), key=lambda e: e.path), file_names, "; ".join(n for n in notes if n)

@@ -33,7 +33,7 @@ from utils.data.augment import (
     warp_mosaic,
 )
 from utils.data.config import DataError
-from utils.data.formats import scan_sources
+from utils.data.formats import ignore_regions, scan_sources
 from utils.data.label_cache import STATES, copy_name, img2label_paths
 from utils.data.ram_cache import SharedImages, build_shared
 from utils.device import available_cores
@@ -122,6 +122,8 @@ class YoloDataset(torch.utils.data.Dataset):
         self.seed = opts.seed
         self.rng = np.random.default_rng([opts.seed, dist.get_rank()])
         result, self.cache_path, self.cache_dir = scan_sources(sources, opts.nc, opts.prefix)
+        self.sources = sources
+        self._ignore: dict[str, np.ndarray] | None = None  # ignore regions by path, read when evaluation asks
         self.scan = result.summary()
         keep = np.flatnonzero(result.states != STATES.index("corrupt"))
         if not len(keep):
@@ -153,6 +155,14 @@ class YoloDataset(torch.utils.data.Dataset):
 
     def __len__(self) -> int:
         return len(self.im_files)
+
+    def ignore_regions(self, path: str) -> np.ndarray:
+        """Image ``path``'s crowd boxes / difficult objects, which evaluation ignores and training never sees:
+        (r, 6) [cls, x1, y1, x2, y2, crowd] in the image's original pixels; parsed from the annotations on the
+        first call (COCO and VOC splits without ``keep_crowd``; none for YOLO txt)."""
+        if self._ignore is None:
+            self._ignore = ignore_regions(self.sources, self.options.single_cls)
+        return self._ignore.get(str(path), np.zeros((0, 6)))
 
     def cache_images(self, kind: str, prefix: str = "") -> None:
         """``ram``: the resized images once per machine in shared memory, read by every local rank and worker

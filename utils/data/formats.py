@@ -7,6 +7,7 @@ annotation format:
     val: {voc: VOC2007/Annotations, images: VOC2007/JPEGImages, list: VOC2007/ImageSets/Main/val.txt}
 
 with ``keep_crowd: true`` to train on crowd boxes / difficult objects too. A split may also be a list of these.
+Without it, those boxes are the split's ignore regions, which only evaluation reads (``ignore_regions``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from utils.data.annotations import AnnotationFormat, AnnotationSplit, concat_results, scan_annotations
 from utils.data.coco_json import coco_files, parse_coco
@@ -71,3 +74,18 @@ def scan_sources(sources: Any, nc: int | None, prefix: str = "") -> tuple[ScanRe
     if not parts or not sum(len(r.im_files) for r, _, _ in parts):
         raise DataError(f"no images found in {', '.join(map(str, items))}")
     return concat_results([r for r, _, _ in parts]), parts[0][1], parts[0][2]
+
+
+def ignore_regions(sources: Any, single_cls: bool = False) -> dict[str, np.ndarray]:
+    """The ignore regions (crowd boxes, difficult objects) of every image of a split's annotation sources that
+    has any, by image path: (r, 6) [cls, x1, y1, x2, y2, crowd] in the image's pixels. Parsed from the files
+    when evaluation first asks (training never does). ``single_cls`` makes every region class 0."""
+    items = list(sources) if isinstance(sources, list | tuple) else [sources]
+    regions: dict[str, np.ndarray] = {}
+    for split in (s for s in items if isinstance(s, AnnotationSplit)):
+        for entry in FORMATS[split.format].parse(split)[0]:
+            if len(entry.ignore):
+                regions[entry.path] = entry.ignore.copy()
+                if single_cls:
+                    regions[entry.path][:, 0] = 0
+    return regions

@@ -4,18 +4,20 @@ VOC corners are 1-based pixel indices, both ends inclusive: a box ``xmin..xmax``
 ``[xmin - 1, xmax]`` in 0-based pixels, so ``x1 = xmin - 1`` and ``x2 = xmax``. An object's ``name`` is looked
 up in the data YAML's ``names``. The split is the ids of its ``list`` file (VOC's ``ImageSets/Main/*.txt``), else
 every image in its image folder. ``difficult`` objects are left out of training unless the split says
-``keep_crowd: true`` (VOC's own evaluation ignores them). An image listed without an XML file is a background
-image (counted 'missing', as a YOLO image without a label file is). XML with a DOCTYPE or entities is refused.
+``keep_crowd: true``; they become the image's ignore regions (VOC's own evaluation ignores detections of them).
+An image listed without an XML file is a background image (counted 'missing', as a YOLO image without a label
+file is). XML with a DOCTYPE or entities is refused.
 """
 
 from __future__ import annotations
 
+import contextlib
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import numpy as np
 
-from utils.data.annotations import AnnotationSplit, ImageEntry, crowd_note, path_inside
+from utils.data.annotations import IGNORE_COLUMNS, AnnotationSplit, ImageEntry, crowd_note, path_inside
 from utils.data.config import DataError
 from utils.paths import IMG_SUFFIXES
 
@@ -56,6 +58,13 @@ def _image_path(split: AnnotationSplit, image_id: str, root: ET.Element | None) 
     return found[0] if found else split.images / f"{image_id}.jpg"
 
 
+def _corners(obj: ET.Element) -> list[float]:
+    """An object's 1-based inclusive ``bndbox`` as 0-based corners [x1, y1, x2, y2]; ValueError when malformed."""
+    box = obj.find("bndbox")
+    xmin, ymin, xmax, ymax = (float(_text(box, k)) for k in ("xmin", "ymin", "xmax", "ymax"))
+    return [xmin - 1, ymin - 1, xmax, ymax]
+
+
 def read_voc_xml(path: Path) -> ET.Element:
     """The parsed <annotation>; ValueError (one line) for a file that is not safe, valid VOC XML."""
     raw = path.read_bytes()
@@ -83,22 +92,23 @@ def voc_entry(split: AnnotationSplit, image_id: str) -> tuple[ImageEntry, int]:
         size = root.find("size")
         declared = (int(float(_text(size, "width"))), int(float(_text(size, "height")))) if size is not None \
             else None
-        boxes, classes, difficult = [], [], 0
+        boxes, classes, ignore, difficult = [], [], [], 0
         for obj in root.iter("object"):
             name = _text(obj, "name")
             if name not in split.names:
                 raise ValueError(f"object name '{name}' is not in the data YAML's names")
             if (obj.findtext("difficult") or "0").strip() not in ("0", "") and not split.keep_crowd:
                 difficult += 1
+                with contextlib.suppress(ValueError):  # an ignore region; a bad one is dropped, not fatal
+                    ignore.append([split.names.index(name), *_corners(obj), 0.0])
                 continue
-            box = obj.find("bndbox")
-            xmin, ymin, xmax, ymax = (float(_text(box, k)) for k in ("xmin", "ymin", "xmax", "ymax"))
-            boxes.append([xmin - 1, ymin - 1, xmax, ymax])
+            boxes.append(_corners(obj))
             classes.append(split.names.index(name))
     except (OSError, ValueError) as e:
         return ImageEntry(str(_image_path(split, image_id, root)), problem=f"{xml.name}: {e}"), 0
     entry = ImageEntry(str(_image_path(split, image_id, root)), np.array(boxes, np.float64).reshape(-1, 4),
-                       np.array(classes, np.int64), declared)
+                       np.array(classes, np.int64), declared,
+                       ignore=np.array(ignore, np.float64).reshape(-1, IGNORE_COLUMNS))
     return entry, difficult
 
 

@@ -1,7 +1,8 @@
 """The evaluation loop train.py and test.py share: ``evaluate`` and ``measure_speed``, distributed across ranks.
 
 Every rank evaluates its shard of the val set (a ``shard_eval=True`` loader), the per-image statistics are gathered,
-and every rank computes the same metrics a 1-process run gets.
+and every rank computes the same metrics a 1-process run gets. When the loader's dataset has ``ignore_regions``
+(crowd boxes and difficult objects of a COCO or VOC split), detections on them are ignored as COCOeval does.
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ from utils.boxes import non_max_suppression, scale_boxes, xywhn2xyxy
 from utils.data.coco_json import CocoIds
 from utils.device import autocast
 from utils.distributed import comm as dist
-from utils.evaluation.metrics import ConfusionMatrix, DetectionMetrics, ap_per_class, match_predictions
+from utils.evaluation.metrics import (
+    ConfusionMatrix,
+    DetectionMetrics,
+    ap_per_class,
+    ignored_detections,
+    match_predictions,
+)
 from utils.evaluation.outputs import json_rows, save_label_file, with_label_boxes, write_outputs
 from utils.evaluation.tta import augmented_forward, layout_of
 from utils.log import LOGGER
@@ -84,6 +91,7 @@ class ImageStats:
 
     path: str
     correct: np.ndarray  # (n, 10) bool
+    ignored: np.ndarray  # (n, 10) bool: taken by no label, on an ignore region (counts for nothing)
     conf: np.ndarray  # (n,)
     pred_cls: np.ndarray  # (n,)
     target_cls: np.ndarray  # (m,)
@@ -149,17 +157,22 @@ def _labels_in_original(targets: torch.Tensor, image_index: int, img_hw: Sequenc
 
 
 def _image_stats(det: torch.Tensor, targets: torch.Tensor, index: int, img_hw: Sequence[int], path: str,
-                 shape: Any, opts: EvalOptions, confusion: ConfusionMatrix, txt_dir: Path | None) -> ImageStats:
-    """Scale one image's detections to original pixels, match them, and record what the outputs need."""
+                 shape: Any, opts: EvalOptions, confusion: ConfusionMatrix, txt_dir: Path | None,
+                 ignore: np.ndarray | None = None) -> ImageStats:
+    """Scale one image's detections to original pixels, match them (labels first, then the image's ``ignore``
+    regions (k, 6) [cls, x1, y1, x2, y2, crowd] in original pixels), and record what the outputs need."""
     labels = _labels_in_original(targets, index, img_hw, shape, opts.single_cls)
     det = det.clone()
     if opts.single_cls:
         det[:, 5] = 0
+        ignore = None if ignore is None else np.concatenate((np.zeros((len(ignore), 1)), ignore[:, 1:]), 1)
     det[:, :4] = scale_boxes(img_hw, det[:, :4], shape[0], shape[1])
-    confusion.process_batch(det, labels)
+    confusion.process_batch(det, labels, ignore)
     if txt_dir is not None:
         save_label_file(path, det, shape[0], txt_dir, opts.save_conf)
-    return ImageStats(path=str(path), correct=match_predictions(det, labels), conf=det[:, 4].cpu().numpy(),
+    correct = match_predictions(det, labels)
+    return ImageStats(path=str(path), correct=correct, ignored=ignored_detections(det, correct, ignore),
+                      conf=det[:, 4].cpu().numpy(),
                       pred_cls=det[:, 5].cpu().numpy(), target_cls=labels[:, 0].cpu().numpy(),
                       json_rows=json_rows(path, det.cpu(), opts.is_coco, opts.coco_ids) if opts.save_json else [])
 
@@ -190,10 +203,11 @@ def _plot_batch(imgs: torch.Tensor, targets: torch.Tensor, dets: list[torch.Tens
 def _merge(parts: list[dict]) -> tuple[list[ImageStats], DetectionMetrics, dict]:
     """Every rank's records in one order (by path, as a 1-process run sorts them) and the metrics."""
     records = sorted((r for part in parts for r in part["records"]), key=lambda r: r.path)
-    correct = np.concatenate([r.correct for r in records]) if records else np.zeros((0, 10), bool)
+    correct, ignored = (np.concatenate([getattr(r, k) for r in records]) if records else np.zeros((0, 10), bool)
+                        for k in ("correct", "ignored"))
     conf, pred_cls, target_cls = (np.concatenate([getattr(r, k) for r in records]) if records else np.zeros(0)
                                   for k in ("conf", "pred_cls", "target_cls"))
-    metrics = ap_per_class(correct, conf, pred_cls, target_cls)
+    metrics = ap_per_class(correct, conf, pred_cls, target_cls, ignored=ignored)
     totals = {
         "times": np.sum([p["times"] for p in parts], 0),
         "batches": sum(p["batches"] for p in parts),
@@ -229,6 +243,7 @@ def _run_shard(model: nn.Module, loader: Any, device: torch.device, names: Seque
     loss_sum, batches, batch_shape = torch.zeros(3), 0, (0, 3, 0, 0)
     nms = {"conf_thres": opts.conf_thres, "iou_thres": opts.iou_thres, "max_det": opts.max_det,
            "agnostic": opts.agnostic or opts.single_cls}
+    ignore_of = getattr(getattr(loader, "dataset", None), "ignore_regions", lambda path: None)
     for batch_index, (imgs, targets, paths, shapes) in enumerate(_progress(loader, _show_progress())):
         dist.progress("validation", batch=batch_index)
         with timer.stage(0):
@@ -244,8 +259,8 @@ def _run_shard(model: nn.Module, loader: Any, device: torch.device, names: Seque
             loss_sum += loss_items.cpu()
         batches, batch_shape = batches + 1, batch_shape if batches else tuple(x.shape)  # the first batch's
         img_hw = tuple(x.shape[2:])
-        records += [_image_stats(det, targets, i, img_hw, paths[i], shapes[i], opts, confusion, txt_dir)
-                    for i, det in enumerate(dets)]
+        records += [_image_stats(det, targets, i, img_hw, paths[i], shapes[i], opts, confusion, txt_dir,
+                                 ignore_of(paths[i])) for i, det in enumerate(dets)]
         if plot_dir is not None and batch_index < PLOTTED_BATCHES:
             _plot_batch(imgs, targets.cpu(), [d.cpu() for d in dets], paths, names, plot_dir, batch_index)
     return {"records": records, "times": timer.totals, "loss": loss_sum if compute_loss is not None else None,

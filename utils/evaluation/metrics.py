@@ -3,7 +3,9 @@ confusion matrix and the fitness that picks the best checkpoint.
 
 Matching and AP follow pycocotools' COCOeval (detections in descending score order each take the
 best-IoU unmatched label of their class; precision envelopes read at 101 recall points), so our
-mAP@.5:.95 agrees with COCOeval on the same predictions.
+mAP@.5:.95 agrees with COCOeval on the same predictions. Ignore regions (COCO crowd boxes, VOC difficult
+objects) are matched after the labels: a detection that no label takes but that lies on an ignore region of its
+class is neither a true nor a false positive, as COCOeval and VOC's devkit count it.
 """
 
 from __future__ import annotations
@@ -48,6 +50,35 @@ def match_predictions(detections: torch.Tensor | np.ndarray, labels: torch.Tenso
         correct[d, hit] = True
         taken[np.nonzero(hit)[0], best[hit]] = True
     return correct
+
+
+def ignore_overlap(detections: np.ndarray, regions: np.ndarray) -> np.ndarray:
+    """(n, k) overlap of detections (n, 6) [xyxy, conf, cls] with ignore regions (k, 6) [cls, xyxy, crowd]: for a
+    crowd region the intersection over the detection's area (COCOeval's crowd rule), else the IoU; 0 across
+    classes."""
+    lt = np.maximum(detections[:, None, :2], regions[None, :, 1:3])
+    rb = np.minimum(detections[:, None, 2:4], regions[None, :, 3:5])
+    inter = np.clip(rb - lt, 0, None).prod(2)
+    det_area = (detections[:, 2:4] - detections[:, :2]).prod(1)[:, None]
+    union = det_area + (regions[:, 3:5] - regions[:, 1:3]).prod(1)[None, :] - inter
+    with np.errstate(divide="ignore", invalid="ignore"):
+        overlap = np.nan_to_num(inter / np.where(regions[None, :, 5] > 0, det_area, union))
+    return overlap * (detections[:, 5:6] == regions[None, :, 0])
+
+
+def ignored_detections(detections: torch.Tensor | np.ndarray, correct: np.ndarray,
+                       regions: torch.Tensor | np.ndarray | None,
+                       iou_thresholds: np.ndarray = IOU_THRESHOLDS) -> np.ndarray:
+    """Which detections count for nothing at each IoU threshold: those no label took (``correct`` False) that
+    overlap an ignore region of their class by at least the threshold (ignore_overlap). A region may take any
+    number of detections. ``regions`` (k, 6) [cls, x1, y1, x2, y2, crowd] in the detections' pixels.
+    Returns bool (n, len(iou_thresholds))."""
+    ignored = np.zeros((len(correct), len(iou_thresholds)), dtype=bool)
+    if regions is None or not len(regions) or not len(correct):
+        return ignored
+    overlap = ignore_overlap(_numpy(detections).astype(np.float64), _numpy(regions).astype(np.float64))
+    thresholds = np.minimum(np.asarray(iou_thresholds, dtype=np.float64), 1 - 1e-10)
+    return ~correct & (overlap.max(1)[:, None] >= thresholds[None, :])
 
 
 def coco_ap(precision: np.ndarray, recall: np.ndarray) -> tuple[float, np.ndarray]:
@@ -98,10 +129,13 @@ class DetectionMetrics:
         return maps
 
 
-def _class_curves(tp: np.ndarray, conf: np.ndarray, n_labels: int) -> tuple[np.ndarray, ...]:
-    """AP per threshold, PR envelope at .5, and P/R on CONF_GRID for one class's detections (score order)."""
-    tp_cum = np.cumsum(tp, 0, dtype=np.float64)  # (n, t)
-    fp_cum = np.cumsum(~tp, 0, dtype=np.float64)
+def _class_curves(tp: np.ndarray, ignored: np.ndarray, conf: np.ndarray, n_labels: int) -> tuple[np.ndarray, ...]:
+    """AP per threshold, PR envelope at .5, and P/R on CONF_GRID for one class's detections (score order).
+
+    An ignored detection adds neither a TP nor an FP: its row repeats the previous P and R, which leaves the AP
+    as it would be without the row (as in COCOeval); the P and R curves skip it."""
+    tp_cum = np.cumsum(tp & ~ignored, 0, dtype=np.float64)  # (n, t)
+    fp_cum = np.cumsum(~tp & ~ignored, 0, dtype=np.float64)
     recall = tp_cum / n_labels
     precision = tp_cum / np.maximum(tp_cum + fp_cum, np.finfo(np.float64).tiny)
     ap = np.zeros(tp.shape[1])
@@ -110,32 +144,37 @@ def _class_curves(tp: np.ndarray, conf: np.ndarray, n_labels: int) -> tuple[np.n
         ap[t], curve = coco_ap(precision[:, t], recall[:, t])
         if t == 0:
             pr_curve = curve
-    if len(conf):  # np.interp needs increasing x: read the curves against -conf
-        r_curve = np.interp(-CONF_GRID, -conf, recall[:, 0], left=0)
-        p_curve = np.interp(-CONF_GRID, -conf, precision[:, 0], left=1)
+    counted = ~ignored[:, 0] if ignored.shape[1] else np.ones(len(conf), bool)
+    if counted.any():  # np.interp needs increasing x: read the curves against -conf
+        r_curve = np.interp(-CONF_GRID, -conf[counted], recall[counted, 0], left=0)
+        p_curve = np.interp(-CONF_GRID, -conf[counted], precision[counted, 0], left=1)
     else:
         r_curve, p_curve = np.zeros(len(CONF_GRID)), np.zeros(len(CONF_GRID))
     return ap, pr_curve, p_curve, r_curve
 
 
 def ap_per_class(tp: np.ndarray, conf: np.ndarray, pred_cls: np.ndarray, target_cls: np.ndarray,
-                 eps: float = 1e-16) -> DetectionMetrics:
+                 eps: float = 1e-16, ignored: np.ndarray | None = None) -> DetectionMetrics:
     """P, R, F1 and AP@[.5:.95] per class from all detections of a data set.
 
     ``tp`` (n, 10) bool from match_predictions, ``conf`` (n,), ``pred_cls`` (n,), ``target_cls`` (m,) the
-    class of every label. P and R are read at the confidence where the mean F1 over classes peaks.
+    class of every label, ``ignored`` (n, 10) bool from ignored_detections (none when omitted). P and R are
+    read at the confidence where the mean F1 over classes peaks.
     """
     tp = np.asarray(tp, dtype=bool)
     tp = tp.reshape(len(conf), tp.shape[-1] if tp.ndim > 1 else 1)
+    ignored = np.zeros_like(tp) if ignored is None else np.asarray(ignored, dtype=bool).reshape(tp.shape)
     order = np.argsort(-np.asarray(conf, dtype=np.float64), kind="mergesort")  # stable: ties keep input order
-    tp, conf, pred_cls = tp[order], np.asarray(conf, dtype=np.float64)[order], np.asarray(pred_cls)[order]
+    tp, ignored, conf = tp[order], ignored[order], np.asarray(conf, dtype=np.float64)[order]
+    pred_cls = np.asarray(pred_cls)[order]
     classes, counts = np.unique(np.asarray(target_cls).astype(int), return_counts=True)
     k, t = len(classes), tp.shape[1]
     ap, pr_curves = np.zeros((k, t)), np.zeros((k, len(RECALL_POINTS)))
     p_curves, r_curves = np.zeros((k, len(CONF_GRID))), np.zeros((k, len(CONF_GRID)))
     for i, c in enumerate(classes):
         mine = pred_cls == c
-        ap[i], pr_curves[i], p_curves[i], r_curves[i] = _class_curves(tp[mine], conf[mine], counts[i])
+        ap[i], pr_curves[i], p_curves[i], r_curves[i] = _class_curves(tp[mine], ignored[mine], conf[mine],
+                                                                                     counts[i])
     f1_curves = 2 * p_curves * r_curves / (p_curves + r_curves + eps)
     best = int(f1_curves.mean(0).argmax()) if k else 0
     return DetectionMetrics(classes=classes, precision=p_curves[:, best], recall=r_curves[:, best],
@@ -154,8 +193,11 @@ class ConfusionMatrix:
         self.nc, self.conf, self.iou_thres = nc, conf, iou_thres
         self.matrix = np.zeros((nc + 1, nc + 1), dtype=np.int64)
 
-    def process_batch(self, detections: torch.Tensor | np.ndarray | None, labels: torch.Tensor | np.ndarray) -> None:
-        """Add one image: ``detections`` (n, 6) [xyxy, conf, cls] or None, ``labels`` (m, 5) [cls, xyxy]."""
+    def process_batch(self, detections: torch.Tensor | np.ndarray | None, labels: torch.Tensor | np.ndarray,
+                      ignore: torch.Tensor | np.ndarray | None = None) -> None:
+        """Add one image: ``detections`` (n, 6) [xyxy, conf, cls] or None, ``labels`` (m, 5) [cls, xyxy]; a
+        detection no label takes that lies on an ``ignore`` region (k, 6) of its class (ignore_overlap above
+        ``iou_thres``) is not counted as background."""
         labs = _numpy(labels).astype(np.float64).reshape(-1, 5)
         dets = np.zeros((0, 6)) if detections is None else _numpy(detections).astype(np.float64).reshape(-1, 6)
         dets = dets[dets[:, 4] > self.conf]
@@ -173,6 +215,9 @@ class ConfusionMatrix:
         missed = np.setdiff1d(np.arange(len(labs)), matched_labels)
         np.add.at(self.matrix, (np.full(len(missed), self.nc), label_cls[missed]), 1)
         spurious = np.setdiff1d(np.arange(len(dets)), matched_dets)
+        if ignore is not None and len(ignore) and len(spurious):
+            on_ignored = ignore_overlap(dets[spurious], _numpy(ignore).astype(np.float64).reshape(-1, 6)).max(1)
+            spurious = spurious[on_ignored <= self.iou_thres]
         np.add.at(self.matrix, (det_cls[spurious], np.full(len(spurious), self.nc)), 1)
 
     def merge(self, matrices: Sequence[np.ndarray]) -> None:

@@ -1,4 +1,5 @@
-"""Metrics against hand-computed cases: matching, 101-point AP, P/R/F1, confusion matrix."""
+"""Metrics against hand-computed cases: matching, ignore regions, 101-point AP, P/R/F1, confusion matrix; and
+against pycocotools' COCOeval on random scenes, with and without crowd regions."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from utils.evaluation.metrics import (
     ConfusionMatrix,
     ap_per_class,
     coco_ap,
+    ignored_detections,
     match_predictions,
 )
 
@@ -126,6 +128,49 @@ def test_confusion_matrix_counts():
     assert other.matrix.sum() == 2 * cm.matrix.sum()
 
 
+def _regions(*rows):
+    return np.array(rows, dtype=np.float64).reshape(-1, 6)
+
+
+def test_one_label_one_crowd_region_hand_computed():
+    labels = _labels([0, 0, 0, 10, 10])
+    crowd = _regions([0, 20, 0, 60, 40, 1])
+    dets = _dets([25, 5, 35, 15, 0.9, 0],  # inside the crowd region: ignored at every threshold
+                 [50, 0, 70, 10, 0.85, 0],  # half of it on the region (intersection / its area = .5): ignored at .5
+                 [0, 0, 10, 10, 0.8, 0])  # the label: a true positive
+    correct = match_predictions(dets, labels)
+    ignored = ignored_detections(dets, correct, crowd)
+    assert correct.tolist() == [[False] * 10, [False] * 10, [True] * 10]
+    assert ignored.tolist() == [[True] * 10, [True] + [False] * 9, [False] * 10]
+    conf, cls = dets[:, 4].numpy(), dets[:, 5].numpy()
+    result = ap_per_class(correct, conf, cls, np.array([0]), ignored=ignored)
+    # IoU .5: ignored, ignored, TP -> P 1 at R 1: AP 1. IoU .55-.95: ignored, FP, TP -> P .5 at R 1: AP .5.
+    assert result.ap[0].tolist() == [1.0] + [0.5] * 9
+    assert result.mean_results() == pytest.approx((1.0, 1.0, 1.0, 0.55), abs=1e-12)
+    counted = ap_per_class(correct, conf, cls, np.array([0]))  # the same detections without the ignore rule
+    assert counted.ap[0] == pytest.approx([1 / 3] * 10) and counted.precision[0] == pytest.approx(1 / 3)
+    cm = ConfusionMatrix(nc=1, conf=0.25, iou_thres=0.45)
+    cm.process_batch(dets, labels, crowd)  # both detections on the region (overlap 1 and .5 > .45) count nothing
+    assert cm.matrix.tolist() == [[1, 0], [0, 0]]
+    cm.process_batch(dets, labels)
+    assert cm.matrix.tolist() == [[2, 2], [0, 0]]
+
+
+def test_ignore_regions_take_what_the_labels_leave_and_difficult_ones_use_iou():
+    labels = _labels([0, 0, 0, 10, 10])
+    dets = _dets([0, 0, 10, 10, 0.9, 0], [0, 0, 10, 10, 0.8, 0], [0, 0, 10, 10, 0.7, 1])
+    crowd = _regions([0, 0, 0, 60, 40, 1])  # covers the label too
+    correct = match_predictions(dets, labels)
+    ignored = ignored_detections(dets, correct, crowd)
+    assert correct[:, 0].tolist() == [True, False, False]  # the label first; its duplicate lies on the crowd
+    assert ignored[:, 0].tolist() == [False, True, False]  # region; a region of another class ignores nothing
+    difficult = _regions([0, 20, 0, 60, 40, 0], [0, 70, 0, 80, 10, 0])  # VOC difficult objects: plain IoU
+    inside = _dets([25, 5, 35, 15, 0.9, 0], [70, 0, 80, 10, 0.8, 0], [71, 0, 80, 10, 0.7, 0])
+    ignored = ignored_detections(inside, np.zeros((3, 10), bool), difficult)
+    assert ignored[:, 0].tolist() == [False, True, True] and ignored[1].all() and ignored[2].sum() == 9  # .9 IoU
+    assert not ignored_detections(inside, np.zeros((3, 10), bool), None).any()
+
+
 def _random_scene(rng: np.random.Generator, n_images: int = 30, nc: int = 3):
     """Labels and noisy detections (jittered copies plus spurious boxes) for several images."""
     scenes = []
@@ -144,24 +189,23 @@ def _random_scene(rng: np.random.Generator, n_images: int = 30, nc: int = 3):
     return scenes
 
 
-def test_map_agrees_with_cocoeval_on_random_scenes():
-    pytest.importorskip("pycocotools")
+def _cocoeval_maps(scenes: list, crowds: list) -> tuple[float, float]:
+    """COCOeval's (mAP@.5:.95, mAP@.5) for the scenes' labels, detections and crowd regions (k, 6)."""
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
-    scenes = _random_scene(np.random.default_rng(0))
     gt = {"images": [], "annotations": [], "categories": [{"id": c} for c in range(3)]}
-    predictions, stats = [], []
-    for i, (labels, dets) in enumerate(scenes):
+    predictions = []
+    for i, ((labels, dets), regions) in enumerate(zip(scenes, crowds)):
         gt["images"].append({"id": i, "width": 128, "height": 128})
-        for c, x1, y1, x2, y2 in labels:
+        objects = [(*row, 0) for row in labels] + [(*row[:5], 1) for row in regions]
+        for c, x1, y1, x2, y2, crowd in objects:
             gt["annotations"].append({"id": len(gt["annotations"]) + 1, "image_id": i, "category_id": int(c),
                                       "bbox": [x1, y1, x2 - x1, y2 - y1], "area": (x2 - x1) * (y2 - y1),
-                                      "iscrowd": 0})
+                                      "iscrowd": int(crowd)})
         for x1, y1, x2, y2, conf, c in dets:
             predictions.append({"image_id": i, "category_id": int(c), "bbox": [x1, y1, x2 - x1, y2 - y1],
                                 "score": conf})
-        stats.append((match_predictions(dets, labels), dets[:, 4], dets[:, 5], labels[:, 0]))
     coco_gt = COCO()
     coco_gt.dataset = gt
     coco_gt.createIndex()
@@ -169,7 +213,39 @@ def test_map_agrees_with_cocoeval_on_random_scenes():
     evaluator.evaluate()
     evaluator.accumulate()
     evaluator.summarize()
-    tp, conf, pred_cls, target_cls = (np.concatenate(x) for x in zip(*stats))
-    _, _, map50, map_ = ap_per_class(tp, conf, pred_cls, target_cls).mean_results()
-    assert map_ == pytest.approx(evaluator.stats[0], abs=1e-9)
-    assert map50 == pytest.approx(evaluator.stats[1], abs=1e-9)
+    return float(evaluator.stats[0]), float(evaluator.stats[1])
+
+
+def _our_maps(scenes: list, crowds: list) -> tuple[float, float]:
+    """Our (mAP@.5:.95, mAP@.5) for the same scenes."""
+    stats = []
+    for (labels, dets), regions in zip(scenes, crowds):
+        correct = match_predictions(dets, labels)
+        stats.append((correct, ignored_detections(dets, correct, regions), dets[:, 4], dets[:, 5], labels[:, 0]))
+    tp, ignored, conf, pred_cls, target_cls = (np.concatenate(x) for x in zip(*stats))
+    _, _, map50, map_ = ap_per_class(tp, conf, pred_cls, target_cls, ignored=ignored).mean_results()
+    return map_, map50
+
+
+def test_map_agrees_with_cocoeval_on_random_scenes():
+    pytest.importorskip("pycocotools")
+    scenes = _random_scene(np.random.default_rng(0))
+    no_crowds = [_regions() for _ in scenes]
+    assert _our_maps(scenes, no_crowds) == pytest.approx(_cocoeval_maps(scenes, no_crowds), abs=1e-9)
+
+
+def test_map_with_crowd_regions_agrees_with_cocoeval_on_random_scenes():
+    pytest.importorskip("pycocotools")
+    rng = np.random.default_rng(1)
+    scenes, crowds = [], []
+    for labels, dets in _random_scene(rng, n_images=40):
+        xy = rng.uniform(0, 60, (2, 2))
+        regions = np.concatenate((rng.integers(0, 3, (2, 1)), xy, xy + rng.uniform(20, 60, (2, 2)), np.ones((2, 1))), 1)
+        on_regions = regions[:, 1:5] + rng.normal(0, 6, (2, 4))  # detections on the regions, some well inside
+        on_regions = np.concatenate((on_regions, rng.uniform(0.05, 1, (2, 1)), regions[:, :1]), 1)
+        scenes.append((labels, np.concatenate((dets, on_regions))))
+        crowds.append(regions)
+    coco = _cocoeval_maps(scenes, crowds)
+    assert _our_maps(scenes, crowds) == pytest.approx(coco, abs=1e-9)
+    no_crowds = [_regions() for _ in scenes]
+    assert abs(_our_maps(scenes, no_crowds)[0] - coco[0]) > 0.02  # without the ignore rule it would not agree
