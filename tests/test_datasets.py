@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,11 +17,11 @@ import yaml
 import train
 from models.yolo import Model
 from tests.helpers import OracleModel, load_script, our_tracebacks
-from tests.utils.data.test_formats import CATEGORY_IDS, NAMES, write_sets
+from tests.utils.data.test_formats import CATEGORY_IDS, NAMES, _with, write_sets
 from utils.cli import run_main
 from utils.data.coco_json import coco_ids
 from utils.data.config import load_data_config
-from utils.data.datasets import DatasetOptions
+from utils.data.datasets import DatasetOptions, YoloDataset
 from utils.data.loader import create_dataloader
 from utils.data.synthetic import SYNTHETIC_NAMES, ensure_synthetic
 from utils.evaluation.evaluate import evaluate
@@ -69,9 +70,22 @@ def test_yolo_coco_and_voc_train_to_identical_labels_and_first_epoch(tiny_cfg, t
     assert runs["yolo"][2] == runs["coco"][2] == runs["voc"][2]  # and the weights it trained
 
 
+def test_crowd_boxes_and_difficult_objects_are_ignore_regions_unless_kept(tmp_path):
+    yamls = write_sets(tmp_path / "set", n_train=3, n_val=1)  # image 0 has a crowd / difficult box [0, 0, 7, 7]
+    for kind, crowd in (("coco", 1.0), ("voc", 0.0)):  # crowd: intersection over the detection; difficult: IoU
+        dataset = YoloDataset(load_data_config(yamls[kind]).train, img_size=64, nc=3)
+        regions = [dataset.ignore_regions(f).tolist() for f in dataset.im_files]
+        assert regions == [[[0, 0, 0, 7, 7, crowd]], [], []], kind
+        kept = YoloDataset(load_data_config(_with(yamls[kind], keep_crowd=True)).train, img_size=64, nc=3)
+        assert [kept.ignore_regions(f).tolist() for f in kept.im_files] == [[], [], []]
+        assert len(kept.labels[0]) == len(dataset.labels[0]) + 1  # kept: an ordinary label
+    yolo = YoloDataset(load_data_config(yamls["yolo"]).train, img_size=64, nc=3)
+    assert not any(len(yolo.ignore_regions(f)) for f in yolo.im_files)
+
+
 def _coco_val_set(root: Path, n_val: int = 60) -> Path:
-    """The synthetic val split as a COCO file with its own ids (image ids 500 + 3i, category ids 2, 5, 9) and a
-    crowd box on every fifth image; returns the data YAML."""
+    """The synthetic val split as a COCO file with its own ids (image ids 500 + 3i, category ids 2, 5, 9), the
+    first object of every other image marked as a crowd box; returns the data YAML."""
     ensure_synthetic(root, n_train=2, n_val=n_val, img_size=(64, 96), seed=3)
     import cv2
 
@@ -82,8 +96,8 @@ def _coco_val_set(root: Path, n_val: int = 60) -> Path:
         image_id = 500 + 3 * index
         doc["images"].append({"id": image_id, "file_name": image.name, "width": w, "height": h})
         rows = np.loadtxt(root / "labels" / "val" / f"{image.stem}.txt", ndmin=2)
-        boxes = [(int(c), [(cx - bw / 2) * w, (cy - bh / 2) * h, bw * w, bh * h], 0) for c, cx, cy, bw, bh in rows]
-        boxes += [(0, [0.0, 0.0, 5.0, 5.0], 1)] if index % 5 == 0 else []
+        boxes = [(int(c), [(cx - bw / 2) * w, (cy - bh / 2) * h, bw * w, bh * h], int(i == 0 and index % 2 == 0))
+                 for i, (c, cx, cy, bw, bh) in enumerate(rows)]
         for c, box, crowd in boxes:
             doc["annotations"].append({"id": len(doc["annotations"]) + 1, "image_id": image_id, "iscrowd": crowd,
                                        "category_id": CATEGORY_IDS[c], "bbox": box, "area": box[2] * box[3]})
@@ -110,8 +124,10 @@ def test_coco_split_map_agrees_with_cocoeval_on_the_original_file(tmp_path):
     pytest.importorskip("pycocotools")
     split = load_data_config(_coco_val_set(tmp_path / "synthetic")).val[0]
     options = DatasetOptions(img_size=96, batch_size=16, rect=True, pad=0.5, nc=3)
-    loader, _ = create_dataloader([split], options, workers=0, shard_eval=True)
-    result = evaluate(OracleModel(loader), loader, "cpu", SYNTHETIC_NAMES, save_dir=tmp_path, save_json=True,
+    loader, dataset = create_dataloader([split], options, workers=0, shard_eval=True)
+    with_crowd, _ = create_dataloader([replace(split, keep_crowd=True)], options, workers=0, shard_eval=True)
+    oracle = OracleModel(with_crowd)  # it also detects the crowd boxes (the same images in the same batches)
+    result = evaluate(oracle, loader, "cpu", SYNTHETIC_NAMES, save_dir=tmp_path, save_json=True,
                       anno_json=split.annotations, coco_ids=coco_ids(split))
     rows = json.loads(result.json_path.read_text())
     file_ids = {image["id"] for image in json.loads(split.annotations.read_text())["images"]}
@@ -121,6 +137,11 @@ def test_coco_split_map_agrees_with_cocoeval_on_the_original_file(tmp_path):
     coco_map, coco_map50 = _cocoeval(split.annotations, result.json_path)
     assert abs(result.map - coco_map) < 0.005 and abs(result.map50 - coco_map50) < 0.005
     assert result.coco_map == pytest.approx(coco_map)  # what --save-json reports: COCOeval on the original file
+    assert sum(len(dataset.ignore_regions(f)) for f in dataset.im_files) == 30  # every other image's crowd box
+    dataset.ignore_regions = lambda path: np.zeros((0, 6))  # the rule off: the crowd detections count as FPs
+    oracle.calls = 0
+    counted = evaluate(oracle, loader, "cpu", SYNTHETIC_NAMES)
+    assert coco_map - counted.map > 0.005 and coco_map50 - counted.map50 > 0.01  # beyond the tolerance above
 
 
 def test_test_py_save_json_writes_the_files_ids(tiny_weights, tmp_path):
@@ -153,7 +174,7 @@ import json, sys
 from pathlib import Path
 from utils.data import annotations
 from utils.data.config import load_data_config
-from utils.data.datasets import DatasetOptions
+from utils.data.datasets import DatasetOptions, YoloDataset
 from utils.data.loader import create_dataloader
 from utils.distributed import comm as dist
 
