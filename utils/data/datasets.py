@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from utils.boxes import xywhn2xyxy, xyxy2xywhn
+from utils.data.annotations import no_regions
 from utils.data.augment import (
     apply_hsv,
     flip_lr,
@@ -162,7 +163,7 @@ class YoloDataset(torch.utils.data.Dataset):
         first call (COCO and VOC splits without ``keep_crowd``; none for YOLO txt)."""
         if self._ignore is None:
             self._ignore = ignore_regions(self.sources, self.options.single_cls)
-        return self._ignore.get(str(path), np.zeros((0, 6)))
+        return self._ignore.get(str(path), no_regions())
 
     def cache_images(self, kind: str, prefix: str = "") -> None:
         """``ram``: the resized images once per machine in shared memory, read by every local rank and worker
