@@ -108,25 +108,32 @@ def _coco_val_set(root: Path, n_val: int = 60) -> Path:
     return data
 
 
-def _cocoeval(annotations: Path, predictions: Path) -> tuple[float, float]:
+def _cocoeval(annotations: Path, predictions: Path, use_cats: bool = True) -> tuple[float, float]:
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 
     gt = COCO(str(annotations))
     evaluator = COCOeval(gt, gt.loadRes(str(predictions)), "bbox")
+    evaluator.params.useCats = int(use_cats)
     evaluator.evaluate()
     evaluator.accumulate()
     evaluator.summarize()
     return float(evaluator.stats[0]), float(evaluator.stats[1])
 
 
-def test_coco_split_map_agrees_with_cocoeval_on_the_original_file(tmp_path):
-    pytest.importorskip("pycocotools")
-    split = load_data_config(_coco_val_set(tmp_path / "synthetic")).val[0]
+def _crowd_split_oracle(root: Path) -> tuple:
+    """The COCO val split of _coco_val_set, its shard loader and dataset, and an oracle detector that also detects
+    the crowd boxes (built from a keep_crowd loader: the same images in the same batches)."""
+    split = load_data_config(_coco_val_set(root)).val[0]
     options = DatasetOptions(img_size=96, batch_size=16, rect=True, pad=0.5, nc=3)
     loader, dataset = create_dataloader([split], options, workers=0, shard_eval=True)
     with_crowd, _ = create_dataloader([replace(split, keep_crowd=True)], options, workers=0, shard_eval=True)
-    oracle = OracleModel(with_crowd)  # it also detects the crowd boxes (the same images in the same batches)
+    return split, loader, dataset, OracleModel(with_crowd)
+
+
+def test_coco_split_map_agrees_with_cocoeval_on_the_original_file(tmp_path):
+    pytest.importorskip("pycocotools")
+    split, loader, dataset, oracle = _crowd_split_oracle(tmp_path / "synthetic")
     result = evaluate(oracle, loader, "cpu", SYNTHETIC_NAMES, save_dir=tmp_path, save_json=True,
                       anno_json=split.annotations, coco_ids=coco_ids(split))
     rows = json.loads(result.json_path.read_text())
@@ -142,6 +149,16 @@ def test_coco_split_map_agrees_with_cocoeval_on_the_original_file(tmp_path):
     oracle.calls = 0
     counted = evaluate(oracle, loader, "cpu", SYNTHETIC_NAMES)
     assert coco_map - counted.map > 0.005 and coco_map50 - counted.map50 > 0.01  # beyond the tolerance above
+
+
+def test_single_class_validation_ignores_crowd_boxes_of_every_class(tmp_path):
+    pytest.importorskip("pycocotools")
+    split, loader, _, oracle = _crowd_split_oracle(tmp_path / "synthetic")
+    result = evaluate(oracle, loader, "cpu", SYNTHETIC_NAMES, single_cls=True, save_dir=tmp_path, save_json=True,
+                      coco_ids=coco_ids(split))
+    coco_map, coco_map50 = _cocoeval(split.annotations, result.json_path, use_cats=False)  # COCOeval, one class
+    assert 0.1 < result.map < result.map50 < 0.99
+    assert abs(result.map - coco_map) < 0.005 and abs(result.map50 - coco_map50) < 0.005
 
 
 def test_test_py_save_json_writes_the_files_ids(tiny_weights, tmp_path):
