@@ -50,5 +50,6 @@ def test_code_digest_changes_with_the_code(tmp_path: Path) -> None:
         shutil.copy(script, tmp_path / script.name)
     before = code_digest(tmp_path)
     assert before == code_digest(ROOT)
-    (tmp_path / "utils" / "training" / "loss.py").write_text((tmp_path / "utils" / "training" / "loss.py").read_text() + "\n# edited\n")
+    loss = tmp_path / "utils" / "training" / "loss.py"
+    loss.write_text(loss.read_text() + "\n# edited\n")
     assert code_digest(tmp_path) != before
