@@ -30,7 +30,7 @@ from utils.weights.downloads import (
     weights_dir,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def zip_payload(n: int = 200_000) -> bytes:

@@ -34,7 +34,7 @@ from utils.weights.release_reader import (
     release_names,
 )
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 RELEASES = ["yolov5n-v7.0", "yolov5n-v6", "yolov5s-v5.0"]
 MODEL_CLASS = {"yolov5n-v7.0": "models.yolo.DetectionModel", "yolov5n-v6": "models.yolo.Model",
                "yolov5s-v5.0": "models.yolo.Model"}
