@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from models.yolo import Model, ModelConfigError
-from utils.weights.checkpoint import CheckpointError, new_checkpoint, to_plain
+from utils.weights.checkpoint import CheckpointError, new_checkpoint, plain_names, to_plain
 from utils.weights.safe_pickle import (
     _LEGACY_MODULES,
     Record,
@@ -100,8 +100,7 @@ def read_records(path: str | Path) -> Any:
     try:
         return _arrays(safe_load(path))
     except UnsafeGlobalError as e:
-        raise CheckpointError(f"{path}: refused: {e.how} {e.name}, which is not a tensor rebuild function, a plain "
-                              "container or a known model class; nothing from the file was run or changed") from None
+        raise CheckpointError(f"{path}: refused: {e}; nothing from the file was run or changed") from None
     except UntrustedFileError as e:
         raise CheckpointError(f"{path}: refused: {e}") from None
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError, TypeError, AttributeError,
@@ -228,13 +227,8 @@ def release_config(record: Record, detect: Record, anchors: torch.Tensor) -> dic
 
 
 def release_names(record: Record, nc: int) -> list[str]:
-    """Class names as the file stores them (a list, or a dict keyed 0..nc-1); numbers when absent or malformed."""
-    names = record.attrs.get("names")
-    if isinstance(names, dict):
-        names = [names.get(i, names.get(str(i))) for i in range(nc)]
-    if isinstance(names, (list, tuple)) and len(names) == nc and all(isinstance(n, (str, int)) for n in names):
-        return [str(n) for n in names]
-    return [str(i) for i in range(nc)]
+    """Class names as the file stores them (a list, or a dict keyed 0..nc-1), as :func:`plain_names` bounds them."""
+    return plain_names(record.attrs.get("names"), nc)
 
 
 def flat_state(record: Record, prefix: str = "", depth: int = 0) -> dict[str, torch.Tensor]:

@@ -38,9 +38,9 @@ STORAGE_DTYPES = {f"{name}Storage": dtype for name, dtype in (
 class UnsafeGlobalError(pickle.UnpicklingError):
     """The pickle asked for something that may run code or change the process; nothing it named was run."""
 
-    def __init__(self, name: str, how: str) -> None:
-        super().__init__(f"{how} {name}")
-        self.name, self.how = name, how
+    def __init__(self, name: str, how: str, why: str = "") -> None:
+        super().__init__(f"{how} {name}{why}")
+        self.name, self.how, self.why = name, how, why
 
 
 class _RecordType(type):
@@ -136,7 +136,8 @@ class SafeUnpickler(pickle._Unpickler):
             return _Allowed(full, _refuse_call(full))
         if full.startswith(RECORD_NAMESPACES) and re.fullmatch(r"[A-Za-z_]\w*", name) and name[0].isupper():
             return self._record_type(full)
-        raise UnsafeGlobalError(full, "it asks for")
+        raise UnsafeGlobalError(full, "it asks for", ", which is not a tensor rebuild function, a plain container or a "
+                                "known model class")
 
     def _record_type(self, full: str) -> type[Record]:
         if full not in self._records:
@@ -176,9 +177,9 @@ class SafeUnpickler(pickle._Unpickler):
         _, storage_type, key, _location, numel = pid
         if not (isinstance(storage_type, _Allowed) and storage_type.name.startswith("torch.")
                 and storage_type.name[6:] in STORAGE_DTYPES):
-            raise UntrustedFileError(f"storage of unknown type {storage_type!r}")
+            raise UntrustedFileError(f"storage of unknown type ({_describe(storage_type)})")
         if not (isinstance(key, str) and re.fullmatch(r"\w{1,64}", key) and isinstance(numel, int) and numel >= 0):
-            raise UntrustedFileError(f"storage id {key!r} with {numel!r} elements is malformed")
+            raise UntrustedFileError(f"storage id {str(key)[:40]!r} with {str(numel)[:40]} elements is malformed")
         dtype = STORAGE_DTYPES[storage_type.name[6:]]
         if key in self._storages:
             storage = self._storages[key]
@@ -227,7 +228,7 @@ class SafeUnpickler(pickle._Unpickler):
     def _reconstructor(self, cls: Any, base: Any, state: Any = None) -> Record:
         """``copyreg._reconstructor`` (protocol 0/1 objects): only for record classes of this load, built inertly."""
         if cls not in self._made_types or base is not object or state is not None:
-            raise UnsafeGlobalError("copyreg._reconstructor", f"it asks to rebuild {cls!r} with")
+            raise UnsafeGlobalError("copyreg._reconstructor", f"it asks to rebuild {_describe(cls)} with")
         return cls.__new__(cls)
 
     def _numpy_dtype(self, code: Any, align: Any = False, copy_: Any = True) -> Record:
@@ -240,7 +241,7 @@ class SafeUnpickler(pickle._Unpickler):
     def _reconstruct(self, cls: Any, shape: Any = (0,), typecode: Any = b"b") -> Record:
         """``numpy.core.multiarray._reconstruct(ndarray, ...)``: a record that BUILD fills; see :func:`numpy_array`."""
         if cls is not self._allowed["numpy.ndarray"]:
-            raise UnsafeGlobalError("numpy.core.multiarray._reconstruct", f"it asks to rebuild {cls!r} with")
+            raise UnsafeGlobalError("numpy.core.multiarray._reconstruct", f"it asks to rebuild {_describe(cls)} with")
         return cls.__new__(cls)
 
     # ----------------------------------------------------------------------------------------- guarded opcodes
@@ -248,7 +249,8 @@ class SafeUnpickler(pickle._Unpickler):
         state = self.stack.pop()
         target = self.stack[-1]
         if type(target) not in self._made_types:
-            raise UnsafeGlobalError(f"a {type(target).__name__}", "it asks to set the state of")
+            raise UnsafeGlobalError(_describe(target), "it asks to set the state of",
+                                    " (BUILD applies only to records of model classes)")
         target.__setstate__(state)
 
     def load_setitem(self) -> None:
@@ -287,12 +289,14 @@ class SafeUnpickler(pickle._Unpickler):
 
     def _container(self, target: Any, kinds: tuple[type, ...], opcode: str) -> None:
         if type(target) not in kinds:
-            raise UnsafeGlobalError(f"a {type(target).__name__}", f"{opcode}: it asks to change")
+            raise UnsafeGlobalError(_describe(target), f"it asks ({opcode}) to change",
+                                    f" ({opcode} applies only to plain {' and '.join(k.__name__ for k in kinds)})")
 
     def _record_class_on_stack(self, index: int) -> None:
         cls = self.stack[index] if len(self.stack) >= -index else None
         if cls not in self._made_types:
-            raise UnsafeGlobalError(repr(cls), "it asks to create an instance of")
+            raise UnsafeGlobalError(_describe(cls), "it asks to create an instance of",
+                                    " (only records of model classes are created)")
 
     for _op, _name in ((pickle.BUILD, "load_build"), (pickle.SETITEM, "load_setitem"),
                        (pickle.SETITEMS, "load_setitems"), (pickle.APPEND, "load_append"),
@@ -303,6 +307,15 @@ class SafeUnpickler(pickle._Unpickler):
 
 
 # ------------------------------------------------------------------------------------------ safe replacements
+def _describe(value: Any) -> str:
+    """A short name for what a refused opcode targets: the allowed global's name, or the type of the value."""
+    if isinstance(value, _Allowed):
+        return value.name
+    if isinstance(value, (Record, _RecordType)):
+        return f"a record of {value.global_name}"
+    return f"a {type(value).__name__}"
+
+
 def _refuse_call(name: str) -> Callable[..., Any]:
     def refuse(*args: Any) -> Any:
         raise UnsafeGlobalError(name, "it asks to call")
@@ -355,7 +368,7 @@ def _encode_bytes(text: Any, encoding: Any = "latin1") -> bytes:
 def _dtype_of(record: Any) -> np.dtype:
     """The numpy dtype a ``numpy.dtype`` record stands for (a numeric type in either byte order)."""
     if not (isinstance(record, Record) and record.global_name == "numpy.dtype"):
-        raise UnsafeGlobalError(f"{record!r}", "it asks for a numpy value of dtype")
+        raise UnsafeGlobalError(_describe(record), "it asks for a numpy value of dtype")
     state = record.__dict__["state"]
     order = state[1] if isinstance(state, tuple) and len(state) > 1 and state[1] in ("<", ">", "|", "=") else "="
     dtype = np.dtype(record.new_args[0])
