@@ -40,6 +40,7 @@ from models.yolo import Model, ModelConfigError
 from utils.atomic_files import fsync_dir, remove_dead_writers_files
 from utils.errors import UserError
 from utils.log import LOGGER
+from utils.weights.downloads import check_not_url
 from utils.weights.untrusted import (
     UntrustedFileError,
     check_config_against_state,
@@ -153,6 +154,7 @@ def verify_checkpoint(path: str | Path) -> None:
     """
     path = Path(path)
     if not path.is_file():
+        check_not_url(path)
         raise CheckpointError(f"weights file {path} not found")
     size = path.stat().st_size
     if size == 0:

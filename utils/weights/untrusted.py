@@ -169,3 +169,12 @@ def check_config_against_state(cfg: Any, state: Any, nc: int | None = None, ch: 
         raise UntrustedFileError(f"the model it describes cannot be built here ({type(e).__name__}: "
                                  f"{str(e).splitlines()[0][:160] if str(e) else ''})") from None
     check_state_fits(expected, state)
+
+
+def check_torchscript_trusted(path: str | Path, trusted: bool) -> None:
+    """Refuse a TorchScript file unless the user vouches for it (``--trust-weights``): loading one runs the code it
+    holds (its ``__setstate__`` methods run inside ``torch.jit.load`` and may, e.g., overwrite any file the user can
+    write through ``torch.from_file(..., shared=True)``; tests/utils/weights/test_untrusted.py shows it)."""
+    if not trusted:
+        raise UntrustedFileError(f"{path} is a TorchScript file, and loading one runs the code stored in it (it can "
+                                 "write files); pass --trust-weights only for a file you trust, or use the .pt")

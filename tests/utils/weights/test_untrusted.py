@@ -187,3 +187,53 @@ def test_calls_with_unusual_arguments_are_refused(tmp_path: Path) -> None:
     odd = reduce(glob("collections", "OrderedDict"), tup(glob("os", "environ")))
     path = torch_zip(tmp_path / "odd.pt", release_like(x=odd))
     refused(read_records, path, "refused", "os.environ")
+
+
+# ------------------------------------------------------------------------------------------ finding 10
+def test_weights_urls_are_refused_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from utils.weights.downloads import DownloadError, attempt_download
+
+    monkeypatch.chdir(tmp_path)
+    for url in ("https://host/yolov5s.pt", "http://host/x.pt"):  # a release name in a URL, and any other file
+        with pytest.raises(DownloadError, match="URLs are not downloaded") as info:
+            attempt_download(url) if url.endswith("yolov5s.pt") else load_checkpoint(url)
+        assert "\n" not in str(info.value)
+    assert list(tmp_path.iterdir()) == []  # nothing made under ./https:/host/
+
+
+def test_a_torchscript_file_runs_its_code_when_loaded_so_it_needs_trust(tmp_path: Path) -> None:
+    """The evidence behind requiring --trust-weights: torch.jit.load runs the file's __setstate__, which here
+    overwrites a file of the user's through torch.from_file(shared=True)."""
+    from utils.weights.untrusted import UntrustedFileError, check_torchscript_trusted
+
+    victim = tmp_path / "notes.txt"
+
+    class Writer(torch.nn.Module):
+        def __init__(self, path: str) -> None:
+            super().__init__()
+            self.path = path
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x
+
+        @torch.jit.export
+        def __getstate__(self) -> tuple[str, bool]:
+            return self.path, self.training
+
+        @torch.jit.export
+        def __setstate__(self, state: tuple[str, bool]) -> None:
+            self.path, self.training = state
+            written = torch.from_file(self.path, True, 8, dtype=torch.uint8)
+            written.fill_(66)
+            print(written.sum())  # keeps the write from being optimised away
+
+    script = tmp_path / "model.torchscript"
+    victim.write_text("AAAAAAAA")
+    torch.jit.save(torch.jit.script(Writer(str(victim))), str(script))
+    victim.write_text("AAAAAAAA")
+    with pytest.raises(UntrustedFileError, match="--trust-weights") as info:
+        check_torchscript_trusted(script, trusted=False)
+    assert "\n" not in str(info.value) and victim.read_text() == "AAAAAAAA"
+    check_torchscript_trusted(script, trusted=True)
+    torch.jit.load(str(script))  # what loading it means
+    assert victim.read_text() == "BBBBBBBB"
