@@ -132,9 +132,16 @@ def test_storages_must_hold_what_they_claim(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------ finding 3
+@pytest.fixture(scope="module")
+def _tiny_checkpoint() -> dict:
+    from tests.conftest import _tiny_cfg
+
+    return new_checkpoint(Model(_tiny_cfg()))
+
+
 @pytest.fixture
-def small_checkpoint(tiny_cfg: dict) -> dict:
-    return new_checkpoint(Model(tiny_cfg))
+def small_checkpoint(_tiny_checkpoint: dict) -> dict:
+    return copy.deepcopy(_tiny_checkpoint)
 
 
 def test_huge_repeat_count_in_a_checkpoint_is_refused(small_checkpoint: dict, tmp_path: Path) -> None:
