@@ -124,3 +124,17 @@ def test_images_over_the_pixel_limit_are_skipped_unread_and_counted(tmp_path: Pa
         with pytest.raises(SourceError, match="more than the cap of 1000") as info:
             fetch_image(f"{url}/noise.png", max_bytes=1000)
     assert "\n" not in str(info.value)
+
+
+def test_videos_and_streams_with_frames_over_the_pixel_limit_are_refused(video: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The limit is Pillow's Image.MAX_IMAGE_PIXELS (users may change it); here lowered below a 64x48 frame."""
+    from PIL import Image
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 64 * 48 - 1)
+    with pytest.raises(SourceError, match="frames of 64x48 is more pixels than the decompression-bomb limit"):
+        LoadImages(video, img_size=64)
+    (video.parent / "live").write_bytes(video.read_bytes())  # no media suffix: read as a live stream
+    with serve_folder(video.parent) as url, pytest.raises(SourceError, match="decompression-bomb limit") as info:
+        load_source(f"{url}/live", img_size=64)
+    assert "\n" not in str(info.value)
