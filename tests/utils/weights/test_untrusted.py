@@ -126,6 +126,14 @@ def test_deflated_zip_members_are_refused_before_reading(tmp_path: Path) -> None
         assert refused(load, path, "refused", "compressed") < 32 << 20
 
 
+def test_tensors_together_stay_within_twice_the_file(tmp_path: Path) -> None:
+    """Eight whole views of one 1.2 MB storage (each fine alone) claim 9.6 MB from a 1.2 MB file."""
+    count = 300_000
+    views = {f"v{i}": tensor("0", count, (count,), (1,)) for i in range(8)}
+    path = torch_zip(tmp_path / "many.pt", release_like(**views), {"0": bytes(4 * count)})
+    refused(read_records, path, "refused", "claim more bytes than the file could hold")
+
+
 def test_storages_must_hold_what_they_claim(tmp_path: Path) -> None:
     path = torch_zip(tmp_path / "short.pt", release_like(w=tensor("0", 1000, (1000,), (1,))), {"0": floats(1.0)})
     refused(read_records, path, "refused", "claims 1000 elements")
@@ -160,6 +168,13 @@ def test_config_wider_than_its_tensors_is_refused_before_building(small_checkpoi
 
 def test_config_bounds_are_one_line(tiny_cfg: dict) -> None:
     from models.yolo import ModelConfigError
+
+    wide, long = copy.deepcopy(tiny_cfg), copy.deepcopy(tiny_cfg)
+    wide["backbone"][1][3][0] = 100_000
+    long["head"] = long["head"][:-1] * 40 + long["head"][-1:]
+    for cfg, words in ((wide, "100000 channels is more than 8192"), (long, "more than 256 rows")):
+        with pytest.raises(ModelConfigError, match=words):
+            Model(cfg)
 
     for key, value, words in [("width_multiple", 2e9, "width_multiple"), ("depth_multiple", -1, "depth_multiple"),
                               ("nc", 10 ** 12, "nc must be"), ("anchors", [[1e9, 1]] * 3, "anchors")]:
@@ -244,3 +259,12 @@ def test_a_torchscript_file_runs_its_code_when_loaded_so_it_needs_trust(tmp_path
     check_torchscript_trusted(script, trusted=True)
     torch.jit.load(str(script))  # what loading it means
     assert victim.read_text() == "BBBBBBBB"
+
+
+def test_release_downloads_are_byte_capped(release_server: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from utils.weights import downloads
+
+    monkeypatch.setattr(downloads, "MAX_WEIGHTS_BYTES", 100_000)  # the served file has 3.9 MB
+    with pytest.raises(downloads.DownloadError, match="more than the cap of 100000") as info:
+        downloads.attempt_download("yolov5n.pt", attempts=1, progress=False)
+    assert "\n" not in str(info.value) and not list(release_server.glob("*yolov5n*"))
