@@ -14,6 +14,7 @@ size, labels/*.txt (YOLO rows normalised to the original image), crops/<class>/*
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -135,14 +136,23 @@ def summarize(det: torch.Tensor, names: list[str]) -> str:
     return ", ".join(parts)
 
 
+def crop_folder(crop_dir: Path, names: list[str], cls: float) -> Path:
+    """crops/<class name>/, the name made safe: letters, digits, spaces and ``._-`` only (others become ``_``), no
+    leading dot, at most 64 characters, the class index when nothing is left; always a folder inside ``crop_dir``."""
+    safe = re.sub(r"[^\w .-]", "_", class_name(names, cls), flags=re.ASCII)[:64].strip().lstrip(".")
+    folder = crop_dir / (safe or str(int(cls)))
+    if folder.resolve().parent != crop_dir.resolve():
+        folder = crop_dir / str(int(cls))
+    return folder
+
+
 def save_crops(image: np.ndarray, det: np.ndarray, names: list[str], crop_dir: Path, stem: str) -> None:
     """Each box cut from the (un-annotated) original image to crops/<class>/<stem>.jpg (stem2.jpg, ...)."""
     for x1, y1, x2, y2, _, cls in det:
         x1, y1, x2, y2 = (int(round(v)) for v in (x1, y1, x2, y2))
         if x2 <= x1 or y2 <= y1:
             continue
-        name = class_name(names, cls)
-        folder = crop_dir / name
+        folder = crop_folder(crop_dir, names, cls)
         folder.mkdir(parents=True, exist_ok=True)
         cv2.imwrite(str(paths.increment_path(folder / f"{stem}.jpg")), image[y1:y2, x1:x2])
 

@@ -113,6 +113,9 @@ REGISTRY: dict[str, type[nn.Module]] = {
     "Concat": Concat, "Detect": Detect, "nn.Upsample": nn.Upsample, "Upsample": nn.Upsample,
 }
 _CHANNEL_MODULES = (Conv, Bottleneck, C3, SPP, SPPF, Focus)  # args start with c_out; c_in is prepended
+# Bounds of a config from a file (a stranger's checkpoint holds one): yolov5x uses 1.33/1.25, n <= 9, 1280 channels.
+LIMITS = {"multiple": 4.0, "repeats": 100, "channels": 8192, "rows": 256, "classes": 10_000, "levels": 8,
+          "anchors": 32, "upsample": 8}
 _REPEAT_INSIDE = (C3,)  # ``number`` becomes the block's own n
 
 
@@ -170,14 +173,38 @@ def _check_top_level(cfg: dict, source: str) -> None:
         if key not in cfg:
             raise ModelConfigError(f"{source}: missing key '{key}'")
     anchors, nc = cfg["anchors"], cfg["nc"]
-    if not isinstance(nc, int) or nc < 1:
-        raise ModelConfigError(f"{source}: nc must be a positive integer, got {nc!r}")
-    if not (isinstance(anchors, list) and anchors and all(isinstance(a, list) and len(a) % 2 == 0 and a
-                                                           for a in anchors)):
-        raise ModelConfigError(f"{source}: anchors must be a list of per-level [w1, h1, w2, h2, ...] pixel lists")
+    if not isinstance(nc, int) or not 1 <= nc <= LIMITS["classes"]:
+        raise ModelConfigError(f"{source}: nc must be an integer in 1..{LIMITS['classes']}, got {str(nc)[:40]}")
+    if not (isinstance(anchors, list) and 0 < len(anchors) <= LIMITS["levels"] and all(
+            isinstance(a, list) and len(a) % 2 == 0 and 0 < len(a) <= 2 * LIMITS["anchors"] and all(
+                _is_number(v) and 0 < v <= 1e5 for v in a) for a in anchors)):
+        raise ModelConfigError(f"{source}: anchors must be a list of per-level [w1, h1, w2, h2, ...] pixel lists (at "
+                               f"most {LIMITS['levels']} levels of {LIMITS['anchors']} positive sizes)")
     for section in ("backbone", "head"):
         if not isinstance(cfg[section], list) or not cfg[section]:
             raise ModelConfigError(f"{source}: '{section}' must be a list of [from, number, module, args] rows")
+    if len(cfg["backbone"]) + len(cfg["head"]) > LIMITS["rows"]:
+        raise ModelConfigError(f"{source}: more than {LIMITS['rows']} rows")
+    for key in ("depth_multiple", "width_multiple"):
+        value = cfg.get(key, 1.0)
+        if not (_is_number(value) and 0 < value <= LIMITS["multiple"]):
+            raise ModelConfigError(f"{source}: {key} must be a number in (0, {LIMITS['multiple']}], got "
+                                   f"{str(value)[:40]}")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_row_size(module_cls: type[nn.Module], args: list, n: int, where: str) -> None:
+    """Repeats, channels and upsampling within LIMITS (a config from a file may ask for anything)."""
+    if n > LIMITS["repeats"]:
+        raise ModelConfigError(f"{where}: number {n} is more than {LIMITS['repeats']} repeats")
+    if module_cls in _CHANNEL_MODULES and args and _is_number(args[0]) and args[0] > LIMITS["channels"]:
+        raise ModelConfigError(f"{where}: {args[0]} channels is more than {LIMITS['channels']}")
+    if module_cls is nn.Upsample and (len(args) < 2 or args[0] is not None or not _is_number(args[1])
+                                      or not 0 < args[1] <= LIMITS["upsample"]):
+        raise ModelConfigError(f"{where}: Upsample takes [None, scale (at most {LIMITS['upsample']}), mode]")
 
 
 def _module_args(module_cls: type[nn.Module], args: list, n: int, width: float, channels: list[int],
@@ -213,17 +240,22 @@ def parse_model(cfg: dict, ch: int, source: str = "<dict>") -> tuple[nn.Sequenti
     for i, (section, row) in enumerate(rows):
         where = f"{source}: row {i} ({section})"
         if not (isinstance(row, list) and len(row) == 4):
-            raise ModelConfigError(f"{where}: expected [from, number, module, args], got {row!r}")
+            raise ModelConfigError(f"{where}: expected [from, number, module, args], got {str(row)[:80]}")
         f, n, name, args = row
         sources = _check_from(f, i, where)
-        if name not in REGISTRY:
-            raise ModelConfigError(f"{where}: unknown module '{name}' (known: {', '.join(sorted(REGISTRY))})")
+        if not isinstance(name, str) or name not in REGISTRY:
+            raise ModelConfigError(f"{where}: unknown module '{str(name)[:40]}' (known: {', '.join(sorted(REGISTRY))})")
         if not isinstance(n, int) or n < 1:
-            raise ModelConfigError(f"{where}: number must be a positive integer, got {n!r}")
+            raise ModelConfigError(f"{where}: number must be a positive integer, got {str(n)[:40]}")
         module_cls = REGISTRY[name]
         args = [_resolve_arg(a, cfg) for a in (args if isinstance(args, list) else [args])]
+        _check_row_size(module_cls, args, n, where)
         n = max(round(n * depth), 1) if n > 1 else n
         args, n, c_out = _module_args(module_cls, args, n, width, channels, f, sources, where)
+        if max([n, *(a for a in args[2:3] if module_cls in _REPEAT_INSIDE)]) > LIMITS["repeats"] or \
+                (c_out or 0) > LIMITS["channels"]:
+            raise ModelConfigError(f"{where}: {c_out} channels x {n} repeats after scaling by depth {depth} and width "
+                                   f"{width} exceed {LIMITS['channels']} channels or {LIMITS['repeats']} repeats")
         try:
             inspect.signature(module_cls).bind(*args)
             block = nn.Sequential(*(module_cls(*args) for _ in range(n))) if n > 1 else module_cls(*args)

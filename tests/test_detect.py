@@ -407,3 +407,28 @@ V7_DETECT_FLAGS = ["--weights", "a.pt", "--source", "0", "--data", "d.yaml", "--
 def test_every_yolov5_v7_flag_parses() -> None:
     opt = detect.parse_opt(V7_DETECT_FLAGS)  # no argparse error for any of them; main() judges each
     assert (opt.view_img, opt.augment, opt.visualize, opt.vid_stride, opt.img_size) == (True, True, True, 2, [640])
+
+
+def test_crop_folders_from_class_names_stay_inside_the_run(tmp_path: Path) -> None:
+    """Class names come from the weights file: a path-like name never places a crop outside crops/."""
+    names = ["../../escaped", "/tmp/absolute", "..", "traffic light", "n" * 300, "a/b\\c", ".hidden"]
+    det = np.array([[2, 2, 10, 10, 0.9, cls] for cls in range(len(names))], np.float32)
+    crop_dir = tmp_path / "run" / "crops"
+    detect.save_crops(np.zeros((16, 16, 3), np.uint8), det, names, crop_dir, "img")
+    written = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*.jpg"))
+    assert written == sorted(f"run/crops/{folder}/img.jpg" for folder in
+                             ["_.._escaped", "_tmp_absolute", "2", "traffic light", "n" * 64, "a_b_c", "hidden"])
+
+
+def test_a_memory_bomb_weights_file_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A 1 kB release-shaped file whose tensor is a stride-0 view of 2.5e8 elements: refused before any run."""
+    from tests.utils.weights.pickles import build, dct, glob, newobj, program, tensor, torch_zip
+
+    bomb = torch_zip(tmp_path / "yolov5s.pt", program(dct(model=build(newobj(glob("models.yolo", "Model")), dct()),
+                                                          epoch=tensor("0", 1, (250_000_000,), (0,)))),
+                     {"0": np.float32([1.0]).tobytes()})
+    args = ["--weights", bomb, "--source", write_images(tmp_path / "src", 1)[0], "--project", tmp_path / "runs"]
+    code = run_main(detect.main, detect.parse_opt([str(a) for a in args]), "detect")
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("detect: error: ") and "overlapping view" in err and err.count("\n") == 1
+    assert not (tmp_path / "runs").exists()

@@ -28,13 +28,15 @@ when it is built, not in the loop.
 
 From the command line, ``train.py --hook 'package.module:Factory(key=value, ...)'`` builds a hook: the module
 is imported by its dotted name and the factory called with the literal keyword arguments (numbers, strings,
-booleans, None, lists). Nothing else in the text is evaluated.
+booleans, None, lists). Nothing else in the text is evaluated. The factory must be a HookBase subclass or a function
+annotated to return one (``def make(...) -> MyHook``); anything else is refused before it is called.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib
+import inspect
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -198,6 +200,9 @@ def load_hook(spec: str) -> HookBase:
     factory = getattr(module, factory_name, None)
     if not callable(factory):
         raise HookError(f"--hook {spec!r}: {module_name} has no callable {factory_name}")
+    if not _builds_hooks(factory, module):
+        raise HookError(f"--hook {spec!r}: {factory_name} is neither a HookBase subclass nor a function annotated to "
+                        "return one (-> MyHook); it was not called")
     try:
         hook = factory(**kwargs)
     except TypeError as e:
@@ -205,3 +210,20 @@ def load_hook(spec: str) -> HookBase:
     if not isinstance(hook, HookBase):
         raise HookError(f"--hook {spec!r}: {factory_name} returned {type(hook).__name__}, not a HookBase")
     return hook
+
+
+def _builds_hooks(factory: Any, module: Any) -> bool:
+    """True for a HookBase subclass, or a function whose return annotation names one (resolved by name in its
+    module, never evaluated), so ``--hook`` calls nothing that is not meant to build a hook."""
+    if isinstance(factory, type):
+        return issubclass(factory, HookBase)
+    try:
+        returned = inspect.signature(factory, eval_str=False).return_annotation
+    except (TypeError, ValueError):
+        return False
+    if isinstance(returned, str):
+        target: Any = module
+        for part in returned.split("."):
+            target = getattr(target, part, None) if part.isidentifier() else None
+        returned = target
+    return isinstance(returned, type) and issubclass(returned, HookBase)

@@ -4,14 +4,13 @@ A data YAML names image folders or ``.txt`` lists (``train``, ``val``, optional 
 ``path``, the class count ``nc`` and ``names``, and optionally a ``download`` URL used when a split is missing
 (then the registered converter named by ``convert``). A split may instead be a mapping naming a COCO JSON file or a
 folder of VOC XML files (utils.data.formats).
+YAMLs may come from strangers: class names must be plain one-line strings of at most MAX_NAME_LENGTH
+characters (never lists that aliases could expand); downloads go through utils.data.download, only into the
+data set's folder.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import urllib.request
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,8 @@ from utils.log import LOGGER
 from utils.paths import ROOT, data_home
 
 DEFAULT_DATA = ROOT / "data" / "synthetic.yaml"
+MAX_NAME_LENGTH = 128
+MAX_CLASSES = 10_000
 
 
 class DataError(UserError):
@@ -70,16 +71,29 @@ def _parse_names(data: dict, yaml_file: Path) -> tuple[int, list[str]]:
     names = data.get("names")
     if isinstance(names, dict):
         try:
-            names = [str(names[k]) for k in sorted(names, key=int)]
+            names = [names[k] for k in sorted(names, key=int)]
         except (TypeError, ValueError):
             raise DataError(f"{yaml_file}: 'names' keys must be class indices 0..nc-1") from None
+    if names is not None and not isinstance(names, list):
+        raise DataError(f"{yaml_file}: 'names' must be a list or a mapping of class index to name")
     nc = data.get("nc", len(names) if names else None)
-    if not isinstance(nc, int) or nc < 1:
-        raise DataError(f"{yaml_file}: 'nc' must be a positive class count (got {nc!r})")
-    names = [str(n) for n in names] if names else [f"class{i}" for i in range(nc)]
+    if not isinstance(nc, int) or isinstance(nc, bool) or not 1 <= nc <= MAX_CLASSES:
+        raise DataError(f"{yaml_file}: 'nc' must be a class count in 1..{MAX_CLASSES} (got {str(nc)[:40]})")
+    names = [_plain_name(n, yaml_file) for n in names] if names else [f"class{i}" for i in range(nc)]
     if len(names) != nc:
         raise DataError(f"{yaml_file}: nc is {nc} but 'names' lists {len(names)} classes; make them agree")
     return nc, names
+
+
+def _plain_name(name: Any, yaml_file: Path) -> str:
+    """A class name as a one-line string of bounded length (a list or mapping from a YAML alias is refused)."""
+    if isinstance(name, bool) or not isinstance(name, (str, int, float)):
+        raise DataError(f"{yaml_file}: class names must be plain strings, found a {type(name).__name__}")
+    text = str(name)
+    if not 0 < len(text) <= MAX_NAME_LENGTH or not text.isprintable():
+        raise DataError(f"{yaml_file}: class name {text[:40]!r}... must be 1..{MAX_NAME_LENGTH} printable characters "
+                        "on one line")
+    return text
 
 
 def _dataset_root(data: dict, yaml_file: Path) -> Path:
@@ -103,11 +117,13 @@ def _dataset_root(data: dict, yaml_file: Path) -> Path:
     return beside if beside.exists() or not data.get("download") else data_home() / path
 
 
-def _split_paths(value: Any, root: Path, names: list[str], yaml_file: Path) -> list[Any]:
+def _split_paths(value: Any, root: Path, names: list[str], yaml_file: Path, key: str = "split") -> list[Any]:
     """A split's entries: YOLO folders and lists as paths, mappings as annotation splits (utils.data.formats)."""
     from utils.data.formats import split_from_mapping  # local: formats imports this module
 
     values = value if isinstance(value, list | tuple) else [value]
+    if not all((isinstance(v, str) and v) or isinstance(v, dict) for v in values):
+        raise DataError(f"{yaml_file}: '{key}' must be a path or a list of paths (or an annotation mapping)")
     return [split_from_mapping(v, root, names, yaml_file) if isinstance(v, dict) else
             p if (p := Path(str(v)).expanduser()).is_absolute() else root / p for v in values]
 
@@ -143,12 +159,14 @@ def load_data_config(path: str | Path | None = None) -> DataConfig:
             raise DataError(f"{yaml_file}: missing '{key}' (a folder of images, a .txt list, or a list of them)")
     root = _dataset_root(data, yaml_file)
     check_converter(data.get("convert"), yaml_file)
-    splits = {k: _split_paths(data[k], root, names, yaml_file) for k in ("train", "val", "test") if data.get(k)}
+    splits = {k: _split_paths(data[k], root, names, yaml_file, k) for k in ("train", "val", "test") if data.get(k)}
     missing = [p for paths in splits.values() for p in paths if not p.exists()]
     if missing and data.get("download"):
+        from utils.data.download import download_dataset  # it imports DataError from here
+
         with dist.zero_first(local=True):
             if dist.is_local_main_process() and not all(p.exists() for p in missing):
-                download_dataset(data["download"], root)
+                download_dataset(data["download"], root, homes=[data_home(), yaml_file.parent])
                 run_converter(data.get("convert"), root, names, yaml_file)
         missing = [p for p in missing if not p.exists()]
     if missing:
@@ -156,39 +174,3 @@ def load_data_config(path: str | Path | None = None) -> DataConfig:
     return DataConfig(root=root, train=splits["train"], val=splits["val"], test=splits.get("test"), nc=nc,
                       names=names, yaml_file=yaml_file, is_coco=yaml_file.name == "coco.yaml" and nc == 80,
                       download=data.get("download"))
-
-
-def safe_extract(zip_path: str | Path, dest: str | Path) -> list[Path]:
-    """Extract a zip into ``dest``, refusing any member that would land outside it (``../``, absolute paths)."""
-    dest = Path(dest).resolve()
-    with zipfile.ZipFile(zip_path) as archive:
-        for member in archive.namelist():
-            target = (dest / member).resolve()
-            if target != dest and dest not in target.parents:
-                raise DataError(f"{zip_path}: member {member!r} would be written outside {dest}; refusing to extract")
-        archive.extractall(dest)
-        return [dest / m for m in archive.namelist()]
-
-
-def download_dataset(spec: Any, root: Path) -> None:
-    """Fetch and unzip what a YAML's ``download`` key names: a URL, a list of URLs, or {url, dir} mappings.
-
-    A bare URL's zip is extracted into the dataset folder's parent (the zip holds the folder itself).
-    """
-    entries = spec if isinstance(spec, list) else [spec]
-    for entry in entries:
-        url, to = (entry.get("url"), entry.get("dir")) if isinstance(entry, dict) else (str(entry), None)
-        dest = (root / to) if to else root.parent
-        dest.mkdir(parents=True, exist_ok=True)
-        zip_path = dest / Path(str(url).split("?")[0]).name
-        LOGGER.info(f"Downloading {url} to {zip_path} ...")
-        tmp = zip_path.with_name(zip_path.name + ".part")
-        try:
-            with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as out:
-                shutil.copyfileobj(response, out)
-        except OSError as e:
-            raise DataError(f"download of {url} failed ({e}); fetch it by hand into {dest}") from None
-        os.replace(tmp, zip_path)
-        if zip_path.suffix == ".zip":
-            safe_extract(zip_path, dest)
-            zip_path.unlink()

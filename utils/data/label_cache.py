@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import multiprocessing
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.pool import ThreadPool
@@ -99,16 +100,33 @@ def repair_jpeg(path: str, repair_dir: Path) -> Path:
     return target
 
 
+def pixel_limit_refusal(width: int, height: int) -> str:
+    """Why an image of ``width`` x ``height`` is refused (more pixels than Pillow's ``Image.MAX_IMAGE_PIXELS``, the
+    decompression-bomb limit: a 20 kB PNG may decode to gigabytes), or '' when it is within the limit."""
+    limit = Image.MAX_IMAGE_PIXELS
+    if limit is not None and width * height > limit:
+        return f"{width}x{height} is more pixels than the decompression-bomb limit of {limit}"
+    return ""
+
+
 def check_image(path: str, repair_dir: Path | None = None) -> tuple[tuple[int, int], str, str]:
     """(size (w, h), note, path of a repaired copy or '') of a decodable image of a known format; raises
     ValueError with the reason otherwise. A truncated JPEG is repaired into ``repair_dir`` when given."""
+    refusal = ""
     try:
-        with Image.open(path) as img:
-            img.verify()
-        with Image.open(path) as img:
-            fmt, size = (img.format or "").lower(), exif_size(img)
+        with warnings.catch_warnings():  # Pillow only warns between its limit and twice it; refused here
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(path) as img:  # the header only: the size is known before anything is decoded
+                fmt, size = (img.format or "").lower(), exif_size(img)
+            if not (refusal := pixel_limit_refusal(*img.size)):
+                with Image.open(path) as img:
+                    img.verify()
+    except Image.DecompressionBombError:
+        raise ValueError(f"more pixels than the decompression-bomb limit of {Image.MAX_IMAGE_PIXELS}") from None
     except Exception as e:  # PIL raises many types for bad files
         raise ValueError(f"cannot decode image ({type(e).__name__})") from None
+    if refusal:
+        raise ValueError(refusal)
     if f".{fmt}" not in IMG_SUFFIXES:
         raise ValueError(f"unsupported image format {fmt!r}")
     if min(size) < MIN_IMAGE_SIDE:
@@ -163,7 +181,8 @@ def check_label_rows(labels: np.ndarray, nc: int | None) -> tuple[np.ndarray, in
     coords = labels[:, 1:]
     if (coords < -COORD_TOLERANCE).any() or (coords > 1 + COORD_TOLERANCE).any():
         raise ValueError(f"non-normalized or out of bounds coordinates {coords[(coords < 0) | (coords > 1)][0]:g}")
-    labels[:, 1:] = coords.clip(0, 1)
+    labels = labels.astype(np.float32)  # checked as stored: 1e-320 is a positive float64 but 0 in float32
+    labels[:, 1:] = labels[:, 1:].clip(0, 1)
     if (labels[:, 3:5] <= 0).any():
         raise ValueError("box with zero width or height")
     _, first = np.unique(labels, axis=0, return_index=True)
@@ -171,7 +190,7 @@ def check_label_rows(labels: np.ndarray, nc: int | None) -> tuple[np.ndarray, in
     if duplicates:
         labels = labels[np.sort(first)]
     note = f"{duplicates} duplicate labels removed" if duplicates else ""
-    return labels.astype(np.float32), duplicates, note
+    return labels, duplicates, note
 
 
 def check_sample(args: tuple[str, str, int | None, Path | None]) -> tuple[np.ndarray, tuple[int, int], str, int, str,

@@ -2,9 +2,11 @@
 video URL, a live stream (rtsp://, rtmp://, http(s)://) or a ``.streams`` file listing streams, one a line.
 
 Every source yields ``Frame``s: the letterboxed network input (3, h, w) RGB uint8, the original
-BGR image (outputs keep its size) and where it came from. Unreadable images are skipped with a
-warning and counted; a missing source, an empty folder, a video or stream that cannot be opened, or a
-``.streams`` file without streams raise a one-line ``SourceError``. A live stream is read by a background
+BGR image (outputs keep its size) and where it came from. Unreadable images, and images whose header declares
+more pixels than Pillow's decompression-bomb limit (checked before decoding), are skipped with a warning and
+counted; an image URL is read up to MAX_IMAGE_BYTES. A video or stream with frames over the limit, a missing
+source, an empty folder, a video or stream that cannot be opened, or a ``.streams`` file without streams raise a
+one-line ``SourceError``. A live stream is read by a background
 thread that keeps only its newest frame, so a slow model skips frames instead of falling behind.
 """
 
@@ -12,26 +14,30 @@ from __future__ import annotations
 
 import contextlib
 import glob
-import http.client
+import io
 import os
 import threading
-import urllib.error
 import urllib.parse
-import urllib.request
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import cv2
 import numpy as np
+from PIL import Image
 
 from utils.data.augment import letterbox
+from utils.data.config import DataError
+from utils.data.download import read_url
+from utils.data.label_cache import pixel_limit_refusal
 from utils.errors import UserError
 from utils.log import LOGGER
 from utils.paths import IMG_SUFFIXES, VID_SUFFIXES
 
 URL_SCHEMES = ("rtsp://", "rtmp://", "http://", "https://")
 NETWORK_TIMEOUT_S = 10.0  # opening a network video or stream, and waiting for its next frame
+MAX_IMAGE_BYTES = 64 << 20  # an image URL is read into memory: at most this much
 
 
 class SourceError(UserError, ValueError):
@@ -154,6 +160,10 @@ def open_video(path: str | int) -> cv2.VideoCapture:
                                                                           cv2.CAP_PROP_READ_TIMEOUT_MSEC, timeout_ms])
         else:
             capture = cv2.VideoCapture(path)
+    width, height = int(capture.get(cv2.CAP_PROP_FRAME_WIDTH)), int(capture.get(cv2.CAP_PROP_FRAME_HEIGHT))
+    if capture.isOpened() and (refusal := pixel_limit_refusal(width, height)):
+        capture.release()
+        raise SourceError(f"--source: {path} has frames of {refusal}")
     if not capture.isOpened():
         capture.release()
         if is_url(path):
@@ -163,17 +173,36 @@ def open_video(path: str | int) -> cv2.VideoCapture:
     return capture
 
 
-def fetch_image(url: str) -> np.ndarray | None:
-    """An image URL read into memory and decoded (None when the bytes are not an image)."""
-    request = urllib.request.Request(url, headers={"User-Agent": "yolo-ddp"})
+def fetch_image(url: str, max_bytes: int = MAX_IMAGE_BYTES) -> np.ndarray | None:
+    """An image URL read into memory (at most ``max_bytes``) and decoded; None when the bytes are not an image.
+
+    Raises ImageRefused when its header declares more pixels than the decompression-bomb limit."""
     try:
-        with urllib.request.urlopen(request, timeout=NETWORK_TIMEOUT_S) as response:
-            data = response.read()
-    except urllib.error.HTTPError as e:
-        raise SourceError(f"--source {url}: HTTP {e.code} {e.reason}") from None
-    except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
-        raise SourceError(f"--source {url}: cannot download it ({getattr(e, 'reason', e)})") from None
+        data = read_url(url, max_bytes, NETWORK_TIMEOUT_S)
+    except DataError as e:
+        raise SourceError(f"--source {e}") from None
+    check_pixels(io.BytesIO(data), url)
     return cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+
+
+class ImageRefused(ValueError):
+    """An image skipped before decoding (over the decompression-bomb limit); counted like an unreadable one."""
+
+
+def check_pixels(file: str | Path | io.BytesIO, name: str | Path) -> None:
+    """Read only the image header and refuse more pixels than Pillow's limit (formats Pillow cannot read pass)."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            with Image.open(file) as img:
+                size = img.size
+    except Image.DecompressionBombError:
+        raise ImageRefused(f"{name}: more pixels than the decompression-bomb limit of {Image.MAX_IMAGE_PIXELS}") \
+            from None
+    except (OSError, ValueError, SyntaxError):  # not an image Pillow knows: OpenCV's own limit applies
+        return
+    if refusal := pixel_limit_refusal(*size):
+        raise ImageRefused(f"{name}: {refusal}")
 
 
 def read_frames(capture: cv2.VideoCapture, vid_stride: int = 1) -> Iterator[tuple[int, np.ndarray]]:
@@ -210,7 +239,12 @@ class LoadImages:
             if media_suffix(path) in VID_SUFFIXES:
                 yield from self._video_frames(str(path), index)
                 continue
-            original = self._read_image(path)
+            try:
+                original = self._read_image(path)
+            except ImageRefused as e:
+                self.skipped += 1
+                LOGGER.warning(f"WARNING: skipping image {e}")
+                continue
             if original is None:
                 self.skipped += 1
                 missing = not is_url(path) and not Path(path).is_file()
@@ -223,7 +257,10 @@ class LoadImages:
     def _read_image(path: Path | str) -> np.ndarray | None:
         if is_url(path):
             return fetch_image(str(path))
-        return cv2.imread(str(path)) if Path(path).is_file() else None
+        if not Path(path).is_file():
+            return None
+        check_pixels(path, path)
+        return cv2.imread(str(path))
 
     def _video_frames(self, path: str, index: int) -> Iterator[Frame]:
         capture = open_video(path)

@@ -17,6 +17,9 @@ Safety: files are written to a temporary name, flushed, verified and renamed, so
 the previous file whole; ``last.pt`` is written before ``best.pt`` is replaced by a link or copy of
 it, so the two never disappear together. Loading checks the zip structure and every member's
 CRC32 first (``torch.load`` alone accepts flipped bits in tensor data) and names the damaged file.
+Files from strangers (:mod:`utils.weights.untrusted`): compressed or oversized zip members are refused before
+anything is read, every loaded tensor must be a plain view inside its storage within a budget tied to the file's
+size, and the model config must build exactly the stored tensors (checked on the meta device) before it is built.
 """
 
 from __future__ import annotations
@@ -37,6 +40,13 @@ from models.yolo import Model, ModelConfigError
 from utils.atomic_files import fsync_dir, remove_dead_writers_files
 from utils.errors import UserError
 from utils.log import LOGGER
+from utils.weights.downloads import check_not_url
+from utils.weights.untrusted import (
+    UntrustedFileError,
+    check_config_against_state,
+    check_loaded_tensors,
+    check_zip_members,
+)
 
 FORMAT = "yolo-ddp"
 VERSION = 1
@@ -144,17 +154,21 @@ def verify_checkpoint(path: str | Path) -> None:
     """
     path = Path(path)
     if not path.is_file():
+        check_not_url(path)
         raise CheckpointError(f"weights file {path} not found")
     size = path.stat().st_size
     if size == 0:
         raise CheckpointError(f"weights file {path} is empty (0 bytes); it was never written completely")
     try:
+        check_zip_members(path)  # before reading any member: no decompression bombs
         with zipfile.ZipFile(path) as archive:
             bad_member = archive.testzip()
             names = archive.namelist()
     except zipfile.BadZipFile as e:
         raise CheckpointError(f"{path} is damaged: not a complete PyTorch zip file ({size} bytes; {e}); it may "
                               "be truncated by a crash or a full disk, use an earlier checkpoint") from None
+    except UntrustedFileError as e:
+        raise CheckpointError(f"{path}: refused: {e}") from None
     except (OSError, EOFError, ValueError, RuntimeError) as e:  # zlib/IO errors while reading members
         raise CheckpointError(f"{path} is damaged: cannot be read ({str(e).splitlines()[0][:200]})") from None
     if bad_member is not None:
@@ -213,9 +227,14 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
         raise CheckpointError(f"{path} holds Python objects that only full unpickling can load, which may run code; "
                               f"refused ({_unpickling_reason(e)}). Use --trust-weights only for a file you trust") \
             from None
-    except (zipfile.BadZipFile, RuntimeError, EOFError, OSError, ValueError) as e:
-        raise CheckpointError(f"{path} is damaged or not a PyTorch checkpoint ({str(e).splitlines()[0][:200]})") \
-            from None
+    except (zipfile.BadZipFile, RuntimeError, EOFError, OSError, ValueError, TypeError, AttributeError, KeyError,
+            IndexError, RecursionError, MemoryError, OverflowError) as e:  # torch's weights-only reader lets these out
+        reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise CheckpointError(f"{path} is damaged or not a PyTorch checkpoint ({reason})") from None
+    try:
+        check_loaded_tensors(ckpt, path.stat().st_size)
+    except UntrustedFileError as e:
+        raise CheckpointError(f"{path}: refused: {e}") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT or "model" not in ckpt or "model_yaml" not in ckpt:
         keys = sorted(ckpt)[:6] if isinstance(ckpt, dict) else type(ckpt).__name__
         raise CheckpointError(f"{path} is not a checkpoint of this project (found {keys}); "
@@ -231,15 +250,38 @@ def _load_release_file(path: Path) -> dict | None:
 
 
 def model_from_checkpoint(ckpt: dict, source: str = "checkpoint") -> Model:
-    """Rebuild the model from the YAML and weights a checkpoint holds (float32, train mode)."""
+    """Rebuild the model from the YAML and weights a checkpoint holds (float32, train mode).
+
+    The YAML must build exactly the stored tensors (names and shapes, found on the meta device) before the real
+    model is built, so a config out of proportion to the file costs no memory.
+    """
     try:
+        check_config_against_state(ckpt.get("model_yaml"), ckpt.get("model"), nc=ckpt.get("nc"))
         model = Model(ckpt["model_yaml"], nc=ckpt["nc"])
         model.load_state_dict(ckpt["model"])
-    except (ModelConfigError, RuntimeError, KeyError) as e:
+    except (ModelConfigError, UntrustedFileError, RuntimeError, KeyError, TypeError) as e:
         raise CheckpointError(f"{source}: weights do not fit the model it describes ({str(e).splitlines()[0]})") \
             from None
-    model.names = list(ckpt.get("names") or model.names)
+    model.names = plain_names(ckpt.get("names"), model.nc)
     return model
+
+
+MAX_NAME_LENGTH = 128
+
+
+def plain_names(names: Any, nc: int) -> list[str]:
+    """Class names as plain one-line strings of at most MAX_NAME_LENGTH characters; their indices when the file's
+    names are missing, of another count, or not plain (names become folders and labels, never paths or code)."""
+    if isinstance(names, dict):
+        names = [names.get(i, names.get(str(i))) for i in range(nc)]
+    if not isinstance(names, (list, tuple)) or len(names) != nc:
+        return [str(i) for i in range(nc)]
+    plain = []
+    for i, name in enumerate(names):
+        text = str(name) if isinstance(name, (str, int)) and not isinstance(name, bool) else ""
+        ok = 0 < len(text) <= MAX_NAME_LENGTH and text.isprintable()
+        plain.append(text if ok else str(i))
+    return plain
 
 
 def load_model(weights: str | Path, device: str | torch.device = "cpu", fuse: bool = True,

@@ -6,7 +6,8 @@ User-facing settings (environment variables, read when a name is resolved, never
     YOLO_WEIGHTS_URL   the base URL release names are fetched from
                        (default https://github.com/ultralytics/yolov5/releases/download/v7.0)
 
-Downloads go to a temporary name in the cache folder, are checked (length, zip structure), flushed to disk and
+A URL as ``--weights`` is refused (only release names are fetched). Downloads are capped at MAX_WEIGHTS_BYTES and
+go to a temporary name in the cache folder, are checked (length, zip structure), flushed to disk and
 renamed, so a killed download never leaves a half file under the final name. Under torchrun use
 :func:`attempt_download_once_per_node`: local rank 0 downloads while the other ranks of its machine wait.
 The module does not import torch, so a download costs no torch start-up.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import re
 import time
 import urllib.error
 import urllib.request
@@ -31,6 +33,8 @@ from utils.log import LOGGER
 DEFAULT_URL = "https://github.com/ultralytics/yolov5/releases/download/v7.0"
 RELEASE_NAMES = tuple(f"yolov5{size}{p6}.pt" for p6 in ("", "6") for size in "nsmlx")
 CHUNK = 1 << 16
+MAX_WEIGHTS_BYTES = 2 << 30  # the largest release file (yolov5x6.pt) is 270 MB
+URL_PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")  # https://host/x.pt (a Path keeps it as https:/host/x.pt)
 
 
 class DownloadError(UserError, RuntimeError):
@@ -58,6 +62,7 @@ def resolve_weights(weights: str | Path) -> Path:
     ``yolov5s.pt`` (a bare release name) -> ``$YOLO_WEIGHTS_DIR/yolov5s.pt``; ``path/to/yolov5s.pt`` stays there.
     Raises DownloadError when the file is missing and not a release name. Never downloads.
     """
+    check_not_url(weights)
     path = Path(weights).expanduser()
     if path.is_file():
         return path
@@ -65,6 +70,14 @@ def resolve_weights(weights: str | Path) -> Path:
         raise DownloadError(f"weights {weights} not found, and it is not an official release name "
                             f"({', '.join(RELEASE_NAMES)})")
     return path if str(weights) != path.name else weights_dir() / path.name
+
+
+def check_not_url(weights: str | Path) -> None:
+    """Refuse ``--weights https://host/x.pt``: only official release names are downloaded (from $YOLO_WEIGHTS_URL,
+    byte-capped); a URL would otherwise be taken for a local path such as ``./https:/host/x.pt``."""
+    if URL_PREFIX.match(str(weights)) and not Path(weights).expanduser().exists():
+        raise DownloadError(f"--weights {str(weights)[:200]}: URLs are not downloaded (only official release names "
+                            "such as yolov5s.pt are); download the file yourself and pass its path")
 
 
 def attempt_download(weights: str | Path, *, progress: bool = True, timeout: float = 30.0, attempts: int = 2) -> Path:
@@ -137,12 +150,16 @@ def _fetch(url: str, tmp: Path, label: str, progress: bool, timeout: float) -> i
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response, open(tmp, "wb") as f:
             expected = int(response.headers.get("Content-Length") or 0) or None
+            if expected is not None and expected > MAX_WEIGHTS_BYTES:
+                raise DownloadError(f"the server announces {expected} bytes, more than the cap of {MAX_WEIGHTS_BYTES}")
             received = 0
             with tqdm(total=expected, unit="B", unit_scale=True, unit_divisor=1024, desc=label,
                       disable=not progress) as bar:
                 while chunk := response.read1(CHUNK):  # what has arrived, so the bar moves
-                    f.write(chunk)
                     received += len(chunk)
+                    if received > MAX_WEIGHTS_BYTES:
+                        raise DownloadError(f"more than the cap of {MAX_WEIGHTS_BYTES} bytes; refused")
+                    f.write(chunk)
                     bar.update(len(chunk))
             f.flush()
             os.fsync(f.fileno())

@@ -1,191 +1,57 @@
 """Official YOLOv5 release weights (``yolov5{n,s,m,l,x}{,6}.pt`` of v5.0 ... v7.0) read without running pickled code.
 
 The release files are torch zip pickles of whole ``models.yolo.Model`` / ``models.yolo.DetectionModel`` objects in
-fp16. Unpickling them normally imports and calls whatever the file names. Here a restricted unpickler resolves only
-torch's tensor rebuild functions and a few plain containers; every class of the model namespaces (``models.*``,
-``torch.nn.modules.*``, ...) becomes an inert :class:`Record` that keeps its pickled state and is never imported or
-called; any other global (``os.system``, ``builtins.eval``, ``subprocess.*``) is refused before it is resolved.
-From the records we rebuild the flat state dict and the architecture (the model's ``yaml`` dict), build our own
-``models.yolo.Model``, load every tensor strictly and return a checkpoint in this project's format.
+fp16. Unpickling them normally imports and calls whatever the file names. Here :mod:`utils.weights.safe_pickle`
+reads them: every class of the model namespaces (``models.*``, ``torch.nn.modules.*``, ...) becomes an inert
+:class:`Record` that keeps its pickled state and is never imported or called; tensors are checked views of the
+file's storages; any other global (``os.system``, ``builtins.eval``, ``subprocess.*``) is refused before it is
+resolved. From the records we rebuild the flat state dict and the architecture (the model's ``yaml`` dict), check
+that the yaml builds exactly the stored tensors (on the meta device), build our own ``models.yolo.Model``, load every
+tensor strictly and return a checkpoint in this project's format.
 """
 
 from __future__ import annotations
 
-import collections
 import pickle
 import pickletools
-import re
-import types
 import zipfile
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
 from models.yolo import Model, ModelConfigError
-from utils.weights.checkpoint import CheckpointError, new_checkpoint, to_plain
+from utils.weights.checkpoint import CheckpointError, new_checkpoint, plain_names, to_plain
+from utils.weights.safe_pickle import (
+    _LEGACY_MODULES,
+    Record,
+    UnsafeGlobalError,
+    data_pickle_name,
+    numpy_array,
+    safe_load,
+)
+from utils.weights.untrusted import (
+    UntrustedFileError,
+    check_config_against_state,
+    check_state_fits,
+    check_zip_members,
+    walk,
+)
 
 RELEASE_SOURCE = "yolov5-release"
 MODEL_CLASSES = ("models.yolo.Model", "models.yolo.DetectionModel")  # v5.0/v6.x and v7.0 detection models
 RELEASE_MARKERS = ("models.yolo.", "models.common.")  # globals that make a file a reference-format pickle
-# Classes of these namespaces become inert records; globals anywhere else are refused unless allowed below.
-RECORD_NAMESPACES = ("models.", "utils.", "torch.nn.modules.", "argparse.Namespace")
-_LEGACY_MODULES = {"__builtin__": "builtins", "copy_reg": "copyreg"}  # protocol-2 names of Python 2 modules
-
-
-class UnsafeGlobalError(pickle.UnpicklingError):
-    """The pickle asked for a global that may run code; nothing it names was imported or called."""
-
-    def __init__(self, name: str, how: str) -> None:
-        super().__init__(f"{how} {name}")
-        self.name, self.how = name, how
-
-
-class _RecordType(type):
-    """Metaclass of the stand-ins: calling one (pickle REDUCE/INST/OBJ) is refused, only NEWOBJ may create one."""
-
-    def __call__(cls, *args: Any, **kwargs: Any) -> Any:
-        raise UnsafeGlobalError(cls.global_name, "it asks to call")
-
-
-class Record(metaclass=_RecordType):
-    """An inert stand-in for a pickled object of class ``global_name``: it stores its state, nothing else."""
-
-    global_name = "?"
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Record:
-        record = object.__new__(cls)
-        record.__dict__["new_args"] = args
-        record.__dict__["state"] = {}
-        return record
-
-    def __setstate__(self, state: Any) -> None:
-        self.__dict__["state"] = state
-
-    @property
-    def attrs(self) -> dict:
-        """The pickled instance attributes (a ``(dict, slots)`` state gives its dict part)."""
-        state = self.__dict__["state"]
-        if isinstance(state, tuple) and len(state) == 2 and isinstance(state[0], dict):
-            state = state[0]
-        return state if isinstance(state, dict) else {}
-
-    @property
-    def class_name(self) -> str:
-        return self.global_name.rsplit(".", 1)[-1]
-
-    def __repr__(self) -> str:
-        return f"<record of {self.global_name}>"
-
-
-# ------------------------------------------------------------------------------------------ safe replacements
-def _encode_bytes(text: str, encoding: str = "latin1") -> bytes:
-    """``_codecs.encode``, which protocol-2 pickles use for bytes; only the latin-1 form is accepted."""
-    if not isinstance(text, str) or encoding not in ("latin1", "latin-1"):
-        raise UnsafeGlobalError("_codecs.encode", "it asks for an unusual encoding with")
-    return text.encode("latin1")
-
-
-def _numpy_dtype(code: Any, align: bool = False, copy_: bool = True) -> np.dtype:
-    """``numpy.dtype`` for a plain type code ('f8', 'i4', ...), as numpy scalars in old checkpoints pickle it."""
-    if not isinstance(code, str) or not re.fullmatch(r"[<>|=]?[a-zA-Z]\d*", code):
-        raise UnsafeGlobalError("numpy.dtype", "it asks for an unusual dtype with")
-    return np.dtype(code)
-
-
-def _numpy_scalar(dtype: Any, data: Any = b"") -> Any:
-    """``numpy.core.multiarray.scalar``: a numeric scalar from its raw bytes, as a plain Python number."""
-    if not isinstance(dtype, np.dtype) or dtype.kind not in "biuf" or not isinstance(data, (bytes, bytearray)):
-        raise UnsafeGlobalError("numpy.core.multiarray.scalar", "it asks for a non-numeric scalar with")
-    return np.frombuffer(bytes(data), dtype=dtype, count=1)[0].item()
-
-
-_NDARRAY = _RecordType("ndarray", (Record,), {"global_name": "numpy.ndarray", "__module__": __name__})
-
-
-def _numpy_reconstruct(cls: Any, shape: Any = (0,), typecode: Any = b"b") -> np.ndarray:
-    """``numpy.core.multiarray._reconstruct``: an empty array that pickle's BUILD then fills (v5.0 best_fitness)."""
-    if cls is not _NDARRAY:
-        raise UnsafeGlobalError("numpy.core.multiarray._reconstruct", f"it asks to rebuild {cls!r} with")
-    return np.empty(0, dtype=np.uint8)
-
-
-def _path_string(*parts: Any) -> str:
-    """pathlib paths (options of the reference hold some) become plain strings."""
-    if not all(isinstance(p, str) for p in parts):
-        raise UnsafeGlobalError("pathlib.Path", "it asks for a path of non-strings with")
-    return str(PurePosixPath(*parts))
-
-
-def _reconstructor(cls: Any, base: Any, state: Any = None) -> Record:
-    """``copyreg._reconstructor`` (protocol 0/1 objects): only for record classes, built inertly."""
-    if not (isinstance(cls, type) and issubclass(cls, Record)) or base is not object:
-        raise UnsafeGlobalError("copyreg._reconstructor", f"it asks to rebuild {cls!r} with")
-    return cls.__new__(cls)
-
-
-def _allowed_globals() -> dict[str, Any]:
-    """Everything the unpickler may resolve and call: tensor rebuilding, plain containers, inert converters."""
-    allowed: dict[str, Any] = {
-        "torch._utils._rebuild_tensor_v2": torch._utils._rebuild_tensor_v2,
-        "torch._utils._rebuild_parameter": torch._utils._rebuild_parameter,
-        "torch._utils._rebuild_parameter_with_state": torch._utils._rebuild_parameter_with_state,
-        "collections.OrderedDict": collections.OrderedDict,
-        "builtins.set": set, "builtins.frozenset": frozenset, "builtins.slice": slice, "builtins.complex": complex,
-        "torch.Size": torch.Size, "torch.device": torch.device,
-        "_codecs.encode": _encode_bytes, "copyreg._reconstructor": _reconstructor,
-        "numpy.dtype": _numpy_dtype, "numpy.core.multiarray.scalar": _numpy_scalar,
-        "numpy._core.multiarray.scalar": _numpy_scalar, "numpy.ndarray": _NDARRAY,
-        "numpy.core.multiarray._reconstruct": _numpy_reconstruct,
-        "numpy._core.multiarray._reconstruct": _numpy_reconstruct,
-    }
-    if hasattr(torch._utils, "_rebuild_tensor_v3"):
-        allowed["torch._utils._rebuild_tensor_v3"] = torch._utils._rebuild_tensor_v3
-    for cls in ("Path", "PosixPath", "WindowsPath", "PurePath", "PurePosixPath", "PureWindowsPath"):
-        allowed[f"pathlib.{cls}"] = _path_string
-    for value in vars(torch).values():  # torch.float16 and friends are plain constants
-        if isinstance(value, torch.dtype):
-            allowed[str(value)] = value
-    return allowed
-
-
-class RestrictedUnpickler(pickle.Unpickler):
-    """Resolves only :func:`_allowed_globals`; classes of :data:`RECORD_NAMESPACES` become inert records."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._allowed = _allowed_globals()
-        self._records: dict[str, type[Record]] = {}
-
-    def find_class(self, module: str, name: str) -> Any:
-        module = _LEGACY_MODULES.get(module, module)
-        full = f"{module}.{name}"
-        if full in self._allowed:
-            return self._allowed[full]
-        if full.startswith(RECORD_NAMESPACES) and re.fullmatch(r"[A-Za-z_]\w*", name) and name[0].isupper():
-            if full not in self._records:
-                self._records[full] = _RecordType(name, (Record,), {"global_name": full, "__module__": __name__})
-            return self._records[full]
-        raise UnsafeGlobalError(full, "it asks for")
-
-
-def _pickle_module() -> types.ModuleType:
-    """A module-like object that hands :class:`RestrictedUnpickler` to torch's zip reader."""
-    module = types.ModuleType("yolo_restricted_pickle")
-    module.Unpickler = RestrictedUnpickler  # type: ignore[attr-defined]
-    module.load = None  # type: ignore[attr-defined]  # legacy (non-zip) files are refused before reaching torch
-    return module
+__all__ = ["Record", "UnsafeGlobalError", "load_release_checkpoint", "read_records", "is_release_file"]
 
 
 # ------------------------------------------------------------------------------------------ reading the file
 def pickle_globals(path: str | Path) -> list[str]:
     """The globals (``module.name``) a torch zip file's data.pkl names, found by reading opcodes, never by running."""
     try:
+        names = [m.filename for m in check_zip_members(path)]  # stored members only: no decompression bombs
         with zipfile.ZipFile(path) as archive:
-            member = next((n for n in archive.namelist() if n.endswith("data.pkl") and n.count("/") <= 1), None)
-            data = archive.read(member) if member else b""
+            data = archive.read(data_pickle_name(names))
     except (OSError, zipfile.BadZipFile, RuntimeError, ValueError):
         return []
     found, last, stack, memo = [], None, [], {}
@@ -229,17 +95,33 @@ def read_records(path: str | Path) -> Any:
     if not zipfile.is_zipfile(path):
         raise CheckpointError(f"{path} is not a PyTorch zip file; only zip-format release files can be read safely")
     with zipfile.ZipFile(path) as archive:
-        if any(name.endswith("constants.pkl") for name in archive.namelist()):  # torch.load would hand it to jit
+        if any(name.endswith("constants.pkl") for name in archive.namelist()):  # a TorchScript archive
             raise CheckpointError(f"{path} is a TorchScript archive, not a release checkpoint; run it with detect.py")
     try:
-        return torch.load(path, map_location="cpu", pickle_module=_pickle_module(), weights_only=False)
+        return _arrays(safe_load(path))
     except UnsafeGlobalError as e:
-        raise CheckpointError(f"{path}: refused: {e.how} {e.name}, which is not a tensor rebuild function or a known "
-                              "model class; nothing from the file was run") from None
+        raise CheckpointError(f"{path}: refused: {e}; nothing from the file was run or changed") from None
+    except UntrustedFileError as e:
+        raise CheckpointError(f"{path}: refused: {e}") from None
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError, TypeError, AttributeError,
-            KeyError, IndexError) as e:
-        raise CheckpointError(f"{path} cannot be read as a YOLOv5 release file ({str(e).splitlines()[0][:200]})") \
-            from None
+            KeyError, IndexError, RecursionError, MemoryError, OverflowError, zipfile.BadZipFile) as e:
+        reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        raise CheckpointError(f"{path} cannot be read as a YOLOv5 release file ({reason})") from None
+
+
+def _arrays(raw: Any) -> Any:
+    """The unpickled structure with each pickled numpy array (an inert record until now) as a real array."""
+    for _, value in walk(raw, children=_record_children):
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, item in list(items):
+            if isinstance(item, Record) and item.global_name == "numpy.ndarray":
+                value[key] = numpy_array(item)
+    return raw
+
+
+def _record_children(value: Any) -> dict | None:
+    """What :func:`utils.weights.untrusted.walk` descends into inside a record: its pickled attributes."""
+    return value.attrs if isinstance(value, Record) else None
 
 
 # ------------------------------------------------------------------------------------------ records -> our model
@@ -274,7 +156,7 @@ def convert_records(raw: Any, path: str | Path = "<records>") -> dict:
     try:
         record = model_record(raw)
         model = release_model(record)
-    except _FormatError as e:
+    except (_FormatError, UntrustedFileError) as e:
         raise CheckpointError(f"{path}: {e}") from None
     except ModelConfigError as e:
         raise CheckpointError(f"{path}: the model it describes cannot be built here ({e})") from None
@@ -305,8 +187,11 @@ def release_model(record: Record) -> Model:
     stride = detect.attrs.get("stride", record.attrs.get("stride"))
     if not isinstance(stride, torch.Tensor) or prefix + "anchors" not in state:
         raise _FormatError(f"the last layer ({detect.global_name}) has no stride or anchors")
+    anchors = state.pop(prefix + "anchors")
+    if stride.numel() > 16 or anchors.numel() > 16 * 64 * 2 or anchors.dim() != 3 or anchors.shape[0] != stride.numel():
+        raise _FormatError(f"the strides {tuple(stride.shape)} and anchors {tuple(anchors.shape)} do not match")
     stride = stride.detach().float().view(-1)
-    anchors = state.pop(prefix + "anchors").float() * stride.view(-1, 1, 1)  # grid units -> input pixels
+    anchors = anchors.float() * stride.view(-1, 1, 1)  # grid units -> input pixels
     anchor_grid = state.pop(prefix + "anchor_grid", None)  # v5.0 also kept (and decoded with) pixel anchors
     if anchor_grid is not None:
         if anchor_grid.numel() != anchors.numel() or not torch.allclose(
@@ -314,7 +199,11 @@ def release_model(record: Record) -> Model:
             raise _FormatError(f"{prefix}anchor_grid disagrees with {prefix}anchors x stride")
         anchors = anchor_grid.float().reshape(anchors.shape)  # fp16-rounded in pixels, as v5.0 used them
     state[prefix + "anchors"], state[prefix + "stride"] = anchors, stride
-    model = Model(release_config(record, detect, anchors), ch=int(record.attrs.get("yaml", {}).get("ch", 3)))
+    cfg, ch = release_config(record, detect, anchors), record.attrs.get("yaml", {}).get("ch", 3)
+    if not isinstance(ch, int) or not 1 <= ch <= 64:
+        raise _FormatError(f"the yaml's input channels {ch!r} must be an integer in 1..64")
+    check_config_against_state(cfg, state, ch=ch)  # before building: the yaml makes exactly these tensors
+    model = Model(cfg, ch=ch)
     if not torch.equal(model.stride.float(), stride):
         raise _FormatError(f"strides {stride.tolist()} in the file but {model.stride.tolist()} for its yaml")
     check_structure(record, model)
@@ -338,13 +227,8 @@ def release_config(record: Record, detect: Record, anchors: torch.Tensor) -> dic
 
 
 def release_names(record: Record, nc: int) -> list[str]:
-    """Class names as the file stores them (a list, or a dict keyed 0..nc-1); numbers when absent or malformed."""
-    names = record.attrs.get("names")
-    if isinstance(names, dict):
-        names = [names.get(i, names.get(str(i))) for i in range(nc)]
-    if isinstance(names, (list, tuple)) and len(names) == nc and all(isinstance(n, (str, int)) for n in names):
-        return [str(n) for n in names]
-    return [str(i) for i in range(nc)]
+    """Class names as the file stores them (a list, or a dict keyed 0..nc-1), as :func:`plain_names` bounds them."""
+    return plain_names(record.attrs.get("names"), nc)
 
 
 def flat_state(record: Record, prefix: str = "", depth: int = 0) -> dict[str, torch.Tensor]:
@@ -384,15 +268,7 @@ def check_structure(record: Record, module: nn.Module, where: str = "model") -> 
 def load_exact(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
     """Load ``state`` into ``model`` tensor for tensor (names and shapes must match exactly), as float32."""
     own = model.state_dict()
-    for name, tensor in state.items():
-        if name not in own:
-            raise _FormatError(f"tensor {name} {tuple(tensor.shape)} has no place in the model its yaml builds")
-        if tensor.shape != own[name].shape:
-            raise _FormatError(f"tensor {name} is {tuple(tensor.shape)} in the file but {tuple(own[name].shape)} "
-                               "in the model its yaml builds")
-    missing = [name for name in own if name not in state]
-    if missing:
-        raise _FormatError(f"tensor {missing[0]} {tuple(own[missing[0]].shape)} is missing from the file")
+    check_state_fits({name: tuple(t.shape) for name, t in own.items()}, state)
     model.load_state_dict({k: v.float() if v.is_floating_point() else v.to(own[k].dtype) for k, v in state.items()})
     if hasattr(model, "detect"):
         model.detect.clear_grid_cache()

@@ -10,10 +10,11 @@ import cv2
 import numpy as np
 import pytest
 
-from tests.helpers import GOOD_LABEL, make_set, write_jpg
+from tests.helpers import GOOD_LABEL, make_set, serve_folder, write_jpg
 from utils.data import config as data_config
-from utils.data.config import DataError, load_data_config, safe_extract
+from utils.data.config import DataError, load_data_config
 from utils.data.datasets import YoloDataset
+from utils.data.download import download_dataset, safe_extract
 from utils.data.label_cache import list_image_files
 
 
@@ -59,16 +60,88 @@ def test_safe_extract_refuses_escaping_members(tmp_path: Path) -> None:
     assert not (tmp_path / "escaped.txt").exists() and not (tmp_path / "out2" / "ok.txt").exists()
 
 
+def mini_zip(path: Path, folder: str = "mini", extra: dict[str, str] | None = None) -> Path:
+    """A zip holding a one-image data set's folder, as coco128.zip does."""
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{folder}/images/train/a.jpg", cv2.imencode(".jpg", np.zeros((20, 20, 3), np.uint8))[1].tobytes())
+        z.writestr(f"{folder}/labels/train/a.txt", GOOD_LABEL)
+        for name, content in (extra or {}).items():
+            z.writestr(name, content)
+    return path
+
+
 def test_missing_data_is_downloaded_and_extracted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    source = tmp_path / "mini.zip"
-    with zipfile.ZipFile(source, "w") as z:  # the zip holds the data set's folder, as coco128.zip does
-        z.writestr("mini/images/train/a.jpg", cv2.imencode(".jpg", np.zeros((20, 20, 3), np.uint8))[1].tobytes())
-        z.writestr("mini/labels/train/a.txt", GOOD_LABEL)
+    served = tmp_path / "served"
+    served.mkdir()
+    mini_zip(served / "mini.zip")
     data = tmp_path / "cfg" / "mini.yaml"
     data.parent.mkdir()
-    data.write_text(f"path: mini\ntrain: images/train\nval: images/train\nnc: 1\ndownload: {source.as_uri()}\n")
     monkeypatch.setenv("YOLO_DATA_DIR", str(tmp_path / "home"))
-    config = load_data_config(data)  # a file:// URL: the real download code, without a network
+    with serve_folder(served) as url:  # a loopback server: the real download code, without a network
+        data.write_text(f"path: mini\ntrain: images/train\nval: images/train\nnc: 1\ndownload: {url}/mini.zip\n")
+        config = load_data_config(data)
     assert config.root == tmp_path / "home" / "mini" and (config.train[0] / "a.jpg").is_file()
     assert not list((tmp_path / "home").glob("*.zip*"))  # the archive is removed after extraction
     assert YoloDataset(config.train, img_size=32, nc=1).scan.found == 1
+
+
+@pytest.mark.parametrize("spec, words", [
+    ({"url": "https://host/x.zip", "dir": "/abs/elsewhere"}, "must be a folder inside the data set"),
+    ({"url": "https://host/x.zip", "dir": "../../x"}, "must be a folder inside the data set"),
+    ({"url": "https://host/x.zip", "dir": "images/../../x"}, "must be a folder inside the data set"),
+    ("file:///etc/passwd", "only http:// and https://"),
+    ("ftp://host/x.zip", "only http:// and https://"),
+    ("https://host/.bashrc", "not a plain name"),
+    ("https://host/%2Ebashrc", "not a plain name"),
+    ([{"url": "https://host/ok.zip"}, {"url": "https://host/x.zip", "dir": "/abs"}], "inside the data set"),
+])
+def test_download_entries_that_would_write_elsewhere_are_refused_before_fetching(tmp_path: Path, spec: object,
+                                                                              words: str) -> None:
+    root = tmp_path / "home" / "set"
+    with pytest.raises(DataError, match=words) as info:
+        download_dataset(spec, root, homes=[tmp_path / "home"])
+    assert "\n" not in str(info.value)
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == []  # nothing fetched or made
+
+
+def test_downloads_stay_in_the_data_home_and_under_the_byte_cap(tmp_path: Path) -> None:
+    served = tmp_path / "served"
+    served.mkdir()
+    mini_zip(served / "mini.zip")
+    mini_zip(served / "sneaky.zip", extra={"bashrc": "echo owned"})  # a member beside the data set's folder
+    (served / "big.bin").write_bytes(bytes(5000))
+    home = tmp_path / "home"
+    with serve_folder(served) as url:
+        with pytest.raises(DataError, match="must live under"):
+            download_dataset(f"{url}/mini.zip", tmp_path / "elsewhere" / "mini", homes=[home])
+        with pytest.raises(DataError, match="would be written outside"):
+            download_dataset(f"{url}/sneaky.zip", home / "mini", homes=[home])
+        with pytest.raises(DataError, match="more than the cap of 4096"):
+            download_dataset({"url": f"{url}/big.bin", "dir": "extra"}, home / "mini", max_bytes=4096, homes=[home])
+        assert download_dataset(f"{url}/mini.zip", home / "mini", homes=[home]) == [home.resolve()]
+    assert not (tmp_path / "elsewhere").exists() and not (home / "bashrc").exists()
+    assert sorted(p.name for p in home.rglob("*") if p.is_file()) == ["a.jpg", "a.txt"]  # no partial files
+
+
+def test_extracting_into_a_file_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "blocker").write_text("a file where a folder is needed")
+    with pytest.raises(DataError, match="cannot extract") as info:
+        safe_extract(mini_zip(tmp_path / "m.zip"), tmp_path / "blocker" / "out")
+    assert "\n" not in str(info.value)
+
+
+def test_yaml_aliases_and_odd_splits_are_one_line(tmp_path: Path) -> None:
+    bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(
+        f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n" for p, c in zip("abcdefg", "bcdefgh"))
+    (tmp_path / "bomb.yaml").write_text(bomb + "train: x\nval: x\nnames: [*h]\n")  # 9**8 = 43M strings if expanded
+    with pytest.raises(DataError, match="class names must be plain strings, found a list"):
+        load_data_config(tmp_path / "bomb.yaml")
+    (tmp_path / "long.yaml").write_text(f"train: x\nval: x\nnames: [{'n' * 500}]\n")
+    with pytest.raises(DataError, match="1..128 printable characters"):
+        load_data_config(tmp_path / "long.yaml")
+    make_set(tmp_path / "set", {"a.jpg": (write_jpg, GOOD_LABEL)})
+    (tmp_path / "test.yaml").write_text(f"path: {tmp_path}\ntrain: set/images/train\nval: set/images/train\n"
+                                        "test: [[set/images/train], {a: 1}]\nnc: 1\n")
+    with pytest.raises(DataError, match="'test' must be a path or a list of paths") as info:
+        load_data_config(tmp_path / "test.yaml")
+    assert "\n" not in str(info.value)

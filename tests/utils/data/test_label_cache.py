@@ -35,7 +35,16 @@ CASES = {  # name: (image file, writer, label text or None, (found, missing, emp
                        (2, 0, 0, 0, 1)),
     "missing_label_file": ("a.jpg", write_jpg, None, (1, 1, 0, 0, 0)),
     "empty_label_file": ("a.jpg", write_jpg, "\n", (2, 0, 1, 0, 0)),
+    "size_zero_in_float32": ("a.jpg", write_jpg, "0 .5 .5 1e-320 1e-320\n", (1, 0, 0, 1, 0)),  # > 0 in float64 only
+    "decompression_bomb": ("a.png", lambda p: write_bomb_png(p), GOOD_LABEL, (1, 0, 0, 1, 0)),
 }
+def write_bomb_png(path: Path, side: int = 9500) -> None:
+    """A PNG of 11 kB that decodes to side x side pixels (90 M: over Pillow's limit, where it only warns)."""
+    from PIL import Image
+
+    Image.new("1", (side, side)).save(path)
+
+
 KEPT = {"found": 1, "missing": 1, "empty": 1}  # images kept per outcome (corrupt ones are skipped)
 
 
@@ -125,5 +134,5 @@ def test_process_pool_scan_matches_the_thread_scan(tmp_path: Path, monkeypatch: 
         assert type(pool) is multiprocessing.pool.Pool  # processes, not threads
     processes = label_cache.scan_files(im_files, label_files, 3, show=False)
     assert processes.summary().line() == threads.summary().line()
-    assert processes.summary().line() == "7 found, 1 missing, 1 empty, 9 corrupt, 1 duplicate rows removed"
+    assert processes.summary().line() == "7 found, 1 missing, 1 empty, 11 corrupt, 1 duplicate rows removed"
     assert [len(lab) for lab in processes.labels] == [len(lab) for lab in threads.labels]

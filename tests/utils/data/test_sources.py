@@ -103,3 +103,38 @@ def test_a_stream_that_never_answers_times_out(monkeypatch) -> None:
         with pytest.raises(SourceError, match="cannot open stream"):
             load_source(f"http://127.0.0.1:{server.getsockname()[1]}/live")
         assert time.monotonic() - start < 8
+
+
+def test_images_over_the_pixel_limit_are_skipped_unread_and_counted(tmp_path: Path, yolo_log: list[str]) -> None:
+    """A 9500x9500 PNG of 11 kB (90 M pixels, where Pillow only warns): skipped from its header, locally and over
+    http; an image URL is read only up to the byte cap."""
+    from PIL import Image
+
+    from utils.data.sources import fetch_image
+
+    Image.new("1", (9500, 9500)).save(tmp_path / "bomb.png")
+    cv2.imwrite(str(tmp_path / "good.png"), numbered_frames(2)[1])
+    local = LoadImages(tmp_path, img_size=64)
+    assert [frame_number(f.original) for f in local] == [2] and local.skipped == 1
+    assert sum("bomb.png: 9500x9500 is more pixels than the decompression-bomb limit" in line for line in yolo_log) == 1
+    with serve_folder(tmp_path) as url:
+        remote = LoadImages(f"{url}/bomb.png", img_size=64)
+        assert list(remote) == [] and remote.skipped == 1
+        cv2.imwrite(str(tmp_path / "noise.png"), np.random.default_rng(0).integers(0, 255, (48, 64, 3), np.uint8))
+        with pytest.raises(SourceError, match="more than the cap of 1000") as info:
+            fetch_image(f"{url}/noise.png", max_bytes=1000)
+    assert "\n" not in str(info.value)
+
+
+def test_videos_and_streams_with_frames_over_the_pixel_limit_are_refused(video: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The limit is Pillow's Image.MAX_IMAGE_PIXELS (users may change it); here lowered below a 64x48 frame."""
+    from PIL import Image
+
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 64 * 48 - 1)
+    with pytest.raises(SourceError, match="frames of 64x48 is more pixels than the decompression-bomb limit"):
+        LoadImages(video, img_size=64)
+    (video.parent / "live").write_bytes(video.read_bytes())  # no media suffix: read as a live stream
+    with serve_folder(video.parent) as url, pytest.raises(SourceError, match="decompression-bomb limit") as info:
+        load_source(f"{url}/live", img_size=64)
+    assert "\n" not in str(info.value)

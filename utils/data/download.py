@@ -1,0 +1,173 @@
+"""Downloading a missing data set, as a data YAML's ``download`` key names it, without trusting the YAML.
+
+``download_dataset(spec, root)`` is the one entry point (data formats reuse it). ``spec`` is a URL, a list of URLs,
+or ``{url, dir}`` mappings. Every entry is checked before anything is fetched: http:// or https:// only; a plain
+file name taken from the URL (letters, digits, ``._-``, no leading dot); ``dir`` relative and inside the data set's
+folder, or ``..`` (its parent, for archives that hold the folder itself, as coco128.zip does: then every member of
+the archive must lie under the folder's own name). Each download is capped in bytes, written to a temporary name
+and renamed; archives are extracted only when their members stay inside the destination and their expanded size
+is in proportion to the archive.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+import zipfile
+from collections.abc import Iterator, Sequence
+from pathlib import Path, PurePosixPath
+from typing import Any, BinaryIO
+
+from utils.data.config import DataError
+from utils.log import LOGGER
+from utils.paths import data_home
+
+MAX_DOWNLOAD_BYTES = 64 << 30  # COCO's train2017.zip is 19 GB
+MAX_EXPANSION = 200  # an archive may expand to this many times its size (label text compresses about 10:1)
+MAX_ENTRIES = 256  # Objects365 lists 97 archives
+CHUNK = 1 << 20
+TIMEOUT_S = 60.0
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def download_dataset(spec: Any, root: Path, max_bytes: int = MAX_DOWNLOAD_BYTES,
+                     homes: Sequence[Path] | None = None) -> list[Path]:
+    """Fetch (and unzip) what ``spec`` names into the data set's folder ``root``; the folders written to.
+
+    ``root`` must lie inside one of ``homes`` (default: the data home, $YOLO_DATA_DIR), so a YAML cannot aim a
+    download at ``~/.ssh``. Raises DataError (one line) for a refused entry before fetching anything, and for a
+    failed download.
+    """
+    root = Path(root).resolve()
+    homes = [Path(h).resolve() for h in (homes if homes is not None else [data_home()])]
+    if not any(root == h or h in root.parents for h in homes) or root.name.startswith("."):
+        raise DataError(f"a download into {root} is refused: a data set that downloads itself must live under "
+                        f"{' or '.join(map(str, homes))} (set YOLO_DATA_DIR), in a folder not starting with '.'")
+    entries = spec if isinstance(spec, list) else [spec]
+    if len(entries) > MAX_ENTRIES:
+        raise DataError(f"download lists {len(entries)} entries (at most {MAX_ENTRIES})")
+    plans = [plan_entry(entry, root) for entry in entries]
+    for url, dest, only in plans:
+        dest.mkdir(parents=True, exist_ok=True)
+        target = dest / file_name(url)
+        LOGGER.info(f"Downloading {url} to {target} ...")
+        fetch_to_file(url, target, max_bytes)
+        if target.suffix == ".zip":
+            try:
+                safe_extract(target, dest, only=only)
+            finally:
+                target.unlink(missing_ok=True)
+    return [dest for _, dest, _ in plans]
+
+
+def plan_entry(entry: Any, root: Path) -> tuple[str, Path, str | None]:
+    """(URL, destination folder, folder name every archive member must start with or None) of one entry."""
+    if isinstance(entry, dict):
+        url, where = entry.get("url"), entry.get("dir")
+    else:
+        url, where = entry, None
+    check_url(url)
+    if where is None or str(where) == "..":
+        return url, root.parent, root.name  # the archive holds the data set's folder itself
+    relative = PurePosixPath(str(where))
+    if not isinstance(where, str) or relative.is_absolute() or ".." in relative.parts:
+        raise DataError(f"download 'dir' {str(where)[:80]!r} must be a folder inside the data set (relative, "
+                        "without '..'), or '..' for an archive that holds the data set's folder")
+    return url, root / relative, None
+
+
+def check_url(url: Any) -> None:
+    """http:// or https:// URLs with a host and a plain file name only (no file://, ftp://, data: ...)."""
+    if not isinstance(url, str):
+        raise DataError(f"download URL must be a string, got {type(url).__name__}")
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise DataError(f"download URL {url[:120]!r}: only http:// and https:// URLs are fetched")
+    file_name(url)
+
+
+def file_name(url: str) -> str:
+    """The file name a URL's path ends with, when it is a plain name (no dotfiles, separators or odd characters)."""
+    name = PurePosixPath(urllib.parse.unquote(urllib.parse.urlsplit(url).path)).name
+    if not SAFE_NAME.fullmatch(name):
+        raise DataError(f"download URL {url[:120]!r}: the file name {name[:60]!r} is not a plain name (letters, "
+                        "digits, '._-', not starting with a dot)")
+    return name
+
+
+def open_url(url: str, timeout: float = TIMEOUT_S) -> http.client.HTTPResponse:
+    """An http(s) response for ``url``; DataError (one line) for another scheme or a failed request."""
+    if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
+        raise DataError(f"{url[:120]}: only http:// and https:// URLs are fetched")
+    request = urllib.request.Request(url, headers={"User-Agent": "yolo-ddp"})
+    try:
+        return urllib.request.urlopen(request, timeout=timeout)
+    except urllib.error.HTTPError as e:
+        raise DataError(f"{url[:120]}: HTTP {e.code} {e.reason}") from None
+    except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as e:
+        raise DataError(f"{url[:120]}: cannot download it ({getattr(e, 'reason', e)})") from None
+
+
+def capped_chunks(response: BinaryIO, max_bytes: int, url: str) -> Iterator[bytes]:
+    """The body of a response in chunks; DataError once it announces or sends more than ``max_bytes``."""
+    declared = response.headers.get("Content-Length") if hasattr(response, "headers") else None
+    if declared and declared.isdigit() and int(declared) > max_bytes:
+        raise DataError(f"{url[:120]}: the server announces {int(declared)} bytes, more than the cap of {max_bytes}")
+    received = 0
+    try:
+        while chunk := response.read(min(CHUNK, max_bytes + 1 - received)):
+            received += len(chunk)
+            if received > max_bytes:
+                raise DataError(f"{url[:120]}: more than the cap of {max_bytes} bytes; refused")
+            yield chunk
+    except (OSError, http.client.HTTPException) as e:
+        raise DataError(f"{url[:120]}: the download failed after {received} bytes ({e})") from None
+
+
+def read_url(url: str, max_bytes: int, timeout: float = TIMEOUT_S) -> bytes:
+    """The body of an http(s) URL, at most ``max_bytes`` (an image to decode, a small file)."""
+    with open_url(url, timeout) as response:
+        return b"".join(capped_chunks(response, max_bytes, url))
+
+
+def fetch_to_file(url: str, target: Path, max_bytes: int = MAX_DOWNLOAD_BYTES) -> Path:
+    """Download ``url`` into ``target`` atomically (a temporary name beside it, renamed when complete)."""
+    tmp = target.with_name(f".{target.name}.part{os.getpid()}")
+    try:
+        with open_url(url) as response, open(tmp, "wb") as out:
+            for chunk in capped_chunks(response, max_bytes, url):
+                out.write(chunk)
+        os.replace(tmp, target)
+    except OSError as e:
+        raise DataError(f"download of {url[:120]} failed ({e.strerror or e}); fetch it by hand into "
+                        f"{target.parent}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
+
+
+def safe_extract(zip_path: str | Path, dest: str | Path, only: str | None = None) -> list[Path]:
+    """Extract a zip into ``dest``, refusing members that would land outside it (``../``, absolute paths), outside
+    ``dest/only`` when given, or an archive that expands out of proportion to its size."""
+    dest = Path(dest).resolve()
+    try:
+        with zipfile.ZipFile(zip_path) as archive:
+            members = archive.infolist()
+            for member in members:
+                target = (dest / member.filename).resolve()
+                inside = dest / only if only else dest
+                if target != inside and inside not in target.parents:
+                    raise DataError(f"{zip_path}: member {member.filename[:120]!r} would be written outside "
+                                    f"{inside}; refusing to extract")
+            expanded = sum(m.file_size for m in members)
+            if expanded > MAX_EXPANSION * max(Path(zip_path).stat().st_size, 1 << 20):
+                raise DataError(f"{zip_path}: expands to {expanded} bytes, over {MAX_EXPANSION} times its size; "
+                                "refusing to extract")
+            archive.extractall(dest)
+    except (zipfile.BadZipFile, OSError, EOFError, RuntimeError) as e:
+        raise DataError(f"{zip_path}: cannot extract into {dest} ({type(e).__name__}: {e})") from None
+    return [dest / m.filename for m in members]
