@@ -18,7 +18,7 @@ import torch
 
 from utils import paths
 from utils.distributed import comm as dist
-from utils.distributed.comm import read_env
+from utils.distributed.launcher import read_env
 from utils.distributed.signals import StopRequested
 from utils.errors import UserError
 from utils.log import setup_logging
