@@ -76,8 +76,9 @@ def test_srun_tasks_without_torchrun_on_machines_that_share_no_files(tmp_path: P
     assert (folders[0] / "runs" / "exp" / "weights" / "last.pt").is_file()
     assert not list(folders[1].rglob("*.pt")) and not (folders[1] / "runs").exists()  # rank 1 wrote nothing
     checksum = f"tests.plugins.faults:Checksum(folder={str(tmp_path)!r})"
-    resume = [[str(ROOT / "train.py"), "--resume", "runs/exp", "--data", str(datas[r]), "--hook", checksum]
-              for r in range(2)]
+    # --project: the job's requeue record (<project>/.jobs/slurm-<id>) goes into the node's folder, not the checkout
+    resume = [[str(ROOT / "train.py"), "--resume", "runs/exp", "--project", "runs", "--data", str(datas[r]),
+               "--hook", checksum] for r in range(2)]
     results = srun(list(folders), resume, job_id + SLURM_PORT_SPAN)  # a new job, the same derived port
     out = "\n".join(o for _, o in results)
     assert [code for code, _ in results] == [0, 0], out[-3000:]
