@@ -1,4 +1,5 @@
-"""The Dockerfile without a Docker engine: hadolint-clean, pinned base, the build context computed from .dockerignore, CMD runs here."""
+"""The Dockerfile without a Docker engine: hadolint-clean, pinned base, the build context as .dockerignore makes
+it, CMD runs here."""
 
 from __future__ import annotations
 
