@@ -64,6 +64,13 @@ def select_device(device: str = "", local_rank: int = 0) -> torch.device:
     return torch.device("cuda", ids[local_rank % len(ids)])
 
 
+def check_half(half: bool, device: torch.device) -> None:
+    """``--half`` (FP16 inference) is for CUDA devices: one behaviour for detect.py and test.py, a DeviceError
+    elsewhere rather than a silent change of precision."""
+    if half and device.type != "cuda":
+        raise DeviceError(f"--half needs a CUDA device (this run uses {device}); drop --half or pass --device 0")
+
+
 def autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager:
     """Mixed precision for ``device`` when ``enabled``: float16 on CUDA, bfloat16 on the CPU; else a no-op."""
     if not enabled:

@@ -58,3 +58,12 @@ def test_mps_selects_the_apple_gpu_where_torch_has_one(monkeypatch: pytest.Monke
     monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)  # Linux, Windows, an Intel Mac
     with pytest.raises(DeviceError, match="--device mps asks for an Apple GPU but this torch has no MPS device"):
         select_device("mps")
+
+
+def test_half_is_for_cuda_only() -> None:
+    from utils.device import check_half
+
+    check_half(False, torch.device("cpu"))
+    check_half(True, torch.device("cuda", 0))
+    with pytest.raises(DeviceError, match=r"--half needs a CUDA device \(this run uses cpu\); drop --half"):
+        check_half(True, torch.device("cpu"))
