@@ -18,7 +18,6 @@ import torch
 
 from utils import paths
 from utils.distributed import comm as dist
-from utils.distributed.launcher import read_env
 from utils.distributed.signals import StopRequested
 from utils.errors import UserError
 from utils.log import setup_logging
@@ -168,7 +167,7 @@ def run_main(main: Callable[[Any], Any], opt: Any, script: str) -> int:
     Under torchrun every rank usually meets the same bad input, so only rank 0 prints it; the
     other ranks exit with the same code, and torchrun's summary names the ranks that failed.
     """
-    rank0 = read_env().rank == 0
+    rank0 = dist.launch_env().rank == 0
     try:
         main(opt)
     except UserError as e:
