@@ -15,9 +15,10 @@ LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHE
 
 @pytest.fixture
 def no_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A plain ``python script.py`` environment: none of torchrun's variables."""
+    """A plain ``python script.py`` environment: none of torchrun's variables, no state from an earlier start-up."""
     for name in LAUNCHER_VARS:
         monkeypatch.delenv(name, raising=False)
+    dist.cleanup()
 
 
 def test_single_process_answers(no_launcher: None) -> None:
@@ -50,6 +51,7 @@ def test_collectives_are_no_ops(no_launcher: None) -> None:
 def test_init_without_launcher_stays_single_process(no_launcher: None) -> None:
     assert dist.init_distributed("cpu") == torch.device("cpu")
     assert not dist.is_initialized() and dist.get_world_size() == 1
+    dist.cleanup()
 
 
 def test_backend_choice() -> None:
