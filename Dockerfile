@@ -25,9 +25,7 @@ RUN grep -vE '^(torch|torchvision)([<>=!~ ;[]|$)' requirements.txt > /tmp/requir
     && pip install --no-cache-dir -r /tmp/requirements-image.txt \
     && rm /tmp/requirements-image.txt
 
-COPY models/ models/
-COPY utils/ utils/
-COPY data/ data/
-COPY train.py test.py detect.py export.py ./
+# The whole project tree; .dockerignore keeps history, tests, run outputs, data sets, caches and weights out.
+COPY . .
 
 CMD ["python", "train.py", "--help"]

@@ -38,7 +38,7 @@ from utils.cli import (
 )
 from utils.data.sources import Frame, LoadImages, LoadStreams, LoadWebcam, load_source, media_name
 from utils.deploy.runtime import DetectBackend, check_img_size, resolve_weights_arg
-from utils.device import select_device
+from utils.device import check_half, select_device
 from utils.errors import UserError
 from utils.evaluation.tta import augmented_forward
 from utils.log import LOGGER, colorstr, print_options, setup_logging
@@ -93,8 +93,7 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
 
 def check_options(opt: argparse.Namespace, device: torch.device) -> None:
     """Refuse option values that cannot work, naming the flag."""
-    if opt.half and device.type != "cuda":
-        raise DetectError(f"--half needs a CUDA device (this run uses {device}); drop --half or pass --device 0")
+    check_half(opt.half, device)
     for flag in ("conf_thres", "iou_thres"):
         if not 0 <= getattr(opt, flag) <= 1:
             raise DetectError(f"--{flag.replace('_', '-')} {getattr(opt, flag)} must be within [0, 1]")

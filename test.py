@@ -36,6 +36,7 @@ from utils.data.config import DataConfig, DataError, load_data_config
 from utils.data.datasets import DatasetOptions
 from utils.data.loader import create_dataloader
 from utils.deploy.runtime import DetectBackend, check_img_size, resolve_weights_arg
+from utils.device import check_half
 from utils.distributed import comm as dist
 from utils.errors import UserError
 from utils.evaluation.evaluate import EvalOptions, EvalResult, evaluate, measure_speed
@@ -131,6 +132,7 @@ def image_size(opt: argparse.Namespace, backend: DetectBackend, size: int) -> in
 def run(opt: argparse.Namespace, device: torch.device) -> EvalResult | list[EvalResult]:
     """Load the weights and data, then validate, time (--task speed) or study sizes. All ranks must call it."""
     check_refused_flags(opt)
+    check_half(opt.half, device)
     weights = resolve_weights_arg(one_weights(opt.weights))
     backend = DetectBackend(weights, device, trusted=opt.trust_weights)
     check_options(opt, backend)
@@ -167,7 +169,7 @@ def validate(opt: argparse.Namespace, backend: DetectBackend, data: DataConfig, 
     with torch.no_grad():  # warm-up: first-call costs stay out of the timing
         model(torch.zeros(1, 3, img_size, img_size, device=device))
     options = EvalOptions(conf_thres=opt.conf_thres, iou_thres=opt.iou_thres, max_det=opt.max_det,
-                          single_cls=opt.single_cls, agnostic=opt.agnostic_nms, half=opt.half and device.type == "cuda",
+                          single_cls=opt.single_cls, agnostic=opt.agnostic_nms, half=opt.half,
                           save_dir=save_dir, plots=files, save_json=opt.save_json and files,
                           save_txt=opt.save_txt, save_conf=opt.save_conf, verbose=opt.verbose, is_coco=data.is_coco,
                           anno_json=anno_json, coco_ids=ids, augment=opt.augment, save_hybrid=opt.save_hybrid)

@@ -12,9 +12,27 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.checkout_guard import added_files, loose_files
+
 ROOT = Path(__file__).resolve().parents[1]
+CHECKOUT_BEFORE = pytest.StashKey[set]()
 
 os.environ.setdefault("NO_COLOR", "1")
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.stash[CHECKOUT_BEFORE] = loose_files(ROOT)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the run when its tests left files in the checkout (they must write under their tmp folders)."""
+    added = added_files(session.stash.get(CHECKOUT_BEFORE, None), loose_files(ROOT))
+    if added:
+        shown = ", ".join(added[:10]) + (f" and {len(added) - 10} more" if len(added) > 10 else "")
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"\nERROR: the tests added {len(added)} files to the checkout: {shown}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def _tiny_cfg() -> dict:

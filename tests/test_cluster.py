@@ -8,6 +8,7 @@ import re
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -15,8 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import ROOT, OutputPump, alive, finish, process_tree, start, torchrun_cmd, train_args, wait_for
-from utils.distributed.comm import SLURM_PORT_BASE, SLURM_PORT_SPAN
+from tests.helpers import ROOT, OutputPump, alive, finish, process_tree, start, torchrun_cmd, train_args
+from utils.distributed.launcher import SLURM_PORT_BASE, SLURM_PORT_SPAN
 
 pytestmark = [pytest.mark.slow, pytest.mark.ddp]
 
@@ -75,8 +76,9 @@ def test_srun_tasks_without_torchrun_on_machines_that_share_no_files(tmp_path: P
     assert (folders[0] / "runs" / "exp" / "weights" / "last.pt").is_file()
     assert not list(folders[1].rglob("*.pt")) and not (folders[1] / "runs").exists()  # rank 1 wrote nothing
     checksum = f"tests.plugins.faults:Checksum(folder={str(tmp_path)!r})"
-    resume = [[str(ROOT / "train.py"), "--resume", "runs/exp", "--data", str(datas[r]), "--hook", checksum]
-              for r in range(2)]
+    # --project: the job's requeue record (<project>/.jobs/slurm-<id>) goes into the node's folder, not the checkout
+    resume = [[str(ROOT / "train.py"), "--resume", "runs/exp", "--project", "runs", "--data", str(datas[r]),
+               "--hook", checksum] for r in range(2)]
     results = srun(list(folders), resume, job_id + SLURM_PORT_SPAN)  # a new job, the same derived port
     out = "\n".join(o for _, o in results)
     assert [code for code, _ in results] == [0, 0], out[-3000:]
@@ -86,32 +88,45 @@ def test_srun_tasks_without_torchrun_on_machines_that_share_no_files(tmp_path: P
     assert not list(folders[1].rglob("*.pt"))
 
 
-def test_a_frozen_rank_is_named_and_the_job_ends(tmp_path: Path, tiny_dataset: Path, tiny_cfg_file: Path) -> None:
-    beacon = tmp_path / "beacon.txt"
-    args = [*train_args(tiny_dataset, tiny_cfg_file, tmp_path / "runs", "--noval", "--ddp-timeout", "20",
-                        epochs=30),
-            "--hook", f"tests.plugins.faults:Beacon(path={str(beacon)!r}, seconds=0.2)"]
-    proc = start(torchrun_cmd(2, *args))  # torchrun SIGKILLs the frozen rank 30 s after its SIGTERM
-    pump = OutputPump(proc)
-    wait_for(lambda: beacon.exists() and sum(1 for line in beacon.read_text().splitlines()
-                                             if line.startswith("1 0 ")) >= 2, proc)
-    rank1 = next(pid for pid in process_tree(proc.pid)
-                 if pid != proc.pid and b"RANK=1\x00" in Path(f"/proc/{pid}/environ").read_bytes()
-                 and os.getpgid(pid) == pid)
-    tree = process_tree(proc.pid)
-    os.kill(rank1, signal.SIGSTOP)  # frozen: alive, holds its sockets, makes no progress
-    frozen = time.monotonic()
-    code, ended = pump.wait(timeout_s=150)
-    took = ended - frozen
-    for pid in alive(tree):
+FROZEN_TIMEOUT_S = 20  # --ddp-timeout of the frozen-rank jobs: the line comes 0.9 x this after the others stall
+
+
+def named_frozen_rank(proc: subprocess.Popen, pump: OutputPump, timeout_s: float = 150) -> str:
+    """The line naming a silent rank, once it is printed; then every process of the job is killed at once (not
+    after torchrun's 30 s grace period for the frozen rank)."""
+    deadline = time.monotonic() + timeout_s
+    line = ""
+    while not line and time.monotonic() < deadline and (proc.poll() is None or pump.thread.is_alive()):
+        line = next((text for _, text in pump.lines if "not responding" in text or "lost each other" in text), "")
+        time.sleep(0.1)
+    for pid in alive(process_tree(proc.pid)):
         os.kill(pid, signal.SIGKILL)
-    seen = [line for line in beacon.read_text().splitlines() if line.startswith("1 0 ")]
-    last_batch = int(seen[-1].split()[2])
-    out = pump.text
-    assert code != 0 and took < 80, f"{took:.0f} s\n{out[-3000:]}"
-    line = next((text for text in out.splitlines() if "stopped making progress" in text), "")
-    line = line[line.find("train: error:"):]  # (tqdm's bar may share the terminal line)
-    expected = "train: error: rank 1 stopped making progress (rank 1 last seen in train, epoch 0, batch "
-    assert line.startswith(expected), out[-3000:]
-    assert int(re.search(r"batch (\d+)", line).group(1)) in (last_batch, last_batch + 1), (line, seen[-3:])
-    print(f"frozen rank named after {took:.0f} s: {line}")
+    pump.wait(timeout_s=30)
+    return line[line.find("train: error:"):]  # (tqdm's bar may share the terminal line)
+
+
+def test_a_frozen_rank_is_named_in_a_step_and_in_a_collective(tmp_path: Path, tiny_dataset: Path,
+                                                                tiny_cfg_file: Path) -> None:
+    """Rank 1 frozen with SIGSTOP inside a step (behind the others) and, in a second job, while it waits in the
+    checkpoint's collective with them (same place, so only its stopped beat tells it apart): named both times."""
+    faults = {"step": "tests.plugins.faults:FailAt(rank=1, epoch=0, batch=1, action='stop')",
+              "collective": "tests.plugins.faults:FreezeInCollective(rank=1, epoch=0, seconds=3)"}
+    jobs = {}
+    for where, fault in faults.items():  # both jobs at once: the frozen ranks cost no CPU while the others wait
+        args = train_args(tiny_dataset, tiny_cfg_file, tmp_path / where, "--noval", "--ddp-timeout",
+                          str(FROZEN_TIMEOUT_S), "--hook", fault, epochs=2)
+        proc = start(torchrun_cmd(2, *args))
+        jobs[where] = (proc, OutputPump(proc))
+    lines = {where: named_frozen_rank(*job) for where, job in jobs.items()}
+    texts = {where: pump.text for where, (_, pump) in jobs.items()}
+    frozen = "train: error: rank 1 is not responding: its process is frozen or its host is gone; last seen "
+    # its last mark: batch 1, or batch 0 when it froze itself before its watch thread published batch 1
+    assert re.match(re.escape(frozen) + r"in train, epoch 0, batch [01]; rank 0 waited ", lines["step"]), \
+        texts["step"][-3000:]
+    assert lines["collective"].startswith(frozen + "waiting in checkpoint, epoch 1, batch 0; rank 0 waited "), \
+        texts["collective"][-3000:]
+    for where, line in lines.items():
+        waited = int(re.search(r"waited (\d+) s", line).group(1))
+        assert waited <= FROZEN_TIMEOUT_S, line  # before the collective's own timeout
+        assert "lost each other" not in texts[where] and "stopped making progress" not in texts[where]
+        print(f"frozen in a {where}: {line}")

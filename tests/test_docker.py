@@ -1,8 +1,8 @@
-"""The Dockerfile without a Docker engine: hadolint-clean, pinned base, every COPY source exists, CMD runs here."""
+"""The Dockerfile without a Docker engine: hadolint-clean, pinned base, the build context as .dockerignore makes
+it, CMD runs here."""
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import re
 import shlex
@@ -68,27 +68,76 @@ def test_base_image_is_a_pinned_pytorch_cuda_runtime() -> None:
     assert re.fullmatch(r"pytorch/pytorch:\d+\.\d+\.\d+-cuda\d+\.\d+-cudnn\d+-runtime", froms[0]), froms[0]
 
 
-def dockerignore_patterns() -> list[str]:
-    lines = (ROOT / ".dockerignore").read_text().splitlines()
-    return [line.strip().rstrip("/") for line in lines if line.strip() and not line.startswith("#")]
+def dockerignore_rules(text: str) -> list[tuple[bool, re.Pattern]]:
+    """.dockerignore lines as (exception, regex), in order, with Docker's syntax: paths from the context's root
+    (a leading / is dropped), ``*`` and ``?`` within one path element, ``**`` across any number of them, a
+    leading ``!`` re-includes."""
+    rules = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        exception = line.startswith("!")
+        pattern = line.lstrip("!").strip().strip("/")
+        regex, i = "", 0
+        while i < len(pattern):
+            if pattern.startswith("**/", i):
+                regex, i = regex + "(?:.*/)?", i + 3
+            elif pattern.startswith("**", i):
+                regex, i = regex + ".*", i + 2
+            else:
+                regex += {"*": "[^/]*", "?": "[^/]"}.get(pattern[i], re.escape(pattern[i]))
+                i += 1
+        rules.append((exception, re.compile(regex + r"\Z")))
+    return rules
 
 
-def test_every_copy_source_exists_and_is_not_ignored() -> None:
-    patterns = dockerignore_patterns()
+def in_context(path: str, rules: list[tuple[bool, re.Pattern]]) -> bool:
+    """Whether Docker sends ``path`` (relative, with /) in the build context: the last rule that matches the path
+    or one of its parent folders decides."""
+    parts = path.split("/")
+    candidates = ["/".join(parts[:n]) for n in range(1, len(parts) + 1)]
+    excluded = False
+    for exception, regex in rules:
+        if any(regex.match(c) for c in candidates):
+            excluded = not exception
+    return not excluded
+
+
+def project_files() -> list[str]:
+    return subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+
+
+RULES = dockerignore_rules((ROOT / ".dockerignore").read_text())
+
+
+def test_dockerignore_is_read_as_docker_reads_it() -> None:
+    rules = dockerignore_rules("*.pt\n/runs/\n**/__pycache__\ndata/*.jpg\n!data/keep.jpg\n")
+    assert not in_context("best.pt", rules) and in_context("weights/best.pt", rules)  # * stays at the root
+    assert not in_context("runs/train/exp/weights/last.pt", rules)  # a folder takes everything under it
+    assert not in_context("utils/data/__pycache__/x.pyc", rules) and not in_context("__pycache__/x.pyc", rules)
+    assert not in_context("data/a.jpg", rules) and in_context("data/keep.jpg", rules)
+    assert in_context("data/images/a.jpg", rules)  # * does not cross a /
+
+
+def test_the_image_gets_every_script_and_package_of_the_project() -> None:
+    """COPY . . with the .dockerignore: every script, package, model YAML and data file is in the context."""
     copies = [exec_form(args) for keyword, args in instructions(DOCKERFILE.read_text()) if keyword == "COPY"]
-    assert copies
-    sources = [s for argv in copies for s in argv[:-1] if not s.startswith("--")]
-    assert {"requirements.txt", "models/", "utils/", "train.py", "detect.py"} <= set(sources)
-    for source in sources:
-        matches = list(ROOT.glob(source.rstrip("/"))) if any(c in source for c in "*?[") else [ROOT / source]
-        assert matches and all(path.exists() for path in matches), f"COPY source {source} does not exist"
-        for pattern in patterns:
-            assert not fnmatch.fnmatch(source.rstrip("/"), pattern), f"COPY {source} is excluded by .dockerignore"
+    assert ["requirements.txt", "."] in copies and [".", "."] in copies, copies
+    files = project_files()
+    shipped = [f for f in files if f.endswith(".py") and "/" not in f or f.split("/")[0] in
+               ("models", "utils", "data", "benchmarks") or f == "requirements.txt"]
+    assert {"train.py", "val.py", "hubconf.py", "utils/distributed/comm.py", "models/yolov5s.yaml",
+            "data/hyps/hyp.scratch.yaml"} <= set(shipped)
+    missing = [f for f in shipped if not in_context(f, RULES)]
+    assert not missing, f"left out of the Docker build context: {missing}"
 
 
-def test_dockerignore_keeps_runs_datasets_caches_and_git_out() -> None:
-    patterns = set(dockerignore_patterns())
-    assert {"runs", "datasets", ".git", "**/__pycache__", ".cache"} <= patterns
+def test_dockerignore_keeps_history_tests_outputs_caches_and_weights_out() -> None:
+    for path in (".git/HEAD", "tests/fixtures/yolov5n-v6.pt", "runs/train/exp/weights/last.pt", "datasets/x/a.jpg",
+                 "utils/__pycache__/log.cpython-311.pyc", ".cache/x", "models/yolov5s.pt", "yolov5s.onnx",
+                 "runs2/best.torchscript", "exp/best_openvino_model/best.xml", ".ci/run"):
+        assert not in_context(path, RULES), path
 
 
 def test_requirements_step_keeps_the_image_torch() -> None:

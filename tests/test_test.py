@@ -287,3 +287,14 @@ def test_every_yolov5_v7_flag_parses():
     for parse in (test_script.parse_opt, val.parse_opt):  # no argparse error; run() judges each
         opt = parse(V7_VAL_FLAGS)
         assert (opt.task, opt.augment, opt.save_hybrid, opt.img_size) == ("study", True, True, 320)
+
+
+def test_half_on_the_cpu_is_refused_as_detect_refuses_it(checkpoint, tiny_dataset, tmp_path, capsys):
+    from utils.cli import run_main
+
+    code = run_main(test_script.main, test_script.parse_opt(_args(checkpoint, tiny_dataset, tmp_path, "--half")),
+                    "test")
+    err = capsys.readouterr().err
+    assert code == 2 and err == "test: error: --half needs a CUDA device (this run uses cpu); drop --half or pass " \
+        "--device 0\n", err
+    assert not (tmp_path / "exp").exists()  # refused before anything was written

@@ -18,7 +18,6 @@ import torch
 
 from utils import paths
 from utils.distributed import comm as dist
-from utils.distributed.comm import read_env
 from utils.distributed.signals import StopRequested
 from utils.errors import UserError
 from utils.log import setup_logging
@@ -31,9 +30,9 @@ EXIT_INTERRUPTED = 130
 # name -> (option strings, argparse keywords). Defaults here are the common ones; scripts may override them.
 FLAGS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "weights": (("--weights",), {"default": "", "help": "a .pt of this project, a YOLOv5 release file or name "
-                                 "(yolov5s.pt, downloaded when missing), or an export (.torchscript, .onnx, "
-                                 "*_openvino_model/); '' = train.py: from scratch, others: the newest "
-                                 "runs/train/*/weights/best.pt"}),
+                                 "(yolov5s.pt, downloaded when missing); detect.py and test.py also run an export "
+                                 "(.torchscript, .onnx, *_openvino_model/); '' = train.py: from scratch, others: "
+                                 "the newest runs/train/*/weights/best.pt"}),
     "trust_weights": (("--trust-weights",), {"action": "store_true",
                                              "help": "allow full unpickling of --weights (only for files you trust)"}),
     "data": (("--data",), {"default": str(ROOT / "data" / "synthetic.yaml"), "help": "dataset YAML"}),
@@ -42,8 +41,9 @@ FLAGS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
                                                       "(square), or h w where the script allows"}),
     "batch_size": (("--batch-size",), {"type": int, "default": 32,
                                        "help": "batch size (train.py, test.py: the total over all ranks)"}),
-    "device": (("--device",), {"default": "", "help": "'cpu', a GPU '0', or GPUs '0,1' (one per local rank); "
-                               "'' = GPU 0 when CUDA is available, else the CPU"}),
+    "device": (("--device",), {"default": "", "help": "'cpu', 'mps' (an Apple GPU), or a GPU '0'; train.py and "
+                               "test.py also take GPUs '0,1' (one per local rank); '' = GPU 0 when CUDA is "
+                               "available, else the CPU"}),
     "workers": (("--workers",), {"type": int, "default": 8, "help": "max dataloader workers per rank"}),
     "single_cls": (("--single-cls",), {"action": "store_true", "help": "treat every class as one"}),
     "conf_thres": (("--conf-thres",), {"type": float, "default": 0.001, "help": "confidence threshold"}),
@@ -167,7 +167,7 @@ def run_main(main: Callable[[Any], Any], opt: Any, script: str) -> int:
     Under torchrun every rank usually meets the same bad input, so only rank 0 prints it; the
     other ranks exit with the same code, and torchrun's summary names the ranks that failed.
     """
-    rank0 = read_env().rank == 0
+    rank0 = dist.launch_env().rank == 0
     try:
         main(opt)
     except UserError as e:

@@ -25,15 +25,27 @@ def available_cores() -> int:
     return max(os.cpu_count() or 1, 1)
 
 
+def mps_available() -> bool:
+    """Whether this torch can run on an Apple GPU (Metal Performance Shaders)."""
+    backend = getattr(torch.backends, "mps", None)
+    return bool(backend is not None and backend.is_available())
+
+
 def select_device(device: str = "", local_rank: int = 0) -> torch.device:
-    """Resolve ``--device`` ('' | 'cpu' | '0' | '0,1' | 'cuda:1') to this process's device.
+    """Resolve ``--device`` ('' | 'cpu' | 'mps' | '0' | '0,1' | 'cuda:1') to this process's device.
 
     '' means GPU ``local_rank`` when CUDA is available, else the CPU. With a list, process ``local_rank``
-    takes the ``local_rank``-th listed GPU. Raises DeviceError with a one-line reason when it does not exist.
+    takes the ``local_rank``-th listed GPU. 'mps' is the Apple GPU. Raises DeviceError with a one-line reason
+    when the device does not exist here.
     """
     spec = str(device).strip().lower().replace("cuda:", "").replace(" ", "")
     if spec == "cpu":
         return torch.device("cpu")
+    if spec == "mps":
+        if not mps_available():
+            raise DeviceError("--device mps asks for an Apple GPU but this torch has no MPS device here "
+                              "(it needs macOS on Apple silicon or an AMD GPU); use --device cpu")
+        return torch.device("mps")
     if spec in ("", "cuda"):
         if not torch.cuda.is_available():
             return torch.device("cpu")
@@ -41,7 +53,7 @@ def select_device(device: str = "", local_rank: int = 0) -> torch.device:
     try:
         ids = [int(x) for x in spec.split(",") if x != ""]
     except ValueError:
-        raise DeviceError(f"--device {device!r} is not valid: use 'cpu', a GPU index such as '0', "
+        raise DeviceError(f"--device {device!r} is not valid: use 'cpu', 'mps', a GPU index such as '0', "
                           "or a list '0,1'") from None
     if not torch.cuda.is_available():
         raise DeviceError(f"--device {device} asks for CUDA but CUDA is not available here; use --device cpu")
@@ -50,6 +62,13 @@ def select_device(device: str = "", local_rank: int = 0) -> torch.device:
     if missing:
         raise DeviceError(f"--device {device}: GPU {missing[0]} does not exist (this machine has {count} GPUs)")
     return torch.device("cuda", ids[local_rank % len(ids)])
+
+
+def check_half(half: bool, device: torch.device) -> None:
+    """``--half`` (FP16 inference) is for CUDA devices: one behaviour for detect.py and test.py, a DeviceError
+    elsewhere rather than a silent change of precision."""
+    if half and device.type != "cuda":
+        raise DeviceError(f"--half needs a CUDA device (this run uses {device}); drop --half or pass --device 0")
 
 
 def autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextManager:

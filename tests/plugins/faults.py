@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -109,3 +110,24 @@ class Checksum(HookBase):
         digest = hashlib.sha1(b"".join(p.numpy().tobytes() for p in params)).hexdigest()
         total = sum(float(p.double().sum()) for p in params)
         (self.folder / f"checksum-rank{dist.get_rank()}.txt").write_text(f"{digest} {total!r}\n")
+
+
+class FreezeInCollective(HookBase):
+    """At the end of ``epoch``, before its checkpoint: ``rank`` goes on into the checkpoint's collective and freezes
+    itself there (SIGSTOP after ``seconds`` / 2) while the other ranks hold back ``seconds``, so the rank is frozen
+    while it waits with the others, not while it works."""
+
+    priority = -1  # before the Checkpointer (CHECKPOINT_PRIORITY 0)
+
+    def __init__(self, rank: int = 1, epoch: int = 0, seconds: float = 3.0) -> None:
+        self.rank, self.epoch, self.seconds = rank, epoch, seconds
+
+    def after_epoch(self, trainer: Any, epoch: int, metrics: dict[str, float]) -> None:
+        if epoch != self.epoch or dist.restart_count() != 0:
+            return
+        if dist.get_rank() == self.rank:
+            freeze = threading.Timer(self.seconds / 2, os.kill, (os.getpid(), signal.SIGSTOP))
+            freeze.daemon = True
+            freeze.start()
+        else:
+            time.sleep(self.seconds)

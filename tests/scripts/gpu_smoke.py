@@ -48,28 +48,21 @@ def record(name: str, ok: bool, seconds: float, detail: str) -> None:
 def nccl_branches() -> None:
     """utils.distributed.comm with NCCL, 1 rank: barrier with device_ids, all_reduce on the GPU, the step vote."""
     import torch
-    import torch.distributed as tdist
 
     from utils.distributed import comm as dist
     from utils.training.engine import StepVote
 
     start = time.perf_counter()
     try:
-        device = torch.device("cuda", 0)
-        torch.cuda.set_device(device)
-        tdist.init_process_group("nccl", store=tdist.HashStore(), rank=0, world_size=1, device_id=device)
-        dist._DEVICE = device  # what init_distributed records
-        dist.barrier()
-        value = dist.all_reduce_max(torch.tensor([3.0], device=dist.collective_device())).item()
-        vote = StepVote.cast(torch.tensor(float("nan"), device=device), 15, False)
-        ok = dist.backend() == "nccl" and value == 3.0 and vote.nonfinite and vote.signum == 15
-        record("nccl barrier / all_reduce / step vote", ok, time.perf_counter() - start,
-               f"backend {dist.backend()}, collective device {dist.collective_device()}, vote {vote}")
+        with dist.single_process_group("0", "nccl") as device:
+            dist.barrier()
+            value = dist.all_reduce_max(torch.tensor([3.0], device=dist.collective_device())).item()
+            vote = StepVote.cast(torch.tensor(float("nan"), device=device), 15, False)
+            ok = dist.backend() == "nccl" and value == 3.0 and vote.nonfinite and vote.signum == 15
+            record("nccl barrier / all_reduce / step vote", ok, time.perf_counter() - start,
+                   f"backend {dist.backend()}, collective device {dist.collective_device()}, vote {vote}")
     except Exception as e:  # report, do not stop the other checks
         record("nccl barrier / all_reduce / step vote", False, time.perf_counter() - start, repr(e))
-    finally:
-        if tdist.is_initialized():
-            tdist.destroy_process_group()
 
 
 def main(out_dir: Path) -> int:

@@ -48,3 +48,22 @@ def test_autocast_dtype_per_device() -> None:
         assert (x @ x).dtype == torch.bfloat16
     with autocast(torch.device("cpu"), enabled=False):
         assert (x @ x).dtype == torch.float32
+
+
+def test_mps_selects_the_apple_gpu_where_torch_has_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)  # as torch answers on Apple silicon
+    assert select_device("mps") == torch.device("mps") and select_device(" MPS ") == torch.device("mps")
+    assert select_device("") == torch.device("cpu")  # '' stays CUDA-or-CPU: MPS only when asked for
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)  # Linux, Windows, an Intel Mac
+    with pytest.raises(DeviceError, match="--device mps asks for an Apple GPU but this torch has no MPS device"):
+        select_device("mps")
+
+
+def test_half_is_for_cuda_only() -> None:
+    from utils.device import check_half
+
+    check_half(False, torch.device("cpu"))
+    check_half(True, torch.device("cuda", 0))
+    with pytest.raises(DeviceError, match=r"--half needs a CUDA device \(this run uses cpu\); drop --half"):
+        check_half(True, torch.device("cpu"))

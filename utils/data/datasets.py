@@ -173,7 +173,9 @@ class YoloDataset(torch.utils.data.Dataset):
             shapes = np.array([resized_shape((int(h), int(w)), self.img_size) for w, h in self.shapes], np.int64)
             key = hashlib.sha1(f"{self.im_files[0]}{len(self)}{self.img_size}".encode()).hexdigest()[:12]
             self.ram = build_shared(lambda i: self._decode_resized(i, shapes[i]), shapes, key)
-            LOGGER.info(f"{prefix}Cached images to RAM, one shared copy per machine: {self.ram.nbytes / 1e9:.2f} GB")
+            if self.ram is not None:  # None: no room here (build_shared said why), the images come from disk
+                LOGGER.info(f"{prefix}Cached images to RAM, one shared copy per machine: "
+                            f"{self.ram.nbytes / 1e9:.2f} GB")
             return
         indices = list(range(dist.get_local_rank(), len(self), dist.get_local_world_size()))
         with ThreadPool(available_cores()) as pool:

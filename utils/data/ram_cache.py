@@ -5,11 +5,16 @@ The local ranks of a machine decode the images together (each its share) into on
 maps it, and as soon as all have, local rank 0 removes its name: the memory lives while any process maps it and
 is freed with the last one, so nothing is left behind, even after a SIGKILL. A file left by a build that was
 killed midway (its creator's pid is gone) is removed by the next build on the machine.
+
+The memory is reserved before anything is written (the machine's available memory checked, then the file's pages
+allocated), so a small /dev/shm (Docker's and Kubernetes' default is 64 MB) means one warning and training
+without the RAM cache, never a SIGBUS on a page the file system cannot back.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 from collections.abc import Callable
@@ -21,8 +26,10 @@ import numpy as np
 from utils.atomic_files import pid_alive
 from utils.device import available_cores
 from utils.distributed import comm as dist
+from utils.log import LOGGER
 
 PREFIX = "yolo-ram-"
+RAM_MARGIN = 0.1  # leave this share of the machine's available memory to everything else
 
 
 def shm_dir() -> Path:
@@ -63,22 +70,72 @@ def remove_stale(folder: Path) -> int:
     return removed
 
 
-def build_shared(load: Callable[[int], np.ndarray], shapes_hw: np.ndarray, key: str) -> SharedImages:
+def available_memory() -> int | None:
+    """The machine's available memory in bytes (MemAvailable of /proc/meminfo), None where it cannot be read."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return None
+
+
+def size_text(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.2f} GB" if nbytes >= 1e9 else f"{nbytes / 1e6:.1f} MB"
+
+
+def reserve(path: Path, nbytes: int) -> str:
+    """Create ``path`` with ``nbytes`` whose memory is reserved now; returns '' or why it cannot be (nothing is
+    left behind then)."""
+    available = available_memory()
+    if available is not None and nbytes > available * (1 - RAM_MARGIN):
+        return (f"the images need {size_text(nbytes)} and the machine has {size_text(available)} of memory "
+                "available; use --cache disk (or fewer, smaller images)")
+    stats = os.statvfs(path.parent)
+    free = stats.f_bavail * stats.f_frsize
+    advice = (f"{path.parent} has {size_text(free)} free (Docker's and Kubernetes' default is 64 MB): start the "
+              f"container with --ipc=host or --shm-size larger than {size_text(nbytes)}, or use --cache disk")
+    if nbytes > free:
+        return f"the images need {size_text(nbytes)} of shared memory and {advice}"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        if hasattr(os, "posix_fallocate"):
+            os.posix_fallocate(fd, 0, nbytes)  # every page now, so a write can never meet a full file system
+        else:
+            os.ftruncate(fd, nbytes)
+    except OSError as e:
+        path.unlink(missing_ok=True)
+        if e.errno not in (errno.ENOSPC, errno.ENOMEM):
+            raise
+        return f"the images need {size_text(nbytes)} of shared memory and {advice}"
+    finally:
+        os.close(fd)
+    return ""
+
+
+def build_shared(load: Callable[[int], np.ndarray], shapes_hw: np.ndarray, key: str) -> SharedImages | None:
     """Decode every image (``load(i)`` gives it resized to ``shapes_hw[i]``) once per machine into shared memory;
-    the local ranks share the work. All ranks must call it."""
+    the local ranks share the work. None, after one warning saying why and what to do, when a machine lacks the
+    memory: every rank of that machine then reads its images from disk. All ranks must call it."""
     sizes = shapes_hw[:, 0] * shapes_hw[:, 1] * 3
     offsets = np.concatenate(([0], np.cumsum(sizes))).astype(np.int64)
+    nbytes = max(int(offsets[-1]), 1)
     local_rank, local_world = dist.get_local_rank(), dist.get_local_world_size()
-    name = None
+    name, why = None, ""
     if local_rank == 0:
         remove_stale(shm_dir())
         path = shm_dir() / f"{PREFIX}{os.getpid()}-{key}"
-        with open(path, "wb") as f:
-            f.truncate(max(int(offsets[-1]), 1))
-        name = str(path)
-    node_of = dist.all_gather_object((dist.node_rank(), name), long=True)  # every rank learns its node's file
-    path = Path(next(n for node, n in node_of if node == dist.node_rank() and n is not None))
-    buffer = np.memmap(path, dtype=np.uint8, mode="r+", shape=(max(int(offsets[-1]), 1),))
+        why = reserve(path, nbytes)
+        name = None if why else str(path)
+    nodes = dist.all_gather_object((dist.node_rank(), name, why), long=True)  # every rank learns its node's file
+    refused = [(node, reason) for node, _, reason in nodes if reason]
+    if refused:
+        where = f" on machine {refused[0][0]}" if dist.get_world_size() > dist.get_local_world_size() else ""
+        LOGGER.warning(f"WARNING: --cache ram{where}: {refused[0][1]}; training without the RAM cache")
+    path_name = next((n for node, n, reason in nodes if node == dist.node_rank() and (n or reason)), None)
+    if path_name is None:
+        return None
+    path = Path(path_name)
+    buffer = np.memmap(path, dtype=np.uint8, mode="r+", shape=(nbytes,))
 
     def fill(i: int) -> None:
         h, w = (int(v) for v in shapes_hw[i])

@@ -1,8 +1,8 @@
 """The one door to torch.distributed: rank state, start-up, barriers, reductions, teardown.
 
-This is the only module that reads RANK / LOCAL_RANK / WORLD_SIZE or calls
-``init_process_group``. Everything else asks it. When the process is not part of a group,
-the answers are rank 0, world size 1, main process True, and collectives are no-ops.
+Rank state comes from the launcher's environment, read once at start-up by utils.distributed.launcher; this is the
+only module that calls ``init_process_group``, and everything else asks it. When the process is not part of a
+group, the answers are rank 0, world size 1, main process True, and collectives are no-ops.
 
 Every function here that runs a collective says so: all ranks must call it, in the same
 order, or the job deadlocks (until the group's timeout ends it).
@@ -21,132 +21,31 @@ import torch
 import torch.distributed as tdist
 
 from utils.device import available_cores, select_device
-from utils.distributed.watchdog import ProgressWatch, is_peer_failure, store_timeout
+from utils.distributed.launcher import DistEnv, DistError, SchedulerJob, read_env
+from utils.distributed.watchdog import MarkWatch, is_peer_failure, store_timeout
 from utils.errors import UserError
 from utils.log import LOGGER
 
 T = TypeVar("T")
 
 
-class DistError(UserError, RuntimeError):
-    """A distributed set-up problem the user can fix (bad device, backend, world size)."""
+@dataclass
+class _State:
+    """Everything this module holds between init_distributed() and cleanup() (which puts a fresh one back)."""
+
+    env: DistEnv | None = None  # the launcher's environment as read at start-up
+    device: torch.device | None = None
+    long_group: Any = None  # gloo group with a long timeout, for "rank 0 is busy" waits
+    watch: MarkWatch | None = None  # this rank's mark and the stuck-rank watch (utils.distributed.watchdog)
+    job_store: Any = None  # client of torchrun's agent store, opened on first use by job_store()
 
 
-@dataclass(frozen=True)
-class DistEnv:
-    """Rank state as the launcher set it: torchrun (or the legacy launcher), Slurm's srun, or none."""
-
-    rank: int = 0
-    local_rank: int = 0
-    world_size: int = 1
-    local_world_size: int = 1
-    restart_count: int = 0
-    master_addr: str = "127.0.0.1"
-    master_port: int = 29500
-    agent_store: bool = False
-    launcher: str = "none"  # 'torchrun' | 'slurm' | 'none'
-
-    @property
-    def distributed(self) -> bool:
-        return self.world_size > 1
+_STATE = _State()
 
 
-def read_env(local_rank_flag: int = -1) -> DistEnv:
-    """Rank state from the environment; ``local_rank_flag`` is the legacy ``--local_rank`` value.
-
-    torchrun's variables (RANK, WORLD_SIZE, ...) win; without them, an srun task (SLURM_STEP_ID set) takes its
-    rank from Slurm; otherwise the process is alone."""
-    env = os.environ
-    if "WORLD_SIZE" not in env and "RANK" not in env and local_rank_flag < 0 and _is_srun_task(env):
-        return _slurm_env(env)
-    world_size = int(env.get("WORLD_SIZE", 1))
-    local_rank = int(env.get("LOCAL_RANK", local_rank_flag if local_rank_flag >= 0 else 0))
-    return DistEnv(
-        rank=int(env.get("RANK", local_rank if world_size > 1 else 0)),
-        local_rank=local_rank,
-        world_size=world_size,
-        local_world_size=int(env.get("LOCAL_WORLD_SIZE", world_size)),
-        restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT", 0)),
-        master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
-        master_port=int(env.get("MASTER_PORT", 29500)),
-        agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true",
-        launcher="torchrun" if world_size > 1 else "none",
-    )
-
-
-def _is_srun_task(env: os._Environ | dict) -> bool:
-    """A task started by srun (a job step), not the batch script itself, which has the job's task count too."""
-    return bool(env.get("SLURM_PROCID")) and bool(env.get("SLURM_NTASKS")) and \
-        bool(env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID"))
-
-
-def _slurm_env(env: os._Environ | dict) -> DistEnv:
-    """Rank state of an srun task: rank SLURM_PROCID of SLURM_NTASKS, local rank SLURM_LOCALID, this node's
-    task count, the first host of the node list as MASTER_ADDR and a port derived from the job id (both
-    unless MASTER_ADDR / MASTER_PORT are set)."""
-    nodes = expand_nodelist(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST")
-                            or env.get("SLURM_NODELIST") or "127.0.0.1")
-    per_node = expand_tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
-                                     or env.get("SLURM_NTASKS_PER_NODE") or env["SLURM_NTASKS"])
-    node = int(env.get("SLURM_NODEID", 0))
-    job_id = int("".join(c for c in env.get("SLURM_JOB_ID", "0") if c.isdigit()) or 0)
-    return DistEnv(
-        rank=int(env["SLURM_PROCID"]), local_rank=int(env.get("SLURM_LOCALID", 0)),
-        world_size=int(env["SLURM_NTASKS"]), local_world_size=per_node[min(node, len(per_node) - 1)],
-        restart_count=int(env.get("SLURM_RESTART_COUNT", 0) or 0),
-        master_addr=env.get("MASTER_ADDR") or nodes[0],
-        master_port=int(env.get("MASTER_PORT") or SLURM_PORT_BASE + job_id % SLURM_PORT_SPAN),
-        launcher="slurm")
-
-
-SLURM_PORT_BASE, SLURM_PORT_SPAN = 20000, 20000  # srun without MASTER_PORT: port 20000 + job id mod 20000
-
-
-def expand_nodelist(nodelist: str) -> list[str]:
-    """Slurm's compact host list -> host names: ``node[01-03,07],gpu-a[1-2]-ib`` -> node01, node02, node03,
-    node07, gpu-a1-ib, gpu-a2-ib (zero padding kept; several bracket groups multiply), without scontrol."""
-    hosts, depth, start = [], 0, 0
-    for i, char in enumerate(nodelist + ","):
-        depth += {"[": 1, "]": -1}.get(char, 0)
-        if char == "," and depth == 0:
-            if nodelist[start:i].strip():
-                hosts += _expand_host(nodelist[start:i].strip())
-            start = i + 1
-    if depth != 0 or not hosts:
-        raise DistError(f"SLURM_NODELIST {nodelist!r} is not a host list Slurm writes (e.g. node[01-04,07])")
-    return hosts
-
-
-def _expand_host(pattern: str) -> list[str]:
-    """One host pattern with zero or more ``[ranges]`` groups -> its host names."""
-    head, sep, rest = pattern.partition("[")
-    if not sep:
-        return [pattern]
-    ranges, _, tail = rest.partition("]")
-    values = []
-    for part in ranges.split(","):
-        low, _, high = part.partition("-")
-        if not low.isdigit() or (high and not high.isdigit()):
-            raise DistError(f"SLURM_NODELIST range {part!r} in {pattern!r} is not numeric")
-        width = len(low)
-        values += [str(v).zfill(width) for v in range(int(low), int(high or low) + 1)]
-    return [head + value + host for value in values for host in _expand_host(tail)]
-
-
-def expand_tasks_per_node(spec: str) -> list[int]:
-    """``2(x3),1`` (SLURM_TASKS_PER_NODE) -> [2, 2, 2, 1]; a plain ``8`` -> [8]."""
-    counts = []
-    for part in str(spec).split(","):
-        value, _, repeat = part.strip().partition("(x")
-        counts += [int(value)] * int(repeat.rstrip(")") or 1)
-    return counts
-
-
-# Set once by init_distributed(); read through the accessors below.
-_ENV = DistEnv()
-_LONG_GROUP: Any = None  # gloo group with a long timeout, for "rank 0 is busy" waits
-_DEVICE: torch.device | None = None
-_WATCH: ProgressWatch | None = None  # this rank's progress mark and the stuck-rank watch (utils.distributed.watchdog)
+def launch_env() -> DistEnv:
+    """The launcher's environment: as read at start-up, or read now before init_distributed()."""
+    return _STATE.env if _STATE.env is not None else read_env()
 
 
 def is_initialized() -> bool:
@@ -162,40 +61,26 @@ def get_world_size() -> int:
 
 
 def get_local_rank() -> int:
-    return _ENV.local_rank if is_initialized() else 0
+    return launch_env().local_rank if is_initialized() else 0
+
+
+def get_local_world_size() -> int:
+    return launch_env().local_world_size if is_initialized() else 1
 
 
 def node_rank() -> int:
     """This machine's index in the job: torchrun's GROUP_RANK, Slurm's SLURM_NODEID, else 0."""
-    if not is_initialized():
-        return 0
-    value = os.environ.get("GROUP_RANK") if _ENV.launcher == "torchrun" else os.environ.get("SLURM_NODEID")
-    return int(value or 0)
-
-
-def get_local_world_size() -> int:
-    return _ENV.local_world_size if is_initialized() else 1
-
-
-@dataclass(frozen=True)
-class SchedulerJob:
-    """The batch scheduler's job this process belongs to (Slurm): its id and how often it was requeued."""
-
-    job_id: str
-    restarts: int
-
-
-def scheduler_job() -> SchedulerJob | None:
-    """The Slurm job of this process (SLURM_JOB_ID, SLURM_RESTART_COUNT), or None outside Slurm."""
-    job_id = os.environ.get("SLURM_JOB_ID", "").strip()
-    if not job_id:
-        return None
-    return SchedulerJob(job_id, int(os.environ.get("SLURM_RESTART_COUNT", 0) or 0))
+    return launch_env().node_rank if is_initialized() else 0
 
 
 def restart_count() -> int:
     """How many times torchrun's elastic agent has restarted this worker group (0 outside torchrun)."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0))
+    return launch_env().restart_count
+
+
+def scheduler_job() -> SchedulerJob | None:
+    """The Slurm job of this process (its id and requeue count), or None outside Slurm."""
+    return launch_env().job
 
 
 def is_main_process() -> bool:
@@ -233,9 +118,6 @@ def _store_for(env: DistEnv, timeout: datetime.timedelta) -> tdist.Store:
     return tdist.PrefixStore(f"yolo/attempt{env.restart_count}", store)
 
 
-_JOB_STORE: Any = None  # client of torchrun's agent store, opened on first use by job_store()
-
-
 def job_store(timeout_s: float = 60.0) -> tdist.Store | None:
     """The key-value store that lives as long as the whole torchrun job: torchrun's agent store, shared by
     every rank and kept across elastic restarts (its keys here are not prefixed with the attempt).
@@ -243,15 +125,14 @@ def job_store(timeout_s: float = 60.0) -> tdist.Store | None:
     None when the launcher provides no agent store (plain ``python``, other launchers). Used for facts a
     restarted attempt must find again, such as the run folder (see utils.training.resume).
     """
-    global _JOB_STORE
-    env = read_env()
+    env = launch_env()
     if not env.agent_store:
         return None
-    if _JOB_STORE is None:
+    if _STATE.job_store is None:
         client = tdist.TCPStore(env.master_addr, env.master_port, is_master=False,
                                 timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
-        _JOB_STORE = tdist.PrefixStore("yolo/job", client)
-    return _JOB_STORE
+        _STATE.job_store = tdist.PrefixStore("yolo/job", client)
+    return _STATE.job_store
 
 
 def init_distributed(device: str = "", backend: str = "auto", timeout_s: float = 600.0,
@@ -264,11 +145,10 @@ def init_distributed(device: str = "", backend: str = "auto", timeout_s: float =
     for long waits. With WORLD_SIZE 1 (plain ``python train.py``) nothing is initialised.
     All ranks must call it.
     """
-    global _ENV, _LONG_GROUP, _DEVICE, _WATCH
     env = read_env(local_rank_flag)
     device_obj = select_device(device, env.local_rank)
     chosen = resolve_backend(backend, device_obj)
-    _ENV, _DEVICE = env, device_obj
+    _STATE.env, _STATE.device = env, device_obj
     if device_obj.type == "cuda":
         torch.cuda.set_device(device_obj)
     if not env.distributed:
@@ -281,26 +161,32 @@ def init_distributed(device: str = "", backend: str = "auto", timeout_s: float =
         kwargs["device_id"] = device_obj  # binds the group to this GPU: barriers never guess
     tdist.init_process_group(chosen, store=_store_for(env, timeout), rank=env.rank,
                              world_size=env.world_size, timeout=timeout, **kwargs)
-    _LONG_GROUP = tdist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=long_timeout_s)) \
+    _STATE.long_group = tdist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=long_timeout_s)) \
         if chosen != "gloo" or long_timeout_s != timeout_s else None
     watch_store = tdist.PrefixStore(f"yolo/attempt{env.restart_count}", tdist.TCPStore(
         env.master_addr, env.master_port, is_master=False, timeout=store_timeout(timeout_s), wait_for_workers=False))
-    _WATCH = ProgressWatch(watch_store, env.rank, env.world_size, timeout_s, long_timeout_s, script=script).start()
+    _STATE.watch = MarkWatch(watch_store, env.rank, env.world_size, timeout_s, long_timeout_s, script=script).start()
     return device_obj
 
 
 def peer_failure_line(error: BaseException) -> str | None:
     """For a collective that failed because a peer is gone: the one line to print (on one live rank; None on
     the others, and None when ``error`` is something else). See utils.distributed.watchdog."""
-    if _WATCH is None or not is_peer_failure(error):
+    if _STATE.watch is None or not is_peer_failure(error):
         return None
-    return _WATCH.peer_failure(error) or ""
+    return _STATE.watch.peer_failure(error) or ""
 
 
-def progress(phase: str, epoch: int = -1, batch: int = -1, waiting: bool = False, long: bool = False) -> None:
+def mark(phase: str, epoch: int = -1, batch: int = -1, waiting: bool = False, long: bool = False) -> None:
     """Mark where this rank is, for the watch that names a stuck rank (watchdog.py); no-op for one process."""
-    if _WATCH is not None:
-        _WATCH.at(phase, epoch, batch, waiting, long)
+    if _STATE.watch is not None:
+        _STATE.watch.at(phase, epoch, batch, waiting, long)
+
+
+def _waits(long: bool = False) -> None:
+    """Mark that this rank now waits for the others (a collective follows)."""
+    if _STATE.watch is not None:
+        _STATE.watch.waits(long)
 
 
 def cpu_share_of(local_world_size: int) -> int:
@@ -344,12 +230,12 @@ def barrier(long: bool = False) -> None:
     that one rank does for all (cache building). No-op when not distributed. All ranks must call it."""
     if not is_initialized():
         return
-    if _WATCH is not None:
-        _WATCH.waits(long)
-    if long and _LONG_GROUP is not None:
-        tdist.barrier(group=_LONG_GROUP)
-    elif backend() == "nccl" and _DEVICE is not None and _DEVICE.type == "cuda":
-        tdist.barrier(device_ids=[_DEVICE.index])
+    _waits(long)
+    device = _STATE.device
+    if long and _STATE.long_group is not None:
+        tdist.barrier(group=_STATE.long_group)
+    elif backend() == "nccl" and device is not None and device.type == "cuda":
+        tdist.barrier(device_ids=[device.index])
     else:
         tdist.barrier()
 
@@ -376,10 +262,9 @@ def all_gather_object(obj: Any, long: bool = False) -> list[Any]:
     """Every rank's ``obj``, in rank order ([obj] when not distributed). All ranks must call it."""
     if not is_initialized():
         return [obj]
-    if _WATCH is not None:
-        _WATCH.waits(long)
+    _waits(long)
     out: list[Any] = [None] * get_world_size()
-    tdist.all_gather_object(out, obj, group=_LONG_GROUP if long else None)
+    tdist.all_gather_object(out, obj, group=_STATE.long_group if long else None)
     return out
 
 
@@ -387,8 +272,7 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     """Rank ``src``'s ``obj`` on every rank (decisions made once on rank 0). All ranks must call it."""
     if not is_initialized():
         return obj
-    if _WATCH is not None:
-        _WATCH.waits()
+    _waits()
     box = [obj]
     tdist.broadcast_object_list(box, src=src)
     return box[0]
@@ -423,8 +307,7 @@ def all_reduce(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     """In-place reduction over ranks, ``op`` one of sum, mean, max (returned for chaining; as it is when not
     distributed). All ranks must call it."""
     if is_initialized():
-        if _WATCH is not None:
-            _WATCH.waits()
+        _waits()
         tdist.all_reduce(tensor, op=tdist.ReduceOp.MAX if op == "max" else tdist.ReduceOp.SUM)
         if op == "mean":
             tensor /= get_world_size()
@@ -460,7 +343,7 @@ def wrap_ddp(model: torch.nn.Module, device: torch.device, sync_bn: bool = False
 
 
 def collective_device() -> torch.device:
-    return _DEVICE if (_DEVICE is not None and backend() == "nccl") else torch.device("cpu")
+    return _STATE.device if (_STATE.device is not None and backend() == "nccl") else torch.device("cpu")
 
 
 def check_agreement(fingerprint: dict[str, Any]) -> None:
@@ -476,24 +359,44 @@ def check_agreement(fingerprint: dict[str, Any]) -> None:
 
 
 def cleanup(clean_exit: bool = True) -> None:
-    """Tear the group down; safe to call when not initialised or after a failure.
+    """Tear the group down and forget all module state; safe to call when not initialised or after a failure.
 
     Called from each script's ``main()`` ``finally``, outside ``train()``, so every exit path
     releases the group and the process exits. On a clean exit the ranks meet at a barrier first
     (so no rank tears down while a peer still sends); after an error they do not wait for peers
     that may be gone. All ranks must call it.
     """
-    global _LONG_GROUP, _WATCH
-    if _WATCH is not None and not clean_exit:
-        _WATCH.flush()  # where this rank was when it failed, for the peers' message (and it stays there)
+    global _STATE
+    watch = _STATE.watch
+    if watch is not None and not clean_exit:
+        watch.flush()  # where this rank was when it failed, for the peers' message (and it stays there)
     if is_initialized():
         if clean_exit:
-            progress("exit")
+            mark("exit")
         with contextlib.suppress(Exception):
             if clean_exit:
                 barrier()
         with contextlib.suppress(Exception):
             tdist.destroy_process_group()
-    if _WATCH is not None:
-        _WATCH.close()
-    _LONG_GROUP = _WATCH = None
+    if watch is not None:
+        watch.close()
+    _STATE = _State()
+
+
+@contextlib.contextmanager
+def single_process_group(device: str = "cpu", backend: str = "auto") -> Iterator[torch.device]:
+    """A real process group of one rank (an in-memory store, no network), for tests and benchmarks that run the
+    collectives' code paths in one process; torn down (with all module state) on leaving. Yields the device."""
+    if is_initialized():
+        raise DistError("single_process_group: a process group is already initialised here")
+    device_obj = select_device(device)
+    chosen = resolve_backend(backend, device_obj)
+    _STATE.env, _STATE.device = DistEnv(), device_obj
+    kwargs: dict[str, Any] = {"device_id": device_obj} if chosen == "nccl" else {}
+    if device_obj.type == "cuda":
+        torch.cuda.set_device(device_obj)
+    tdist.init_process_group(chosen, store=tdist.HashStore(), rank=0, world_size=1, **kwargs)
+    try:
+        yield device_obj
+    finally:
+        cleanup(clean_exit=True)

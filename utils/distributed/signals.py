@@ -23,11 +23,12 @@ from typing import Any
 
 from utils.log import LOGGER
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+# SIGUSR1 (Slurm's warning) where the platform has it: Windows has none, and there SIGTERM and SIGINT remain.
+REQUEUE_SIGNALS = (signal.SIGUSR1,) if hasattr(signal, "SIGUSR1") else ()  # stop, save and exit 0: requeue
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, *REQUEUE_SIGNALS)
 # The same signal again within this many seconds is the same request delivered twice (Slurm signals every process
 # of a job and torchrun forwards what it got to the ranks), not a user insisting.
 REPEAT_WINDOW_S = 3.0
-REQUEUE_SIGNALS = (signal.SIGUSR1,)  # stop, save and exit 0: the scheduler requeues and the job resumes
 
 
 class StopRequested(KeyboardInterrupt):
@@ -50,10 +51,12 @@ def protect_worker() -> None:
 
     SIGINT and SIGUSR1 are ignored. SIGTERM is blocked and read by a thread that exits the worker only when the
     rank itself sends it (Python's multiprocessing terminates daemonic workers so at exit); from anyone else it
-    is ignored.
+    is ignored. Where the platform cannot block signals per thread (Windows), SIGTERM keeps its default.
     """
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    for sig in (signal.SIGINT, *REQUEUE_SIGNALS):
+        signal.signal(sig, signal.SIG_IGN)
+    if not hasattr(signal, "pthread_sigmask") or not hasattr(signal, "sigwaitinfo"):
+        return
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     owner = os.getppid()
 

@@ -1,14 +1,16 @@
-"""Naming a stuck rank: per-rank progress records in the job's store, and a thread that ends a job whose ranks
-stopped making progress with one line that says which rank is late and where it was last seen.
+"""Naming a stuck rank: per-rank marks and liveness beats in the job's store, and a thread that ends a job whose
+ranks stopped making progress with one line that says which rank is late, whether it is alive, and where it was.
 
 Every rank marks where it is (``at(phase, epoch, batch, waiting)``): a cheap local update from the training loop.
 A background thread publishes each new mark to the job's key-value store (torchrun's agent store, or rank 0's
-store under srun) as it comes, and every second checks this rank's own progress. Every rank makes the same
-sequence of marks, so the mark count orders them. When this rank has not moved for the current phase's timeout
-(a little less than ``--ddp-timeout``, so this fires before the collective itself fails; ``--ddp-long-timeout``
-where one rank works for all), it reads every rank's mark: the late ranks are those behind it, or at its mark
-but not waiting. The lowest live rank prints ``rank 1 stopped making progress (rank 1 last seen in train,
-epoch 0, batch 7) ...`` and every watching rank exits, so the launcher ends the job instead of letting it hang.
+store under srun) as it comes, beats (adds 1 to its ``beat/<rank>`` counter) every second, and checks this rank's
+own progress. Every rank makes the same sequence of marks, so the mark count orders them. When this rank has not
+moved for the current phase's timeout (a little less than ``--ddp-timeout``, so this fires before the collective
+itself fails; ``--ddp-long-timeout`` where one rank works for all), it reads every rank's mark and the beats it
+has watched during the stall. A rank whose beat stopped is frozen or cut off, wherever it was (even waiting in
+the same collective); a rank still beating but behind, or at the same mark without waiting, is stuck in its work.
+The lowest live rank prints one line (``rank 1 is not responding: its process is frozen or its host is gone;
+last seen waiting in checkpoint, epoch 2 ...``) and every watching rank exits, so the launcher ends the job.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch.distributed as tdist
 
 EXIT_STUCK = 3
 EARLY = 0.9  # fire at this share of the timeout, before the collective's own timeout raises
+BEAT_WINDOW = 3  # a peer whose beat has not moved for this many watch intervals of a stall is not responding
 
 
 @dataclass
@@ -39,6 +42,10 @@ class Mark:
     batch: int = -1
     waiting: bool = False
     long: bool = False  # a wait bounded by --ddp-long-timeout (one rank works for all)
+
+    def seen(self) -> str:
+        """``waiting in <where>`` or ``in <where>``."""
+        return ("waiting in " if self.waiting else "in ") + self.where()
 
     def where(self) -> str:
         parts = [self.phase] + ([f"epoch {self.epoch}"] if self.epoch >= 0 else []) + \
@@ -59,23 +66,56 @@ def is_peer_failure(error: BaseException) -> bool:
                                       "ProcessGroupNCCL", "NCCL error")))
 
 
-def stuck_message(rank: int, mine: Mark, marks: dict[int, Mark], stalled_s: float) -> str:
-    """The one line a live rank prints about the late ranks (or about a wait every rank is in)."""
+def stuck_message(rank: int, mine: Mark, marks: dict[int, Mark], stalled_s: float,
+                  silent: list[int] | tuple[int, ...] = ()) -> str:
+    """The one line a live rank prints: about the ``silent`` ranks (their beat stopped), else the late ranks, else
+    about a wait every rank is in (every beat alive)."""
+    waited = f"rank {rank} waited {stalled_s:.0f} s in {mine.where()}; ending the job"
+    if silent:
+        one = len(silent) == 1
+        who = f"rank {silent[0]} is" if one else f"ranks {', '.join(map(str, silent))} are"
+        why = "its process is frozen or its host is gone" if one else \
+            "their processes are frozen or their hosts are gone"
+        seen = "; ".join(("" if one else f"rank {r} ") + f"last seen {marks.get(r, Mark()).seen()}" for r in silent)
+        return f"{who} not responding: {why}; {seen}; {waited}"
     late = late_ranks(mine, marks)
     if not late:
-        return (f"every rank has waited {stalled_s:.0f} s in the same collective ({mine.where()}): the ranks "
-                "lost each other (a network problem or a rank that left); ending the job")
+        return (f"every rank has waited {stalled_s:.0f} s in the same collective ({mine.where()}) and every rank "
+                "is alive: the ranks lost each other (a network problem or a rank that left); ending the job")
     seen = "; ".join(f"rank {r} last seen in {marks[r].where()}" for r in late)
     who = "rank" if len(late) == 1 else "ranks"
-    return (f"{who} {', '.join(map(str, late))} stopped making progress ({seen}); rank {rank} waited "
-            f"{stalled_s:.0f} s in {mine.where()}; ending the job")
+    return f"{who} {', '.join(map(str, late))} stopped making progress ({seen}); {waited}"
 
 
-class ProgressWatch:
-    """This rank's progress mark, published by a thread that also ends the job when progress stops.
+class Beats:
+    """Peers' liveness counters as this rank observed them during a stall: a rank whose counter has not moved for
+    ``window_s`` of observation is silent (frozen, or its host gone)."""
 
-    ``store`` is the job's store (keys ``progress/<rank>``); ``exit`` ends the process (os._exit by default;
-    the main thread may be blocked in a collective that only times out later).
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self.seen: dict[int, tuple[bytes, float, float]] = {}  # rank -> (value, first observed, last changed)
+
+    def observe(self, values: dict[int, bytes], now: float) -> None:
+        for r, value in values.items():
+            old = self.seen.get(r)
+            if old is None:
+                self.seen[r] = (value, now, now)
+            elif old[0] != value:
+                self.seen[r] = (value, old[1], now)
+
+    def silent(self, now: float) -> list[int]:
+        return sorted(r for r, (_, first, changed) in self.seen.items()
+                      if now - first >= self.window_s and now - changed >= self.window_s)
+
+    def clear(self) -> None:
+        self.seen.clear()
+
+
+class MarkWatch:
+    """This rank's mark and beat, published by a thread that also ends the job when progress stops.
+
+    ``store`` is the job's store (keys ``mark/<rank>`` and ``beat/<rank>``); ``exit`` ends the process (os._exit by
+    default; the main thread may be blocked in a collective that only times out later).
     """
 
     def __init__(self, store: tdist.Store, rank: int, world_size: int, timeout_s: float, long_timeout_s: float,
@@ -84,12 +124,13 @@ class ProgressWatch:
         self.timeout_s, self.long_timeout_s, self.interval_s = timeout_s, long_timeout_s, interval_s
         self.exit = exit
         self.mark, self.changed_at = Mark(), time.monotonic()
-        self._published = -1
+        self.beats = Beats(BEAT_WINDOW * interval_s)
+        self._published, self._beat_at = -1, 0.0
         self._stop, self._changed = threading.Event(), threading.Event()
         self._lock = threading.Lock()  # one store connection, used by the thread and (rarely) the main thread
-        self._thread = threading.Thread(target=self._run, name="progress-watch", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="mark-watch", daemon=True)
 
-    def start(self) -> ProgressWatch:
+    def start(self) -> MarkWatch:
         self._thread.start()
         return self
 
@@ -116,12 +157,8 @@ class ProgressWatch:
             self._changed.clear()
             if self._stop.is_set():
                 return
-            mark = self.mark
             try:
-                self._publish(mark)
-                stalled = time.monotonic() - self.changed_at
-                if stalled > EARLY * (self.long_timeout_s if mark.long else self.timeout_s):
-                    self._end(mark, stalled)
+                self._tick(self.mark)
             except Exception as e:  # the store's host is gone or stuck: say so, then end like a stuck peer
                 if not self._stop.is_set():
                     self._report(f"cannot reach the job's store ({str(e).splitlines()[0][:120]}); its host "
@@ -129,10 +166,27 @@ class ProgressWatch:
                     self.exit(EXIT_STUCK)
                 return
 
+    def _tick(self, mark: Mark) -> None:
+        """Publish a new mark, beat once a second, and during a stall watch the peers' beats and end the job when
+        the stall outlasts the phase's timeout."""
+        self._publish(mark)
+        now = time.monotonic()
+        if now - self._beat_at >= self.interval_s:
+            with self._lock:
+                self.store.add(f"beat/{self.rank}", 1)
+            self._beat_at = now
+        stalled = now - self.changed_at
+        if stalled <= self.interval_s:
+            self.beats.clear()  # moving: the next stall watches afresh
+            return
+        self.beats.observe(self.read_beats(), now)
+        if stalled > EARLY * (self.long_timeout_s if mark.long else self.timeout_s):
+            self._end(mark, stalled)
+
     def _publish(self, mark: Mark) -> None:
         with self._lock:
             if mark.seq != self._published:
-                self.store.set(f"progress/{self.rank}", json.dumps(asdict(mark)))
+                self.store.set(f"mark/{self.rank}", json.dumps(asdict(mark)))
                 self._published = mark.seq
 
     def flush(self) -> None:
@@ -142,20 +196,28 @@ class ProgressWatch:
         except Exception:  # noqa: S110 - the store may be gone; the mark is a courtesy
             pass
 
-    def read_marks(self) -> dict[int, Mark]:
-        """Every other rank's last published mark (ranks that never published are left out)."""
-        keys = [f"progress/{r}" for r in range(self.world_size) if r != self.rank]
+    def _read(self, kind: str) -> dict[int, bytes]:
+        """Every other rank's ``<kind>/<rank>`` value (ranks that never wrote one are left out)."""
+        keys = [f"{kind}/{r}" for r in range(self.world_size) if r != self.rank]
         with self._lock:
             present = [k for k in keys if self.store.check([k])]
             values = self.store.multi_get(present) if present else []
-        return {int(k.split("/")[1]): Mark(**json.loads(v.decode())) for k, v in zip(present, values)}
+        return {int(k.split("/")[1]): v for k, v in zip(present, values)}
+
+    def read_marks(self) -> dict[int, Mark]:
+        """Every other rank's last published mark."""
+        return {r: Mark(**json.loads(v.decode())) for r, v in self._read("mark").items()}
+
+    def read_beats(self) -> dict[int, bytes]:
+        """Every other rank's beat counter (as stored)."""
+        return self._read("beat")
 
     def _end(self, mine: Mark, stalled: float) -> None:
-        marks = self.read_marks()
-        late = late_ranks(mine, marks)
-        lowest_live = min([r for r in range(self.world_size) if r not in late] or [self.rank])
+        marks, silent = self.read_marks(), self.beats.silent(time.monotonic())
+        quiet = set(late_ranks(mine, marks)) | set(silent)
+        lowest_live = min([r for r in range(self.world_size) if r not in quiet] or [self.rank])
         if self.rank == lowest_live:  # one line from one live rank, not one from each
-            self._report(stuck_message(self.rank, mine, marks, stalled))
+            self._report(stuck_message(self.rank, mine, marks, stalled, silent))
         self.exit(EXIT_STUCK)
 
     def peer_failure(self, error: BaseException) -> str | None:

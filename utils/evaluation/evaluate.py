@@ -245,7 +245,7 @@ def _run_shard(model: nn.Module, loader: Any, device: torch.device, names: Seque
            "agnostic": opts.agnostic or opts.single_cls}
     ignore_of = getattr(getattr(loader, "dataset", None), "ignore_regions", lambda path: None)
     for batch_index, (imgs, targets, paths, shapes) in enumerate(_progress(loader, _show_progress())):
-        dist.progress("validation", batch=batch_index)
+        dist.mark("validation", batch=batch_index)
         with timer.stage(0):
             x = imgs.to(device, non_blocking=True).float() / 255  # uint8 -> [0, 1]
             targets = targets.to(device)

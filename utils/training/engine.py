@@ -136,7 +136,7 @@ def train_one_epoch(trainer: Trainer, epoch: int, step_sizes: Sequence[int] | No
     bar = progress_bar(t.train_loader, len(t.train_loader), enabled=t.writers.enabled)
     for i, (imgs, targets, paths, _) in enumerate(bar):
         batch = t.batch_offset + i  # the batch's index in the whole epoch
-        dist.progress("train", epoch, batch)  # for the stuck-rank watch
+        dist.mark("train", epoch, batch)  # for the stuck-rank watch
         t.hooks.before_step(t, epoch, batch)
         updater.begin_batch(epoch)
         imgs = _prepare_images(imgs, device, step_sizes[i] if step_sizes is not None else None)
@@ -146,7 +146,7 @@ def train_one_epoch(trainer: Trainer, epoch: int, step_sizes: Sequence[int] | No
                 loss, loss_items = t.compute_loss(t.model(imgs), targets)
             vote = StepVote.cast(loss, t.stop.signum or 0,
                                  t.save_interval.clock_due())
-            dist.progress("train", epoch, batch)  # past the vote: a rank stuck from here on is named, not all
+            dist.mark("train", epoch, batch)  # past the vote: a rank stuck from here on is named, not all
             stepped = not vote.nonfinite and updater.backward(loss * world)
         if not vote.nonfinite:
             mean_loss, done = (mean_loss * done + loss_items) / (done + 1), done + 1

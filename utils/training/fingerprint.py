@@ -2,8 +2,9 @@
 model, anchors, hyperparameters, the data's content, the options that change the result, and the code itself.
 
 What may differ per machine is left out: where the data and the run folder live, the number of workers, the
-device string, the weights path (rank 0 reads it), hooks. utils.distributed.comm.check_agreement compares the fields and
-names the first one that differs with both values.
+device string, the weights path (rank 0 reads it), hooks. Any other option naming a file (``--hyp``, ``--cfg``) is
+compared by the file's content, not its path: checkouts at different paths train together.
+utils.distributed.comm.check_agreement compares the fields and names the first one that differs with both values.
 """
 
 from __future__ import annotations
@@ -44,5 +45,22 @@ def fingerprint(model: torch.nn.Module, opt: argparse.Namespace, hyp: dict, data
     fields = {"code": code_digest(), "model parameters": sum(p.numel() for p in model.parameters()),
               "model config": digest(model.yaml), "anchors": digest(model.detect.anchors.tolist()),
               "data content": digest(data), "hyperparameters": digest(hyp)}
-    options = {f"--{k.replace('_', '-')}": to_plain(v) for k, v in sorted(vars(opt).items()) if k not in PER_MACHINE}
+    options = {f"--{k.replace('_', '-')}": by_content(to_plain(v)) for k, v in sorted(vars(opt).items())
+               if k not in PER_MACHINE}
     return {**fields, **options}
+
+
+def by_content(value: Any) -> Any:
+    """An option's value as the ranks compare it: a path to a file becomes ``file <name>, content <hash>`` (so
+    two machines with the same file at different paths agree); anything else stays as it is."""
+    if isinstance(value, list):
+        return [by_content(v) for v in value]
+    if not isinstance(value, str) or not value or len(value) > 4096:
+        return value
+    try:
+        path = Path(value)
+        if not path.is_file():
+            return value
+        return f"file content {hashlib.sha1(path.read_bytes()).hexdigest()[:12]}"
+    except OSError:  # not a name this file system accepts: a plain string
+        return value

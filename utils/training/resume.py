@@ -255,7 +255,7 @@ class Checkpointer(HookBase):
               period_name: str | None = None) -> None:
         """last.pt (the EMA weights plus the exact-resume state at ``epoch``/``samples_seen``), then a stripped
         best.pt when ``is_best`` and ``period_name`` as a copy of last.pt. All ranks must call it."""
-        dist.progress("checkpoint", epoch, samples_seen // trainer.opt.batch_size)
+        dist.mark("checkpoint", epoch, samples_seen // trainer.opt.batch_size)
         state = pack_trainer_state(trainer, epoch, samples_seen)
         self.interval.saved()
         trainer.saved_position = (epoch, samples_seen)

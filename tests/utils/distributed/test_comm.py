@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from utils.distributed import comm as dist
-from utils.distributed.comm import DistError
+from utils.distributed.launcher import DistError, SchedulerJob
 from utils.errors import UserError
 
 LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT", "MASTER_PORT",
@@ -15,9 +15,10 @@ LAUNCHER_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "TORCHE
 
 @pytest.fixture
 def no_launcher(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A plain ``python script.py`` environment: none of torchrun's variables."""
+    """A plain ``python script.py`` environment: none of torchrun's variables, no state from an earlier start-up."""
     for name in LAUNCHER_VARS:
         monkeypatch.delenv(name, raising=False)
+    dist.cleanup()
 
 
 def test_single_process_answers(no_launcher: None) -> None:
@@ -47,20 +48,10 @@ def test_collectives_are_no_ops(no_launcher: None) -> None:
     dist.cleanup()
 
 
-def test_read_env(monkeypatch: pytest.MonkeyPatch, no_launcher: None) -> None:
-    assert dist.read_env().world_size == 1 and not dist.read_env().distributed
-    assert dist.read_env(local_rank_flag=3).local_rank == 3  # the legacy --local_rank flag
-    monkeypatch.setenv("WORLD_SIZE", "4")
-    monkeypatch.setenv("RANK", "2")
-    monkeypatch.setenv("LOCAL_RANK", "0")
-    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    env = dist.read_env()
-    assert (env.rank, env.local_rank, env.world_size, env.restart_count) == (2, 0, 4, 1) and env.distributed
-
-
 def test_init_without_launcher_stays_single_process(no_launcher: None) -> None:
     assert dist.init_distributed("cpu") == torch.device("cpu")
     assert not dist.is_initialized() and dist.get_world_size() == 1
+    dist.cleanup()
 
 
 def test_backend_choice() -> None:
@@ -105,30 +96,26 @@ def test_batch_per_rank_and_main_decides(no_launcher: None) -> None:
         dist.main_decides(lambda: (_ for _ in ()).throw(UserError("bad")))
 
 
-def test_nodelist_forms_slurm_writes() -> None:
-    assert dist.expand_nodelist("node[01-04,07]") == ["node01", "node02", "node03", "node04", "node07"]
-    assert dist.expand_nodelist("gpu7") == ["gpu7"]
-    assert dist.expand_nodelist("a[1-2],b,c[009-010]-ib") == ["a1", "a2", "b", "c009-ib", "c010-ib"]
-    assert dist.expand_nodelist("rack[1-2]-n[1-2]") == ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]
-    with pytest.raises(DistError, match="not a host list"):
-        dist.expand_nodelist("node[01-")
-    assert dist.expand_tasks_per_node("8(x2),4") == [8, 8, 4] and dist.expand_tasks_per_node("2") == [2]
+def test_a_single_process_group_runs_real_collectives_and_cleanup_forgets_everything(no_launcher: None) -> None:
+    with dist.single_process_group() as device:
+        assert device == torch.device("cpu") and dist.is_initialized() and dist.backend() == "gloo"
+        dist.barrier()
+        assert dist.all_reduce_max(torch.tensor([3.0])).item() == 3.0
+        assert dist.all_gather_object({"a": 1}, long=True) == [{"a": 1}] and dist.broadcast_object(5) == 5
+        assert dist.main_decides(lambda: "rank 0") == "rank 0"
+        dist.check_agreement({"--epochs": 3})
+        with pytest.raises(DistError, match="already initialised"):
+            with dist.single_process_group():
+                pass
+    assert not dist.is_initialized()
+    assert dist._STATE == dist._State()  # every field back to its start value, not only some
 
 
-def test_srun_task_environment(monkeypatch: pytest.MonkeyPatch, no_launcher: None) -> None:
-    slurm = {"SLURM_JOB_ID": "123456", "SLURM_STEP_ID": "0", "SLURM_PROCID": "9", "SLURM_LOCALID": "1",
-             "SLURM_NTASKS": "16", "SLURM_NODEID": "1", "SLURM_STEP_TASKS_PER_NODE": "8(x2)",
-             "SLURM_JOB_NODELIST": "node[03-04]"}
-    for key, value in slurm.items():
-        monkeypatch.setenv(key, value)
-    env = dist.read_env()
-    assert (env.rank, env.local_rank, env.world_size, env.local_world_size) == (9, 1, 16, 8)
-    assert (env.master_addr, env.master_port, env.launcher) == ("node03", 20000 + 123456 % 20000, "slurm")
-    monkeypatch.setenv("MASTER_PORT", "29511")
-    assert dist.read_env().master_port == 29511
-    monkeypatch.setenv("WORLD_SIZE", "2")  # torchrun inside an sbatch allocation: torchrun's variables win
-    monkeypatch.setenv("RANK", "1")
-    assert (dist.read_env().world_size, dist.read_env().launcher) == (2, "torchrun")
-    for key in ("WORLD_SIZE", "RANK", "SLURM_STEP_ID"):
-        monkeypatch.delenv(key)
-    assert not dist.read_env().distributed  # the batch script itself (no srun step): one process
+def test_rank_state_has_one_source(monkeypatch: pytest.MonkeyPatch, no_launcher: None) -> None:
+    """restart_count, scheduler_job and node_rank all come from the environment the launcher module read."""
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "2")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    assert dist.restart_count() == 2 and dist.restart_count() == dist.launch_env().restart_count
+    assert dist.scheduler_job() == SchedulerJob("77", 1) == dist.launch_env().job
+    assert dist.node_rank() == 0  # outside a group

@@ -99,3 +99,36 @@ if __name__ == "__main__":
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["alive after others' signals: True", "exit code after the owner's SIGTERM: 0"]
+
+
+WITHOUT_SIGUSR1 = """
+import importlib.util, runpy, signal, sys
+del signal.SIGUSR1  # as on Windows: the signal module has no SIGUSR1 (nor per-thread signal masks)
+del signal.pthread_sigmask, signal.sigwaitinfo
+root, argv = sys.argv[1], sys.argv[2:]
+sys.path.insert(0, root)
+for name in ("train", "test", "val", "detect", "export", "hubconf"):
+    module_name = "yolo_test_script" if name == "test" else name  # as tests.helpers.load_script names it
+    spec = importlib.util.spec_from_file_location(module_name, f"{root}/{name}.py")
+    sys.modules[module_name] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sys.modules[module_name])
+from utils.distributed.signals import STOP_SIGNALS, protect_worker
+protect_worker()  # a DataLoader worker there: SIGINT ignored, SIGTERM left as it is
+assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+print("stop signals:", sorted(signal.Signals(s).name for s in STOP_SIGNALS), flush=True)
+signal.signal(signal.SIGINT, signal.default_int_handler)
+sys.argv = argv
+runpy.run_path(argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+def test_every_script_imports_and_trains_where_the_platform_has_no_sigusr1(tmp_path, tiny_dataset,
+                                                                            tiny_cfg_file) -> None:
+    from tests.helpers import ROOT, job_env, run_job, train_args
+
+    args = train_args(tiny_dataset, tiny_cfg_file, tmp_path / "runs", "--noval", epochs=1)
+    code, out = run_job([sys.executable, "-c", WITHOUT_SIGUSR1, str(ROOT), *args], cwd=tmp_path, env=job_env())
+    assert code == 0, out[-3000:]
+    assert "stop signals: ['SIGINT', 'SIGTERM']" in out and "1 epochs completed" in out, out[-3000:]
+    assert (tmp_path / "runs" / "exp" / "weights" / "last.pt").is_file()

@@ -53,3 +53,24 @@ def test_code_digest_changes_with_the_code(tmp_path: Path) -> None:
     loss = tmp_path / "utils" / "training" / "loss.py"
     loss.write_text(loss.read_text() + "\n# edited\n")
     assert code_digest(tmp_path) != before
+
+
+def test_a_path_valued_option_is_compared_by_the_file_content(tiny_cfg: dict, tmp_path: Path) -> None:
+    """The default --hyp is an absolute path in the checkout: two machines with checkouts at different paths agree;
+    a file with other content differs, and the message's values say so."""
+    from models.yolo import Model
+    from utils.paths import ROOT
+
+    torch.manual_seed(0)
+    model = Model(tiny_cfg)
+    here, there = tmp_path / "home" / "alice" / "yolo", tmp_path / "scratch" / "bob" / "yolo"
+    for checkout in (here, there):
+        (checkout / "data" / "hyps").mkdir(parents=True)
+        shutil.copy(ROOT / "data" / "hyps" / "hyp.scratch.yaml", checkout / "data" / "hyps")
+    hyp_of = {c: str(c / "data" / "hyps" / "hyp.scratch.yaml") for c in (here, there)}
+    node0 = fingerprint(model, _opt(hyp=hyp_of[here], cfg="yolov5n"), {"lr0": 0.01}, _Data("/node0"))
+    node1 = fingerprint(model, _opt(hyp=hyp_of[there], cfg="yolov5n"), {"lr0": 0.01}, _Data("/node1"))
+    assert node0 == node1 and node0["--hyp"].startswith("file content ") and node0["--cfg"] == "yolov5n"
+    Path(hyp_of[there]).write_text(Path(hyp_of[there]).read_text() + "lr0: 0.02\n")
+    node1 = fingerprint(model, _opt(hyp=hyp_of[there], cfg="yolov5n"), {"lr0": 0.01}, _Data("/node1"))
+    assert [k for k in node0 if node0[k] != node1[k]] == ["--hyp"]
