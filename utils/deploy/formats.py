@@ -25,8 +25,8 @@ from utils.errors import UserError
 FORMAT_MODULES = ("utils.deploy.pytorch", "utils.deploy.torchscript", "utils.deploy.onnx", "utils.deploy.openvino")
 REFUSED_FORMATS = {  # YOLOv5 names whose tools do not install from the package registries or run here
     "edgetpu": "the Edge TPU compiler is a Debian package for x86-64 from Google's apt repository, not on PyPI",
-    "tfjs": "tensorflowjs pins tensorflow and numpy versions that cannot be installed beside torch and numpy 2",
-    "paddle": "x2paddle converts through paddlepaddle, which has no wheel for this Python and numpy 2",
+    "tfjs": "tensorflowjs 4.22 installs tensorflow 2.19, which downgrades numpy below 2.2 and protobuf to 5.x",
+    "paddle": "not implemented in this project; export onnx and convert it with x2paddle --framework onnx",
 }
 
 
