@@ -219,6 +219,8 @@ def test_torch_without_dynamo_keyword_gets_none(weights: Path, monkeypatch, caps
     (["--workspace", "4"], "--workspace: applies to TensorRT engines"),
     (["--optimize"], "--optimize: TorchScript for PyTorch Mobile is not written here"),
     (["--include", "mnn"], "--include mnn: unknown format (choose from torchscript, onnx, openvino"),
+    pytest.param(["--include", "engine"], "--include engine builds a TensorRT engine, which needs a CUDA GPU: this",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="the message of a machine without CUDA")),
     (["--include", "tfjs"], "--include tfjs is not written here: tensorflowjs 4.22 installs tensorflow 2.19"),
 ])
 def test_flags_that_cannot_work_are_refused_with_one_line(flags: list[str], expected: str, weights: Path,

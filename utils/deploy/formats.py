@@ -200,6 +200,10 @@ def get_format(name: str) -> ExportFormat:
     found = _registry().get(name)
     if name in REFUSED_FORMATS:
         raise FormatError(f"--include {name} is not written here: {REFUSED_FORMATS[name]}")
+    if name == "engine" and found is None:
+        raise FormatError("--include engine builds a TensorRT engine, which needs a CUDA GPU: this machine has none"
+                          if not torch.cuda.is_available() else "--include engine: TensorRT engines are not written "
+                          "by this project yet; export onnx and build one with trtexec --onnx=best.onnx")
     if found is None or not found.exportable:
         raise FormatError(f"--include {name}: unknown format (choose from {', '.join(export_format_names())})")
     return found
