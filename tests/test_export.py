@@ -264,3 +264,22 @@ V7_EXPORT_FLAGS = ["--data", "d.yaml", "--weights", "a.pt", "b.pt", "--imgsz", "
 def test_every_yolov5_v7_flag_parses() -> None:
     opt = export.parse_opt(V7_EXPORT_FLAGS)  # no argparse error for any of them; main() judges each
     assert (opt.weights, opt.half, opt.simplify, opt.opset, opt.verbose) == (["a.pt", "b.pt"], True, True, 12, True)
+
+
+@pytest.mark.slow
+def test_ncnn_export_gives_the_pt_boxes_in_every_runner(weights: Path, tmp_path: Path) -> None:
+    pytest.importorskip("pnnx")
+    pytest.importorskip("ncnn")
+    import hubconf
+
+    local = tmp_path / "n.pt"
+    local.write_bytes(weights.read_bytes())
+    result = export.main(export.parse_opt(["--weights", str(local), "--img-size", "64", "--include", "ncnn"]))[0]
+    assert result.file == tmp_path / "n_ncnn_model"
+    assert sorted(p.name for p in result.file.iterdir()) == ["metadata.yaml", "model.ncnn.bin", "model.ncnn.param"]
+    inference = InferenceModel(result.file)
+    assert (inference.kind, inference.names, inference.img_size, inference.batch_size) == ("ncnn", NAMES, (64, 64), 1)
+    images = real_images((64, 64), 3)  # three calls, one image each
+    assert (inference(images) - pytorch_output(local, images)).abs().max() < 64 * 1e-4
+    detector = hubconf.custom(result.file)
+    assert detector.names == NAMES and detector(images[:1]).shape == pytorch_output(local, images[:1]).shape

@@ -22,7 +22,8 @@ from torch import nn
 
 from utils.errors import UserError
 
-FORMAT_MODULES = ("utils.deploy.pytorch", "utils.deploy.torchscript", "utils.deploy.onnx", "utils.deploy.openvino")
+FORMAT_MODULES = ("utils.deploy.pytorch", "utils.deploy.torchscript", "utils.deploy.onnx", "utils.deploy.openvino",
+                  "utils.deploy.ncnn")
 REFUSED_FORMATS = {  # YOLOv5 names whose tools do not install from the package registries or run here
     "edgetpu": "the Edge TPU compiler is a Debian package for x86-64 from Google's apt repository, not on PyPI",
     "tfjs": "tensorflowjs 4.22 installs tensorflow 2.19, which downgrades numpy below 2.2 and protobuf to 5.x",
