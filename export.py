@@ -43,7 +43,14 @@ from utils.deploy.formats import (
 )
 from utils.deploy.onnx import installed_simplifier
 from utils.deploy.runtime import check_img_size, resolve_weights_arg
-from utils.deploy.verify import Verification, calibration_batches, map_on_data, verify_float, verify_int8
+from utils.deploy.verify import (
+    Verification,
+    calibration_batches,
+    map_on_data,
+    verify_float,
+    verify_int8,
+    verify_written,
+)
 from utils.device import select_device
 from utils.errors import UserError
 from utils.log import LOGGER, colorstr, print_options, setup_logging
@@ -183,6 +190,8 @@ class ExportJob:
     def verify(self, fmt: ExportFormat, file: Path) -> Verification:
         """Float formats against PyTorch within the format's tolerance; INT8 by mAP against the float model."""
         device = self.checks[0].device
+        if not fmt.runs_here:
+            return verify_written(fmt, file, self.checks[0], self.meta)
         if not self.options.int8:
             return verify_float(file, self.model, self.checks, fmt.tolerance(self.options), device)
         if self._reference_map is None:
@@ -228,7 +237,7 @@ def print_summary(results: list[ExportResult], seconds: float) -> None:
             LOGGER.info(f"{r.format:<13}FAILED: {r.error}")
         else:
             LOGGER.info(f"{r.format:<13}{str(r.file):<50}{r.size_mb:>7.1f} MB  {r.verification.describe()}")
-    done = [r for r in results if not r.error]
+    done = [r for r in results if not r.error and get_format(r.format).runs_here]
     if done:
         LOGGER.info(f"Detect:   python detect.py --weights {done[-1].file}")
 

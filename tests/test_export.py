@@ -283,3 +283,18 @@ def test_ncnn_export_gives_the_pt_boxes_in_every_runner(weights: Path, tmp_path:
     assert (inference(images) - pytorch_output(local, images)).abs().max() < 64 * 1e-4
     detector = hubconf.custom(result.file)
     assert detector.names == NAMES and detector(images[:1]).shape == pytorch_output(local, images[:1]).shape
+
+
+@pytest.mark.slow
+def test_coreml_package_is_written_and_read_back_but_not_run_here(weights: Path, tmp_path: Path) -> None:
+    pytest.importorskip("coremltools")
+    local = tmp_path / "c.pt"
+    local.write_bytes(weights.read_bytes())
+    result = export.main(export.parse_opt(["--weights", str(local), "--img-size", "64", "--include", "coreml"]))[0]
+    assert result.file == tmp_path / "c.mlpackage" and result.file.is_dir()
+    found = formats.get_format("coreml").read_back(result.file)
+    assert found["inputs"] == {"images": [1, 3, 64, 64]} and found["outputs"] == ["output0"]
+    assert found["meta"]["names"] == NAMES and found["meta"]["stride"] == 32
+    assert "read back" in result.verification.describe()
+    with pytest.raises(UserError, match="coreml models have no runtime on this operating system"):
+        InferenceModel(result.file)

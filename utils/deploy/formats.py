@@ -23,7 +23,7 @@ from torch import nn
 from utils.errors import UserError
 
 FORMAT_MODULES = ("utils.deploy.pytorch", "utils.deploy.torchscript", "utils.deploy.onnx", "utils.deploy.openvino",
-                  "utils.deploy.ncnn")
+                  "utils.deploy.ncnn", "utils.deploy.coreml")
 REFUSED_FORMATS = {  # YOLOv5 names whose tools do not install from the package registries or run here
     "edgetpu": "the Edge TPU compiler is a Debian package for x86-64 from Google's apt repository, not on PyPI",
     "tfjs": "tensorflowjs 4.22 installs tensorflow 2.19, which downgrades numpy below 2.2 and protobuf to 5.x",
@@ -150,6 +150,11 @@ class ExportFormat:
 
     def load(self, file: Path, options: LoadOptions) -> LoadedModel:
         """Open ``file`` for inference."""
+        raise NotImplementedError
+
+    def read_back(self, file: Path) -> dict[str, Any]:
+        """For a format without a runtime here: its inputs {name: shape}, outputs [names] and metadata, as its own
+        tools read them from the written file."""
         raise NotImplementedError
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from utils.deploy.formats import MAX_INT8_MAP_DROP, ExportOptions, FormatError, Tolerance
+from utils.deploy.formats import MAX_INT8_MAP_DROP, ExportFormat, ExportOptions, FormatError, Tolerance
 from utils.deploy.runtime import InferenceModel
 from utils.log import LOGGER
 
@@ -27,8 +27,11 @@ class Verification:
     score_error: float | None = None
     map_reference: float | None = None  # mAP@.5:.95 of the float model on --data
     map_export: float | None = None
+    read_back: str | None = None  # a format without a runtime here: what was read back from the written file
 
     def describe(self) -> str:
+        if self.read_back is not None:
+            return self.read_back
         if self.map_export is not None:
             return (f"mAP@.5:.95 {self.map_export:.4f} vs {self.map_reference:.4f} float "
                     f"(drop {self.map_reference - self.map_export:+.4f}, limit {MAX_INT8_MAP_DROP})")
@@ -61,6 +64,19 @@ def verify_float(file: Path, model: nn.Module, checks: list[torch.Tensor], toler
                                         f"size), scores by {score:.1e} (limit {tolerance.describe()})")
             worst = Verification(max(worst.box_error, box), max(worst.score_error, score))
     return worst
+
+
+def verify_written(fmt: ExportFormat, file: Path, images: torch.Tensor, meta: dict) -> Verification:
+    """A format that cannot run here: its own tools read the file back, with the input shape, one output and the
+    metadata export.py wrote; VerificationError otherwise."""
+    found = fmt.read_back(file)
+    problems = [what for what, ok in (("input", found["inputs"] == {"images": list(images.shape)}),
+                                      ("output", len(found["outputs"]) == 1), ("metadata", found["meta"] == meta))
+                if not ok]
+    if problems:
+        raise VerificationError(f"{file} read back with a different {', '.join(problems)}: {found}")
+    return Verification(read_back=f"read back: input images {list(images.shape)}, output {found['outputs'][0]}, "
+                                  f"metadata; not run ({fmt.runs_where.split(';')[0]})")
 
 
 def spread(items: list, count: int) -> list:
