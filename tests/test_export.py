@@ -298,3 +298,16 @@ def test_coreml_package_is_written_and_read_back_but_not_run_here(weights: Path,
     assert "read back" in result.verification.describe()
     with pytest.raises(UserError, match="coreml models have no runtime on this operating system"):
         InferenceModel(result.file)
+
+
+@pytest.mark.slow
+def test_bench_export_prints_one_row_per_format(weights: Path, tiny_dataset: Path, capsys) -> None:
+    from benchmarks import bench_export as bench
+
+    rows = bench.main(bench.parse_opt(["--weights", str(weights), "--data", str(tiny_dataset), "--img-size", "64",
+                                       "--formats", "onnx", "--runs", "2", "--warmup", "0", "--val-images", "4"]))
+    assert [r.name for r in rows] == ["pytorch (.pt)", "onnx"]
+    assert all(r.size_mb > 0 and r.ms_one > 0 and r.ms_all > 0 and r.map is not None for r in rows)
+    assert rows[1].export_s > 0 and rows[0].export_s == 0
+    table = capsys.readouterr().out.split("format ")[-1]
+    assert "1.00x" in table and "onnx" in table
