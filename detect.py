@@ -37,7 +37,7 @@ from utils.cli import (
     visible_options,
 )
 from utils.data.sources import Frame, LoadImages, LoadStreams, LoadWebcam, load_source, media_name
-from utils.deploy.runtime import DetectBackend, check_img_size, resolve_weights_arg
+from utils.deploy.runtime import InferenceModel, check_img_size, resolve_weights_arg
 from utils.device import check_half, select_device
 from utils.errors import UserError
 from utils.evaluation.tta import augmented_forward
@@ -103,9 +103,9 @@ def check_options(opt: argparse.Namespace, device: torch.device) -> None:
         raise DetectError(f"--vid-stride {opt.vid_stride} must be at least 1 (1 reads every frame)")
 
 
-def check_backend(opt: argparse.Namespace, backend: DetectBackend) -> None:
+def check_backend(opt: argparse.Namespace, backend: InferenceModel) -> None:
     """Refuse flags these weights cannot serve: --visualize needs the PyTorch model, --augment a dynamic one."""
-    if opt.visualize and backend.kind != "pt":
+    if opt.visualize and backend.module is None:
         raise DetectError(f"--visualize draws the stages of the PyTorch model; {backend.weights.name} is an export: "
                           "pass the .pt")
     if opt.augment and not backend.dynamic:
@@ -113,7 +113,7 @@ def check_backend(opt: argparse.Namespace, backend: DetectBackend) -> None:
                           "size): export it with --dynamic, or use the .pt")
 
 
-def resolve_img_size(opt: argparse.Namespace, backend: DetectBackend) -> tuple[int, int]:
+def resolve_img_size(opt: argparse.Namespace, backend: InferenceModel) -> tuple[int, int]:
     """The requested size on the stride grid; a static export's own size when it differs."""
     img_size = check_img_size(opt.img_size, backend.stride)
     if backend.img_size is not None and backend.img_size != img_size:
@@ -216,18 +216,18 @@ def feature_folder(save_dir: Path, frame: Frame) -> Path:
     return save_dir / (output_stem(frame) if frame.kind == "image" else f"{output_stem(frame)}_{frame.frame}")
 
 
-def predict(backend: DetectBackend, image: torch.Tensor, opt: argparse.Namespace,
+def predict(backend: InferenceModel, image: torch.Tensor, opt: argparse.Namespace,
             feature_dir: Path | None) -> torch.Tensor:
     """Decoded predictions for one image batch: plain, or test-time augmented; stages saved with --visualize."""
     if feature_dir is None:
         return augmented_forward(backend, image, backend.layout) if opt.augment else backend(image)
-    with capture_stages(backend.model) as stages:
+    with capture_stages(backend.module) as stages:
         pred = augmented_forward(backend, image, backend.layout) if opt.augment else backend(image)
     save_feature_maps(stages, feature_dir)
     return pred
 
 
-def detect_frame(backend: DetectBackend, frame: Frame, opt: argparse.Namespace,
+def detect_frame(backend: InferenceModel, frame: Frame, opt: argparse.Namespace,
                  feature_dir: Path | None = None) -> tuple[np.ndarray, list[float]]:
     """Detections (k, 6) in original-image pixels for one frame, and the seconds of each step."""
     start = time.perf_counter()
@@ -243,7 +243,7 @@ def detect_frame(backend: DetectBackend, frame: Frame, opt: argparse.Namespace,
     return det.cpu().numpy(), [prepared - start, inferred - prepared, done - inferred]
 
 
-def run(backend: DetectBackend, source: LoadImages | LoadWebcam | LoadStreams, writer: OutputWriter,
+def run(backend: InferenceModel, source: LoadImages | LoadWebcam | LoadStreams, writer: OutputWriter,
         opt: argparse.Namespace) -> DetectResult:
     """Detect on every frame of ``source``, log one line each, save the outputs."""
     result = DetectResult(writer.save_dir, backend.weights)
@@ -271,7 +271,7 @@ def main(opt: argparse.Namespace) -> DetectResult:
     check_options(opt, device)
     weights = resolve_weights_arg(one_weights(opt.weights))
     source = opt.source or str(paths.ROOT / "data" / "images")
-    backend = DetectBackend(weights, device, half=opt.half, trusted=opt.trust_weights)
+    backend = InferenceModel(weights, device, half=opt.half, trusted=opt.trust_weights)
     check_backend(opt, backend)
     img_size = resolve_img_size(opt, backend)
     dataset = load_source(source, img_size, backend.stride, auto=backend.dynamic, vid_stride=opt.vid_stride)

@@ -1,19 +1,21 @@
-"""Export a trained detector to TorchScript, ONNX and OpenVINO, and prove each export gives PyTorch's output.
+"""Export a trained detector to the formats of utils/deploy (TorchScript, ONNX, OpenVINO, ...) and prove each
+export gives PyTorch's output.
 
     python export.py --weights runs/train/exp/weights/best.pt --include torchscript onnx
     python export.py --weights best.pt --include onnx --dynamic --simplify --img-size 640
+    python export.py --weights best.pt --include onnx openvino --int8 --data data/coco128.yaml
     python export.py --weights yolov5s.pt --include openvino     # release name: downloaded when missing
 
 Files are written next to the weights with the same stem (best.pt -> best.torchscript, best.onnx,
-best_openvino_model/). The model is fused and in eval mode, so the files return the decoded predictions
-(b, n, 5 + nc). Each export is run on a real letterboxed image and compared with PyTorch before it is reported.
+best_openvino_model/, best-int8.onnx). The model is fused and in eval mode, so the files return the decoded
+predictions (b, n, 5 + nc). Each float export is run on a real letterboxed image and compared with PyTorch within
+its format's tolerance; each --int8 export is compared by mAP on --data with the float model.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
 import sys
 import time
 from dataclasses import dataclass
@@ -32,18 +34,31 @@ from utils.cli import (
     visible_options,
 )
 from utils.data.sources import letterbox_image
-from utils.deploy.exporters import EXPORTERS, FORMATS, installed_simplifier, onnx_export_kwargs, output_path
-from utils.deploy.runtime import DetectBackend, check_img_size, export_metadata, resolve_weights_arg
+from utils.deploy.formats import (
+    ExportFormat,
+    ExportOptions,
+    export_format_names,
+    export_metadata,
+    get_format,
+)
+from utils.deploy.onnx import installed_simplifier
+from utils.deploy.runtime import check_img_size, resolve_weights_arg
+from utils.deploy.verify import (
+    Verification,
+    calibration_batches,
+    map_on_data,
+    verify_float,
+    verify_int8,
+    verify_written,
+)
 from utils.device import select_device
 from utils.errors import UserError
 from utils.log import LOGGER, colorstr, print_options, setup_logging
 from utils.paths import IMG_SUFFIXES, ROOT
 from utils.weights.checkpoint import load_model
 
-MAX_ERROR = 1e-3  # the largest difference accepted between an export and PyTorch (see compare_outputs)
-HALF_RELATIVE_ERROR = 2e-3  # --half: also accepted up to this fraction of the largest output (fp16 rounding)
-REFUSED = ("data", "inplace", "optimize", "keras", "int8", "workspace", "nms", "agnostic_nms", "topk_per_class",
-           "topk_all", "iou_thres", "conf_thres")  # YOLOv5 flags for formats this script does not write
+REFUSED = ("inplace", "optimize", "keras", "workspace", "nms", "agnostic_nms", "topk_per_class", "topk_all",
+           "iou_thres", "conf_thres")  # YOLOv5 flags for features this script does not write
 
 
 class ExportError(UserError, RuntimeError):
@@ -56,7 +71,7 @@ class ExportResult:
 
     format: str
     file: Path | None = None
-    max_error: float | None = None
+    verification: Verification | None = None
     seconds: float = 0.0
     error: str | None = None
 
@@ -71,12 +86,19 @@ class ExportResult:
 
 def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     """export.py's options (``argv=None`` reads sys.argv)."""
-    parser = argparse.ArgumentParser(prog="export.py", description="Export a trained detector to TorchScript, ONNX "
-                                     "and OpenVINO")
+    parser = argparse.ArgumentParser(prog="export.py", description="Export a trained detector to deployment "
+                                     "formats, each verified against PyTorch")
     add_flags(parser, "weights", nargs={"weights": "+"})
-    parser.add_argument("--include", nargs="+", default=["torchscript", "onnx"], help=f"formats: {', '.join(FORMATS)}")
+    parser.add_argument("--include", nargs="+", default=["torchscript", "onnx"],
+                        help=f"formats: {', '.join(export_format_names())}")
     add_flags(parser, "img_size", "batch_size", batch_size=1)
     parser.add_argument("--half", action="store_true", help="FP16 export (CUDA only: --device 0)")
+    parser.add_argument("--int8", action="store_true", help="INT8 post-training quantization (onnx, openvino), "
+                        "calibrated on --data's training images; verified by mAP on its validation images")
+    parser.add_argument("--data", default=None, help="data YAML whose images calibrate and verify --int8")
+    parser.add_argument("--calib-images", type=int, default=64, help="--int8: at most this many calibration images")
+    parser.add_argument("--verify-images", type=int, default=128, help="--int8: at most this many validation "
+                        "images for the mAP check")
     parser.add_argument("--dynamic", action="store_true", help="dynamic batch and image size (ONNX axes)")
     parser.add_argument("--simplify", action="store_true", help="simplify the ONNX graph (ONNX, OpenVINO) with "
                         "onnxslim or onnxsim (pip install onnxslim)")
@@ -90,23 +112,35 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     return opt
 
 
-def check_options(opt: argparse.Namespace) -> list[str]:
+def export_options(opt: argparse.Namespace, img_size: tuple[int, int] = (640, 640)) -> ExportOptions:
+    """The typed options the library reads, from export.py's flags."""
+    return ExportOptions(img_size=img_size, batch_size=opt.batch_size, half=opt.half, int8=opt.int8,
+                         dynamic=opt.dynamic, simplify=opt.simplify, opset=opt.opset, dynamo=opt.dynamo,
+                         verbose=opt.verbose, data=opt.data, calib_images=opt.calib_images,
+                         verify_images=opt.verify_images)
+
+
+def check_options(opt: argparse.Namespace) -> list[ExportFormat]:
     """The validated formats (duplicates dropped); a UserError naming the flag otherwise."""
     check_refused_flags(opt)
-    formats = list(dict.fromkeys(f.lower().lstrip(".") for f in opt.include))
-    unknown = [f for f in formats if f not in FORMATS]
-    if unknown:
-        raise ExportError(f"--include {' '.join(unknown)}: unknown format (choose from {', '.join(FORMATS)})")
+    names = list(dict.fromkeys(f.lower().lstrip(".") for f in opt.include))
+    formats = [get_format(name) for name in names]
     if opt.batch_size < 1:
         raise ExportError(f"--batch-size {opt.batch_size} must be at least 1")
-    if opt.simplify and not {"onnx", "openvino"} & set(formats):
+    if opt.int8 and not opt.data:
+        raise ExportError("--int8 calibrates on images and checks mAP on labels of a data set: add --data "
+                          "(for example --data data/coco128.yaml)")
+    if opt.int8 and opt.half:
+        raise ExportError("--int8 and --half are two precisions: choose one")
+    if opt.int8 and min(opt.calib_images, opt.verify_images) < 1:
+        raise ExportError("--calib-images and --verify-images must be at least 1")
+    if opt.simplify and not {"onnx", "openvino"} & set(names):
         raise ExportError("--simplify applies to ONNX graphs: add --include onnx (or openvino)")
     if opt.simplify and installed_simplifier() is None:
         raise ExportError("--simplify needs onnxslim or onnxsim, which are not installed: pip install onnxslim")
-    if "openvino" in formats and importlib.util.find_spec("openvino") is None:
-        raise ExportError("--include openvino needs the openvino package: pip install openvino")
-    if {"onnx", "openvino"} & set(formats):
-        onnx_export_kwargs(opt)  # refuses --dynamo on a torch without it
+    options = export_options(opt)
+    for fmt in formats:
+        fmt.check(options)
     return formats
 
 
@@ -136,51 +170,52 @@ def example_batch(img_size: tuple[int, int], stride: int, batch_size: int, devic
     return torch.stack(rows).to(device)
 
 
-def compare_outputs(reference: torch.Tensor, output: torch.Tensor) -> float:
-    """Largest absolute difference over all columns: boxes in input pixels, objectness and class scores."""
-    if reference.shape != output.shape:
-        raise RuntimeError(f"output shape {tuple(output.shape)} differs from PyTorch's {tuple(reference.shape)}")
-    return float((reference.float().cpu() - output.float().cpu()).abs().max())
+class ExportJob:
+    """One weights file being exported: the fused model, its example batches and metadata, the options; the
+    float model's mAP and the calibration batches are computed once and shared by the --int8 formats."""
 
+    def __init__(self, model: torch.nn.Module, weights: Path, checks: list[torch.Tensor], meta: dict,
+                 options: ExportOptions) -> None:
+        self.model, self.weights, self.checks, self.meta, self.options = model, weights, checks, meta, options
+        self.stride = int(meta["stride"])
+        self._calibration: list[torch.Tensor] | None = None
+        self._reference_map: float | None = None
 
-def error_limit(reference: torch.Tensor, half: bool) -> float:
-    """The largest difference accepted: MAX_ERROR, and for FP16 exports a share of the largest output too."""
-    return max(MAX_ERROR, HALF_RELATIVE_ERROR * float(reference.float().abs().max())) if half else MAX_ERROR
+    def calibration(self) -> list[torch.Tensor]:
+        if self._calibration is None:
+            self._calibration = calibration_batches(self.options.data, self.options, self.stride)
+            self._calibration = [b.to(self.checks[0].device) for b in self._calibration]
+        return self._calibration
 
+    def verify(self, fmt: ExportFormat, file: Path) -> Verification:
+        """Float formats against PyTorch within the format's tolerance; INT8 by mAP against the float model."""
+        device = self.checks[0].device
+        if not fmt.runs_here:
+            return verify_written(fmt, file, self.checks[0], self.meta)
+        if not self.options.int8:
+            return verify_float(file, self.model, self.checks, fmt.tolerance(self.options), device)
+        if self._reference_map is None:
+            self._reference_map = map_on_data(self.model, self.options.data, self.options, self.stride)
+        return verify_int8(file, self.model, self.options, self.stride, self._reference_map)
 
-def verify_export(file: Path, model: torch.nn.Module, checks: list[torch.Tensor], device: torch.device,
-                  half: bool = False) -> float:
-    """Run the exported file through DetectBackend on each example batch; the largest difference to PyTorch.
-    RuntimeError when a batch differs by error_limit or more."""
-    backend = DetectBackend(file, device)
-    worst = 0.0
-    with torch.no_grad():
-        for images in checks:
-            reference = model(images)
-            error, limit = compare_outputs(reference, backend(images)), error_limit(reference, half)
-            if not error < limit:
-                raise RuntimeError(f"output differs from PyTorch by {error:.2e} (limit {limit:.0e})")
-            worst = max(worst, error)
-    return worst
-
-
-def run_export(fmt: str, model: torch.nn.Module, weights: Path, checks: list[torch.Tensor], meta: dict,
-               opt: argparse.Namespace) -> ExportResult:
-    """Export one format and verify it; any failure is caught and returned with its reason."""
-    result = ExportResult(fmt)
-    start = time.perf_counter()
-    LOGGER.info(f"{colorstr(fmt + ':')} exporting with torch {torch.__version__}...")
-    try:
-        result.file = EXPORTERS[fmt](model, checks[0], output_path(fmt, weights), meta, opt)
-        result.max_error = verify_export(result.file, model, checks, checks[0].device, opt.half)
-    except Exception as e:  # one failing format must not stop the others; the reason is reported
-        result.error = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}"
-        LOGGER.info(f"{colorstr(fmt + ':')} export failure: {result.error}")
-    else:
-        LOGGER.info(f"{colorstr(fmt + ':')} export success, saved as {result.file} ({result.size_mb:.1f} MB), "
-                    f"max error {result.max_error:.1e}")
-    result.seconds = time.perf_counter() - start
-    return result
+    def run(self, fmt: ExportFormat) -> ExportResult:
+        """Export one format and verify it; any failure is caught and returned with its reason."""
+        result = ExportResult(fmt.name)
+        start = time.perf_counter()
+        LOGGER.info(f"{colorstr(fmt.name + ':')} exporting with torch {torch.__version__}...")
+        try:
+            file = fmt.output_path(self.weights, self.options)
+            result.file = fmt.export(self.model, self.checks[0], file, self.meta, self.options, self.calibration)
+            result.verification = self.verify(fmt, result.file)
+        except Exception as e:  # one failing format must not stop the others; the reason is reported
+            message = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+            result.error = f"{type(e).__name__}: {message}"
+            LOGGER.info(f"{colorstr(fmt.name + ':')} export failure: {result.error}")
+        else:
+            LOGGER.info(f"{colorstr(fmt.name + ':')} export success, saved as {result.file} ({result.size_mb:.1f} "
+                        f"MB), {result.verification.describe()}")
+        result.seconds = time.perf_counter() - start
+        return result
 
 
 def check_batches(opt: argparse.Namespace, img_size: tuple[int, int], stride: int,
@@ -194,34 +229,35 @@ def check_batches(opt: argparse.Namespace, img_size: tuple[int, int], stride: in
 
 
 def print_summary(results: list[ExportResult], seconds: float) -> None:
-    """One row per format: file, size in MB and the largest difference from PyTorch (or why it failed)."""
+    """One row per format: file, size in MB and what its verification measured (or why it failed)."""
     LOGGER.info(f"\nExport summary ({seconds:.1f}s):")
-    LOGGER.info(f"{'format':<13}{'file':<50}{'size':>10}{'max error':>12}")
+    LOGGER.info(f"{'format':<13}{'file':<50}{'size':>10}  verification")
     for r in results:
         if r.error:
             LOGGER.info(f"{r.format:<13}FAILED: {r.error}")
         else:
-            LOGGER.info(f"{r.format:<13}{str(r.file):<50}{r.size_mb:>7.1f} MB{r.max_error:>12.1e}")
-    done = [r for r in results if not r.error]
+            LOGGER.info(f"{r.format:<13}{str(r.file):<50}{r.size_mb:>7.1f} MB  {r.verification.describe()}")
+    done = [r for r in results if not r.error and get_format(r.format).runs_here]
     if done:
         LOGGER.info(f"Detect:   python detect.py --weights {done[-1].file}")
 
 
-def export_weights(weights: Path, formats: list[str], device: torch.device,
+def export_weights(weights: Path, formats: list[ExportFormat], device: torch.device,
                    opt: argparse.Namespace) -> list[ExportResult]:
     """Load one weights file (fused, FP16 with --half) and export and verify each format."""
     model, _ = load_model(weights, device, fuse=True, trusted=opt.trust_weights)
     for p in model.parameters():
         p.requires_grad_(False)
     stride = int(model.stride.max())
-    img_size = check_img_size(opt.img_size, stride)
-    meta = export_metadata(model, img_size, opt.batch_size, opt.dynamic, opt.half)
-    checks = check_batches(opt, img_size, stride, device)
+    options = export_options(opt, check_img_size(opt.img_size, stride))
+    meta = export_metadata(model, options.img_size, opt.batch_size, opt.dynamic, opt.half)
+    checks = check_batches(opt, options.img_size, stride, device)
     if opt.half:
         model, checks = model.half(), [images.half() for images in checks]
     LOGGER.info(f"{colorstr('PyTorch:')} starting from {weights} with input shape {tuple(checks[0].shape)}"
                 f"{' (FP16)' if opt.half else ''}")
-    return [run_export(fmt, model, weights, checks, meta, opt) for fmt in formats]
+    job = ExportJob(model, weights, checks, meta, options)
+    return [job.run(fmt) for fmt in formats]
 
 
 def main(opt: argparse.Namespace) -> list[ExportResult]:

@@ -3,7 +3,8 @@
 Each returns a :class:`models.hub.Detector` (images in, detections in original pixels out; see models/hub.py).
 ``pretrained=True`` fetches the official YOLOv5 release file (``yolov5s.pt``; cached, see utils/weights/downloads.py for
 ``YOLO_WEIGHTS_DIR`` / ``YOLO_WEIGHTS_URL``) and reads it without running pickled code. ``classes`` other than the
-file's 80 re-initialise the head and transfer every other tensor. ``custom(path=...)`` loads a checkpoint of ours.
+file's 80 re-initialise the head and transfer every other tensor. ``custom(path=...)`` loads a checkpoint of ours or
+any export with a runtime here (.torchscript, .onnx, *_openvino_model/, ...; see utils/deploy/formats.py).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import torch
 
 from models.hub import Detector, transfer_weights
 from models.yolo import Model
+from utils.deploy.runtime import InferenceModel, weights_format
 from utils.device import select_device
 from utils.log import LOGGER
 from utils.weights.checkpoint import load_checkpoint, model_from_checkpoint
@@ -45,8 +47,13 @@ def _create(name: str, pretrained: bool = True, classes: int = 80, device: Devic
     return Detector(model) if autoshape else model
 
 
-def custom(path: str | Path, device: Device = None, autoshape: bool = True) -> Detector | Model:
-    """A checkpoint of this project (or a release file) at ``path``, wrapped in a Detector."""
+def custom(path: str | Path, device: Device = None, autoshape: bool = True,
+           trust_weights: bool = False) -> Detector | Model:
+    """A checkpoint of this project (or a release file), or an export, at ``path``, wrapped in a Detector.
+    ``trust_weights``: as --trust-weights (needed for TorchScript files, which hold code)."""
+    if weights_format(Path(path)).name != "pytorch":  # an export: its runtime, names and stride from its metadata
+        exported = InferenceModel(path, _device(device), trusted=trust_weights).as_module()
+        return Detector(exported) if autoshape else exported
     weights = attempt_download_once_per_node(path)
     model = model_from_checkpoint(load_checkpoint(weights), str(weights)).to(_device(device))
     return Detector(model) if autoshape else model

@@ -35,7 +35,7 @@ from utils.data.coco_json import CocoIds, coco_ids
 from utils.data.config import DataConfig, DataError, load_data_config
 from utils.data.datasets import DatasetOptions
 from utils.data.loader import create_dataloader
-from utils.deploy.runtime import DetectBackend, check_img_size, resolve_weights_arg
+from utils.deploy.runtime import InferenceModel, check_img_size, resolve_weights_arg
 from utils.device import check_half
 from utils.distributed import comm as dist
 from utils.errors import UserError
@@ -104,7 +104,7 @@ def _coco_annotations(data: DataConfig, sources: list, save_json: bool) -> tuple
     return Path(data.root) / "annotations" / "instances_val2017.json", None
 
 
-def check_options(opt: argparse.Namespace, backend: DetectBackend) -> None:
+def check_options(opt: argparse.Namespace, backend: InferenceModel) -> None:
     """Refuse what cannot work with these weights; warn that --save-hybrid's mAP is not the model's."""
     fixed = f"{backend.weights.name} is a static export (one input size)"
     if not backend.dynamic and (opt.augment or opt.task == "study"):
@@ -119,7 +119,7 @@ def check_options(opt: argparse.Namespace, backend: DetectBackend) -> None:
                        "reports is not the model's")
 
 
-def image_size(opt: argparse.Namespace, backend: DetectBackend, size: int) -> int:
+def image_size(opt: argparse.Namespace, backend: InferenceModel, size: int) -> int:
     """``size`` on the stride grid; a static export's own size (with a warning) when it differs."""
     size = check_img_size([size], backend.stride)[0]
     if backend.img_size is not None and backend.img_size[0] != size:
@@ -134,7 +134,7 @@ def run(opt: argparse.Namespace, device: torch.device) -> EvalResult | list[Eval
     check_refused_flags(opt)
     check_half(opt.half, device)
     weights = resolve_weights_arg(one_weights(opt.weights))
-    backend = DetectBackend(weights, device, trusted=opt.trust_weights)
+    backend = InferenceModel(weights, device, trusted=opt.trust_weights)
     check_options(opt, backend)
     data = load_data_config(opt.data)
     if len(backend.names) != data.nc and not opt.single_cls:
@@ -150,7 +150,7 @@ def run(opt: argparse.Namespace, device: torch.device) -> EvalResult | list[Eval
     return result
 
 
-def validate(opt: argparse.Namespace, backend: DetectBackend, data: DataConfig, device: torch.device,
+def validate(opt: argparse.Namespace, backend: InferenceModel, data: DataConfig, device: torch.device,
              save_dir: Path, img_size: int) -> EvalResult:
     """One pass over the split at ``img_size``: metrics and outputs, timing only (--task speed), or metrics
     without plots and JSON (one size of --task study)."""
@@ -186,7 +186,7 @@ def study_sizes(spec: list[int]) -> list[int]:
     return list(range(start, stop + 1, step))
 
 
-def study(opt: argparse.Namespace, backend: DetectBackend, data: DataConfig, device: torch.device, save_dir: Path,
+def study(opt: argparse.Namespace, backend: InferenceModel, data: DataConfig, device: torch.device, save_dir: Path,
           weights: Path) -> list[EvalResult]:
     """--task study: validate at every --study-sizes size; study_<data>_<weights>.txt and study.png (rank 0)."""
     sizes = study_sizes(opt.study_sizes)

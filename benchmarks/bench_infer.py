@@ -7,7 +7,7 @@
 
 Models are built from their YAML (untrained weights: latency does not depend on the values),
 saved as our checkpoint, exported with export.py (OpenVINO when the openvino package is installed), and each
-file is run through DetectBackend, the code path detect.py uses; onnxruntime and OpenVINO get torch's thread
+file is run through InferenceModel, the code path detect.py uses; onnxruntime and OpenVINO get torch's thread
 count. Reports the median [min-max] of ``--runs`` timed calls after ``--warmup`` calls, with the ratio to .pt;
 NMS is timed separately on the .pt output. A reference fp32 matmul is timed before and after
 (benchmarks/harness.py) and every figure is also given in units of it ('x matmul'), which stays comparable
@@ -37,8 +37,8 @@ from benchmarks.harness import CLOCKS, Reference, add_timing_flags, cuda_sync, h
 from models.yolo import Model  # noqa: E402
 from utils.boxes import non_max_suppression  # noqa: E402
 from utils.data.sources import letterbox_image  # noqa: E402
-from utils.deploy.exporters import output_path  # noqa: E402
-from utils.deploy.runtime import DetectBackend  # noqa: E402
+from utils.deploy.formats import get_format  # noqa: E402
+from utils.deploy.runtime import InferenceModel  # noqa: E402
 from utils.device import select_device  # noqa: E402
 from utils.log import setup_logging  # noqa: E402
 from utils.weights.checkpoint import new_checkpoint, save_checkpoint  # noqa: E402
@@ -72,14 +72,13 @@ def bench_model(name: str, folder: Path, opt: argparse.Namespace, device: torch.
     image = (torch.from_numpy(chw).float() / 255)[None].to(device)
     sync = cuda_sync(device)
     rows, pt_ms = [], None
-    files = [weights, weights.with_suffix(".torchscript"), weights.with_suffix(".onnx")]
-    files += [output_path("openvino", weights)] if "openvino" in formats else []
-    for file in files:
-        backend = DetectBackend(file, device, runtime_threads=torch.get_num_threads())
-        ms = time_call(lambda b=backend: b(image), opt.runs, opt.warmup, CLOCKS[opt.clock], sync).scaled(1e3)
+    for file in [weights] + [get_format(fmt).output_path(weights) for fmt in formats]:
+        inference = InferenceModel(file, device, trusted=True, runtime_threads=torch.get_num_threads())
+        ms = time_call(lambda m=inference: m(image), opt.runs, opt.warmup, CLOCKS[opt.clock], sync).scaled(1e3)
         pt_ms = pt_ms or ms.median
-        rows.append((name, "openvino" if backend.kind == "openvino" else file.suffix, ms, ms.median / pt_ms))
-    pred = DetectBackend(weights, device)(image)
+        rows.append((name, inference.kind if inference.format.is_folder else inference.format.suffix, ms,
+                     ms.median / pt_ms))
+    pred = InferenceModel(weights, device)(image)
     for conf in (0.25, 0.001):
         ms = time_call(lambda c=conf: non_max_suppression(pred, c, 0.45, max_det=1000), opt.runs, opt.warmup,
                        CLOCKS[opt.clock], sync).scaled(1e3)

@@ -101,9 +101,9 @@ class Detector(nn.Module):
         if not batch:
             raise ImageInputError("no images given")
         arrays, sources = zip(*(read_rgb(image, i) for i, image in enumerate(batch)))
-        shape = batch_shape([a.shape[:2] for a in arrays], size, self.stride)
+        shape = getattr(self.model, "img_size", None) or batch_shape([a.shape[:2] for a in arrays], size, self.stride)
         boxed = [letterbox(a, shape, auto=False) for a in arrays]
-        parameter = next(self.model.parameters())
+        parameter = next(iter([*self.model.parameters(), *self.model.buffers()]))  # exports: the stride buffer
         x = torch.from_numpy(np.stack([b[0].transpose(2, 0, 1) for b in boxed]))
         x = x.to(parameter.device, parameter.dtype) / 255
         predictions = self.model(x)

@@ -354,9 +354,9 @@ def test_release_name_is_downloaded_and_names_come_from_the_file(release_server:
     result = run_detect("--weights", "yolov5s.pt", "--source", image_file, "--img-size", 64, "--conf-thres", 0.0,
                         "--max-det", 3, "--nosave", "--project", tmp_path / "runs")
     assert result.weights == release_server / "yolov5s.pt" and result.weights.is_file()
-    from utils.deploy.runtime import DetectBackend
+    from utils.deploy.runtime import InferenceModel
 
-    assert DetectBackend(result.weights).names == [f"class{i}" for i in range(80)]  # the fixture's own names
+    assert InferenceModel(result.weights).names == [f"class{i}" for i in range(80)]  # the fixture's own names
     assert len(result.detections[0][1]) == 3
 
 

@@ -12,8 +12,11 @@ import torch
 
 import export
 from utils.cli import run_main
-from utils.deploy.exporters import onnx_export_kwargs
-from utils.deploy.runtime import DetectBackend
+from utils.deploy import formats
+from utils.deploy.formats import ExportOptions, Tolerance
+from utils.deploy.onnx import onnx_export_kwargs
+from utils.deploy.runtime import InferenceModel
+from utils.deploy.verify import output_errors
 from utils.errors import UserError
 from utils.weights.checkpoint import load_model
 
@@ -50,15 +53,15 @@ def test_static_export_parity_and_metadata(weights: Path) -> None:
     results = export.main(export.parse_opt(["--weights", str(weights), "--img-size", "64"]))
     assert [r.format for r in results] == ["torchscript", "onnx"]
     assert [r.file for r in results] == [weights.with_suffix(".torchscript"), weights.with_suffix(".onnx")]
-    assert all(r.error is None and r.max_error < 1e-3 and r.size_mb > 0 for r in results)
+    assert all(r.error is None and r.verification.box_error < 1e-4 and r.size_mb > 0 for r in results)
     meta = {p.key: json.loads(p.value) for p in onnx.load(str(weights.with_suffix(".onnx"))).metadata_props}
     assert meta["stride"] == 32 and meta["names"] == NAMES and meta["img_size"] == [64, 64]
     images = real_images((64, 64), 1)
     reference = pytorch_output(weights, images)
     with pytest.raises(UserError, match="exported on cpu and runs only there"):
-        DetectBackend(weights.with_suffix(".torchscript"), "cuda")
+        InferenceModel(weights.with_suffix(".torchscript"), "cuda")
     for result in results:  # an independent check, outside export.py's own verification
-        backend = DetectBackend(result.file)
+        backend = InferenceModel(result.file)
         assert (backend.stride, backend.names, backend.img_size, backend.dynamic) == (32, NAMES, (64, 64), False)
         output = backend(images)
         assert output.shape == reference.shape == (1, 3 * (8 * 8 + 4 * 4 + 2 * 2), 8)
@@ -75,7 +78,7 @@ def test_dynamic_export_runs_at_other_sizes(weights: Path, tmp_path: Path) -> No
     assert [d.dim_param or d.dim_value for d in onnx_input.type.tensor_type.shape.dim][1] == 3
     assert all(d.dim_param for i, d in enumerate(onnx_input.type.tensor_type.shape.dim) if i != 1)
     for suffix in (".torchscript", ".onnx"):
-        backend = DetectBackend(local.with_suffix(suffix))
+        backend = InferenceModel(local.with_suffix(suffix))
         assert backend.dynamic and backend.img_size is None and backend.batch_size is None
         for batch, shape in ((1, (64, 64)), (3, (96, 128))):
             images = real_images(shape, batch)
@@ -90,7 +93,7 @@ def test_static_batch_export_runs_any_batch(weights: Path, tmp_path: Path) -> No
     local.write_bytes(weights.read_bytes())
     export.main(export.parse_opt(["--weights", str(local), "--img-size", "64", "--batch-size", "2",
                                   "--include", "onnx"]))
-    backend = DetectBackend(local.with_suffix(".onnx"))
+    backend = InferenceModel(local.with_suffix(".onnx"))
     assert backend.batch_size == 2 and not backend.dynamic
     images = real_images((64, 64), 3)  # one full chunk of 2 and one padded chunk
     assert (backend(images) - pytorch_output(local, images)).abs().max() < 1e-3
@@ -103,7 +106,7 @@ def test_failed_export_is_named_and_others_still_run(weights: Path, tmp_path: Pa
     def broken(*args, **kwargs):
         raise RuntimeError("exporter exploded")
 
-    monkeypatch.setitem(export.EXPORTERS, "onnx", broken)
+    monkeypatch.setattr(formats.get_format("onnx"), "export", broken)
     code = run_main(export.main, export.parse_opt(["--weights", str(local), "--img-size", "64"]), "export")
     captured = capsys.readouterr()
     assert code == 2
@@ -115,7 +118,8 @@ def test_failed_export_is_named_and_others_still_run(weights: Path, tmp_path: Pa
 def test_verification_can_fail(weights: Path, tmp_path: Path, monkeypatch) -> None:
     local = tmp_path / "strict.pt"
     local.write_bytes(weights.read_bytes())
-    monkeypatch.setattr(export, "MAX_ERROR", -1.0)  # nothing passes: proves the comparison gates the result
+    strict = Tolerance(box=-1.0, score=-1.0)  # nothing passes: proves the comparison gates the result
+    monkeypatch.setattr(formats.get_format("torchscript"), "tolerance", lambda options: strict)
     with pytest.raises(export.ExportError, match="torchscript export failed .*differs from PyTorch"):
         export.main(export.parse_opt(["--weights", str(local), "--img-size", "64", "--include", "torchscript"]))
 
@@ -129,13 +133,13 @@ def test_bad_options(weights: Path, tmp_path: Path) -> None:
         export.main(export.parse_opt(["--weights", str(weights), "--img-size", "64", "64", "64"]))
 
 
-def test_compare_outputs_measures_the_largest_difference() -> None:
+def test_output_errors_measure_boxes_and_scores_apart() -> None:
     a = torch.zeros(1, 4, 8)
     b = a.clone()
-    b[0, 2, 5] = 0.25
-    assert export.compare_outputs(a, b) == 0.25
+    b[0, 2, 5], b[0, 1, 2] = 0.25, 3.0
+    assert output_errors(a, b) == (3.0, 0.25)
     with pytest.raises(RuntimeError, match="shape"):
-        export.compare_outputs(a, torch.zeros(1, 5, 8))
+        output_errors(a, torch.zeros(1, 5, 8))
 
 
 # ------------------------------------------------------------------------------------ YOLOv5 v7.0 flags
@@ -155,13 +159,13 @@ def test_openvino_export_gives_the_pt_boxes(tiny_exports: dict[str, Path]) -> No
     assert sorted(p.name for p in folder.iterdir()) == ["dynamic.bin", "dynamic.xml", "dynamic.yaml"]
     meta = yaml.safe_load((folder / "dynamic.yaml").read_text())
     assert meta["stride"] == 32 and meta["names"] == NAMES and meta["strides"] == [8.0, 16.0, 32.0]
-    backend = DetectBackend(folder)
+    backend = InferenceModel(folder)
     assert backend.kind == "openvino" and backend.dynamic and backend.names == NAMES
     for batch, shape in ((1, (64, 64)), (2, (96, 128))):
         images = real_images(shape, batch)
         reference = pytorch_output(tiny_exports["pt"], images)
         assert (backend(images) - reference).abs().max() < 1e-3
-    assert DetectBackend(folder / "dynamic.xml").names == NAMES  # the .xml itself works too
+    assert InferenceModel(folder / "dynamic.xml").names == NAMES  # the .xml itself works too
 
 
 def test_opset_is_applied(weights: Path, tmp_path: Path) -> None:
@@ -180,7 +184,7 @@ def test_simplify_shrinks_the_graph_and_keeps_the_output(weights: Path, tiny_exp
     local.write_bytes(weights.read_bytes())
     results = export.main(export.parse_opt(["--weights", str(local), "--img-size", "64", "--include", "onnx",
                                             "--simplify"]))
-    assert results[0].error is None and results[0].max_error < 1e-3  # verified against PyTorch
+    assert results[0].error is None and results[0].verification.score_error < 1e-3  # verified against PyTorch
     simplified, plain = (onnx.load(str(p)) for p in (local.with_suffix(".onnx"), tiny_exports["static_onnx"]))
     assert len(simplified.graph.node) < len(plain.graph.node)
     assert {p.key for p in simplified.metadata_props} >= {"stride", "names", "img_size"}
@@ -193,29 +197,31 @@ def test_simplify_without_a_simplifier_says_what_to_install(weights: Path, monke
 
 
 def test_torch_without_dynamo_keyword_gets_none(weights: Path, monkeypatch, capsys) -> None:
-    import argparse
 
     torch_2_4 = ("model", "args", "f", "export_params", "verbose", "training", "input_names", "output_names",
                  "operator_export_type", "opset_version", "do_constant_folding", "dynamic_axes",
                  "keep_initializers_as_inputs", "custom_opsets", "export_modules_as_functions", "autograd_inlining")
-    opt = argparse.Namespace(opset=12, verbose=False, dynamic=True, dynamo=False)
+    opt = ExportOptions(opset=12, verbose=False, dynamic=True, dynamo=False)
     kwargs = onnx_export_kwargs(opt, torch_2_4)
     assert "dynamo" not in kwargs and set(kwargs) <= set(torch_2_4) and kwargs["opset_version"] == 12
-    import utils.deploy.exporters
+    import utils.deploy.onnx
 
-    monkeypatch.setattr(utils.deploy.exporters, "onnx_export_parameters", lambda: torch_2_4)
+    monkeypatch.setattr(utils.deploy.onnx, "onnx_export_parameters", lambda: torch_2_4)
     assert "--dynamo needs torch 2.5 or newer" in _error_line(["--weights", weights, "--dynamo"], capsys)
 
 
 @pytest.mark.parametrize("flags, expected", [
     (["--half"], "--half exports FP16 on CUDA only (this export runs on cpu); add --device 0"),
     (["--include", "torchscript", "--simplify"], "--simplify applies to ONNX graphs"),
-    (["--int8"], "--int8: applies to YOLOv5's TensorFlow/CoreML exports"),
+    (["--int8"], "--int8 calibrates on images and checks mAP on labels of a data set: add --data"),
+    (["--include", "torchscript", "--int8", "--data", "d.yaml"], "--include torchscript does not support --int8"),
     (["--keras"], "--keras: applies to YOLOv5's TensorFlow/CoreML exports"),
-    (["--data", "coco.yaml"], "--data: class names come from the weights"),
     (["--workspace", "4"], "--workspace: applies to TensorRT engines"),
     (["--optimize"], "--optimize: TorchScript for PyTorch Mobile is not written here"),
-    (["--include", "engine"], "--include engine: unknown format (choose from torchscript, onnx, openvino)"),
+    (["--include", "mnn"], "--include mnn: unknown format (choose from torchscript, onnx, openvino"),
+    pytest.param(["--include", "engine"], "--include engine builds a TensorRT engine, which needs a CUDA GPU: this",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="the message of a machine without CUDA")),
+    (["--include", "tfjs"], "--include tfjs is not written here: tensorflowjs 4.22 installs tensorflow 2.19"),
 ])
 def test_flags_that_cannot_work_are_refused_with_one_line(flags: list[str], expected: str, weights: Path,
                                                           capsys) -> None:
@@ -225,14 +231,15 @@ def test_flags_that_cannot_work_are_refused_with_one_line(flags: list[str], expe
 def test_several_weights_are_each_exported(weights: Path, tmp_path: Path, monkeypatch) -> None:
     exported = []
 
-    def fake_export(path: Path, formats: list[str], device: torch.device, opt) -> list[export.ExportResult]:
-        exported.append((path, formats))
-        return [export.ExportResult(formats[0], path, 0.0)]
+    def fake_export(path: Path, fmts: list, device: torch.device, opt) -> list[export.ExportResult]:
+        exported.append((path, fmts))
+        return [export.ExportResult(fmts[0].name, path, export.Verification(0.0, 0.0))]
 
     monkeypatch.setattr(export, "export_weights", fake_export)  # the loop only: exporting itself is tested above
     files = [tmp_path / "a.pt", tmp_path / "b.pt"]
     export.main(export.parse_opt(["--weights", *map(str, files), "--include", "onnx"]))
-    assert exported == [(files[0], ["onnx"]), (files[1], ["onnx"])]  # as YOLOv5's export.py loops over them
+    names = [(path, [fmt.name for fmt in fmts]) for path, fmts in exported]
+    assert names == [(files[0], ["onnx"]), (files[1], ["onnx"])]  # as YOLOv5's export.py loops over them
 
 
 @pytest.mark.gpu
@@ -243,7 +250,7 @@ def test_half_export_on_cuda(weights: Path, tmp_path: Path) -> None:
     results = export.main(export.parse_opt(["--weights", str(local), "--img-size", "64", "--half", "--device", "0",
                                             "--include", "torchscript"]))
     assert results[0].error is None  # verified against the FP16 PyTorch model
-    backend = DetectBackend(local.with_suffix(".torchscript"), "cuda:0")
+    backend = InferenceModel(local.with_suffix(".torchscript"), "cuda:0")
     assert backend.dtype == torch.float16 and backend(real_images((64, 64), 1).cuda()).dtype == torch.float16
 
 
@@ -257,3 +264,50 @@ V7_EXPORT_FLAGS = ["--data", "d.yaml", "--weights", "a.pt", "b.pt", "--imgsz", "
 def test_every_yolov5_v7_flag_parses() -> None:
     opt = export.parse_opt(V7_EXPORT_FLAGS)  # no argparse error for any of them; main() judges each
     assert (opt.weights, opt.half, opt.simplify, opt.opset, opt.verbose) == (["a.pt", "b.pt"], True, True, 12, True)
+
+
+@pytest.mark.slow
+def test_ncnn_export_gives_the_pt_boxes_in_every_runner(weights: Path, tmp_path: Path) -> None:
+    pytest.importorskip("pnnx")
+    pytest.importorskip("ncnn")
+    import hubconf
+
+    local = tmp_path / "n.pt"
+    local.write_bytes(weights.read_bytes())
+    result = export.main(export.parse_opt(["--weights", str(local), "--img-size", "64", "--include", "ncnn"]))[0]
+    assert result.file == tmp_path / "n_ncnn_model"
+    assert sorted(p.name for p in result.file.iterdir()) == ["metadata.yaml", "model.ncnn.bin", "model.ncnn.param"]
+    inference = InferenceModel(result.file)
+    assert (inference.kind, inference.names, inference.img_size, inference.batch_size) == ("ncnn", NAMES, (64, 64), 1)
+    images = real_images((64, 64), 3)  # three calls, one image each
+    assert (inference(images) - pytorch_output(local, images)).abs().max() < 64 * 1e-4
+    detector = hubconf.custom(result.file)
+    assert detector.names == NAMES and detector(images[:1]).shape == pytorch_output(local, images[:1]).shape
+
+
+@pytest.mark.slow
+def test_coreml_package_is_written_and_read_back_but_not_run_here(weights: Path, tmp_path: Path) -> None:
+    pytest.importorskip("coremltools")
+    local = tmp_path / "c.pt"
+    local.write_bytes(weights.read_bytes())
+    result = export.main(export.parse_opt(["--weights", str(local), "--img-size", "64", "--include", "coreml"]))[0]
+    assert result.file == tmp_path / "c.mlpackage" and result.file.is_dir()
+    found = formats.get_format("coreml").read_back(result.file)
+    assert found["inputs"] == {"images": [1, 3, 64, 64]} and found["outputs"] == ["output0"]
+    assert found["meta"]["names"] == NAMES and found["meta"]["stride"] == 32
+    assert "read back" in result.verification.describe()
+    with pytest.raises(UserError, match="coreml models have no runtime on this operating system"):
+        InferenceModel(result.file)
+
+
+@pytest.mark.slow
+def test_bench_export_prints_one_row_per_format(weights: Path, tiny_dataset: Path, capsys) -> None:
+    from benchmarks import bench_export as bench
+
+    rows = bench.main(bench.parse_opt(["--weights", str(weights), "--data", str(tiny_dataset), "--img-size", "64",
+                                       "--formats", "onnx", "--runs", "2", "--warmup", "0", "--val-images", "4"]))
+    assert [r.name for r in rows] == ["pytorch (.pt)", "onnx"]
+    assert all(r.size_mb > 0 and r.ms_one > 0 and r.ms_all > 0 and r.map is not None for r in rows)
+    assert rows[1].export_s > 0 and rows[0].export_s == 0
+    table = capsys.readouterr().out.split("format ")[-1]
+    assert "1.00x" in table and "onnx" in table

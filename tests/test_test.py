@@ -237,9 +237,9 @@ def test_augment_boxes_score_as_the_plain_ones(checkpoint, white_boxes, tmp_path
 
 
 def test_release_name_weights_validate(release_server, tiny_dataset, tmp_path, no_curve_plots):
-    from utils.deploy.runtime import DetectBackend
+    from utils.deploy.runtime import InferenceModel
 
-    names = DetectBackend(ROOT / "tests" / "fixtures" / "yolov5n-v7.0.pt").names
+    names = InferenceModel(ROOT / "tests" / "fixtures" / "yolov5n-v7.0.pt").names
     data = tmp_path / "coco-like.yaml"
     data.write_text(yaml.safe_dump({**yaml.safe_load(tiny_dataset.read_text()), "nc": 80, "names": names}))
     result = test_script.main(test_script.parse_opt(_args("yolov5s.pt", data, tmp_path, "--conf-thres", "0.01")))

@@ -1,4 +1,4 @@
-"""DetectBackend: one runner for .pt, .torchscript, .onnx and OpenVINO; files it cannot trust are refused."""
+"""InferenceModel: one runner for .pt and every registered export; files it cannot trust are refused."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import onnx
 import pytest
 import torch
 
-from utils.deploy.runtime import BackendError, DetectBackend, check_img_size, weights_kind
+from utils.deploy.runtime import InferenceModel, InferenceModelError, check_img_size, weights_format
 from utils.errors import UserError
 
 
@@ -21,22 +21,25 @@ def test_foreign_or_damaged_exports_are_refused(tmp_path: Path) -> None:
     foreign = tmp_path / "foreign.onnx"
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(foreign))
     with pytest.raises(UserError, match="no stride/class-name metadata; re-export"):
-        DetectBackend(foreign)
+        InferenceModel(foreign)
     damaged = tmp_path / "damaged.torchscript"
     damaged.write_bytes(b"PK\x03\x04 truncated")
     with pytest.raises(UserError, match="not a readable TorchScript file"):
-        DetectBackend(damaged)
+        InferenceModel(damaged)
 
 
-def test_weights_kind_and_image_size_rounding() -> None:
-    assert [weights_kind(Path(p)) for p in ("a.pt", "b.torchscript", "c.onnx", "d.bin")] == ["pt", "torchscript",
-                                                                                            "onnx", None]
+def test_weights_format_and_image_size_rounding(tmp_path: Path) -> None:
+    names = [weights_format(Path(p)).name for p in ("a.pt", "b.torchscript", "c.onnx", "d.xml", "e_openvino_model")]
+    assert names == ["pytorch", "torchscript", "onnx", "openvino", "openvino"]
+    with pytest.raises(InferenceModelError, match=r"unknown format '.bin' \(use one of .pt, .torchscript, .onnx"):
+        weights_format(Path("d.bin"))
     assert check_img_size([70], 32) == (96, 96) and check_img_size([64, 100], 32) == (64, 128)
-    with pytest.raises(BackendError, match="give one positive size or two"):
+    with pytest.raises(InferenceModelError, match="give one positive size or two"):
         check_img_size([1, 2, 3], 32)
 
 
 def test_a_pt_backend_runs_the_checkpoint(tiny_weights: Path) -> None:
-    backend = DetectBackend(tiny_weights)
+    backend = InferenceModel(tiny_weights)
     out = backend(torch.zeros(2, 3, 64, 64))
     assert out.shape == (2, 3 * (64 + 16 + 4), 8) and backend.stride == 32 and len(backend.names) == 3
+    assert backend.kind == "pytorch" and backend.as_module() is backend.module and backend.dynamic

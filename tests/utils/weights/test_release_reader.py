@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from models.common import SPP, SPPF, Focus
-from utils.deploy.runtime import DetectBackend
+from utils.deploy.runtime import InferenceModel
 from utils.weights.checkpoint import (
     FORMAT,
     CheckpointError,
@@ -85,10 +85,10 @@ def test_release_output_matches_reference_unfused_and_fused(release: tuple[str, 
 
 def test_release_through_detect_backend(release: tuple[str, dict, torch.nn.Module]) -> None:
     name = release[0]
-    backend = DetectBackend(FIXTURES / f"{name}.pt")  # load_model -> load_checkpoint -> the safe reader
+    backend = InferenceModel(FIXTURES / f"{name}.pt")  # load_model -> load_checkpoint -> the safe reader
     assert backend.stride == 32 and len(backend.names) == 80
     error = max_error(backend, name)
-    print(f"{name}: max abs error through DetectBackend {error:.3g}")
+    print(f"{name}: max abs error through InferenceModel {error:.3g}")
 
 
 def test_release_checkpoint_is_in_our_format(release: tuple[str, dict, torch.nn.Module], tmp_path: Path) -> None:

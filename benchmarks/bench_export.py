@@ -1,0 +1,137 @@
+"""Every export format of one weights file side by side: size, export time, mAP@.5:.95 on --data and latency per
+image at 1 thread and all threads, each with its ratio to the .pt (YOLOv5's benchmarks.py is the reference).
+
+    python benchmarks/bench_export.py --weights best.pt --data data/synthetic.yaml --img-size 160
+    python benchmarks/bench_export.py --weights yolov5n.pt --data coco128.yaml --formats onnx openvino --int8
+
+Formats whose packages are missing are listed with the one line saying what to install. Each export is written
+by export.py (so verified as export.py verifies it) into a temporary folder; mAP is measured on at most
+``--val-images`` validation images of --data; latency is the median of ``--runs`` calls on one letterboxed image
+through InferenceModel (the code path detect.py uses) after ``--warmup`` calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import export  # noqa: E402
+from benchmarks.harness import CLOCKS, add_timing_flags, header, load_average, time_call  # noqa: E402
+from utils.deploy.formats import ExportOptions, export_format_names, get_format  # noqa: E402
+from utils.deploy.runtime import InferenceModel  # noqa: E402
+from utils.deploy.verify import calibration_batches, map_on_data  # noqa: E402
+from utils.errors import UserError  # noqa: E402
+from utils.log import setup_logging  # noqa: E402
+
+
+@dataclass
+class Row:
+    """One format's measurements (None where it could not be measured, with the reason)."""
+
+    name: str
+    size_mb: float = 0.0
+    export_s: float = 0.0
+    map: float | None = None
+    ms_one: float | None = None
+    ms_all: float | None = None
+    note: str = ""
+
+
+def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--weights", required=True, help="a .pt checkpoint")
+    parser.add_argument("--data", required=True, help="data YAML for mAP (and --int8 calibration)")
+    parser.add_argument("--img-size", type=int, default=640)
+    parser.add_argument("--formats", nargs="+", default=export_format_names(), help="formats to export")
+    parser.add_argument("--int8", action="store_true", help="also the --int8 variant of each format that has one")
+    parser.add_argument("--val-images", type=int, default=128, help="validation images for mAP")
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    add_timing_flags(parser)
+    return parser.parse_args(argv)
+
+
+def latency(file: Path, image: torch.Tensor, threads: int, opt: argparse.Namespace) -> float:
+    """Median ms per image of ``file`` at ``threads`` intra-op threads (torch's and the runtime's)."""
+    torch.set_num_threads(threads)
+    model = InferenceModel(file, trusted=True, runtime_threads=threads)  # files it exported itself
+    return time_call(lambda: model(image), opt.runs, opt.warmup, CLOCKS[opt.clock]).scaled(1e3).median
+
+
+def measure(name: str, file: Path, export_s: float, image: torch.Tensor, opt: argparse.Namespace) -> Row:
+    """Size, mAP and latencies of one written file."""
+    options = ExportOptions(img_size=(opt.img_size, opt.img_size), verify_images=opt.val_images)
+    files = [file] if file.is_file() else [f for f in file.rglob("*") if f.is_file()]
+    model = InferenceModel(file, trusted=True)
+    all_threads = os.cpu_count() or 1
+    return Row(name, sum(f.stat().st_size for f in files) / 1e6, export_s,
+               map_on_data(model.as_module(), opt.data, options, model.stride),
+               latency(file, image, 1, opt), latency(file, image, all_threads, opt))
+
+
+def bench_format(name: str, int8: bool, weights: Path, image: torch.Tensor, opt: argparse.Namespace) -> Row:
+    """Export one format with export.py and measure it; a Row with the reason when it cannot be done."""
+    label = f"{name} int8" if int8 else name
+    flags = ["--int8", "--data", opt.data, "--verify-images", str(opt.val_images)] if int8 else []
+    start = time.perf_counter()
+    try:
+        result = export.main(export.parse_opt(["--weights", str(weights), "--img-size", str(opt.img_size),
+                                               "--include", name, *flags]))[0]
+    except UserError as e:
+        return Row(label, note=str(e).splitlines()[0][:100])
+    seconds = time.perf_counter() - start
+    if not get_format(name).runs_here:
+        return Row(label, result.size_mb, seconds, note=f"no runtime here ({get_format(name).runs_where})")
+    return measure(label, result.file, seconds, image, opt)
+
+
+def print_table(rows: list[Row]) -> None:
+    base = rows[0]
+    print(f"{'format':<18}{'size MB':>9}{'export s':>10}{'mAP@.5:.95':>12}{'ms 1 thr':>10}{'ratio':>7}"
+          f"{'ms all':>9}{'ratio':>7}  note")
+    for r in rows:
+        def cell(value: float | None, ref: float | None, width: int) -> str:
+            if value is None:
+                return f"{'-':>{width}}{'-':>7}"
+            return f"{value:>{width}.1f}{value / ref:>6.2f}x" if ref else f"{value:>{width}.1f}{'-':>7}"
+
+        mAP = "-" if r.map is None else f"{r.map:.4f}"
+        print(f"{r.name:<18}{r.size_mb:>9.1f}{r.export_s:>10.1f}{mAP:>12}{cell(r.ms_one, base.ms_one, 10)}"
+              f"{cell(r.ms_all, base.ms_all, 9)}  {r.note}")
+
+
+def main(opt: argparse.Namespace) -> list[Row]:
+    setup_logging(0)
+    threads = torch.get_num_threads()
+    print(header(f"bench_export: {opt.img_size} px, batch 1, median of {opt.runs} after {opt.warmup} warm-up",
+                 "cpu", opt.clock))
+    with tempfile.TemporaryDirectory() as tmp:
+        weights = Path(tmp) / Path(opt.weights).name
+        shutil.copyfile(opt.weights, weights)
+        options = ExportOptions(img_size=(opt.img_size, opt.img_size), calib_images=1)
+        image = calibration_batches(opt.data, options, 32)[0]
+        rows = [measure("pytorch (.pt)", weights, 0.0, image, opt)]
+        for name in opt.formats:
+            rows.append(bench_format(name, False, weights, image, opt))
+            if opt.int8 and get_format(name).supports_int8:
+                rows.append(bench_format(name, True, weights, image, opt))
+    torch.set_num_threads(threads)
+    print(f"\nOn {os.cpu_count()} CPU threads; load average now {load_average()}")
+    print_table(rows)
+    return rows
+
+
+if __name__ == "__main__":
+    main(parse_opt())

@@ -1,0 +1,131 @@
+"""Exports of a trained model (not only an untrained one): float formats within their stated tolerance of the .pt
+on real letterboxed scenes, --int8 ONNX and OpenVINO within the stated mAP drop, each run in test.py and hubconf."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import export
+from utils.deploy.formats import FLOAT_TOLERANCE, MAX_INT8_MAP_DROP, get_format
+from utils.deploy.runtime import InferenceModel
+from utils.deploy.verify import output_errors
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_cfg_file: Path, tiny_dataset: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """The tiny model trained 2 epochs on the tiny synthetic set (weights and scores moved by training)."""
+    import train
+    from utils.log import LOGGER
+
+    project = tmp_path_factory.mktemp("trained")
+    handlers, level = list(LOGGER.handlers), LOGGER.level
+    opt = train.parse_opt(["--cfg", str(tiny_cfg_file), "--data", str(tiny_dataset), "--img", "64", "--batch-size",
+                           "8", "--epochs", "2", "--device", "cpu", "--workers", "0", "--project", str(project),
+                           "--name", "exp", "--noval", "--noplots", "--noautoanchor"])
+    train.main(opt)
+    LOGGER.handlers[:], LOGGER.level = handlers, level
+    yield project / "exp" / "weights" / "last.pt"
+
+
+@pytest.fixture(scope="module")
+def float_onnx(trained: Path) -> export.ExportResult:
+    """The trained model as a float ONNX file (verified by export.py)."""
+    return export.main(export.parse_opt(["--weights", str(trained), "--img-size", "64", "--include", "onnx"]))[0]
+
+
+@pytest.fixture(scope="module")
+def int8_exports(trained: Path, tiny_dataset: Path) -> list[export.ExportResult]:
+    """The trained model as INT8 ONNX and OpenVINO, calibrated and verified on the tiny set."""
+    return export.main(export.parse_opt(["--weights", str(trained), "--img-size", "64", "--include", "onnx",
+                                         "openvino", "--int8", "--data", str(tiny_dataset), "--calib-images", "16",
+                                         "--verify-images", "12"]))
+
+
+def scenes(shape: tuple[int, int], batch: int) -> torch.Tensor:
+    from utils.data.sources import letterbox_image
+    from utils.data.synthetic import draw_sample, make_spec
+
+    rng = np.random.default_rng(3)
+    rows = [torch.from_numpy(letterbox_image(draw_sample(rng, make_spec(img_size=(64, 96)))[0], shape, 32,
+                                             auto=False)[0]) for _ in range(batch)]
+    return torch.stack(rows).float() / 255
+
+
+def test_float_onnx_of_a_trained_model_is_within_the_stated_tolerance(float_onnx, trained: Path) -> None:
+    result = float_onnx
+    assert result.error is None and result.file == trained.with_suffix(".onnx")
+    images = scenes((64, 64), 4)
+    reference, output = InferenceModel(trained)(images), InferenceModel(result.file)(images)
+    box_px, score = output_errors(reference, output)
+    assert box_px / 64 <= FLOAT_TOLERANCE.box and score <= FLOAT_TOLERANCE.score
+    assert reference[..., :4].abs().max() > 32  # boxes in pixels: why their limit scales with the image size
+
+
+@pytest.mark.slow
+def test_int8_onnx_and_openvino_within_the_map_drop(int8_exports, trained: Path) -> None:
+    onnx_result, openvino_result = int8_exports
+    assert onnx_result.file == trained.with_name("last-int8.onnx")
+    assert openvino_result.file == trained.with_name("last-int8_openvino_model")
+    for result in (onnx_result, openvino_result):
+        check = result.verification
+        assert result.error is None and check.map_reference - check.map_export <= MAX_INT8_MAP_DROP
+    import onnx
+
+    ops = {node.op_type for node in onnx.load(str(onnx_result.file)).graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops  # really quantized
+    inference = InferenceModel(onnx_result.file)
+    assert inference.names == InferenceModel(trained).names and inference.img_size == (64, 64)
+
+
+@pytest.mark.slow
+def test_int8_verification_can_fail(trained: Path, tiny_dataset: Path, tmp_path: Path, monkeypatch) -> None:
+    local = tmp_path / "strict.pt"
+    shutil.copyfile(trained, local)
+    monkeypatch.setattr("utils.deploy.verify.MAX_INT8_MAP_DROP", -1.0)  # no drop is small enough
+    with pytest.raises(export.ExportError, match="onnx export failed .*INT8 mAP@.5:.95"):
+        export.main(export.parse_opt(["--weights", str(local), "--img-size", "64", "--include", "onnx", "--int8",
+                                      "--data", str(tiny_dataset), "--calib-images", "8", "--verify-images", "4"]))
+
+
+def test_a_float_export_runs_in_test_py_and_hubconf(float_onnx, trained: Path, tiny_dataset: Path,
+                                                   tmp_path: Path) -> None:
+    import hubconf
+
+    maps = evaluate_files([trained, float_onnx.file], tiny_dataset, tmp_path)
+    assert abs(maps["last.onnx"] - maps["last.pt"]) < 1e-3
+    image = (scenes((64, 64), 1)[0].permute(1, 2, 0).numpy() * 255).astype(np.uint8)
+    pt, onnx_model = hubconf.custom(trained), hubconf.custom(float_onnx.file)
+    assert onnx_model.names == pt.names and onnx_model.stride == 32
+    pt.conf = onnx_model.conf = 0.001  # enough boxes to compare even early in training
+    boxes_pt, boxes_onnx = pt(image, size=64).boxes(), onnx_model(image, size=64).boxes()
+    assert len(boxes_pt) > 0 and boxes_pt.shape == boxes_onnx.shape
+    nearest = torch.cdist(boxes_onnx, boxes_pt).min(1).values  # NMS may order near-equal scores differently
+    assert nearest.max() < 64 * FLOAT_TOLERANCE.box * 10
+
+
+@pytest.mark.slow
+def test_int8_exports_run_in_test_py(int8_exports, trained: Path, tiny_dataset: Path, tmp_path: Path) -> None:
+    maps = evaluate_files([trained, *(r.file for r in int8_exports)], tiny_dataset, tmp_path)
+    assert all(maps["last.pt"] - maps[r.file.name] <= MAX_INT8_MAP_DROP for r in int8_exports)
+    assert get_format("onnx").matches(int8_exports[0].file) and get_format("openvino").matches(int8_exports[1].file)
+
+
+def evaluate_files(files: list[Path], data: Path, project: Path) -> dict[str, float]:
+    """mAP@.5:.95 of each file by test.py."""
+    from tests.helpers import load_script
+
+    test_script = load_script("test")
+    maps = {}
+    for file in files:
+        opt = test_script.parse_opt(["--weights", str(file), "--data", str(data), "--img", "64", "--batch-size", "1",
+                                     "--workers", "0", "--project", str(project)])
+        maps[file.name] = test_script.main(opt).map
+    return maps

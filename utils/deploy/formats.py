@@ -1,0 +1,220 @@
+"""The export formats: one ``ExportFormat`` object per format (name, file suffix, packages, export, tolerance, load
+and run), all in one registry that export.py, detect.py, test.py, hubconf.py and the benchmarks read.
+
+Adding a format is one module under utils/deploy/ that defines ``FORMAT = MyFormat()`` and one line in
+``FORMAT_MODULES``; each module imports its optional packages only inside the methods that need them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+import importlib.util
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from utils.errors import UserError
+
+FORMAT_MODULES = ("utils.deploy.pytorch", "utils.deploy.torchscript", "utils.deploy.onnx", "utils.deploy.openvino",
+                  "utils.deploy.ncnn", "utils.deploy.coreml")
+REFUSED_FORMATS = {  # YOLOv5 names whose tools do not install from the package registries or run here
+    "edgetpu": "the Edge TPU compiler is a Debian package for x86-64 from Google's apt repository, not on PyPI",
+    "tfjs": "tensorflowjs 4.22 installs tensorflow 2.19, which downgrades numpy below 2.2 and protobuf to 5.x",
+    "paddle": "not implemented in this project; export onnx and convert it with x2paddle --framework onnx",
+}
+
+
+class FormatError(UserError, RuntimeError):
+    """A format this installation or these options cannot serve; the message says what to install or change."""
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """What an export is asked for (export.py builds it from its flags; the library reads nothing else)."""
+
+    img_size: tuple[int, int] = (640, 640)
+    batch_size: int = 1
+    half: bool = False  # FP16 weights and input
+    int8: bool = False  # INT8 post-training quantization, calibrated on images of ``data``
+    dynamic: bool = False  # dynamic batch and image size
+    simplify: bool = False  # ONNX graph simplification (onnxslim / onnxsim)
+    opset: int = 17
+    dynamo: bool = False  # torch.export-based ONNX exporter
+    verbose: bool = False
+    data: str | None = None  # the data YAML whose images calibrate --int8 and measure its mAP
+    calib_images: int = 64  # at most this many training images calibrate --int8
+    verify_images: int = 128  # at most this many validation images measure --int8's mAP
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How to open a file for inference."""
+
+    device: torch.device = torch.device("cpu")
+    half: bool = False  # .pt only: run in FP16 (CUDA)
+    trusted: bool = False  # --trust-weights: .pt files may hold pickled code; TorchScript files always hold code
+    threads: int = 0  # the runtime's intra-op threads (0: its default)
+
+
+@dataclass
+class LoadedModel:
+    """A format's opened file: ``run`` maps a float batch (b, 3, h, w) to the decoded predictions (b, n, 5 + nc)."""
+
+    run: Callable[[torch.Tensor], torch.Tensor]
+    meta: dict[str, Any]  # what export_metadata wrote (stride, names, img_size, ...)
+    input_shape: list[int | str] | None = None  # the runtime's own input shape; strings are symbolic dims
+    input_dtype: torch.dtype = torch.float32
+    module: nn.Module | None = None  # the torch module itself (.pt), used as is by evaluate()
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How far a float export may be from PyTorch: boxes as a fraction of the input's longer side (so the limit
+    does not grow with the image size), objectness and class scores (probabilities) absolutely."""
+
+    box: float
+    score: float
+
+    def describe(self) -> str:
+        return f"boxes {self.box:.0e} x image size, scores {self.score:.0e}"
+
+
+FLOAT_TOLERANCE = Tolerance(box=1e-4, score=1e-3)  # fp32 runtimes: kernel-order noise (0.06 px at 640)
+HALF_TOLERANCE = Tolerance(box=2e-3, score=1e-2)  # fp16 weights and arithmetic (11-bit mantissa)
+MAX_INT8_MAP_DROP = 0.03  # --int8: mAP@.5:.95 on --data may be at most this much below the float model's
+
+
+def missing_packages(packages: tuple[tuple[str, str], ...]) -> list[str]:
+    """The pip names of ``packages`` ((import name, pip name), ...) that are not installed."""
+    return [pip for module, pip in packages if importlib.util.find_spec(module) is None]
+
+
+def require(packages: tuple[tuple[str, str], ...], purpose: str) -> None:
+    """FormatError naming what to pip install when any of ``packages`` is missing."""
+    missing = missing_packages(packages)
+    if missing:
+        raise FormatError(f"{purpose} needs {', '.join(missing)}: pip install {' '.join(missing)} "
+                          "(or pip install -r requirements-export.txt)")
+
+
+class ExportFormat:
+    """One format. Subclasses set the class attributes and implement export() and load()."""
+
+    name: str = ""
+    suffix: str = ""  # ".onnx" for a file, "_openvino_model" for a folder (is_folder)
+    is_folder: bool = False
+    export_packages: tuple[tuple[str, str], ...] = ()  # (import name, pip name) needed to write the format
+    runtime_packages: tuple[tuple[str, str], ...] = ()  # needed to run it
+    exportable: bool = True  # False for the .pt itself
+    runs_here: bool = True  # False where no runtime exists on this OS (CoreML on Linux)
+    runs_where: str = ""  # where it runs instead, when not here
+    supports_half: bool = False
+    supports_int8: bool = False
+    supports_dynamic: bool = False
+
+    def output_path(self, weights: Path, options: ExportOptions | None = None) -> Path:
+        """Where this format is written next to ``weights`` (best.pt -> best.onnx, best-int8.onnx, ...)."""
+        stem = weights.stem + ("-int8" if options is not None and options.int8 else "")
+        return weights.with_name(stem + self.suffix)
+
+    def matches(self, path: Path) -> bool:
+        """Whether ``path`` (a file or folder) is this format."""
+        return path.name.lower().endswith(self.suffix)
+
+    def check(self, options: ExportOptions) -> None:
+        """FormatError (one line) when these options or this installation cannot write the format."""
+        unsupported = [flag for flag, wanted, ok in (("--half", options.half, self.supports_half),
+                                                     ("--int8", options.int8, self.supports_int8),
+                                                     ("--dynamic", options.dynamic, self.supports_dynamic)) if
+                       wanted and not ok]
+        if unsupported:
+            raise FormatError(f"--include {self.name} does not support {' '.join(unsupported)}")
+        require(self.export_packages, f"--include {self.name}")
+
+    def tolerance(self, options: ExportOptions) -> Tolerance:
+        """The largest difference from PyTorch a float export of these options may show."""
+        return HALF_TOLERANCE if options.half else FLOAT_TOLERANCE
+
+    def export(self, model: nn.Module, images: torch.Tensor, file: Path, meta: dict, options: ExportOptions,
+               calibration: Callable[[], list[torch.Tensor]] | None = None) -> Path:
+        """Write ``file`` from the fused eval ``model`` traced on ``images``; ``calibration`` gives --int8's
+        batches."""
+        raise NotImplementedError
+
+    def load(self, file: Path, options: LoadOptions) -> LoadedModel:
+        """Open ``file`` for inference."""
+        raise NotImplementedError
+
+    def read_back(self, file: Path) -> dict[str, Any]:
+        """For a format without a runtime here: its inputs {name: shape}, outputs [names] and metadata, as its own
+        tools read them from the written file."""
+        raise NotImplementedError
+
+
+def export_metadata(model: nn.Module, img_size: tuple[int, int], batch_size: int, dynamic: bool,
+                    half: bool = False) -> dict:
+    """What an exported file must carry for detect.py and test.py: stride, class names, input size, dynamic or
+    not, device, input precision, and the head's layout (strides per level, anchors per cell: --augment)."""
+    return {"stride": int(model.stride.max()), "names": [str(n) for n in model.names],
+            "img_size": [int(img_size[0]), int(img_size[1])], "batch_size": int(batch_size), "dynamic": bool(dynamic),
+            "device": next(model.parameters()).device.type, "strides": [float(s) for s in model.stride.tolist()],
+            "num_anchors": int(model.detect.na), "half": bool(half)}
+
+
+@contextlib.contextmanager
+def quiet_jit_warnings() -> Iterator[None]:
+    """torch.jit is deprecated since torch 2.9 but its files still load and run; keep its notices quiet."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*torch\.(jit|onnx).*deprecated")
+        warnings.filterwarnings("ignore", message=r".*legacy TorchScript-based ONNX export")
+        warnings.filterwarnings("ignore", message=r".*feature will be removed")
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning)
+        yield
+
+
+def first_line(error: BaseException, limit: int = 200) -> str:
+    """The first line of an exception's message (runtimes raise long multi-line texts)."""
+    text = str(error).strip()
+    return text.splitlines()[0][:limit] if text else type(error).__name__
+
+
+@functools.lru_cache(maxsize=1)
+def _registry() -> dict[str, ExportFormat]:
+    formats = [importlib.import_module(name).FORMAT for name in FORMAT_MODULES]
+    return {fmt.name: fmt for fmt in formats}
+
+
+def all_formats() -> list[ExportFormat]:
+    """Every registered format, in FORMAT_MODULES order (the .pt first)."""
+    return list(_registry().values())
+
+
+def export_format_names() -> list[str]:
+    """The names --include accepts."""
+    return [fmt.name for fmt in all_formats() if fmt.exportable]
+
+
+def get_format(name: str) -> ExportFormat:
+    """The format called ``name``; FormatError listing the names otherwise."""
+    found = _registry().get(name)
+    if name in REFUSED_FORMATS:
+        raise FormatError(f"--include {name} is not written here: {REFUSED_FORMATS[name]}")
+    if name == "engine" and found is None:
+        raise FormatError("--include engine builds a TensorRT engine, which needs a CUDA GPU: this machine has none"
+                          if not torch.cuda.is_available() else "--include engine: TensorRT engines are not written "
+                          "by this project yet; export onnx and build one with trtexec --onnx=best.onnx")
+    if found is None or not found.exportable:
+        raise FormatError(f"--include {name}: unknown format (choose from {', '.join(export_format_names())})")
+    return found
+
+
+def format_for(weights: Path) -> ExportFormat | None:
+    """The format of a weights file or folder, by its suffix; None if no format claims it."""
+    return next((fmt for fmt in all_formats() if fmt.matches(weights)), None)

@@ -1,0 +1,109 @@
+"""OpenVINO: ``<stem>_openvino_model/`` with <stem>.xml/.bin converted from this export's ONNX and <stem>.yaml
+holding the metadata (YOLOv5's layout); --half stores FP16 weights, --int8 is NNCF post-training quantization."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+from torch import nn
+
+from utils.deploy.formats import (
+    ExportFormat,
+    ExportOptions,
+    FormatError,
+    LoadedModel,
+    LoadOptions,
+    first_line,
+    require,
+)
+from utils.deploy.onnx import onnx_export_kwargs, write_onnx
+
+
+def openvino_xml(weights: Path) -> Path:
+    """The model file of an OpenVINO folder (or the .xml itself)."""
+    if weights.is_file():
+        return weights
+    found = sorted(weights.glob("*.xml")) if weights.is_dir() else []
+    if not found:
+        raise FormatError(f"--weights {weights}: no OpenVINO .xml model in it; write one with "
+                          "`python export.py --include openvino`")
+    return found[0]
+
+
+def quantize_openvino(converted: object, batches: list[torch.Tensor]) -> object:
+    """NNCF's post-training INT8 quantization (mixed preset: symmetric weights, asymmetric activations) of an
+    OpenVINO model, calibrated on ``batches``; the head's box decoding is left float."""
+    import nncf
+
+    dataset = nncf.Dataset([b.cpu().numpy().astype(np.float32) for b in batches])
+    return nncf.quantize(converted, dataset, preset=nncf.QuantizationPreset.MIXED, subset_size=len(batches),
+                         model_type=None, fast_bias_correction=True)
+
+
+class OpenVinoFormat(ExportFormat):
+    """``best_openvino_model/`` (``best-int8_openvino_model/`` with --int8), run by OpenVINO on the CPU."""
+
+    name = "openvino"
+    suffix = "_openvino_model"
+    is_folder = True
+    export_packages = (("onnx", "onnx"), ("openvino", "openvino"))
+    runtime_packages = (("openvino", "openvino"),)
+    supports_half = supports_int8 = supports_dynamic = True
+
+    def matches(self, path: Path) -> bool:
+        return path.name.endswith(self.suffix) or path.suffix.lower() == ".xml" or (
+            path.is_dir() and any(path.glob("*.xml")))
+
+    def check(self, options: ExportOptions) -> None:
+        super().check(options)
+        onnx_export_kwargs(options)
+        if options.int8:
+            require((("nncf", "nncf"),), "--include openvino --int8")
+
+    def export(self, model: nn.Module, images: torch.Tensor, file: Path, meta: dict, options: ExportOptions,
+               calibration: Callable[[], list[torch.Tensor]] | None = None) -> Path:
+        import openvino
+
+        stem = file.name.removesuffix(self.suffix)
+        file.mkdir(parents=True, exist_ok=True)
+        onnx_file = write_onnx(model, images, file / f"{stem}.onnx", meta, options)
+        try:
+            converted = openvino.Core().read_model(str(onnx_file))
+            if options.int8:
+                converted = quantize_openvino(converted, calibration())
+            openvino.save_model(converted, str(file / f"{stem}.xml"), compress_to_fp16=bool(options.half))
+        finally:
+            onnx_file.unlink(missing_ok=True)
+        (file / f"{stem}.yaml").write_text(yaml.safe_dump(meta, sort_keys=False))
+        return file
+
+    def load(self, file: Path, options: LoadOptions) -> LoadedModel:
+        require(self.runtime_packages, f"running {file.name}")
+        import openvino
+
+        xml = openvino_xml(file)
+        meta_file = xml.with_suffix(".yaml")
+        meta = yaml.safe_load(meta_file.read_text()) if meta_file.is_file() else {}
+        core = openvino.Core()
+        config = {"INFERENCE_NUM_THREADS": options.threads} if options.threads else {}
+        try:
+            compiled = core.compile_model(core.read_model(str(xml)), "CPU", config)  # OpenVINO runs on the CPU
+        except RuntimeError as e:
+            raise FormatError(f"{xml} is not a readable OpenVINO model ({first_line(e)})") from None
+        model_input = compiled.input(0)
+        half = model_input.get_element_type() == openvino.Type.f16
+        shape = [d.get_length() if d.is_static else "?" for d in model_input.get_partial_shape()]
+
+        def run(images: torch.Tensor) -> torch.Tensor:
+            array = images.detach().cpu().numpy().astype(np.float16 if half else np.float32, copy=False)
+            return torch.from_numpy(np.asarray(compiled(array)[compiled.output(0)]))
+
+        return LoadedModel(run, meta if isinstance(meta, dict) else {}, shape,
+                           torch.float16 if half else torch.float32)
+
+
+FORMAT = OpenVinoFormat()

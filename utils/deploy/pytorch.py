@@ -1,0 +1,34 @@
+"""The .pt checkpoint itself as a format: what every export starts from and is compared with."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from utils.deploy.formats import ExportFormat, LoadedModel, LoadOptions, export_metadata
+
+
+class PyTorchFormat(ExportFormat):
+    """A checkpoint of this project or a YOLOv5 release file, run by PyTorch (fused, eval mode)."""
+
+    name = "pytorch"
+    suffix = ".pt"
+    exportable = False
+
+    def load(self, file: Path, options: LoadOptions) -> LoadedModel:
+        from utils.weights.checkpoint import load_model
+
+        model, _ = load_model(file, options.device, fuse=True, trusted=options.trusted)
+        model = model.half() if options.half else model
+        dtype = torch.float16 if options.half else torch.float32
+
+        def run(images: torch.Tensor) -> torch.Tensor:
+            output = model(images.to(options.device, dtype))
+            return output[0] if isinstance(output, (list, tuple)) else output
+
+        meta = export_metadata(model, (0, 0), 1, dynamic=True, half=options.half)
+        return LoadedModel(run, meta, input_dtype=dtype, module=model)
+
+
+FORMAT = PyTorchFormat()

@@ -1,0 +1,140 @@
+"""Proof that an export computes what the .pt computes: float formats against PyTorch on the same letterboxed
+batches (each output component on its own scale), INT8 formats by mAP on --data against the float model."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from utils.deploy.formats import MAX_INT8_MAP_DROP, ExportFormat, ExportOptions, FormatError, Tolerance
+from utils.deploy.runtime import InferenceModel
+from utils.log import LOGGER
+
+
+class VerificationError(RuntimeError):
+    """An export whose outputs are not the .pt's within the stated tolerance."""
+
+
+@dataclass
+class Verification:
+    """What a check measured: the largest box and score differences (float), or both mAPs (INT8)."""
+
+    box_error: float | None = None  # fraction of the input's longer side
+    score_error: float | None = None
+    map_reference: float | None = None  # mAP@.5:.95 of the float model on --data
+    map_export: float | None = None
+    read_back: str | None = None  # a format without a runtime here: what was read back from the written file
+
+    def describe(self) -> str:
+        if self.read_back is not None:
+            return self.read_back
+        if self.map_export is not None:
+            return (f"mAP@.5:.95 {self.map_export:.4f} vs {self.map_reference:.4f} float "
+                    f"(drop {self.map_reference - self.map_export:+.4f}, limit {MAX_INT8_MAP_DROP})")
+        return f"max error boxes {self.box_error:.1e} x size, scores {self.score_error:.1e}"
+
+
+def output_errors(reference: torch.Tensor, output: torch.Tensor) -> tuple[float, float]:
+    """The largest differences between two decoded outputs (b, n, 5 + nc): of the boxes (xywh, input pixels) and
+    of the objectness and class scores (probabilities)."""
+    if reference.shape != output.shape:
+        raise VerificationError(f"output shape {tuple(output.shape)} differs from PyTorch's {tuple(reference.shape)}")
+    difference = (reference.float().cpu() - output.float().cpu()).abs()
+    if difference.numel() == 0:
+        return 0.0, 0.0
+    return float(difference[..., :4].max()), float(difference[..., 4:].max())
+
+
+def verify_float(file: Path, model: nn.Module, checks: list[torch.Tensor], tolerance: Tolerance,
+                 device: torch.device) -> Verification:
+    """Run ``file`` through InferenceModel on each batch of ``checks``; VerificationError when a box differs by
+    more than ``tolerance.box`` of the input's longer side or a score by more than ``tolerance.score``."""
+    inference = InferenceModel(file, device, trusted=True)  # the file export.py just wrote
+    worst = Verification(box_error=0.0, score_error=0.0)
+    with torch.no_grad():
+        for images in checks:
+            box_px, score = output_errors(model(images), inference(images))
+            box = box_px / max(images.shape[-2:])
+            if box > tolerance.box or score > tolerance.score:
+                raise VerificationError(f"output differs from PyTorch: boxes by {box_px:.2e} px ({box:.1e} x image "
+                                        f"size), scores by {score:.1e} (limit {tolerance.describe()})")
+            worst = Verification(max(worst.box_error, box), max(worst.score_error, score))
+    return worst
+
+
+def verify_written(fmt: ExportFormat, file: Path, images: torch.Tensor, meta: dict) -> Verification:
+    """A format that cannot run here: its own tools read the file back, with the input shape, one output and the
+    metadata export.py wrote; VerificationError otherwise."""
+    found = fmt.read_back(file)
+    problems = [what for what, ok in (("input", found["inputs"] == {"images": list(images.shape)}),
+                                      ("output", len(found["outputs"]) == 1), ("metadata", found["meta"] == meta))
+                if not ok]
+    if problems:
+        raise VerificationError(f"{file} read back with a different {', '.join(problems)}: {found}")
+    return Verification(read_back=f"read back: input images {list(images.shape)}, output {found['outputs'][0]}, "
+                                  f"metadata; not run ({fmt.runs_where.split(';')[0]})")
+
+
+def spread(items: list, count: int) -> list:
+    """At most ``count`` of ``items``, evenly spaced (a bounded sample that covers the whole list)."""
+    if len(items) <= count:
+        return list(items)
+    return [items[i] for i in np.linspace(0, len(items) - 1, count).round().astype(int)]
+
+
+def calibration_batches(data_yaml: str, options: ExportOptions, stride: int) -> list[torch.Tensor]:
+    """At most ``options.calib_images`` training images of ``data_yaml``, letterboxed to the export's input size,
+    in batches of the export's batch size (float in [0, 1])."""
+    import cv2
+
+    from utils.data.config import load_data_config
+    from utils.data.label_cache import list_image_files
+    from utils.data.sources import letterbox_image
+
+    files = spread(list_image_files(load_data_config(data_yaml).train), options.calib_images)
+    images = []
+    for file in files:
+        image = cv2.imread(file)
+        if image is not None:
+            images.append(torch.from_numpy(letterbox_image(image, options.img_size, stride, auto=False)[0]))
+    if not images:
+        raise FormatError(f"--data {data_yaml}: no readable training images to calibrate --int8 on")
+    usable = len(images) - len(images) % options.batch_size or len(images)
+    batch = torch.stack(images[:usable]).float() / 255
+    LOGGER.info(f"INT8 calibration on {len(batch)} training images of {data_yaml}")
+    return list(batch.split(options.batch_size))
+
+
+def map_on_data(module: nn.Module, data_yaml: str, options: ExportOptions, stride: int) -> float:
+    """mAP@.5:.95 of ``module`` on at most ``options.verify_images`` validation images of ``data_yaml``."""
+    from utils.data.config import load_data_config
+    from utils.data.datasets import DatasetOptions
+    from utils.data.label_cache import list_image_files
+    from utils.data.loader import create_dataloader
+    from utils.evaluation.evaluate import EvalOptions, evaluate
+
+    if options.img_size[0] != options.img_size[1]:
+        raise FormatError(f"--int8 measures mAP on square images; give one --img-size (not {list(options.img_size)})")
+    data = load_data_config(data_yaml)
+    files = spread(list_image_files(data.val), options.verify_images)
+    dataset_options = DatasetOptions(img_size=options.img_size[0], batch_size=options.batch_size, stride=stride,
+                                     nc=data.nc, names=data.names)
+    loader, _ = create_dataloader(files, dataset_options, workers=0)
+    device = next(iter(module.parameters()), torch.zeros(0)).device
+    return evaluate(module, loader, device, data.names, EvalOptions()).map
+
+
+def verify_int8(file: Path, model: nn.Module, options: ExportOptions, stride: int,
+                reference_map: float | None = None) -> Verification:
+    """mAP of the INT8 ``file`` and of the float ``model`` on --data; VerificationError when the drop exceeds
+    MAX_INT8_MAP_DROP."""
+    reference = map_on_data(model, options.data, options, stride) if reference_map is None else reference_map
+    exported = map_on_data(InferenceModel(file, trusted=True).as_module(), options.data, options, stride)
+    result = Verification(map_reference=reference, map_export=exported)
+    if reference - exported > MAX_INT8_MAP_DROP:
+        raise VerificationError(f"INT8 {result.describe()}")
+    return result
