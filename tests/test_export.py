@@ -58,10 +58,12 @@ def test_static_export_parity_and_metadata(weights: Path) -> None:
     assert meta["stride"] == 32 and meta["names"] == NAMES and meta["img_size"] == [64, 64]
     images = real_images((64, 64), 1)
     reference = pytorch_output(weights, images)
+    with pytest.raises(UserError, match="TorchScript file, and loading one runs the code"):  # --trust-weights
+        InferenceModel(weights.with_suffix(".torchscript"))
     with pytest.raises(UserError, match="exported on cpu and runs only there"):
-        InferenceModel(weights.with_suffix(".torchscript"), "cuda")
+        InferenceModel(weights.with_suffix(".torchscript"), "cuda", trusted=True)
     for result in results:  # an independent check, outside export.py's own verification
-        backend = InferenceModel(result.file)
+        backend = InferenceModel(result.file, trusted=True)
         assert (backend.stride, backend.names, backend.img_size, backend.dynamic) == (32, NAMES, (64, 64), False)
         output = backend(images)
         assert output.shape == reference.shape == (1, 3 * (8 * 8 + 4 * 4 + 2 * 2), 8)
@@ -78,7 +80,7 @@ def test_dynamic_export_runs_at_other_sizes(weights: Path, tmp_path: Path) -> No
     assert [d.dim_param or d.dim_value for d in onnx_input.type.tensor_type.shape.dim][1] == 3
     assert all(d.dim_param for i, d in enumerate(onnx_input.type.tensor_type.shape.dim) if i != 1)
     for suffix in (".torchscript", ".onnx"):
-        backend = InferenceModel(local.with_suffix(suffix))
+        backend = InferenceModel(local.with_suffix(suffix), trusted=True)
         assert backend.dynamic and backend.img_size is None and backend.batch_size is None
         for batch, shape in ((1, (64, 64)), (3, (96, 128))):
             images = real_images(shape, batch)
@@ -250,7 +252,7 @@ def test_half_export_on_cuda(weights: Path, tmp_path: Path) -> None:
     results = export.main(export.parse_opt(["--weights", str(local), "--img-size", "64", "--half", "--device", "0",
                                             "--include", "torchscript"]))
     assert results[0].error is None  # verified against the FP16 PyTorch model
-    backend = InferenceModel(local.with_suffix(".torchscript"), "cuda:0")
+    backend = InferenceModel(local.with_suffix(".torchscript"), "cuda:0", trusted=True)
     assert backend.dtype == torch.float16 and backend(real_images((64, 64), 1).cuda()).dtype == torch.float16
 
 

@@ -25,7 +25,7 @@ def test_foreign_or_damaged_exports_are_refused(tmp_path: Path) -> None:
     damaged = tmp_path / "damaged.torchscript"
     damaged.write_bytes(b"PK\x03\x04 truncated")
     with pytest.raises(UserError, match="not a readable TorchScript file"):
-        InferenceModel(damaged)
+        InferenceModel(damaged, trusted=True)
 
 
 def test_weights_format_and_image_size_rounding(tmp_path: Path) -> None:
