@@ -17,7 +17,7 @@ import yaml
 import train
 from models.yolo import Model
 from tests.helpers import OracleModel, load_script, our_tracebacks
-from tests.utils.data.test_formats import CATEGORY_IDS, NAMES, _with, write_sets
+from tests.utils.data.test_formats import CATEGORY_IDS, NAMES, write_sets, yaml_with
 from utils.cli import run_main
 from utils.data.coco_json import coco_ids
 from utils.data.config import load_data_config
@@ -76,7 +76,7 @@ def test_crowd_boxes_and_difficult_objects_are_ignore_regions_unless_kept(tmp_pa
         dataset = YoloDataset(load_data_config(yamls[kind]).train, img_size=64, nc=3)
         regions = [dataset.ignore_regions(f).tolist() for f in dataset.im_files]
         assert regions == [[[0, 0, 0, 7, 7, crowd]], [], []], kind
-        kept = YoloDataset(load_data_config(_with(yamls[kind], keep_crowd=True)).train, img_size=64, nc=3)
+        kept = YoloDataset(load_data_config(yaml_with(yamls[kind], keep_crowd=True)).train, img_size=64, nc=3)
         assert [kept.ignore_regions(f).tolist() for f in kept.im_files] == [[], [], []]
         assert len(kept.labels[0]) == len(dataset.labels[0]) + 1  # kept: an ordinary label
     yolo = YoloDataset(load_data_config(yamls["yolo"]).train, img_size=64, nc=3)

@@ -113,11 +113,11 @@ def test_coco_boxes_classes_crowd_and_backgrounds(sets, yolo_log):
     assert len(dataset.labels[0]) == len(first) and len(dataset.labels[1]) == 0  # crowd out; a background
     assert dataset.scan.line() == "4 found, 0 missing, 1 empty, 0 corrupt"
     assert any("1 crowd boxes excluded from training" in line for line in yolo_log)
-    kept = YoloDataset(load_data_config(_with(sets["coco"], keep_crowd=True)).train, img_size=64, nc=3)
+    kept = YoloDataset(load_data_config(yaml_with(sets["coco"], keep_crowd=True)).train, img_size=64, nc=3)
     assert len(kept.labels[0]) == len(first) + 1  # keep_crowd: true trains on it
 
 
-def _with(path: Path, **keys: object) -> Path:
+def yaml_with(path: Path, **keys: object) -> Path:
     """A copy of a data YAML whose split mappings get ``keys``."""
     data = yaml.safe_load(path.read_text())
     for split in ("train", "val"):
