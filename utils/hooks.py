@@ -44,7 +44,7 @@ import torch
 from utils.errors import UserError
 
 if TYPE_CHECKING:  # annotations only: the training package is built on this module
-    from utils.training.engine import Trainer
+    from utils.training.loop import Trainer
 
 CHECKPOINT_PRIORITY = 0  # the Checkpointer: files exist before anything reads or uploads them
 LOGGER_PRIORITY = 50  # results.csv, TensorBoard, trackers
