@@ -137,7 +137,8 @@ def build_trainer(config: RunConfig, hyp: dict, device: torch.device, hooks: Seq
                       train_loader=data.train_loader, val_loader=data.val_loader, names=names,
                       hooks=Hooks([*builtin, *hooks]), state=TrainState(position, maps=np.zeros(len(names))), amp=amp,
                       stopper=EarlyStopping(config.patience), stop=GracefulStop(), save_interval=interval,
-                      background=background, grid=grid, is_coco=data.is_coco, main_process=main_process, plots=plots)
+                      background=background, grid=grid, is_coco=data.is_coco, show_progress=main_process,
+                      plots=plots)
     trainer.guard = NonFiniteGuard(lambda in_a_row: reload_last_good(trainer, in_a_row))
     if config.resume and ckpt is not None:
         restore_training_state(trainer, ckpt)

@@ -91,7 +91,7 @@ def train_one_epoch(trainer: Trainer, epoch: int, step_sizes: Sequence[int] | No
     t, updater, device = trainer, trainer.updater, trainer.device
     t.model.train()
     mean_loss, done, world = torch.zeros(3, device=device), 0, dist.get_world_size()
-    bar = progress_bar(t.train_loader, len(t.train_loader), enabled=t.main_process)
+    bar = progress_bar(t.train_loader, len(t.train_loader), enabled=t.show_progress)
     for i, (imgs, targets, paths, _) in enumerate(bar):
         batch = t.state.batch_offset + i  # the batch's index in the whole epoch
         dist.progress("train", epoch, batch)  # for the stuck-rank watch
@@ -109,7 +109,7 @@ def train_one_epoch(trainer: Trainer, epoch: int, step_sizes: Sequence[int] | No
         if not vote.nonfinite:
             mean_loss, done = (mean_loss * done + loss_items) / (done + 1), done + 1
         t.guard.update(vote.nonfinite)
-        if t.main_process:
+        if t.show_progress:
             mem = torch.cuda.memory_reserved() / 1e9 if device.type == "cuda" else 0.0
             bar.set_description(progress_text(epoch, t.config.epochs, mem, mean_loss.tolist(), targets.shape[0],
                                               imgs.shape[-1]), refresh=False)  # drawn at tqdm's own pace

@@ -62,7 +62,7 @@ class Trainer:
     background: BackgroundTasks = field(default_factory=lambda: BackgroundTasks(enabled=False))  # plots
     grid: int = 32
     is_coco: bool = False
-    main_process: bool = True  # shows the progress bar
+    show_progress: bool = True  # the main process shows the progress bar
     plots: bool = False  # the main process draws plots (not with --noplots)
 
     @property
