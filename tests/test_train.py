@@ -69,18 +69,29 @@ def test_the_hyp_files_optimizer_entry_is_used(tiny_cfg_file, tiny_dataset, tmp_
 
 
 def test_one_process_run_writes_a_complete_run_folder(tiny_cfg_file, tiny_dataset, tmp_path, capsys):
+    from utils.hooks import HookBase
+
+    rows = []
+
+    class Rows(HookBase):  # after_epoch's metrics: the epoch's results.csv row by column name
+        def after_epoch(self, trainer, epoch, metrics):  # noqa: ANN001
+            rows.append([str(epoch), *(f"{v:.6g}" for v in metrics.values())])
+            assert list(metrics) == results_columns()[1:] and (trainer.save_dir / "weights" / "last.pt").is_file()
+
     opt = train.parse_opt(tiny_args(tiny_cfg_file, tiny_dataset, tmp_path, "--epochs", "2", "--noautoanchor"))
-    assert run_main(train.main, opt, "train") == 0
+    assert run_main(lambda o: train.main(o, [Rows()]), opt, "train") == 0
     run_dir = tmp_path / "runs" / "exp"
     out = capsys.readouterr().out
     assert "2 epochs completed in" in out and f"Results saved to {run_dir}" in out
     for name in ("opt.yaml", "hyp.yaml", "results.csv", "weights/last.pt", "weights/best.pt"):
         assert (run_dir / name).is_file(), name
     assert list(run_dir.glob("events.out.tfevents.*"))
+    hooked = rows
     with open(run_dir / "results.csv") as f:
         rows = list(csv.reader(f))
     assert rows[0] == results_columns() and [r[0] for r in rows[1:]] == ["0", "1"]
     assert all(len(r) == len(rows[0]) and all(v != "" for v in r) for r in rows[1:])
+    assert rows[1:] == hooked
     last = load_checkpoint(run_dir / "weights" / "last.pt")
     assert last["epoch"] == 1 and last["train_state"]["states"]["updater"]["iteration"] == 6  # 24 images / 8, 2 epochs
     assert "train_state" not in load_checkpoint(run_dir / "weights" / "best.pt")
