@@ -167,18 +167,20 @@ def _step(cfg_file: str, batch: tuple, save_dir: Path) -> torch.Tensor:
 
 
 class _single_process:
-    """Inside: utils.distributed.comm answers as one process would (world size 1), though the group is up."""
+    """Inside: utils.distributed.comm answers as one process would (world size 1, gathers of this rank's object
+    alone), though the group is up."""
 
     def __enter__(self) -> None:
         import utils.distributed.comm as dist
 
-        self.saved = dist.get_world_size
+        self.saved = dist.get_world_size, dist.all_gather_object
         dist.get_world_size = lambda: 1
+        dist.all_gather_object = lambda obj, *args, **kwargs: [obj]
 
     def __exit__(self, *exc: object) -> None:
         import utils.distributed.comm as dist
 
-        dist.get_world_size = self.saved
+        dist.get_world_size, dist.all_gather_object = self.saved
 
 
 def _ddp_step(rank: int, cfg: str, out_dir: Path) -> str:
