@@ -76,11 +76,12 @@ def make_batch(batch: int, img_size: int, seed: int) -> tuple:
 
 @dataclass
 class Run:
-    """One model training on fixed batches: ``steps(n)`` runs n optimizer steps (one train_one_epoch)."""
+    """One model training on fixed batches: ``steps(n)`` runs n batches (one train_one_epoch)."""
 
     trainer: Any
     batches: list
     batch: int
+    folder: tempfile.TemporaryDirectory  # the run folder the builder writes opt.yaml into
 
     def steps(self, n: int) -> None:
         from utils.training.engine import train_one_epoch
@@ -90,34 +91,28 @@ class Run:
 
 
 def build_run(cfg: str, batch: int, img_size: int, device: torch.device, variant: str = "fp32",
-              seed: int = 0, accumulate: int = 1) -> Run:
-    """A Trainer as train.py builds one (DDP-wrapped when a group is up) with the variant's features; the optimizer
-    steps every ``accumulate`` batches."""
+              seed: int = 0, total_batch: int = 64) -> Run:
+    """The trainer train.py builds (utils.training.builder: DDP-wrapped when a group is up) with the variant's
+    features, on fixed batches of ``batch`` images per rank; ``total_batch`` sets the accumulation (the default 64,
+    the nominal batch, steps the optimizer after every batch)."""
     import utils.distributed.comm as dist
-    from models.yolo import Model
-    from utils.hooks import Hooks
-    from utils.loggers.writers import TrainWriters
-    from utils.training.engine import Trainer
-    from utils.training.loss import ComputeLoss
-    from utils.training.optim import LRSchedule, ModelEMA, WeightUpdater, build_optimizer
+    from utils.training.builder import TrainData, build_trainer
+    from utils.training.config import RunConfig
 
     features = set(variant.split("+"))
-    torch.manual_seed(0)
-    core = Model(cfg, nc=3).to(device)
-    if "channels_last" in features:
-        core = core.to(memory_format=torch.channels_last)
-    model = torch.nn.parallel.DistributedDataParallel(core, device_ids=[device.index] if device.type == "cuda"
-                                                      else None) if dist.is_initialized() else core
-    amp = "bf16" in features  # autocast: bfloat16 on the CPU (float16 on CUDA)
-    ema = ModelEMA(core)
-    updater = WeightUpdater(model, build_optimizer(core, "SGD", 0.01, 0.937, 5e-4),
-                            LRSchedule(HYP, 10, 10, accumulate=accumulate), ema=ema, amp=amp and device.type == "cuda")
-    save_dir = Path(tempfile.gettempdir())
-    trainer = Trainer(opt=argparse.Namespace(epochs=10, batch_size=batch), hyp=HYP, device=device, save_dir=save_dir,
-                      model=torch.compile(model) if "compile" in features else model, updater=updater, ema=ema,
-                      compute_loss=ComputeLoss(core, HYP, img_size), train_loader=[], val_loader=None,
-                      names=["a", "b", "c"], writers=TrainWriters(save_dir, enabled=False), hooks=Hooks(), amp=amp)
-    return Run(trainer, [make_batch(batch, img_size, seed * 100 + i) for i in range(4)], batch)
+    batches = [make_batch(batch, img_size, seed * 100 + i) for i in range(4)]
+    folder = tempfile.TemporaryDirectory(prefix="bench_train")
+    cuda_amp = "bf16" in features and device.type == "cuda"  # float16 with its gradient scaler, as --amp on
+    config = RunConfig(cfg=cfg, epochs=10, batch_size=total_batch, img_size=img_size, optimizer="SGD",
+                       amp="on" if cuda_amp else "off",
+                       channels_last="channels_last" in features, compile="compile" in features, noplots=True,
+                       save_dir=folder.name, seed=0)
+    trainer = build_trainer(config, HYP, device, data=TrainData(batches, None, None, ["a", "b", "c"]))
+    trainer.show_progress = False  # the timings print their own table
+    if "bf16" in features and device.type == "cpu":
+        trainer.amp = True  # bfloat16 autocast as the variant asks, even where --amp's check would turn it down
+    assert dist.get_world_size() == 1 or isinstance(trainer.model, torch.nn.parallel.DistributedDataParallel)
+    return Run(trainer, batches, batch, folder)
 
 
 def compare_variants(opt: argparse.Namespace, cfg: str, img_size: int, reference: Reference) -> list[str]:
@@ -172,7 +167,7 @@ def collectives_per_step(opt: argparse.Namespace, seed: int, sync_every_batch: b
 
     accumulate = accumulate_steps(opt.batch_size)
     run = build_run(opt.cfg[0], opt.batch_size // 2, opt.img[0], torch.device("cpu"), seed=seed,
-                    accumulate=accumulate)
+                    total_batch=opt.batch_size)
     if sync_every_batch:
         run.trainer.updater.sync_context = contextlib.nullcontext
     run.steps(accumulate)  # settle: the first step's buffer broadcast and bucket rebuild
@@ -185,10 +180,8 @@ def collectives_per_step(opt: argparse.Namespace, seed: int, sync_every_batch: b
 def timed_rates(opt: argparse.Namespace, batch: int, seed: int = 0) -> list[float]:
     """Images/s (all ranks together) of each repeat of ``opt.steps`` steps, between barriers. All ranks call it."""
     import utils.distributed.comm as dist
-    from utils.training.optim import accumulate_steps
 
-    run = build_run(opt.cfg[0], batch, opt.img[0], torch.device("cpu"), seed=seed,
-                    accumulate=accumulate_steps(opt.batch_size))
+    run = build_run(opt.cfg[0], batch, opt.img[0], torch.device("cpu"), seed=seed, total_batch=opt.batch_size)
     run.steps(opt.warmup)
     rates = []
     for _ in range(opt.repeats):

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import argparse
-import copy
 import json
 import os
 import subprocess
@@ -125,7 +123,7 @@ def test_a_failing_rank_ends_the_job_and_is_named(tiny_cfg_file, tiny_dataset, t
 # --- in-process 2-rank group (torch.multiprocessing, gloo) -----------------------------------------------------
 
 
-def _rank_worker(rank: int, port: int, out_dir: str, cfg: dict) -> None:
+def _rank_worker(rank: int, port: int, out_dir: str, cfg: str) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
                       MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -148,60 +146,52 @@ def _frozen_bn(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def _step(model, batch):
-    """One train_one_epoch over one batch (DDP-wrapped or not); the flattened parameters after it."""
-    from utils.hooks import Hooks
-    from utils.loggers.writers import TrainWriters
-    from utils.training.engine import Trainer, train_one_epoch
-    from utils.training.loss import ComputeLoss
-    from utils.training.optim import LRSchedule, ModelEMA, WeightUpdater, build_optimizer, unwrap
+def _step(cfg_file: str, batch: tuple, save_dir: Path) -> torch.Tensor:
+    """The builder's trainer (DDP-wrapped when the group has 2 ranks) through one train_one_epoch over one batch;
+    the flattened parameters after it."""
+    from utils.training.builder import TrainData, build_trainer
+    from utils.training.config import RunConfig
+    from utils.training.engine import train_one_epoch
 
     hyp = {"lr0": 0.01, "lrf": 1.0, "momentum": 0.9, "weight_decay": 5e-4, "warmup_epochs": 0.0, "box": 0.05,
            "cls": 0.5, "obj": 1.0, "anchor_t": 4.0}
-    optimizer = build_optimizer(model, "SGD", hyp["lr0"], hyp["momentum"], hyp["weight_decay"])
-    ema = ModelEMA(model)
-    updater = WeightUpdater(model, optimizer, LRSchedule(hyp, 1, 1), ema=ema)
-    _frozen_bn(unwrap(model))
-    model.train = lambda mode=True: model  # keep the frozen BN through train_one_epoch's .train()
-    trainer = Trainer(opt=argparse.Namespace(epochs=1, batch_size=len(batch[0])), hyp=hyp,
-                      device=torch.device("cpu"), save_dir=Path("."), model=model, updater=updater, ema=ema,
-                      compute_loss=ComputeLoss(unwrap(model), hyp, 64), train_loader=[batch], val_loader=None,
-                      names=["a", "b", "c"], writers=TrainWriters(Path("."), enabled=False), hooks=Hooks())
+    # total batch 64, the nominal one: the optimizer steps after the batch (its images stand for the rank's share)
+    config = RunConfig(cfg=cfg_file, epochs=1, batch_size=64, img_size=64, optimizer="SGD", amp="off", noplots=True,
+                       save_dir=str(save_dir))
+    trainer = build_trainer(config, hyp, torch.device("cpu"), data=TrainData([batch], None, None, ["a", "b", "c"]))
+    _frozen_bn(trainer.model_without_ddp)
+    trainer.model.train = lambda mode=True: trainer.model  # keep the frozen BN through train_one_epoch's .train()
     train_one_epoch(trainer, 0)
-    assert updater.steps == 1
-    return torch.cat([p.detach().flatten() for p in unwrap(model).parameters()])
+    assert trainer.updater.steps == 1
+    return torch.cat([p.detach().flatten() for p in trainer.model_without_ddp.parameters()])
 
 
 class _single_process:
-    """Inside: utils.distributed.comm answers as one process would (world size 1), though the group is up."""
+    """Inside: utils.distributed.comm answers as one process would (world size 1, gathers of this rank's object
+    alone), though the group is up."""
 
     def __enter__(self) -> None:
         import utils.distributed.comm as dist
 
-        self.saved = dist.get_world_size
+        self.saved = dist.get_world_size, dist.all_gather_object
         dist.get_world_size = lambda: 1
+        dist.all_gather_object = lambda obj, *args, **kwargs: [obj]
 
     def __exit__(self, *exc: object) -> None:
         import utils.distributed.comm as dist
 
-        dist.get_world_size = self.saved
+        dist.get_world_size, dist.all_gather_object = self.saved
 
 
-def _ddp_step(rank: int, cfg: dict, out_dir: Path) -> str:
-    from models.yolo import Model
-
-    torch.manual_seed(0)
-    model = Model(cfg)
-    reference = copy.deepcopy(model)
+def _ddp_step(rank: int, cfg: str, out_dir: Path) -> str:
     imgs = torch.randint(0, 256, (4, 3, 64, 64), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
     boxes = torch.tensor([[0, 1, 0.5, 0.5, 0.4, 0.5], [0, 2, 0.25, 0.3, 0.2, 0.2], [1, 0, 0.6, 0.4, 0.5, 0.3]])
-    ddp = torch.nn.parallel.DistributedDataParallel(model)
-    params = _step(ddp, (imgs[2 * rank:2 * rank + 2], boxes, ("a", "b"), None))
+    params = _step(cfg, (imgs[2 * rank:2 * rank + 2], boxes, ("a", "b"), None), out_dir / "ddp")
     torch.save(params, out_dir / f"params{rank}.pt")
     # one process on both ranks' images in one batch; every rank computes it, so no rank waits on another's solo work
     union = torch.cat((boxes, boxes + torch.tensor([2.0, 0, 0, 0, 0, 0])))
     with _single_process():
-        single = _step(reference, (imgs, union, ("a", "b", "c", "d"), None))
+        single = _step(cfg, (imgs, union, ("a", "b", "c", "d"), None), out_dir / f"single{rank}")
     torch.save(single, out_dir / f"params_single{rank}.pt")
     return "done"
 
@@ -209,14 +199,14 @@ def _ddp_step(rank: int, cfg: dict, out_dir: Path) -> str:
 def _broadcast_decisions(rank: int) -> dict:
     from types import SimpleNamespace
 
-    import train
     import utils.distributed.comm as dist
     from utils.training.amp import decide_amp
-    from utils.training.fitness import EarlyStopping
+    from utils.training.early_stop import EarlyStopping
+    from utils.training.loop import step_sizes
 
-    run = SimpleNamespace(opt=SimpleNamespace(multi_scale=True, seed=rank, img_size=64), grid=32,
+    run = SimpleNamespace(config=SimpleNamespace(multi_scale=True, seed=rank, img_size=64), grid=32,
                           train_loader=[None] * 20)
-    sizes = train.step_sizes(run, epoch=3)  # each rank has its own seed; rank 0's draw wins
+    sizes = step_sizes(run, epoch=3)  # each rank has its own seed; rank 0's draw wins
     stopper = EarlyStopping(patience=1)
     stopper(0, 0.5)
     stop = dist.main_decides(lambda: stopper(1 if rank == 0 else 0, 0.1))  # only rank 0 would stop
@@ -229,8 +219,9 @@ def _broadcast_decisions(rank: int) -> dict:
             "agreement": agreement}
 
 
-def test_ddp_step_equals_one_process_on_the_union_and_rank0_decisions_are_shared(tiny_cfg, tmp_path):
-    mp.start_processes(_rank_worker, args=(free_port(), str(tmp_path), tiny_cfg), nprocs=2, start_method="spawn")
+def test_ddp_step_equals_one_process_on_the_union_and_rank0_decisions_are_shared(tiny_cfg, tiny_cfg_file, tmp_path):
+    mp.start_processes(_rank_worker, args=(free_port(), str(tmp_path), str(tiny_cfg_file)), nprocs=2,
+                       start_method="spawn")
     p0 = torch.load(tmp_path / "params0.pt", weights_only=True)
     p1 = torch.load(tmp_path / "params1.pt", weights_only=True)
     single = torch.load(tmp_path / "params_single0.pt", weights_only=True)

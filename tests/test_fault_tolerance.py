@@ -190,16 +190,16 @@ def test_signal_during_the_final_validation_stops_at_once_and_keeps_last_pt(
         capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
-    import train
+    from utils.training import loop
 
-    real_validate = train.validate
+    real_validate = loop.validate
 
     def signalled_in_final_validation(trainer, final):  # noqa: ANN001, ANN202
         if final:
             os.kill(os.getpid(), signal.SIGTERM)  # arrives while validating (and plotting) the last epoch
         return real_validate(trainer, final)
 
-    monkeypatch.setattr(train, "validate", signalled_in_final_validation)
+    monkeypatch.setattr(loop, "validate", signalled_in_final_validation)
     run_dir = tmp_path / "runs" / "exp"
     args = train_args(tiny_dataset, tiny_cfg_file, tmp_path / "runs", "--name", "exp", epochs=2, plots=True)
     assert in_process(args) == 143
@@ -211,6 +211,36 @@ def test_signal_during_the_final_validation_stops_at_once_and_keeps_last_pt(
     position = load_checkpoint(run_dir / "weights" / "last.pt")["train_state"]["position"]  # whole, loads
     assert (position["epoch"], position["samples_seen"]) == (1, 0)
     assert not list((run_dir / "weights").glob(".*tmp*")) and not (run_dir / "PR_curve.png").exists()
-    monkeypatch.setattr(train, "validate", real_validate)
+    monkeypatch.setattr(loop, "validate", real_validate)
     assert in_process([str(ROOT / "train.py"), "--resume", str(run_dir)]) == 0  # redoes epoch 1, to the end
     assert csv_epochs(run_dir) == ["0", "1"] and (run_dir / "PR_curve.png").is_file()
+
+
+def test_a_damaged_last_pt_resumes_from_the_previous_generation_and_a_failed_resume_writes_nothing(
+        tmp_path: Path, tiny_dataset: Path, tiny_cfg_file: Path, in_process: Callable[..., int],
+        capsys: pytest.CaptureFixture) -> None:
+    from utils.weights.checkpoint import save_checkpoint
+
+    run_dir = tmp_path / "runs" / "exp"
+    weights = run_dir / "weights"
+    assert in_process(train_args(tiny_dataset, tiny_cfg_file, tmp_path / "runs", "--name", "exp", "--noval",
+                                 epochs=2)) == 0
+    assert load_checkpoint(weights / "last.prev.pt")["train_state"]["position"]["epoch"] == 1  # the one before
+    previous = load_checkpoint(weights / "last.prev.pt")
+    last = weights / "last.pt"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])  # damaged: truncated
+    resume = [str(ROOT / "train.py"), "--resume", str(run_dir)]
+    capsys.readouterr()
+    assert in_process(resume) == 0
+    out, err = capsys.readouterr()
+    warnings = [line for line in (out + err).splitlines() if "WARNING" in line]
+    assert len(warnings) == 1 and "resuming from the previous generation" in warnings[0], warnings
+    assert "Resuming from epoch 1 of 2, batch 0" in out and csv_epochs(run_dir) == ["0", "1"]
+    assert load_checkpoint(last)["train_state"]["position"]["epoch"] == 2  # finished, whole again
+    # a checkpoint that loads but cannot be restored (its early-stopping state is missing): nothing is rewritten
+    del previous["train_state"]["states"]["stopper"]
+    save_checkpoint(previous, last)
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.iterdir() if p.is_file()}
+    assert in_process(resume) == 2
+    assert "no 'stopper' state" in capsys.readouterr().err
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in run_dir.iterdir() if p.is_file()} == before

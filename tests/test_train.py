@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import csv
 import importlib.util
 
@@ -14,12 +13,11 @@ import train
 from models.yolo import Model
 from utils.cli import run_main
 from utils.data.datasets import DatasetOptions
-from utils.hooks import Hooks
-from utils.hyp import REQUIRED
-from utils.loggers.writers import TrainWriters, results_columns
-from utils.training.engine import Trainer, train_one_epoch
-from utils.training.loss import ComputeLoss
-from utils.training.optim import LRSchedule, ModelEMA, WeightUpdater, build_optimizer
+from utils.hyp import REQUIRED, default_hyp_file
+from utils.loggers.results_csv import results_columns
+from utils.training.builder import TrainData, build_trainer, prepare_run
+from utils.training.config import RunConfig
+from utils.training.engine import train_one_epoch
 from utils.weights.checkpoint import load_checkpoint
 
 HYP = {"lr0": 0.01, "lrf": 0.01, "momentum": 0.937, "weight_decay": 5e-4, "warmup_epochs": 0.0,
@@ -61,27 +59,39 @@ def test_parse_opt_flags_and_aliases():
 
 def test_the_hyp_files_optimizer_entry_is_used(tiny_cfg_file, tiny_dataset, tmp_path):
     adam = tmp_path / "hyp.adam.yaml"
-    adam.write_text((train.default_hyp_file("x.yaml")).read_text() + "optimizer: Adam\n")
+    adam.write_text(default_hyp_file("x.yaml").read_text() + "optimizer: Adam\n")
+    defaults = RunConfig.from_options(train.parse_opt([]))
     opt = train.parse_opt(tiny_args(tiny_cfg_file, tiny_dataset, tmp_path, "--hyp", str(adam)))
-    opt, hyp = train.prepare_run(opt)
-    assert opt.optimizer == "Adam" and hyp["optimizer"] == "Adam"
+    config, hyp = prepare_run(RunConfig.from_options(opt), defaults)
+    assert config.optimizer == "Adam" and hyp["optimizer"] == "Adam"
     opt = train.parse_opt(tiny_args(tiny_cfg_file, tiny_dataset, tmp_path, "--hyp", "hyp.finetune.yaml"))
-    assert train.prepare_run(opt)[1]["lr0"] < 0.01  # a bundled file by its name alone
+    assert prepare_run(RunConfig.from_options(opt), defaults)[1]["lr0"] < 0.01  # a bundled file by its name alone
 
 
 def test_one_process_run_writes_a_complete_run_folder(tiny_cfg_file, tiny_dataset, tmp_path, capsys):
+    from utils.hooks import HookBase
+
+    rows = []
+
+    class Rows(HookBase):  # after_epoch's metrics: the epoch's results.csv row by column name
+        def after_epoch(self, trainer, epoch, metrics):  # noqa: ANN001
+            rows.append([str(epoch), *(f"{v:.6g}" for v in metrics.values())])
+            assert list(metrics) == results_columns()[1:] and (trainer.save_dir / "weights" / "last.pt").is_file()
+
     opt = train.parse_opt(tiny_args(tiny_cfg_file, tiny_dataset, tmp_path, "--epochs", "2", "--noautoanchor"))
-    assert run_main(train.main, opt, "train") == 0
+    assert run_main(lambda o: train.main(o, [Rows()]), opt, "train") == 0
     run_dir = tmp_path / "runs" / "exp"
     out = capsys.readouterr().out
     assert "2 epochs completed in" in out and f"Results saved to {run_dir}" in out
     for name in ("opt.yaml", "hyp.yaml", "results.csv", "weights/last.pt", "weights/best.pt"):
         assert (run_dir / name).is_file(), name
     assert list(run_dir.glob("events.out.tfevents.*"))
+    hooked = rows
     with open(run_dir / "results.csv") as f:
         rows = list(csv.reader(f))
     assert rows[0] == results_columns() and [r[0] for r in rows[1:]] == ["0", "1"]
     assert all(len(r) == len(rows[0]) and all(v != "" for v in r) for r in rows[1:])
+    assert rows[1:] == hooked
     last = load_checkpoint(run_dir / "weights" / "last.pt")
     assert last["epoch"] == 1 and last["train_state"]["states"]["updater"]["iteration"] == 6  # 24 images / 8, 2 epochs
     assert "train_state" not in load_checkpoint(run_dir / "weights" / "best.pt")
@@ -123,26 +133,23 @@ def test_evolve_writes_evolve_csv_and_the_best_hyp(tiny_cfg_file, tiny_dataset, 
     assert (evolve_dir / "gen1" / "weights" / "last.pt").is_file()
 
 
-def test_loss_falls_by_half_when_overfitting_one_batch(tiny_cfg, tiny_dataset, tmp_path):
+def test_loss_falls_by_half_when_overfitting_one_batch(tiny_cfg_file, tiny_dataset, tmp_path):
+    """The builder's trainer on one fixed batch, 10 steps an epoch: the loss halves within 6 epochs."""
     from utils.data.config import load_data_config
     from utils.data.loader import create_dataloader
 
-    torch.manual_seed(0)
-    model = Model(tiny_cfg)
     loader, _ = create_dataloader(load_data_config(tiny_dataset).train, DatasetOptions(img_size=64, batch_size=8),
                                   workers=0)
     batch = next(iter(loader))
-    optimizer = build_optimizer(model, "Adam", lr=0.01, momentum=0.9)
-    ema = ModelEMA(model)
-    updater = WeightUpdater(model, optimizer, LRSchedule({**HYP, "lrf": 1.0}, 100, 10), ema=ema)
-    trainer = Trainer(opt=argparse.Namespace(epochs=100, batch_size=8), hyp=HYP, device=torch.device("cpu"),
-                      save_dir=tmp_path, model=model, updater=updater, ema=ema,
-                      compute_loss=ComputeLoss(model, HYP, img_size=64), train_loader=[batch] * 10, val_loader=None,
-                      names=["a", "b", "c"], writers=TrainWriters(tmp_path, enabled=False), hooks=Hooks())
+    # a total batch of 64 (the nominal one) steps after every batch; the 8 images stand for it
+    config = RunConfig(cfg=str(tiny_cfg_file), epochs=100, batch_size=64, img_size=64, optimizer="Adam", amp="off",
+                       save_dir=str(tmp_path), noplots=True)
+    trainer = build_trainer(config, {**HYP, "lrf": 1.0, "momentum": 0.9}, torch.device("cpu"),
+                            data=TrainData([batch] * 10, None, None, ["a", "b", "c"]))
     losses = [train_one_epoch(trainer, epoch).sum().item() for epoch in range(6)]
-    assert updater.steps == 60 and updater.ema.updates == 60
+    assert trainer.updater.steps == 60 and trainer.updater.ema.updates == 60
     assert losses[-1] < 0.5 * losses[0], losses
-    assert not list(tmp_path.iterdir())  # disabled writers write nothing
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hyp.yaml", "opt.yaml", "weights"]  # no logger wrote
 
 
 @pytest.mark.parametrize("flags, message", [

@@ -31,8 +31,8 @@ EXIT_INTERRUPTED = 130
 FLAGS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "weights": (("--weights",), {"default": "", "help": "a .pt of this project, a YOLOv5 release file or name "
                                  "(yolov5s.pt, downloaded when missing); detect.py and test.py also run an export "
-                                 "(.torchscript, .onnx, *_openvino_model/, *_ncnn_model/); '' = train.py: from scratch, others: "
-                                 "the newest runs/train/*/weights/best.pt"}),
+                                 "(.torchscript, .onnx, *_openvino_model/, *_ncnn_model/); '' = train.py: from "
+                                 "scratch, others: the newest runs/train/*/weights/best.pt"}),
     "trust_weights": (("--trust-weights",), {"action": "store_true",
                                              "help": "allow full unpickling of --weights and TorchScript "
                                              "files, which hold code (only for files you trust)"}),

@@ -1,7 +1,8 @@
 """Training events and the hooks that listen to them.
 
 The epoch loop announces a small set of events; checkpoints, loggers, plots and anything a user adds plug into
-them instead of into the loop. A hook overrides the events it needs (``trainer`` is the run's Trainer):
+them instead of into the loop. A hook overrides the events it needs (``trainer`` is the run's Trainer of
+utils/training/loop.py: ``trainer.config`` its RunConfig, ``trainer.state`` its TrainState):
 
     before_train(trainer)                          after set-up (and after a resume restored the state)
     before_epoch(trainer, epoch)
@@ -46,7 +47,7 @@ import torch
 from utils.errors import UserError
 
 if TYPE_CHECKING:  # annotations only: the training package is built on this module
-    from utils.training.engine import Trainer
+    from utils.training.loop import Trainer
 
 CHECKPOINT_PRIORITY = 0  # the Checkpointer: files exist before anything reads or uploads them
 LOGGER_PRIORITY = 50  # results.csv, TensorBoard, trackers

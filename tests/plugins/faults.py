@@ -11,12 +11,15 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from utils.distributed import comm as dist
-from utils.hooks import HookBase
+from utils.hooks import HookBase, StepInfo
+
+if TYPE_CHECKING:
+    from utils.training.loop import Trainer
 
 
 def _armed(rank: int) -> bool:
@@ -35,7 +38,7 @@ class FailAt(HookBase):
             raise ValueError(f"action {action!r} is not raise or one of {', '.join(self.SIGNALS)}")
         self.rank, self.epoch, self.batch, self.action = rank, epoch, batch, action
 
-    def before_step(self, trainer: Any, epoch: int, batch: int) -> None:
+    def before_step(self, trainer: Trainer, epoch: int, batch: int) -> None:
         if (epoch, batch) != (self.epoch, self.batch) or not _armed(self.rank):
             return
         if self.action == "raise":
@@ -50,7 +53,7 @@ class NanLoss(HookBase):
         self.rank, self.epoch, self.first, self.count = rank, epoch, batch, count
         self.current: tuple[int, int] = (-1, -1)
 
-    def before_train(self, trainer: Any) -> None:
+    def before_train(self, trainer: Trainer) -> None:
         if not _armed(self.rank):
             return
         real = trainer.compute_loss
@@ -63,17 +66,20 @@ class NanLoss(HookBase):
 
         trainer.compute_loss = poisoned
 
-    def before_step(self, trainer: Any, epoch: int, batch: int) -> None:
+    def before_step(self, trainer: Trainer, epoch: int, batch: int) -> None:
         self.current = (epoch, batch)
 
 
 class ResidentMemory(HookBase):
-    """Appends ``epoch rss_mb`` of this rank after every epoch to ``path`` (rank 0 only)."""
+    """Appends ``epoch rss_mb`` of this rank after every epoch to ``path`` (rank 0 only), and checks that the epoch's
+    ``metrics`` are its results.csv row by column name."""
 
     def __init__(self, path: str) -> None:
         self.path = Path(path)
 
-    def after_epoch(self, trainer: Any, epoch: int, metrics: dict[str, float]) -> None:
+    def after_epoch(self, trainer: Trainer, epoch: int, metrics: dict[str, float]) -> None:
+        if "metrics/mAP_0.5:0.95" not in metrics or "train/box_loss" not in metrics:
+            raise AssertionError(f"after_epoch metrics are not a results.csv row: {sorted(metrics)}")
         if dist.is_main_process():
             rss = next(int(line.split()[1]) for line in Path("/proc/self/status").read_text().splitlines()
                        if line.startswith("VmRSS:"))
@@ -89,7 +95,7 @@ class Beacon(HookBase):
     def __init__(self, path: str, seconds: float = 0.0) -> None:
         self.path, self.seconds = Path(path), seconds
 
-    def after_step(self, trainer: Any, step: Any) -> None:
+    def after_step(self, trainer: Trainer, step: StepInfo) -> None:
         with open(self.path, "a") as f:
             f.write(f"{dist.get_rank()} {step.epoch} {step.batch}\n")
         if self.seconds:
@@ -103,7 +109,7 @@ class Checksum(HookBase):
     def __init__(self, folder: str) -> None:
         self.folder = Path(folder)
 
-    def after_train(self, trainer: Any) -> None:
+    def after_train(self, trainer: Trainer) -> None:
         import hashlib
 
         params = [p.detach().cpu() for p in trainer.model_without_ddp.parameters()]

@@ -9,7 +9,6 @@ with the last.pt attempt 0 wrote as the checkpoint to resume from.
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
@@ -19,7 +18,8 @@ from pathlib import Path
 import torch
 
 from utils.distributed import comm as dist
-from utils.training.resume import plan_run
+from utils.training.config import RunConfig
+from utils.training.run_plan import plan_run
 from utils.weights.checkpoint import FORMAT, load_checkpoint, save_run_checkpoints
 
 
@@ -32,7 +32,7 @@ def record(events: Path, event: str) -> None:
 def main(events: Path, project: Path) -> int:
     dist.init_distributed(device="cpu", timeout_s=30, long_timeout_s=60)
     record(events, f"init world={dist.get_world_size()}")
-    plan = plan_run(argparse.Namespace(project=str(project), name="exp", exist_ok=False, resume=False))
+    plan = plan_run(RunConfig(project=str(project), name="exp"))
     record(events, f"plan save_dir={plan.save_dir.name} resume_from={plan.resume_from} reason={plan.reason!r}")
     if plan.resume_from is not None:
         record(events, f"resumed epoch={load_checkpoint(plan.resume_from)['epoch']}")

@@ -67,7 +67,7 @@ def test_hooks_run_by_priority_then_registration_order():
 
 def test_the_checkpointer_runs_first_whatever_the_registration_order():
     from utils.hooks import HookBase, Hooks
-    from utils.training.resume import Checkpointer
+    from utils.training.checkpointer import Checkpointer
 
     hooks = Hooks([HookBase(), Checkpointer(enabled=False)])
     assert isinstance(hooks.hooks[0], Checkpointer)

@@ -1,4 +1,5 @@
-"""The training step loop: ``train_one_epoch`` (distributed across ranks) and the Trainer it runs on.
+"""The training step loop: ``train_one_epoch`` (distributed across ranks), the vote every step takes and the guard
+against non-finite losses. The Trainer and its epoch loop are in utils/training/loop.py.
 
 Every rank runs the same steps on its shard of the epoch; per step one small all-reduce carries the
 decisions every rank must share (a non-finite loss somewhere, a stop signal, a checkpoint due by the clock).
@@ -6,26 +7,21 @@ decisions every rank must share (a non-finite loss somewhere, a stop signal, a c
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
-from torch import nn
 from torch.nn import functional as F
 
 from utils.device import autocast
 from utils.distributed import comm as dist
-from utils.distributed.signals import GracefulStop
-from utils.hooks import Hooks, StepInfo
+from utils.hooks import StepInfo
 from utils.log import LOGGER
-from utils.loggers.writers import TrainWriters, progress_bar, progress_text
-from utils.training.fitness import EarlyStopping
-from utils.training.optim import ModelEMA, WeightUpdater, unwrap
-from utils.training.resume import SaveInterval
+from utils.loggers.progress import progress_bar, progress_text
+
+if TYPE_CHECKING:
+    from utils.training.loop import Trainer
 
 NONFINITE_LIMIT = 3  # consecutive non-finite steps before reloading the last good checkpoint with half the LR
 
@@ -75,44 +71,6 @@ class NonFiniteGuard:
         self.in_epoch = 0
 
 
-@dataclass
-class Trainer:
-    """Everything one training run holds; built once by train.py's set-up, read by the loop and the hooks."""
-
-    opt: argparse.Namespace
-    hyp: dict
-    device: torch.device
-    save_dir: Path
-    model: nn.Module  # DDP-wrapped under DDP
-    updater: WeightUpdater
-    ema: ModelEMA
-    compute_loss: Any  # (preds, targets) -> (loss, items); hooks may wrap it
-    train_loader: Any
-    val_loader: Any
-    names: list[str]
-    writers: TrainWriters
-    hooks: Hooks
-    amp: bool = False
-    stopper: EarlyStopping = field(default_factory=EarlyStopping)
-    stop: GracefulStop = field(default_factory=GracefulStop)
-    save_interval: SaveInterval = field(default_factory=SaveInterval)
-    guard: NonFiniteGuard = field(default_factory=lambda: NonFiniteGuard(lambda in_a_row: None))
-    grid: int = 32
-    is_coco: bool = False
-    start_epoch: int = 0
-    best_fitness: float = 0.0
-    start_samples: int = 0  # samples (all ranks) of start_epoch already done by a mid-epoch checkpoint
-    batch_offset: int = 0  # batches of the current epoch done before this process started it
-    rng_state: dict | None = None  # restored just before the first resumed batch
-    saved_position: tuple[int, int] | None = None  # (epoch, samples seen) of the last last.pt written
-    plots: bool = False  # the main process draws plots (not with --noplots)
-    maps: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per-class mAP of the last validation
-
-    @property
-    def model_without_ddp(self) -> nn.Module:
-        return unwrap(self.model)
-
-
 def _prepare_images(imgs: torch.Tensor, device: torch.device, size: int | None) -> torch.Tensor:
     """uint8 (b, 3, h, w) -> float in [0, 1] on ``device``, resized to ``size`` for --multi-scale."""
     imgs = imgs.to(device, non_blocking=True).float() / 255
@@ -133,9 +91,9 @@ def train_one_epoch(trainer: Trainer, epoch: int, step_sizes: Sequence[int] | No
     t, updater, device = trainer, trainer.updater, trainer.device
     t.model.train()
     mean_loss, done, world = torch.zeros(3, device=device), 0, dist.get_world_size()
-    bar = progress_bar(t.train_loader, len(t.train_loader), enabled=t.writers.enabled)
+    bar = progress_bar(t.train_loader, len(t.train_loader), enabled=t.show_progress)
     for i, (imgs, targets, paths, _) in enumerate(bar):
-        batch = t.batch_offset + i  # the batch's index in the whole epoch
+        batch = t.state.batch_offset + i  # the batch's index in the whole epoch
         dist.mark("train", epoch, batch)  # for the stuck-rank watch
         t.hooks.before_step(t, epoch, batch)
         updater.begin_batch(epoch)
@@ -151,13 +109,14 @@ def train_one_epoch(trainer: Trainer, epoch: int, step_sizes: Sequence[int] | No
         if not vote.nonfinite:
             mean_loss, done = (mean_loss * done + loss_items) / (done + 1), done + 1
         t.guard.update(vote.nonfinite)
-        if t.writers.enabled:
+        if t.show_progress:
             mem = torch.cuda.memory_reserved() / 1e9 if device.type == "cuda" else 0.0
-            bar.set_description(progress_text(epoch, t.opt.epochs, mem, mean_loss.tolist(), targets.shape[0],
+            bar.set_description(progress_text(epoch, t.config.epochs, mem, mean_loss.tolist(), targets.shape[0],
                                               imgs.shape[-1]), refresh=False)  # drawn at tqdm's own pace
         t.stop.agree(vote.signum)
         # Under DDP the gradients of a partial accumulation are each rank's own: checkpoint between steps only.
         boundary = world == 1 or not updater.pending
+        t.state.advance(epoch, (batch + 1) * t.config.batch_size)
         t.hooks.after_step(t, StepInfo(epoch, batch, imgs, targets, paths, stepped, vote.nonfinite, boundary,
                                        vote.save_due))
         if t.stop.agreed and boundary:

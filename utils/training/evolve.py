@@ -3,7 +3,6 @@ fittest so far, a genetic search over the gains, learning rates and augmentation
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import yaml
 from utils.distributed import comm as dist
 from utils.log import LOGGER
 from utils.paths import increment_path
+from utils.training.config import RunConfig
 from utils.training.fitness import fitness
 from utils.weights.checkpoint import to_plain
 
@@ -49,18 +49,17 @@ def mutate(base: dict, history: list[tuple[float, dict]], rng: np.random.Generat
     return child
 
 
-def evolve(base_hyp: dict, opt: argparse.Namespace, device: torch.device,
-           train: Callable[[dict, argparse.Namespace, torch.device], dict[str, float]]) -> dict:
+def evolve(base_hyp: dict, config: RunConfig, device: torch.device,
+           train: Callable[[dict, RunConfig, torch.device], dict[str, float]]) -> dict:
     """--evolve N: N short ``train`` runs (final-epoch validation only, final checkpoint only), each with hyps
     mutated from the fittest so far; writes evolve.csv and hyp_evolve.yaml (the best). All ranks must call it."""
-    opt.noval, opt.nosave = True, True
-    evolve_dir = dist.main_decides(lambda: increment_path(Path(opt.project) / f"{opt.name}-evolve",
-                                                          exist_ok=opt.exist_ok, mkdir=True))
-    rng, history = np.random.default_rng(opt.seed), []
-    for generation in range(opt.evolve):
+    config = config.replace(noval=True, nosave=True)
+    evolve_dir = dist.main_decides(lambda: increment_path(Path(config.project) / f"{config.name}-evolve",
+                                                          exist_ok=config.exist_ok, mkdir=True))
+    rng, history = np.random.default_rng(config.seed), []
+    for generation in range(config.evolve):
         hyp = dist.main_decides(lambda: mutate(base_hyp, history, rng))
-        run_opt = argparse.Namespace(**{**vars(opt), "save_dir": str(evolve_dir / f"gen{generation}")})
-        metrics = train(hyp, run_opt, device)
+        metrics = train(hyp, config.replace(save_dir=str(evolve_dir / f"gen{generation}")), device)
         history.append((fitness(list(metrics.values())), hyp))
         if dist.is_main_process():
             _write_evolution(evolve_dir, history, metrics)

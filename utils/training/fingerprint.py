@@ -9,8 +9,8 @@ utils.distributed.comm.check_agreement compares the fields and names the first o
 
 from __future__ import annotations
 
-import argparse
 import hashlib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +38,15 @@ def code_digest(root: Path = ROOT) -> str:
     return h.hexdigest()[:12]
 
 
-def fingerprint(model: torch.nn.Module, opt: argparse.Namespace, hyp: dict, dataset: Any) -> dict[str, Any]:
-    """The fields every rank must agree on; options are compared one by one (``--epochs``: 3 vs 5)."""
-    data = [len(dataset), [Path(f).name for f in dataset.im_files],
-            [round(float(np.asarray(lb).sum()), 3) for lb in dataset.labels]]
+def fingerprint(model: torch.nn.Module, options: Mapping[str, Any], hyp: dict, dataset: Any) -> dict[str, Any]:
+    """The fields every rank must agree on; ``options`` (RunConfig.options()) are compared one by one (``--epochs``:
+    3 vs 5). ``dataset`` None: fixed batches given in code (benchmarks, tests), no data to compare."""
+    data = [] if dataset is None else [len(dataset), [Path(f).name for f in dataset.im_files],
+                                       [round(float(np.asarray(lb).sum()), 3) for lb in dataset.labels]]
     fields = {"code": code_digest(), "model parameters": sum(p.numel() for p in model.parameters()),
               "model config": digest(model.yaml), "anchors": digest(model.detect.anchors.tolist()),
               "data content": digest(data), "hyperparameters": digest(hyp)}
-    options = {f"--{k.replace('_', '-')}": by_content(to_plain(v)) for k, v in sorted(vars(opt).items())
+    options = {f"--{k.replace('_', '-')}": by_content(to_plain(v)) for k, v in sorted(options.items())
                if k not in PER_MACHINE}
     return {**fields, **options}
 

@@ -1,179 +1,167 @@
-"""Exact resume: RNG states, the training position, the run folder across elastic restarts, world-size changes.
+"""Resuming a run: what a checkpoint's ``train_state`` holds and how it is checked, which generation of last.pt
+to resume (the previous one when last.pt is damaged), the options a resumed run keeps, and the rules for resuming
+with another number of processes.
 
-How a run folder survives a torchrun restart: the first attempt's rank 0 picks the folder
-(``runs/train/exp{N}``) and records it in torchrun's agent store (``utils.distributed.comm.job_store()``),
-which lives as long as the torchrun job and is shared by all ranks and nodes. When the agent
-restarts the group (``TORCHELASTIC_RESTART_COUNT`` > 0), rank 0 reads the folder back from the
-store and the run continues from its ``weights/last.pt``, with no ``--resume`` flag. A new
-torchrun job has a new store, so it never picks up another job's folder. Without an agent store
-(not launched by torchrun) a restart cannot be recognised and the run starts a new folder.
-
-Everything a checkpoint holds here is a tensor or a plain Python type (``weights_only=True``).
+Every run keeps two generations of its training state, ``weights/last.pt`` and ``weights/last.prev.pt`` (the one
+before; utils/training/checkpointer.py rotates them). A resume (--resume, an elastic restart, a requeued Slurm
+job) reads last.pt and, when it is damaged or has no training state, the previous generation, with one warning.
+best.pt is never a fallback: it has no training state. Everything here is a tensor or a plain Python type, so
+checkpoints load with ``weights_only=True``.
 """
 
 from __future__ import annotations
 
-import argparse
-import time
-from dataclasses import dataclass
+import random
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from utils.distributed import comm as dist
-from utils.hooks import CHECKPOINT_PRIORITY, HookBase, StepInfo
+from utils.errors import UserError
 from utils.log import LOGGER
-from utils.paths import increment_path
-from utils.training.fitness import fitness
-from utils.training.train_state import (
-    ResumeError,
-    TrainPosition,
-    adapt_to_world_size,
-    gather_rng_states,
-    pack_train_state,
-    rng_state_for,
-    unpack_train_state,
-)
-from utils.weights.checkpoint import (
-    CheckpointError,
-    load_first_good,
-    new_checkpoint,
-    save_checkpoint,
-    save_run_checkpoints,
-    to_plain,
-)
+from utils.training.config import RunConfig
+from utils.training.train_state import TrainPosition
+from utils.weights.checkpoint import CheckpointError, load_checkpoint, load_first_good
 from utils.weights.downloads import attempt_download, is_release_name
 
-RUN_DIR_KEY = "run_dir"  # key in the job store (utils.distributed.comm.job_store) naming this job's run folder
+TRAIN_STATE_VERSION = 2  # 2: the optimizer's state is stored under 'updater'
+LAST, PREVIOUS = "last.pt", "last.prev.pt"  # the two generations of a run's training state, newest first
 
 
-class SaveInterval:
-    """When to write a mid-epoch ``last.pt``: every ``steps`` batches and/or every ``minutes`` by rank 0's clock
-    (its verdict reaches the other ranks through the step vote). Both 0: never mid-epoch."""
-
-    def __init__(self, steps: int = 0, minutes: float = 0.0, clock: Any = time.monotonic) -> None:
-        self.steps, self.seconds, self.clock = int(steps), float(minutes) * 60.0, clock
-        self.last_time = clock()
-
-    def clock_due(self) -> bool:
-        """Rank 0: the minutes are up (local; False on the other ranks and without --save-interval-minutes)."""
-        return self.seconds > 0 and dist.is_main_process() and self.clock() - self.last_time >= self.seconds
-
-    def steps_due(self, steps_done: int) -> bool:
-        """Every ``steps`` batches (``steps_done`` counts every batch backpropagated since the run began)."""
-        return self.steps > 0 and steps_done > 0 and steps_done % self.steps == 0
-
-    def saved(self) -> None:
-        """Restart the clock after a checkpoint."""
-        self.last_time = self.clock()
+class ResumeError(UserError):
+    """A resume request that cannot be honoured (missing or damaged checkpoint, incompatible world size)."""
 
 
-# ------------------------------------------------------------------------- run folder and checkpoint path
-@dataclass(frozen=True)
-class RunPlan:
-    """Where this run writes and what it resumes from; the same on every rank."""
-
-    save_dir: Path
-    resume_from: Path | None
-    reason: str  # 'new run' | '--resume' | 'elastic restart N'
-
-
-def run_dir_of(checkpoint: Path) -> Path:
-    """``runs/train/exp/weights/last.pt`` -> ``runs/train/exp``."""
-    return checkpoint.parent.parent if checkpoint.parent.name == "weights" else checkpoint.parent
-
-
-def recorded_run_dir(opt: argparse.Namespace) -> tuple[Path, str] | None:
-    """The run folder an earlier attempt of this job recorded, and why it is resumed: a torchrun restart (kept in
-    the agent's store) or a requeued Slurm job (kept in ``<project>/.jobs/slurm-<job id>``). None otherwise."""
-    if dist.restart_count() > 0:
-        store = dist.job_store()
-        if store is not None and store.check([RUN_DIR_KEY]):
-            return Path(store.get(RUN_DIR_KEY).decode()), f"elastic restart {dist.restart_count()}"
-        LOGGER.warning("WARNING: elastic restart without an agent store: the earlier attempt's run folder is "
-                       "unknown, so this attempt starts a new run")
-    job = dist.scheduler_job()
-    record = _job_record(opt, job)
-    if job is not None and job.restarts > 0 and record is not None and record.is_file():
-        return Path(record.read_text().strip()), f"requeued Slurm job {job.job_id} (restart {job.restarts})"
-    return None
+# ------------------------------------------------------------------------------- the train_state of a checkpoint
+def pack_train_state(run: dict[str, Any], grads_of: torch.nn.Module | None = None, **stateful: Any) -> dict:
+    """The ``train_state`` entry of a checkpoint: the run's state (TrainState.state_dict(): position, RNG states,
+    best fitness, maps) and ``obj.state_dict()`` of every keyword object (optimizer, EMA, scaler, scheduler, or
+    utils.training.optim.WeightUpdater that holds them); None objects are skipped. ``grads_of``: also keep the
+    gradients accumulated so far, for a checkpoint taken between optimizer steps of an accumulation."""
+    state = {"version": TRAIN_STATE_VERSION, **run,
+             "states": {name: obj.state_dict() for name, obj in stateful.items() if obj is not None}}
+    if grads_of is not None:
+        state["grads"] = [p.grad.detach().cpu().clone() if p.grad is not None else None
+                          for p in grads_of.parameters()]
+    return state
 
 
-def _job_record(opt: argparse.Namespace, job: dist.SchedulerJob | None) -> Path | None:
-    return Path(opt.project) / ".jobs" / f"slurm-{job.job_id}" if job is not None else None
+def unpack_train_state(train_state: dict, grads_of: torch.nn.Module | None = None, **stateful: Any) \
+        -> TrainPosition:
+    """Load each keyword object's state (and the pending gradients into ``grads_of``) from a ``train_state``
+    and return the saved position.
 
-
-def record_run_dir(opt: argparse.Namespace, save_dir: Path) -> None:
-    """Remember the run folder for later attempts of this job: torchrun restarts, requeued Slurm jobs."""
-    folder = str(Path(save_dir).resolve())
-    store = dist.job_store()
-    if store is not None:
-        store.set(RUN_DIR_KEY, folder)
-    record = _job_record(opt, dist.scheduler_job())
-    if record is not None:
-        record.parent.mkdir(parents=True, exist_ok=True)
-        tmp = record.with_name(f"{record.name}.tmp")
-        tmp.write_text(folder + "\n")
-        tmp.replace(record)
-
-
-def latest_checkpoint(search_dir: str | Path) -> Path | None:
-    """The most recently written ``last.pt`` under ``search_dir`` (for a bare ``--resume``)."""
-    found = list(Path(search_dir).glob("**/last.pt"))
-    return max(found, key=lambda p: p.stat().st_mtime) if found else None
-
-
-def find_resume_checkpoint(opt: argparse.Namespace, recorded: Path | None = None) -> Path | None:
-    """The checkpoint to resume from: in the run folder an earlier attempt of this job ``recorded``, its
-    ``last.pt`` (best.pt when only that exists; None when it saved nothing, so the run starts again there);
-    otherwise ``--resume PATH`` (a file or run folder), a bare ``--resume`` (the latest last.pt under
-    ``--project``), or None. Raises ResumeError when an asked-for checkpoint is missing."""
-    if recorded is not None:
-        weights = recorded / "weights"
-        return next((p for p in (weights / "last.pt", weights / "best.pt") if p.is_file()), None)
-    resume = getattr(opt, "resume", False)
-    if resume in (False, None, "", "False"):
-        return None
-    if resume is True or resume == "True":
-        project = Path(getattr(opt, "project", "runs/train"))
-        latest = latest_checkpoint(project)
-        if latest is None:
-            raise ResumeError(f"--resume: no last.pt found under {project}; pass the checkpoint: --resume PATH")
-        return latest
-    path = Path(resume)
-    if path.is_dir():
-        path = next((p for p in (path / "weights" / "last.pt", path / "last.pt") if p.is_file()), path / "last.pt")
-    if not path.is_file():
-        raise ResumeError(f"--resume {resume}: {path} not found; pass a last.pt or a run folder that has one")
-    return path
-
-
-def plan_run(opt: argparse.Namespace) -> RunPlan:
-    """Decide once, on rank 0, the run folder and the checkpoint to resume from, and share them.
-
-    Precedence: the folder recorded by an earlier attempt of this job (a torchrun restart, a requeued Slurm
-    job), then the folder of the ``--resume`` checkpoint, then a new ``--project/--name`` folder (incremented
-    unless ``--exist-ok``). Rank 0 creates the folder and records it for later attempts. All ranks must call it.
+    RNG states are not restored here: call ``restore_rng_state(rng_state_for(...))`` just before the
+    first resumed step, after everything that draws random numbers at set-up.
     """
-    return dist.main_decides(lambda: _decide_run(opt))
+    if not isinstance(train_state, dict) or train_state.get("version") != TRAIN_STATE_VERSION:
+        found = train_state.get("version") if isinstance(train_state, dict) else type(train_state).__name__
+        raise ResumeError(f"checkpoint train_state has version {found}, expected {TRAIN_STATE_VERSION}; "
+                          "it cannot resume training (use it as --weights to start a new run)")
+    saved = train_state.get("states", {})
+    for name, obj in stateful.items():
+        if obj is None:
+            continue
+        if name not in saved:
+            raise ResumeError(f"checkpoint train_state has no '{name}' state (it holds {sorted(saved)}); "
+                              "it cannot resume training (use it as --weights to start a new run)")
+        obj.load_state_dict(saved[name])
+    if grads_of is not None and train_state.get("grads") is not None:
+        _restore_grads(grads_of, train_state["grads"])
+    return TrainPosition(**train_state["position"])
 
 
-def _decide_run(opt: argparse.Namespace) -> RunPlan:
-    """Rank 0's half of plan_run."""
-    recorded = recorded_run_dir(opt)
-    resume_from = find_resume_checkpoint(opt, recorded[0] if recorded else None)
-    if recorded is not None:
-        save_dir, reason = recorded
-    elif resume_from is not None:
-        save_dir, reason = run_dir_of(resume_from), "--resume"
-    else:
-        save_dir = increment_path(Path(opt.project) / opt.name, exist_ok=bool(getattr(opt, "exist_ok", False)))
-        reason = "new run"
-    save_dir = save_dir.resolve()  # rank 0's folder: the other ranks (maybe elsewhere) never write there
-    save_dir.mkdir(parents=True, exist_ok=True)
-    record_run_dir(opt, save_dir)
-    return RunPlan(save_dir, resume_from.resolve() if resume_from else None, reason)
+def _restore_grads(module: torch.nn.Module, grads: list[torch.Tensor | None]) -> None:
+    params = list(module.parameters())
+    if len(params) != len(grads):
+        raise ResumeError(f"checkpoint holds gradients for {len(grads)} parameters, the model has {len(params)}")
+    for param, grad in zip(params, grads, strict=True):
+        param.grad = None if grad is None else grad.to(param.device, param.dtype).clone()
+
+
+def adapt_to_world_size(position: TrainPosition, world_size: int, requested_batch: int | None = None) \
+        -> tuple[TrainPosition, list[str]]:
+    """Rules for resuming with a different number of processes, and the log of what changed.
+
+    Kept: the total batch, the accumulation to the nominal batch, the LR-schedule position and the
+    global sample position (the sampler's order depends only on (seed, epoch)). Changed: the batch
+    per process. Raises ResumeError when the total batch does not divide by the new world size.
+    """
+    total = position.batch_size
+    if total % world_size:
+        raise ResumeError(f"the checkpoint's total batch {total} cannot be split over {world_size} processes; "
+                          f"resume with a process count that divides {total}")
+    changes = []
+    if requested_batch is not None and requested_batch != total:
+        changes.append(f"--batch-size {requested_batch} ignored: a resumed run keeps its total batch {total}")
+    if world_size != position.world_size:
+        changes.append(f"processes {position.world_size} -> {world_size}, batch per process "
+                       f"{total // position.world_size} -> {total // world_size}")
+    if changes:
+        LOGGER.info(f"Resume: {'; '.join(changes)}; kept total batch {total}, accumulation {position.accumulate} "
+                    f"to nominal batch {position.nominal_batch}, LR schedule at epoch {position.epoch} "
+                    f"step {position.step_in_epoch}")
+    return replace(position, world_size=world_size), changes
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Put back RNG states captured by capture_rng_state (CUDA states only for the GPUs both runs have)."""
+    try:
+        py, nps = state["python"], state["numpy"]
+        random.setstate((py["version"], tuple(int(x) for x in py["state"].tolist()), py["gauss"]))
+        np.random.set_state((nps["kind"], nps["keys"].numpy().astype(np.uint32), nps["pos"], nps["has_gauss"],
+                             nps["cached_gaussian"]))
+        torch.set_rng_state(state["torch"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as e:
+        raise ResumeError(f"the checkpoint's RNG state is incomplete or malformed ({e}); it cannot resume exactly") \
+            from None
+    cuda = state.get("cuda") or []
+    if cuda and torch.cuda.is_available():
+        count = min(len(cuda), torch.cuda.device_count())
+        if count != len(cuda) or count != torch.cuda.device_count():
+            LOGGER.warning(f"WARNING: checkpoint holds CUDA RNG states for {len(cuda)} GPUs, this process sees "
+                           f"{torch.cuda.device_count()}; restoring the first {count}")
+        for index in range(count):
+            torch.cuda.set_rng_state(cuda[index], index)
+
+
+# ------------------------------------------------------------------------------ which checkpoint a resume reads
+def generations(checkpoint: Path) -> list[Path]:
+    """``.../last.pt`` -> [last.pt, last.prev.pt]: the checkpoints a resume may read, newest first (any other file:
+    itself only)."""
+    checkpoint = Path(checkpoint)
+    return [checkpoint, checkpoint.with_name(PREVIOUS)] if checkpoint.name == LAST else [checkpoint]
+
+
+def load_resumable(checkpoint: Path, trusted: bool = False) -> tuple[Path, dict]:
+    """The newest generation of ``checkpoint`` that loads and holds training state, with one warning when that is
+    not ``checkpoint`` itself. Raises ResumeError naming every reason when none does. Rank 0 only."""
+    reasons = []
+    for path in generations(checkpoint):
+        if not path.is_file():
+            continue
+        try:
+            ckpt = load_checkpoint(path, trusted=trusted)
+        except CheckpointError as e:
+            reasons.append(str(e))
+            continue
+        state = ckpt.get("train_state")
+        if not isinstance(state, dict) or state.get("version") != TRAIN_STATE_VERSION:
+            reasons.append(f"{path} has no training state (it is a final or stripped checkpoint)")
+            continue
+        if path != checkpoint:
+            LOGGER.warning(f"WARNING: {reasons[-1] if reasons else f'{checkpoint} is missing'}; resuming from the "
+                           f"previous generation {path} (the last save before it is lost)")
+        return path, ckpt
+    raise ResumeError(f"--resume: no checkpoint to resume from: {'; '.join(reasons) or f'{checkpoint} not found'}")
+
+
+def shared_resumable(checkpoint: Path, trusted: bool = False) -> tuple[Path, dict]:
+    """load_resumable on rank 0, shared with every rank. All ranks must call it."""
+    return dist.main_decides(lambda: load_resumable(checkpoint, trusted))
 
 
 # Options a resumed run takes from its command line rather than from the checkpoint. True: always (they describe
@@ -183,131 +171,25 @@ RUNTIME_OPTIONS: dict[str, bool] = {
     "workers": False, "ddp_timeout": False, "ddp_long_timeout": False, "save_interval_steps": False,
     "save_interval_minutes": False, "exist_ok": False, "amp": False, "channels_last": False, "compile": False,
     "data": False,  # each machine may keep the data elsewhere
+    "loggers": False,
 }
 
 
-def resume_options(opt: argparse.Namespace, saved_opt: dict, defaults: dict[str, Any]) -> argparse.Namespace:
-    """The checkpoint's options, except the runtime ones (see RUNTIME_OPTIONS) that ``opt`` keeps; ``defaults``
+def resume_options(config: RunConfig, saved_opt: dict, defaults: RunConfig) -> RunConfig:
+    """The checkpoint's options, except the runtime ones (see RUNTIME_OPTIONS) that ``config`` keeps; ``defaults``
     (the parser's) tell which were given on the command line. Options the checkpoint lacks (added since) keep
     their current values."""
-    keep = {k for k, always in RUNTIME_OPTIONS.items() if always or getattr(opt, k, None) != defaults.get(k)}
-    merged = dict(vars(opt))
-    merged.update({k: v for k, v in saved_opt.items() if k in merged and k not in keep})
-    return argparse.Namespace(**merged)
+    current, default = config.options(), defaults.options()
+    keep = {k for k, always in RUNTIME_OPTIONS.items() if always or current.get(k) != default.get(k)}
+    current.update({k: v for k, v in saved_opt.items() if k in current and k not in keep})
+    return RunConfig.from_options(current)
 
 
 def shared_checkpoint(paths: list[str | Path], trusted: bool = False) -> tuple[Path, dict]:
-    """Rank 0 loads the first whole checkpoint of ``paths`` (e.g. last.pt, then best.pt; a YOLOv5 release name
-    such as yolov5s.pt is downloaded first when it is not on disk) and sends it to every rank, so no other node
-    needs to see the file. A UserError on every rank when none loads. All ranks must call it."""
+    """Rank 0 loads the first whole checkpoint of ``paths`` (a YOLOv5 release name such as yolov5s.pt is downloaded
+    first when it is not on disk) and sends it to every rank, so no other node needs to see the file. A UserError on
+    every rank when none loads. All ranks must call it."""
     def local(path: str | Path) -> Path:  # a release name not on disk is fetched; other paths stay as they are
         return attempt_download(path) if is_release_name(path) and not Path(path).is_file() else Path(path)
 
     return dist.main_decides(lambda: load_first_good([local(p) for p in paths], trusted=trusted))
-
-
-# ----------------------------------------------------------------------------------- checkpoints of a run
-def pack_trainer_state(trainer: Any, epoch: int, samples_seen: int) -> dict[str, Any]:
-    """What exact resume needs beyond the EMA weights: the position (epoch in progress, samples of it done),
-    raw weights and pending gradients, optimizer/scaler/EMA/counters, early-stopping state and every rank's RNG
-    states. All ranks must call it (the RNG states are gathered)."""
-    position = TrainPosition(epoch=epoch, samples_seen=samples_seen, batch_size=trainer.opt.batch_size,
-                             world_size=dist.get_world_size(), accumulate=trainer.updater.schedule.accumulate)
-    core = trainer.model_without_ddp
-    state = pack_train_state(position, gather_rng_states(), grads_of=core, model=core, updater=trainer.updater,
-                             stopper=trainer.stopper)
-    state["maps"] = [float(v) for v in trainer.maps]  # the --image-weights of the next epoch depend on them
-    return state
-
-
-class Checkpointer(HookBase):
-    """Writes the run's checkpoints: ``last.pt`` mid-epoch (every --save-interval-*, and where every rank agreed
-    to stop) and after every epoch, ``best.pt`` on a new best fitness, ``epoch{N}.pt`` every --save-period.
-
-    Every rank runs it (the RNG states are gathered); only the main process writes (``enabled``, decided at
-    set-up). Files are written atomically; ``on_checkpoint`` hooks run after each ``last.pt``. It runs before
-    every other hook (CHECKPOINT_PRIORITY), so the epoch's files exist when loggers and user hooks see the epoch.
-    """
-
-    priority = CHECKPOINT_PRIORITY
-
-    def __init__(self, enabled: bool, interval: SaveInterval | None = None) -> None:
-        self.enabled, self.interval = enabled, interval or SaveInterval()
-        self.wanted = False  # a mid-epoch checkpoint is due, waiting for a batch where one may be taken
-
-    def after_step(self, trainer: Any, step: StepInfo) -> None:
-        self.wanted = self.wanted or step.save_due or trainer.stop.agreed or \
-            self.interval.steps_due(trainer.updater.iteration)
-        if self.wanted and step.boundary:
-            self.write(trainer, step.epoch - 1, step.epoch, (step.batch + 1) * trainer.opt.batch_size)
-            self.wanted = False
-
-    def after_epoch(self, trainer: Any, epoch: int, metrics: dict[str, float]) -> None:
-        """last.pt (only the final one with --nosave), best.pt on a new best fitness, epoch{N}.pt."""
-        opt, final = trainer.opt, epoch == trainer.opt.epochs - 1
-        if opt.nosave and not final:
-            return
-        period = opt.save_period > 0 and (epoch + 1) % opt.save_period == 0
-        self.write(trainer, epoch, epoch + 1, 0, is_best=fitness(list(metrics.values())) >= trainer.best_fitness,
-                   period_name=f"epoch{epoch}.pt" if period else None)
-
-    def write(self, trainer: Any, completed_epoch: int, epoch: int, samples_seen: int, *, is_best: bool = False,
-              period_name: str | None = None) -> None:
-        """last.pt (the EMA weights plus the exact-resume state at ``epoch``/``samples_seen``), then a stripped
-        best.pt when ``is_best`` and ``period_name`` as a copy of last.pt. All ranks must call it."""
-        dist.mark("checkpoint", epoch, samples_seen // trainer.opt.batch_size)
-        state = pack_trainer_state(trainer, epoch, samples_seen)
-        self.interval.saved()
-        trainer.saved_position = (epoch, samples_seen)
-        if self.enabled:
-            weights = trainer.save_dir / "weights"
-            ckpt = new_checkpoint(trainer.model_without_ddp, state_dict=trainer.ema.ema.state_dict(),
-                                  epoch=completed_epoch, best_fitness=trainer.best_fitness, opt=vars(trainer.opt),
-                                  hyp=trainer.hyp, train_state=state, hooks=to_plain(trainer.hooks.state_dict()))
-            save_run_checkpoints(ckpt, weights, period_name=period_name)
-            if is_best:  # after last.pt, so the two are never both missing
-                save_checkpoint({k: v for k, v in ckpt.items() if k != "train_state"}, weights / "best.pt")
-        trainer.hooks.on_checkpoint(trainer, epoch, samples_seen)
-
-
-def restore_training_state(trainer: Any, ckpt: dict) -> None:
-    """Continue a run from a checkpoint's train_state: weights, pending gradients, optimizer, EMA, schedule,
-    epoch and sample position, RNG (restored later, before the first batch); adapted to this world size."""
-    state = ckpt.get("train_state")
-    if not state:
-        raise ResumeError("--resume: the checkpoint has no training state (it is a final or stripped one)")
-    core = trainer.model_without_ddp
-    position = unpack_train_state(state, grads_of=core, model=core, updater=trainer.updater,
-                                  stopper=trainer.stopper)
-    position, _ = adapt_to_world_size(position, dist.get_world_size())  # logs what changed
-    trainer.start_epoch, trainer.start_samples = position.epoch, position.samples_seen
-    trainer.saved_position = (position.epoch, position.samples_seen)
-    trainer.best_fitness = float(ckpt["best_fitness"])
-    trainer.hooks.load_state_dict(ckpt.get("hooks") or {})  # e.g. a tracker's run id: the same tracked run
-    if state.get("maps") and len(state["maps"]) == len(trainer.maps):
-        trainer.maps = np.array(state["maps"], np.float64)
-    trainer.rng_state = rng_state_for(state, dist.get_rank(), dist.get_world_size())
-    dropped = trainer.writers.csv.drop_from(position.epoch)  # rows written after this checkpoint, before a crash
-    LOGGER.info(f"Resuming from epoch {trainer.start_epoch} of {trainer.opt.epochs}, batch "
-                f"{position.step_in_epoch}, in {trainer.save_dir}" +
-                (f" (dropped {dropped} later rows of results.csv)" if dropped else ""))
-
-
-def reload_last_good(trainer: Any, in_a_row: int) -> None:
-    """Weights, EMA and optimizer of the last good last.pt (the data position and schedule go on) with every
-    group's learning rate halved. Rank 0 reads the file and shares it. All ranks must call it, together."""
-    updater = trainer.updater
-    initial_lrs = [g["initial_lr"] for g in updater.optimizer.param_groups]
-    counters = updater.iteration, updater.steps
-    try:
-        path, ckpt = shared_checkpoint([trainer.save_dir / "weights" / "last.pt"])
-        unpack_train_state(ckpt["train_state"], model=trainer.model_without_ddp, updater=updater)
-        source = f"reloaded {path}"
-    except (CheckpointError, ResumeError, KeyError):
-        source = "no checkpoint to reload yet, weights kept"
-    updater.iteration, updater.steps = counters
-    updater.forget_pending()  # a fresh accumulation starts with the next batch
-    for group, lr in zip(updater.optimizer.param_groups, initial_lrs):
-        group["initial_lr"] = lr * 0.5
-    LOGGER.warning(f"WARNING: non-finite loss in {in_a_row} steps in a row: {source}; learning rate halved to "
-                   f"{initial_lrs[0] * 0.5:g}")

@@ -1,27 +1,20 @@
-"""The exact-resume state of a checkpoint: RNG states, the training position, pending gradients, and the
-rules for resuming with another number of processes.
+"""What changes during a run, in one object (TrainState) that every checkpoint saves and a resume restores: the
+position (epoch in progress, samples of it seen), the best fitness, the per-class mAPs and every rank's RNG states.
 
-Everything here is a tensor or a plain Python type, so checkpoints load with ``weights_only=True``.
+Everything here is a tensor or a plain Python type, so checkpoints load with ``weights_only=True``. How a checkpoint
+is packed, checked and adapted to another number of processes is in utils/training/resume.py.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import torch
 
 from utils.distributed import comm as dist
-from utils.errors import UserError
-from utils.log import LOGGER
-
-TRAIN_STATE_VERSION = 2  # 2: the optimizer's state is stored under 'updater'
-
-
-class ResumeError(UserError):
-    """A resume request that cannot be honoured (missing checkpoint, incompatible world size)."""
 
 
 def capture_rng_state() -> dict[str, Any]:
@@ -36,27 +29,6 @@ def capture_rng_state() -> dict[str, Any]:
         "torch": torch.get_rng_state(),
         "cuda": [s.cpu() for s in cuda],
     }
-
-
-def restore_rng_state(state: dict[str, Any]) -> None:
-    """Put back RNG states captured by capture_rng_state (CUDA states only for the GPUs both runs have)."""
-    try:
-        py, nps = state["python"], state["numpy"]
-        random.setstate((py["version"], tuple(int(x) for x in py["state"].tolist()), py["gauss"]))
-        np.random.set_state((nps["kind"], nps["keys"].numpy().astype(np.uint32), nps["pos"], nps["has_gauss"],
-                             nps["cached_gaussian"]))
-        torch.set_rng_state(state["torch"])
-    except (KeyError, TypeError, ValueError, RuntimeError) as e:
-        raise ResumeError(f"the checkpoint's RNG state is incomplete or malformed ({e}); it cannot resume exactly") \
-            from None
-    cuda = state.get("cuda") or []
-    if cuda and torch.cuda.is_available():
-        count = min(len(cuda), torch.cuda.device_count())
-        if count != len(cuda) or count != torch.cuda.device_count():
-            LOGGER.warning(f"WARNING: checkpoint holds CUDA RNG states for {len(cuda)} GPUs, this process sees "
-                           f"{torch.cuda.device_count()}; restoring the first {count}")
-        for index in range(count):
-            torch.cuda.set_rng_state(cuda[index], index)
 
 
 def gather_rng_states() -> list[dict[str, Any]]:
@@ -91,77 +63,46 @@ class TrainPosition:
         return self.samples_seen // max(self.batch_size, 1)
 
 
-def pack_train_state(position: TrainPosition, rng_states: list[dict] | None = None,
-                     grads_of: torch.nn.Module | None = None, **stateful: Any) -> dict:
-    """The ``train_state`` entry of a checkpoint: the position, RNG states (this process's when
-    ``rng_states`` is None) and ``obj.state_dict()`` of every keyword object (optimizer, EMA, scaler,
-    scheduler, or utils.training.optim.WeightUpdater that holds them); None objects are skipped. ``grads_of``: also keep
-    the gradients accumulated so far, for a checkpoint taken between optimizer steps of an accumulation."""
-    state = {
-        "version": TRAIN_STATE_VERSION,
-        "position": asdict(position),
-        "rng": rng_states if rng_states is not None else [capture_rng_state()],
-        "states": {name: obj.state_dict() for name, obj in stateful.items() if obj is not None},
-    }
-    if grads_of is not None:
-        state["grads"] = [p.grad.detach().cpu().clone() if p.grad is not None else None
-                          for p in grads_of.parameters()]
-    return state
+@dataclass
+class TrainState:
+    """What changes during a run: where it stands (``position``: epoch in progress, samples of it seen, and the
+    batch geometry), the best fitness so far, the per-class mAPs of the last validation (for --image-weights), the
+    RNG state to restore before the first resumed batch, and the position of the last last.pt written.
 
+    ``state_dict()`` is the run's part of a checkpoint's ``train_state``; ``load_state_dict()`` puts it back (with
+    the position already adapted to this world size, see utils.training.resume.adapt_to_world_size)."""
 
-def unpack_train_state(train_state: dict, grads_of: torch.nn.Module | None = None, **stateful: Any) \
-        -> TrainPosition:
-    """Load each keyword object's state (and the pending gradients into ``grads_of``) from a ``train_state``
-    and return the saved position.
+    position: TrainPosition = field(default_factory=TrainPosition)
+    best_fitness: float = 0.0
+    maps: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    rng: dict[str, Any] | None = None  # this rank's saved RNG state, until the first resumed batch restores it
+    saved_position: tuple[int, int] | None = None  # (epoch, samples seen) of the last last.pt written
+    resumed: bool = False  # the run continues a checkpoint
+    batch_offset: int = 0  # batches of the current epoch done before this process started it
 
-    RNG states are not restored here: call ``restore_rng_state(rng_state_for(...))`` just before the
-    first resumed step, after everything that draws random numbers at set-up.
-    """
-    if not isinstance(train_state, dict) or train_state.get("version") != TRAIN_STATE_VERSION:
-        found = train_state.get("version") if isinstance(train_state, dict) else type(train_state).__name__
-        raise ResumeError(f"checkpoint train_state has version {found}, expected {TRAIN_STATE_VERSION}; "
-                          "it cannot resume training (use it as --weights to start a new run)")
-    saved = train_state.get("states", {})
-    for name, obj in stateful.items():
-        if obj is None:
-            continue
-        if name not in saved:
-            raise ResumeError(f"checkpoint train_state has no '{name}' state (it holds {sorted(saved)}); "
-                              "it cannot resume training (use it as --weights to start a new run)")
-        obj.load_state_dict(saved[name])
-    if grads_of is not None and train_state.get("grads") is not None:
-        _restore_grads(grads_of, train_state["grads"])
-    return TrainPosition(**train_state["position"])
+    @property
+    def epoch(self) -> int:
+        return self.position.epoch
 
+    @property
+    def samples_seen(self) -> int:
+        return self.position.samples_seen
 
-def _restore_grads(module: torch.nn.Module, grads: list[torch.Tensor | None]) -> None:
-    params = list(module.parameters())
-    if len(params) != len(grads):
-        raise ResumeError(f"checkpoint holds gradients for {len(grads)} parameters, the model has {len(params)}")
-    for param, grad in zip(params, grads, strict=True):
-        param.grad = None if grad is None else grad.to(param.device, param.dtype).clone()
+    def advance(self, epoch: int, samples_seen: int) -> None:
+        """Training reached ``samples_seen`` samples (all ranks) of ``epoch``."""
+        self.position = replace(self.position, epoch=epoch, samples_seen=samples_seen)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The position, best fitness, maps and every rank's RNG states (gathered: all ranks must call it)."""
+        return {"position": asdict(self.position), "rng": gather_rng_states(), "best_fitness": self.best_fitness,
+                "maps": [float(v) for v in self.maps]}
 
-def adapt_to_world_size(position: TrainPosition, world_size: int, requested_batch: int | None = None) \
-        -> tuple[TrainPosition, list[str]]:
-    """Rules for resuming with a different number of processes, and the log of what changed.
-
-    Kept: the total batch, the accumulation to the nominal batch, the LR-schedule position and the
-    global sample position (the sampler's order depends only on (seed, epoch)). Changed: the batch
-    per process. Raises ResumeError when the total batch does not divide by the new world size.
-    """
-    total = position.batch_size
-    if total % world_size:
-        raise ResumeError(f"the checkpoint's total batch {total} cannot be split over {world_size} processes; "
-                          f"resume with a process count that divides {total}")
-    changes = []
-    if requested_batch is not None and requested_batch != total:
-        changes.append(f"--batch-size {requested_batch} ignored: a resumed run keeps its total batch {total}")
-    if world_size != position.world_size:
-        changes.append(f"processes {position.world_size} -> {world_size}, batch per process "
-                       f"{total // position.world_size} -> {total // world_size}")
-    if changes:
-        LOGGER.info(f"Resume: {'; '.join(changes)}; kept total batch {total}, accumulation {position.accumulate} "
-                    f"to nominal batch {position.nominal_batch}, LR schedule at epoch {position.epoch} "
-                    f"step {position.step_in_epoch}")
-    return replace(position, world_size=world_size), changes
+    def load_state_dict(self, state: dict[str, Any], position: TrainPosition | None = None) -> None:
+        """Continue from a checkpoint's ``train_state`` (``position``: its position adapted to this world size)."""
+        self.position = position or TrainPosition(**state["position"])
+        self.best_fitness = float(state.get("best_fitness", self.best_fitness))
+        if state.get("maps") and len(state["maps"]) == len(self.maps):
+            self.maps = np.array(state["maps"], np.float64)
+        self.rng = rng_state_for(state, dist.get_rank(), dist.get_world_size())
+        self.saved_position = (self.position.epoch, self.position.samples_seen)
+        self.resumed = True

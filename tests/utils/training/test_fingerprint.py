@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import argparse
 import shutil
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from utils.training.config import RunConfig
 from utils.training.fingerprint import code_digest, fingerprint
 
 
@@ -21,10 +21,11 @@ class _Data:
         return 2
 
 
-def _opt(**changes: object) -> argparse.Namespace:
+def _opt(**changes: object) -> dict:
+    """A run's options (RunConfig.options())."""
     base = {"epochs": 3, "batch_size": 16, "img_size": 64, "data": "/node0/d.yaml", "project": "/node0/runs",
             "workers": 8, "device": "", "seed": 0}
-    return argparse.Namespace(**{**base, **changes})
+    return RunConfig(**{**base, **changes}).options()
 
 
 def test_per_machine_options_are_left_out_and_the_rest_compared_one_by_one(tiny_cfg: dict) -> None:

@@ -1,10 +1,10 @@
-"""Fitness (how best.pt is picked) and early stopping on it."""
+"""Fitness: how best.pt is picked, from an EvalResult, a results.csv row by column or a sequence."""
 
 from __future__ import annotations
 
 import pytest
 
-from utils.training.fitness import EarlyStopping, fitness
+from utils.training.fitness import fitness
 
 
 def test_fitness_weights() -> None:
@@ -14,17 +14,6 @@ def test_fitness_weights() -> None:
         map50, map = 0.6, 0.4
 
     assert fitness(Result()) == pytest.approx(0.42)
-
-
-def test_early_stopping_counts_epochs_without_improvement(caplog: pytest.LogCaptureFixture) -> None:
-    stopper = EarlyStopping(patience=2)
-    with caplog.at_level("INFO", logger="yolo"):
-        decisions = [stopper(epoch, f) for epoch, f in enumerate([0.1, 0.3, 0.2, 0.25])]
-    assert decisions == [False, False, False, True]
-    assert (stopper.best_epoch, stopper.best_fitness) == (1, 0.3)
-    assert "the best was epoch 1" in caplog.text
-    restored = EarlyStopping(patience=2)
-    restored.load_state_dict(stopper.state_dict())
-    assert (restored.best_epoch, restored.best_fitness) == (1, 0.3)
-    never = EarlyStopping(patience=0)
-    assert not any(never(epoch, 0.0) for epoch in range(50))
+    row = {"train/box_loss": 9.0, "metrics/precision": 0.3, "metrics/recall": 0.4, "metrics/mAP_0.5": 0.5,
+           "metrics/mAP_0.5:0.95": 0.2, "x/lr0": 0.01}
+    assert fitness(row) == pytest.approx(0.1 * 0.5 + 0.9 * 0.2)

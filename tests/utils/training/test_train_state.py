@@ -1,7 +1,9 @@
-"""The exact-resume state of a checkpoint: RNG states, train_state pack/unpack, pending gradients, world-size rules."""
+"""The run state (TrainState) and a checkpoint's train_state: RNG states, pack/unpack, pending gradients, world-size
+rules."""
 
 from __future__ import annotations
 
+import io
 import random
 from pathlib import Path
 
@@ -9,17 +11,20 @@ import numpy as np
 import pytest
 import torch
 
-from utils.training.train_state import (
+from utils.training.resume import (
     ResumeError,
-    TrainPosition,
     adapt_to_world_size,
-    capture_rng_state,
     pack_train_state,
     restore_rng_state,
-    rng_state_for,
     unpack_train_state,
 )
+from utils.training.train_state import TrainPosition, TrainState, capture_rng_state, rng_state_for
 from utils.weights.checkpoint import FORMAT, load_checkpoint, save_checkpoint
+
+
+def run_state(position: TrainPosition) -> dict:
+    """What TrainState.state_dict() gives for a run at ``position``."""
+    return TrainState(position).state_dict()
 
 
 def draws() -> tuple:
@@ -74,8 +79,9 @@ def test_pack_unpack_restores_optimizer_scheduler_and_position(tmp_path: Path) -
         counter.count += 1
     position = TrainPosition(epoch=2, samples_seen=48, batch_size=16, world_size=2, accumulate=4)
     path = save_checkpoint({"format": FORMAT, "model": {}, "model_yaml": {},
-                            "train_state": pack_train_state(position, optimizer=optimizer, scheduler=scheduler,
-                                                            ema=counter, scaler=None)}, tmp_path / "last.pt")
+                            "train_state": pack_train_state(run_state(position), optimizer=optimizer,
+                                                            scheduler=scheduler, ema=counter, scaler=None)},
+                           tmp_path / "last.pt")
     state = load_checkpoint(path)["train_state"]  # weights_only load
 
     model2 = torch.nn.Linear(3, 2)
@@ -95,7 +101,7 @@ def test_pending_gradients_survive_a_checkpoint_between_steps(tmp_path: Path) ->
     model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
     model[1].bias.requires_grad_(False)  # a parameter without a gradient stays without one
     model(torch.ones(4, 3)).sum().backward()  # accumulated, not yet stepped
-    state = pack_train_state(TrainPosition(), grads_of=model)
+    state = pack_train_state(run_state(TrainPosition()), grads_of=model)
     torch.save(state, tmp_path / "s.pt")
     fresh = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
     unpack_train_state(torch.load(tmp_path / "s.pt", weights_only=True), grads_of=fresh)
@@ -107,7 +113,7 @@ def test_pending_gradients_survive_a_checkpoint_between_steps(tmp_path: Path) ->
 
 
 def test_unpack_refuses_missing_state_and_other_versions() -> None:
-    state = pack_train_state(TrainPosition(), ema=Counter())
+    state = pack_train_state(run_state(TrainPosition()), ema=Counter())
     with pytest.raises(ResumeError, match="no 'optimizer' state"):
         unpack_train_state(state, optimizer=Counter())
     with pytest.raises(ResumeError, match="version 99"):
@@ -125,3 +131,27 @@ def test_world_size_change_keeps_batch_accumulation_schedule(caplog: pytest.LogC
     assert adapt_to_world_size(saved, 2) == (saved, [])
     with pytest.raises(ResumeError, match="total batch 16 cannot be split over 3 processes"):
         adapt_to_world_size(saved, 3)
+
+
+def test_train_state_round_trips_position_best_fitness_maps_and_rng() -> None:
+    state = TrainState(TrainPosition(epoch=3, samples_seen=16, batch_size=8), best_fitness=0.25,
+                       maps=np.array([0.1, 0.2, 0.3]))
+    state.advance(3, 24)
+    saved = state.state_dict()
+    assert saved["position"]["samples_seen"] == 24 and saved["maps"] == [0.1, 0.2, 0.3]
+    restored = TrainState(maps=np.zeros(3))
+    assert not restored.resumed
+    restored.load_state_dict(torch.load(_roundtrip(saved), weights_only=True))
+    assert (restored.epoch, restored.samples_seen, restored.best_fitness) == (3, 24, 0.25)
+    assert restored.maps.tolist() == [0.1, 0.2, 0.3] and restored.saved_position == (3, 24) and restored.resumed
+    assert restored.rng is not None and torch.equal(restored.rng["torch"], saved["rng"][0]["torch"])
+    other_classes = TrainState(maps=np.zeros(2))
+    other_classes.load_state_dict(saved)
+    assert other_classes.maps.tolist() == [0.0, 0.0]  # maps of another class count are not taken
+
+
+def _roundtrip(obj: dict) -> io.BytesIO:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    buffer.seek(0)
+    return buffer

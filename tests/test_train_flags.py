@@ -1,5 +1,5 @@
-"""train.py's speed options: --amp, --channels-last and --compile, their parsing and resume behaviour (the --amp
-decision itself: tests/utils/training/test_amp.py)."""
+"""train.py's speed flags --amp, --channels-last and --compile: their parsing, what the builder makes of them and
+how a resumed run treats them (the --amp decision itself: tests/utils/training/test_amp.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import pytest
 import torch
 
 import train
+from utils.training.builder import build_model, compile_model
+from utils.training.config import RunConfig
 from utils.training.resume import resume_options
 
 CPU = torch.device("cpu")
@@ -19,11 +21,12 @@ def test_amp_flag_values_and_resume(tmp_path: Path) -> None:
     assert train.parse_opt(["--amp", "off"]).amp == "off"
     with pytest.raises(SystemExit):
         train.parse_opt(["--amp", "fp16"])
-    defaults = vars(train.parse_opt([]))
-    saved = {**defaults, "amp": "on", "epochs": 7}
-    resumed = resume_options(train.parse_opt(["--amp", "off"]), saved, defaults)  # given now: kept
+    defaults = RunConfig.from_options(train.parse_opt([]))
+    saved = {**defaults.options(), "amp": "on", "epochs": 7}
+    given = RunConfig.from_options(train.parse_opt(["--amp", "off"]))
+    resumed = resume_options(given, saved, defaults)  # given now: kept
     assert (resumed.amp, resumed.epochs) == ("off", 7)
-    assert resume_options(train.parse_opt([]), saved, defaults).amp == "on"  # not given: the checkpoint's
+    assert resume_options(defaults, saved, defaults).amp == "on"  # not given: the checkpoint's
 
 
 class Compiled(torch.nn.Module):
@@ -40,15 +43,15 @@ def test_channels_last_and_compile_flags(tiny_cfg_file: Path, monkeypatch: pytes
 
     monkeypatch.setattr(torch, "compile", Compiled)
 
-    plain = train.parse_opt(["--cfg", str(tiny_cfg_file)])
+    plain = RunConfig.from_options(train.parse_opt(["--cfg", str(tiny_cfg_file)]))
     assert plain.channels_last is False and plain.compile is False
-    model, _ = train.build_model(plain, 3, ["a", "b", "c"], CPU)
-    assert train.compile_model(model, plain) is model
+    model, _ = build_model(plain, 3, ["a", "b", "c"], CPU)
+    assert compile_model(model, plain) is model
     assert model.model[0].conv.weight.is_contiguous()
-    fast = train.parse_opt(["--cfg", str(tiny_cfg_file), "--channels-last", "--compile"])
-    model, _ = train.build_model(fast, 3, ["a", "b", "c"], CPU)
+    fast = RunConfig.from_options(train.parse_opt(["--cfg", str(tiny_cfg_file), "--channels-last", "--compile"]))
+    model, _ = build_model(fast, 3, ["a", "b", "c"], CPU)
     weight = model.model[0].conv.weight
     assert weight.is_contiguous(memory_format=torch.channels_last) and not weight.is_contiguous()
-    compiled = train.compile_model(model, fast)
+    compiled = compile_model(model, fast)
     assert isinstance(compiled, Compiled) and unwrap(compiled) is model
     assert unwrap(torch.nn.DataParallel(compiled)) is model  # any order of wrappers

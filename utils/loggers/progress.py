@@ -1,0 +1,29 @@
+"""The training progress bar and its text (the reference's columns), shown on the main process only."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Sequence
+
+from tqdm import tqdm
+
+PROGRESS_HEADER = ("Epoch", "gpu_mem", "box", "obj", "cls", "total", "labels", "img_size")
+BAR_FORMAT = "{l_bar}{bar:10}{r_bar}"
+
+
+def progress_header() -> str:
+    return ("\n" + "%10s" * len(PROGRESS_HEADER)) % PROGRESS_HEADER
+
+
+def progress_bar(batches: Iterable, total: int, enabled: bool = True) -> tqdm:
+    """A tqdm bar over ``batches``; disabled (silent, same interface) where ``enabled`` is False."""
+    return tqdm(batches, total=total, bar_format=BAR_FORMAT, leave=True, ncols=120, mininterval=1.0,
+                file=sys.stdout, disable=not enabled)
+
+
+def progress_text(epoch: int, epochs: int, mem_gb: float, mean_loss: Sequence[float], labels: int,
+                  img_size: int) -> str:
+    """``   3/9     0.5G   0.0712   0.0341   0.0213    0.127      32      64`` (the reference's columns)."""
+    total = float(sum(mean_loss))
+    return ("%10s" * 2 + "%10.4g" * 4 + "%10d" * 2) % (f"{epoch}/{epochs - 1}", f"{mem_gb:.3g}G", *mean_loss,
+                                                      total, labels, img_size)

@@ -1,0 +1,73 @@
+"""results.csv: one row per epoch (losses, validation metrics, learning rates), as a logger hook (``--loggers csv``).
+
+A row is flushed as soon as its epoch ends, so a killed run keeps every finished epoch; a resumed run first drops
+the rows of the epochs it is about to train again (written after its checkpoint, before the crash).
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from utils.hooks import LOGGER_PRIORITY, HookBase
+from utils.log import LOGGER
+from utils.loggers.registry import LoggerContext
+
+if TYPE_CHECKING:  # annotations only: training is a higher layer
+    from utils.training.loop import Trainer
+
+LOSS_NAMES = ("box", "obj", "cls")
+
+
+def results_columns(num_lrs: int = 3) -> list[str]:
+    """results.csv header: epoch, train losses, validation metrics, learning rates."""
+    return ["epoch", *(f"train/{n}_loss" for n in LOSS_NAMES), "metrics/precision", "metrics/recall",
+            "metrics/mAP_0.5", "metrics/mAP_0.5:0.95", *(f"x/lr{i}" for i in range(num_lrs))]
+
+
+def append_row(path: Path, epoch: int, row: Mapping[str, float]) -> None:
+    """One epoch's row (the header first in a new file), flushed at once."""
+    new = not path.exists()
+    with open(path, "a", newline="") as f:
+        writer = csv.writer(f)
+        if new:
+            writer.writerow(["epoch", *row])
+        writer.writerow([int(epoch), *(f"{float(v):.6g}" for v in row.values())])
+
+
+def drop_rows_from(path: Path, epoch: int) -> int:
+    """Remove the rows of epochs >= ``epoch`` (atomic rewrite); returns how many were removed."""
+    if not path.exists():
+        return 0
+    with open(path, newline="") as f:
+        rows = list(csv.reader(f))
+    kept = [r for r in rows[1:] if r and int(float(r[0])) < epoch]
+    if len(kept) == len(rows) - 1:
+        return 0
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        csv.writer(f).writerows([rows[0], *kept])
+    tmp.replace(path)
+    return len(rows) - 1 - len(kept)
+
+
+class ResultsCsvLogger(HookBase):
+    """Writes ``<run>/results.csv``: the columns are the ``metrics`` keys of ``after_epoch`` after "epoch"."""
+
+    priority = LOGGER_PRIORITY
+
+    def __init__(self, context: LoggerContext) -> None:
+        self.path = Path(context.save_dir) / "results.csv"
+
+    def before_train(self, trainer: Trainer) -> None:
+        """On resume: drop the rows of the epochs the run trains again, so none is repeated."""
+        if trainer.state.resumed:
+            dropped = drop_rows_from(self.path, trainer.state.epoch)
+            if dropped:
+                LOGGER.info(f"results.csv: dropped {dropped} rows of epochs from {trainer.state.epoch} on, "
+                            "written after the checkpoint this run resumes")
+
+    def after_epoch(self, trainer: Trainer, epoch: int, metrics: dict[str, float]) -> None:
+        append_row(self.path, epoch, metrics)

@@ -1,0 +1,232 @@
+"""One way to build a training run: ``prepare_run`` (run folder, checkpoint to resume, hyperparameters) and
+``build_trainer`` (data, model, optimizer, EMA, DDP wrapper, hooks, the resumed state), used alike by train.py,
+the benchmarks and the tests.
+
+Nothing is written into the run folder (opt.yaml, hyp.yaml, results.csv, events, plots) before the checkpoint a
+run resumes is read and restored: a resume that cannot work leaves the folder as it was.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+import yaml
+
+from models.yolo import Model
+from utils.data.config import load_data_config
+from utils.data.datasets import DatasetOptions
+from utils.data.loader import create_dataloader
+from utils.distributed import comm as dist
+from utils.distributed.signals import GracefulStop
+from utils.errors import UserError
+from utils.hooks import HookBase, Hooks
+from utils.hyp import default_hyp_file, load_hyp
+from utils.log import LOGGER, colorstr
+from utils.loggers.background import BackgroundTasks
+from utils.loggers.batch_plots import TrainBatchPlots
+from utils.loggers.registry import LoggerContext, build_loggers
+from utils.plots.figures import plot_labels
+from utils.training.amp import decide_amp
+from utils.training.autoanchor import check_anchors
+from utils.training.checkpointer import Checkpointer, SaveInterval, reload_last_good, restore_training_state
+from utils.training.config import RunConfig
+from utils.training.early_stop import EarlyStopping
+from utils.training.engine import NonFiniteGuard
+from utils.training.fingerprint import fingerprint
+from utils.training.loop import Trainer
+from utils.training.loss import ComputeLoss
+from utils.training.optim import (
+    OPTIMIZERS,
+    LRSchedule,
+    ModelEMA,
+    WeightUpdater,
+    accumulate_steps,
+    build_optimizer,
+    describe_groups,
+    freeze_layers,
+    scaled_weight_decay,
+    unwrap,
+)
+from utils.training.resume import resume_options, shared_checkpoint, shared_resumable
+from utils.training.run_plan import plan_run
+from utils.training.train_state import TrainPosition, TrainState
+from utils.weights.checkpoint import to_plain
+
+DEFAULT_CFG = "yolov5n"
+
+
+class TrainError(UserError, ValueError):
+    """A training option that cannot work (batch size vs world size, image size, hyp file, optimizer)."""
+
+
+@dataclass
+class TrainData:
+    """What a run trains and validates on: the loaders (batch per rank), the training set (labels for AutoAnchor,
+    --image-weights and the start-up agreement; None for fixed batches), the class names."""
+
+    train_loader: Any
+    val_loader: Any
+    dataset: Any
+    names: list[str]
+    is_coco: bool = False
+
+
+def prepare_run(config: RunConfig, defaults: RunConfig) -> tuple[RunConfig, dict]:
+    """Run folder and checkpoint to resume (decided once on rank 0), then the hyps and optimizer. A resumed run
+    (--resume, an elastic restart, a requeued Slurm job) takes the checkpoint's options and hyps, except the
+    runtime flags given on the command line (``defaults``: the parser's, to tell them). All ranks must call it."""
+    hyp = None
+    if not config.evolve:
+        plan = plan_run(config)
+        if plan.resume_from:
+            path, ckpt = shared_resumable(plan.resume_from, trusted=config.trust_weights)
+            config = resume_options(config, ckpt.get("opt") or {}, defaults).replace(weights=str(path),
+                                                                                     resume=str(path))
+            hyp = ckpt.get("hyp") or {}
+            LOGGER.info(f"Resuming ({plan.reason}) from {path}")
+        config = config.replace(save_dir=str(plan.save_dir))
+    dist.batch_per_rank(config.batch_size)
+    config = config.replace(hyp=config.hyp or str(default_hyp_file(config.data)))
+    hyp = load_hyp(hyp or config.hyp)
+    config = config.replace(optimizer=config.optimizer or str(hyp.get("optimizer", "SGD")))
+    if config.optimizer not in OPTIMIZERS:
+        raise TrainError(f"optimizer {config.optimizer!r} (from {config.hyp}) is not one of {', '.join(OPTIMIZERS)}")
+    return config, hyp
+
+
+def build_trainer(config: RunConfig, hyp: dict, device: torch.device, hooks: Sequence[HookBase] = (),
+                  data: TrainData | None = None) -> Trainer:
+    """The run (``data``: its batches, else loaded from --data): every rank builds the same model; a resumed run
+    restores its state before the run folder is written. All ranks must call it."""
+    dist.batch_per_rank(config.batch_size)
+    if config.sync_bn and dist.get_world_size() > 1 and device.type != "cuda":
+        raise TrainError("--sync-bn needs CUDA (torch's SyncBatchNorm does not run on CPU); drop it for CPU/gloo runs")
+    seed_everything(config.seed)  # the same on every rank: identical initial weights
+    data_cfg = load_data_config(config.data) if data is None else None
+    names = data.names if data is not None else ["item"] if config.single_cls else list(data_cfg.names)
+    model, ckpt = build_model(config, len(names), names, device)
+    grid = max(int(model.stride.max()), 32)
+    config = round_img_size(config, grid)
+    save_dir = Path(config.save_dir)
+    data = data or load_train_data(config, hyp, data_cfg, grid, len(names))
+    if not config.noautoanchor and not config.resume and data.dataset is not None:
+        check_anchors(data.dataset, model, thr=hyp["anchor_t"], img_size=config.img_size)  # rank 0 decides
+    dist.check_agreement(fingerprint(model, config.options(), hyp, data.dataset))
+    amp = decide_amp(model, device, config.amp)
+    ema = ModelEMA(model)
+    updater = build_updater(model, config, hyp, len(data.train_loader), ema, scaler=amp and device.type == "cuda")
+    model = updater.model = dist.wrap_ddp(model, device, config.sync_bn)
+    model = compile_model(model, config)  # the forward only: the updater keeps the DDP module for no_sync
+    main_process = dist.is_main_process()
+    plots, background = main_process and not config.noplots, BackgroundTasks(main_process)
+    interval = SaveInterval(config.save_interval_steps, config.save_interval_minutes)
+    builtin = [Checkpointer(enabled=main_process, interval=interval),
+               *build_loggers(config.loggers, LoggerContext(save_dir, config.options(), enabled=main_process)),
+               *([TrainBatchPlots(background, save_dir, names)] if plots else [])]
+    position = TrainPosition(batch_size=config.batch_size, world_size=dist.get_world_size(),
+                             accumulate=updater.schedule.accumulate)
+    trainer = Trainer(config=config, hyp=hyp, device=device, save_dir=save_dir, model=model, updater=updater,
+                      ema=ema, compute_loss=ComputeLoss(unwrap(model), hyp, config.img_size, config.label_smoothing),
+                      train_loader=data.train_loader, val_loader=data.val_loader, names=names,
+                      hooks=Hooks([*builtin, *hooks]), state=TrainState(position, maps=np.zeros(len(names))), amp=amp,
+                      stopper=EarlyStopping(config.patience), stop=GracefulStop(), save_interval=interval,
+                      background=background, grid=grid, is_coco=data.is_coco, show_progress=main_process,
+                      plots=plots)
+    trainer.guard = NonFiniteGuard(lambda in_a_row: reload_last_good(trainer, in_a_row))
+    if config.resume and ckpt is not None:
+        restore_training_state(trainer, ckpt)
+    write_run_files(config, hyp)  # only now: the resumed state is known good
+    if plots and data.dataset is not None:
+        background.submit(plot_labels, data.dataset.labels, names, save_dir)
+    return trainer
+
+
+def round_img_size(config: RunConfig, grid: int) -> RunConfig:
+    """--img-size rounded up to a multiple of the model's largest stride (with a warning when it was not one)."""
+    if config.img_size % grid == 0:
+        return config
+    rounded = -(-config.img_size // grid) * grid
+    LOGGER.warning(f"WARNING: --img-size {config.img_size} must be a multiple of the model's largest stride {grid}, "
+                   f"using {rounded}")
+    return config.replace(img_size=rounded)
+
+
+def write_run_files(config: RunConfig, hyp: dict) -> None:
+    """The run folder (chosen by plan_run, or given by --evolve) with opt.yaml and hyp.yaml, written by rank 0."""
+    save_dir = Path(config.save_dir)
+    if dist.is_main_process():
+        (save_dir / "weights").mkdir(parents=True, exist_ok=True)
+        (save_dir / "opt.yaml").write_text(yaml.safe_dump(to_plain(config.options()), sort_keys=False))
+        (save_dir / "hyp.yaml").write_text(yaml.safe_dump(to_plain(hyp), sort_keys=False))
+    LOGGER.info(colorstr("hyperparameters: ") + ", ".join(f"{k}={v}" for k, v in hyp.items()))
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def build_model(config: RunConfig, nc: int, names: list[str], device: torch.device) -> tuple[Model, dict | None]:
+    """A model from --cfg (or the checkpoint's YAML), with the matching tensors of --weights transferred
+    (rank 0 reads the file and shares it). All ranks must call it."""
+    ckpt = shared_checkpoint([config.weights], trusted=config.trust_weights)[1] if config.weights else None
+    model = Model(config.cfg or (ckpt["model_yaml"] if ckpt else DEFAULT_CFG), nc=nc)
+    model.names = list(names)
+    if ckpt is not None:
+        skip_anchors = bool(config.cfg) and not config.resume  # a given --cfg brings its own anchors
+        own = model.state_dict()
+        matched = {k: v for k, v in ckpt["model"].items()
+                   if k in own and v.shape == own[k].shape and not (skip_anchors and "anchors" in k)}
+        model.load_state_dict(matched, strict=False)
+        model.detect.clear_grid_cache()
+        LOGGER.info(f"Transferred {len(matched)}/{len(own)} items from {config.weights}")
+    freeze_layers(model, list(config.freeze))
+    layout = torch.channels_last if config.channels_last else torch.preserve_format
+    return model.to(device, memory_format=layout), ckpt
+
+
+def load_train_data(config: RunConfig, hyp: dict, data_cfg: Any, grid: int, nc: int) -> TrainData:
+    """Train loader (distributed sampler, augmented) and the sharded val loader of --data; batch is per rank."""
+    batch = dist.batch_per_rank(config.batch_size)
+    common = DatasetOptions(img_size=config.img_size, batch_size=batch, stride=grid, hyp=hyp, cache=config.cache,
+                            seed=config.seed, single_cls=config.single_cls, nc=nc)
+    train_options = DatasetOptions(**{**vars(common), "augment": True, "rect": config.rect,
+                                      "prefix": colorstr("train: ")})
+    train_loader, train_set = create_dataloader(data_cfg.train, train_options, workers=config.workers,
+                                                shuffle=not config.rect, quad=config.quad)
+    val_options = DatasetOptions(**{**vars(common), "batch_size": batch * 2, "rect": True, "pad": 0.5,
+                                    "prefix": colorstr("val: ")})
+    val_loader, _ = create_dataloader(data_cfg.val, val_options, workers=config.workers, shard_eval=True)
+    LOGGER.info(f"Using {train_loader.num_workers} dataloader workers and batch {batch} per rank, "
+                f"{dist.get_world_size()} ranks")
+    names = ["item"] if config.single_cls else list(data_cfg.names)
+    return TrainData(train_loader, val_loader, train_set, names, is_coco=bool(data_cfg.is_coco))
+
+
+def build_updater(model: Model, config: RunConfig, hyp: dict, batches_per_epoch: int, ema: ModelEMA,
+                  scaler: bool) -> WeightUpdater:
+    """Optimizer with decay scaled to the nominal batch, LR schedule with warmup, EMA, and the gradient scaler
+    with ``scaler`` (float16 needs it; bfloat16 has float32's range)."""
+    accumulate = accumulate_steps(config.batch_size)
+    decay = scaled_weight_decay(hyp["weight_decay"], config.batch_size, accumulate)
+    optimizer = build_optimizer(model, config.optimizer or "SGD", hyp["lr0"], hyp["momentum"], decay)
+    LOGGER.info(f"{colorstr('optimizer:')} {describe_groups(optimizer)}; accumulate {accumulate} batches, "
+                f"weight_decay {decay:g}")
+    schedule = LRSchedule(hyp, config.epochs, batches_per_epoch, cosine=config.cos_lr, accumulate=accumulate)
+    return WeightUpdater(model, optimizer, schedule, ema=ema, amp=scaler)
+
+
+def compile_model(model: nn.Module, config: RunConfig) -> nn.Module:
+    """``model`` (DDP-wrapped under DDP) under torch.compile with --compile, as is otherwise."""
+    if not config.compile:
+        return model
+    LOGGER.info("torch.compile: the first steps compile the model (minutes on a CPU), the steps after are faster")
+    return torch.compile(model)
