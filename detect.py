@@ -103,23 +103,23 @@ def check_options(opt: argparse.Namespace, device: torch.device) -> None:
         raise DetectError(f"--vid-stride {opt.vid_stride} must be at least 1 (1 reads every frame)")
 
 
-def check_backend(opt: argparse.Namespace, backend: InferenceModel) -> None:
+def check_model_options(opt: argparse.Namespace, model: InferenceModel) -> None:
     """Refuse flags these weights cannot serve: --visualize needs the PyTorch model, --augment a dynamic one."""
-    if opt.visualize and backend.module is None:
-        raise DetectError(f"--visualize draws the stages of the PyTorch model; {backend.weights.name} is an export: "
+    if opt.visualize and model.module is None:
+        raise DetectError(f"--visualize draws the stages of the PyTorch model; {model.weights.name} is an export: "
                           "pass the .pt")
-    if opt.augment and not backend.dynamic:
-        raise DetectError(f"--augment runs 3 image sizes; {backend.weights.name} is a static export (one input "
+    if opt.augment and not model.dynamic:
+        raise DetectError(f"--augment runs 3 image sizes; {model.weights.name} is a static export (one input "
                           "size): export it with --dynamic, or use the .pt")
 
 
-def resolve_img_size(opt: argparse.Namespace, backend: InferenceModel) -> tuple[int, int]:
+def resolve_img_size(opt: argparse.Namespace, model: InferenceModel) -> tuple[int, int]:
     """The requested size on the stride grid; a static export's own size when it differs."""
-    img_size = check_img_size(opt.img_size, backend.stride)
-    if backend.img_size is not None and backend.img_size != img_size:
-        LOGGER.warning(f"WARNING: {backend.weights.name} was exported for {list(backend.img_size)} inputs; "
+    img_size = check_img_size(opt.img_size, model.stride)
+    if model.img_size is not None and model.img_size != img_size:
+        LOGGER.warning(f"WARNING: {model.weights.name} was exported for {list(model.img_size)} inputs; "
                        f"using that instead of --img-size {list(img_size)}")
-        img_size = backend.img_size
+        img_size = model.img_size
     return img_size
 
 
@@ -216,25 +216,25 @@ def feature_folder(save_dir: Path, frame: Frame) -> Path:
     return save_dir / (output_stem(frame) if frame.kind == "image" else f"{output_stem(frame)}_{frame.frame}")
 
 
-def predict(backend: InferenceModel, image: torch.Tensor, opt: argparse.Namespace,
+def predict(model: InferenceModel, image: torch.Tensor, opt: argparse.Namespace,
             feature_dir: Path | None) -> torch.Tensor:
     """Decoded predictions for one image batch: plain, or test-time augmented; stages saved with --visualize."""
     if feature_dir is None:
-        return augmented_forward(backend, image, backend.layout) if opt.augment else backend(image)
-    with capture_stages(backend.module) as stages:
-        pred = augmented_forward(backend, image, backend.layout) if opt.augment else backend(image)
+        return augmented_forward(model, image, model.layout) if opt.augment else model(image)
+    with capture_stages(model.module) as stages:
+        pred = augmented_forward(model, image, model.layout) if opt.augment else model(image)
     save_feature_maps(stages, feature_dir)
     return pred
 
 
-def detect_frame(backend: InferenceModel, frame: Frame, opt: argparse.Namespace,
+def detect_frame(model: InferenceModel, frame: Frame, opt: argparse.Namespace,
                  feature_dir: Path | None = None) -> tuple[np.ndarray, list[float]]:
     """Detections (k, 6) in original-image pixels for one frame, and the seconds of each step."""
     start = time.perf_counter()
-    image = torch.from_numpy(frame.image).to(backend.device)
-    image = image.to(backend.dtype)[None] / 255  # (1, 3, h, w) in [0, 1]
+    image = torch.from_numpy(frame.image).to(model.device)
+    image = image.to(model.dtype)[None] / 255  # (1, 3, h, w) in [0, 1]
     prepared = time.perf_counter()
-    pred = predict(backend, image, opt, feature_dir)
+    pred = predict(model, image, opt, feature_dir)
     inferred = time.perf_counter()
     det = non_max_suppression(pred.float(), opt.conf_thres, opt.iou_thres, opt.classes, opt.agnostic_nms,
                               max_det=opt.max_det)[0]
@@ -243,17 +243,17 @@ def detect_frame(backend: InferenceModel, frame: Frame, opt: argparse.Namespace,
     return det.cpu().numpy(), [prepared - start, inferred - prepared, done - inferred]
 
 
-def run(backend: InferenceModel, source: LoadImages | LoadWebcam | LoadStreams, writer: OutputWriter,
+def run(model: InferenceModel, source: LoadImages | LoadWebcam | LoadStreams, writer: OutputWriter,
         opt: argparse.Namespace) -> DetectResult:
     """Detect on every frame of ``source``, log one line each, save the outputs."""
-    result = DetectResult(writer.save_dir, backend.weights)
+    result = DetectResult(writer.save_dir, model.weights)
     totals = np.zeros(3)
     for frame in source:
         feature_dir = feature_folder(writer.save_dir, frame) if opt.visualize else None
-        det, seconds = detect_frame(backend, frame, opt, feature_dir)
+        det, seconds = detect_frame(model, frame, opt, feature_dir)
         totals += seconds
         h, w = frame.image.shape[1:]
-        summary = summarize(torch.from_numpy(det), backend.names)
+        summary = summarize(torch.from_numpy(det), model.names)
         LOGGER.info(f"{frame.describe()} {h}x{w} {summary}, Done. ({seconds[1]:.3f}s)")
         writer.write(frame, det)
         result.detections.append((frame.describe(), det))
@@ -271,15 +271,15 @@ def main(opt: argparse.Namespace) -> DetectResult:
     check_options(opt, device)
     weights = resolve_weights_arg(one_weights(opt.weights))
     source = opt.source or str(paths.ROOT / "data" / "images")
-    backend = InferenceModel(weights, device, half=opt.half, trusted=opt.trust_weights)
-    check_backend(opt, backend)
-    img_size = resolve_img_size(opt, backend)
-    dataset = load_source(source, img_size, backend.stride, auto=backend.dynamic, vid_stride=opt.vid_stride)
+    model = InferenceModel(weights, device, half=opt.half, trusted=opt.trust_weights)
+    check_model_options(opt, model)
+    img_size = resolve_img_size(opt, model)
+    dataset = load_source(source, img_size, model.stride, auto=model.dynamic, vid_stride=opt.vid_stride)
     save_dir = paths.increment_path(Path(opt.project) / opt.name, exist_ok=opt.exist_ok, mkdir=True)
-    backend.warmup(img_size)
-    writer = OutputWriter(save_dir, opt, backend.names)
+    model.warmup(img_size)
+    writer = OutputWriter(save_dir, opt, model.names)
     try:
-        result = run(backend, dataset, writer, opt)
+        result = run(model, dataset, writer, opt)
     finally:
         writer.close()
     if result.skipped:

@@ -104,14 +104,14 @@ def _coco_annotations(data: DataConfig, sources: list, save_json: bool) -> tuple
     return Path(data.root) / "annotations" / "instances_val2017.json", None
 
 
-def check_options(opt: argparse.Namespace, backend: InferenceModel) -> None:
+def check_options(opt: argparse.Namespace, model: InferenceModel) -> None:
     """Refuse what cannot work with these weights; warn that --save-hybrid's mAP is not the model's."""
-    fixed = f"{backend.weights.name} is a static export (one input size)"
-    if not backend.dynamic and (opt.augment or opt.task == "study"):
+    fixed = f"{model.weights.name} is a static export (one input size)"
+    if not model.dynamic and (opt.augment or opt.task == "study"):
         flag = "--augment runs 3 image sizes" if opt.augment else "--task study runs several image sizes"
         raise TestError(f"{flag}; {fixed}: export it with --dynamic, or use the .pt")
-    if backend.img_size is not None and backend.img_size[0] != backend.img_size[1]:
-        raise TestError(f"{fixed} of {list(backend.img_size)} pixels; test.py validates square images: export it "
+    if model.img_size is not None and model.img_size[0] != model.img_size[1]:
+        raise TestError(f"{fixed} of {list(model.img_size)} pixels; test.py validates square images: export it "
                         "with one --img-size or with --dynamic")
     if opt.save_hybrid:
         opt.save_txt = True
@@ -119,13 +119,13 @@ def check_options(opt: argparse.Namespace, backend: InferenceModel) -> None:
                        "reports is not the model's")
 
 
-def image_size(opt: argparse.Namespace, backend: InferenceModel, size: int) -> int:
+def image_size(opt: argparse.Namespace, model: InferenceModel, size: int) -> int:
     """``size`` on the stride grid; a static export's own size (with a warning) when it differs."""
-    size = check_img_size([size], backend.stride)[0]
-    if backend.img_size is not None and backend.img_size[0] != size:
-        LOGGER.warning(f"WARNING: {backend.weights.name} was exported for {backend.img_size[0]} px inputs; "
+    size = check_img_size([size], model.stride)[0]
+    if model.img_size is not None and model.img_size[0] != size:
+        LOGGER.warning(f"WARNING: {model.weights.name} was exported for {model.img_size[0]} px inputs; "
                        f"using that instead of --img-size {size}")
-        size = backend.img_size[0]
+        size = model.img_size[0]
     return size
 
 
@@ -134,31 +134,31 @@ def run(opt: argparse.Namespace, device: torch.device) -> EvalResult | list[Eval
     check_refused_flags(opt)
     check_half(opt.half, device)
     weights = resolve_weights_arg(one_weights(opt.weights))
-    backend = InferenceModel(weights, device, trusted=opt.trust_weights)
-    check_options(opt, backend)
+    model = InferenceModel(weights, device, trusted=opt.trust_weights)
+    check_options(opt, model)
     data = load_data_config(opt.data)
-    if len(backend.names) != data.nc and not opt.single_cls:
-        raise TestError(f"--weights {weights} predicts {len(backend.names)} classes but {data.yaml_file} has "
+    if len(model.names) != data.nc and not opt.single_cls:
+        raise TestError(f"--weights {weights} predicts {len(model.names)} classes but {data.yaml_file} has "
                         f"{data.nc}; pass the data set the model was trained on, or --single-cls")
     save_dir = dist.main_decides(lambda: increment_path(Path(opt.project) / opt.name, exist_ok=opt.exist_ok,
                                                         mkdir=True))
     if opt.task != "study":
-        result = validate(opt, backend, data, device, save_dir, image_size(opt, backend, opt.img_size))
+        result = validate(opt, model, data, device, save_dir, image_size(opt, model, opt.img_size))
     else:
-        result = study(opt, backend, data, device, save_dir, weights)
+        result = study(opt, model, data, device, save_dir, weights)
     LOGGER.info(f"Results saved to {colorstr('bold', str(save_dir))}")
     return result
 
 
-def validate(opt: argparse.Namespace, backend: InferenceModel, data: DataConfig, device: torch.device,
+def validate(opt: argparse.Namespace, model: InferenceModel, data: DataConfig, device: torch.device,
              save_dir: Path, img_size: int) -> EvalResult:
     """One pass over the split at ``img_size``: metrics and outputs, timing only (--task speed), or metrics
     without plots and JSON (one size of --task study)."""
     speed_only, files = opt.task == "speed", opt.task not in ("speed", "study")
     split = opt.task if opt.task in ("train", "test") else "val"
-    model = backend.as_module()
-    options = DatasetOptions(img_size=img_size, batch_size=dist.batch_per_rank(opt.batch_size), stride=backend.stride,
-                             rect=backend.dynamic, pad=0.5, nc=data.nc, prefix=colorstr(f"{opt.task}: "),
+    model = model.as_module()
+    options = DatasetOptions(img_size=img_size, batch_size=dist.batch_per_rank(opt.batch_size), stride=model.stride,
+                             rect=model.dynamic, pad=0.5, nc=data.nc, prefix=colorstr(f"{opt.task}: "),
                              single_cls=opt.single_cls, names=data.names)
     sources = _split(data, split)
     loader, dataset = create_dataloader(sources, options, workers=opt.workers, shard_eval=True)
@@ -186,14 +186,14 @@ def study_sizes(spec: list[int]) -> list[int]:
     return list(range(start, stop + 1, step))
 
 
-def study(opt: argparse.Namespace, backend: InferenceModel, data: DataConfig, device: torch.device, save_dir: Path,
+def study(opt: argparse.Namespace, model: InferenceModel, data: DataConfig, device: torch.device, save_dir: Path,
           weights: Path) -> list[EvalResult]:
     """--task study: validate at every --study-sizes size; study_<data>_<weights>.txt and study.png (rank 0)."""
     sizes = study_sizes(opt.study_sizes)
     results = []
     for size in sizes:
         LOGGER.info(f"\nStudy: --img-size {size}")
-        results.append(validate(opt, backend, data, device, save_dir, image_size(opt, backend, size)))
+        results.append(validate(opt, model, data, device, save_dir, image_size(opt, model, size)))
     if dist.is_main_process():
         from utils.plots.figures import plot_study
 
