@@ -60,17 +60,13 @@ def autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextM
     return torch.autocast(device.type, dtype=dtype)
 
 
-def cpu_has_amx() -> bool:
-    """Whether this CPU has AMX tiles, which multiply bfloat16 matrices in hardware (oneDNN convolutions use them)."""
-    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    return bool(probe()) if probe is not None else False
-
-
-def mixed_precision_is_fast(device: torch.device) -> tuple[bool, str]:
-    """Whether autocast is expected to beat float32 on ``device``, and why: float16 on CUDA yes; bfloat16 on a CPU
-    only with AMX (without it, bf16 convolutions measured several times slower than fp32: see README, Performance)."""
-    if device.type == "cuda":
-        return True, "CUDA float16"
-    if cpu_has_amx():
-        return True, "CPU with AMX"
-    return False, "this CPU has no AMX, and bfloat16 without it measured slower than float32"
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (avx2, avx512_bf16, amx_bf16...); empty where it is unreadable."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):  # x86, arm
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
