@@ -113,10 +113,10 @@ def against_reference(opt: argparse.Namespace, clock: Clock) -> str:
         with torch.inference_mode():
             diff = (ours(x) - ref(x)[0]).abs().max().item()
             for model in (ours, ref):
-                time_call(lambda m=model: m(x), 1, opt.warmup, clock)
+                time_call(lambda m=model, x=x: m(x), 1, opt.warmup, clock)
             for _ in range(opt.runs):
                 for i, model in enumerate((ours, ref)):
-                    times[i].append(time_call(lambda m=model: m(x), 1, 0, clock).median)
+                    times[i].append(time_call(lambda m=model, x=x: m(x), 1, 0, clock).median)
         ratio = Stats.of(a / b for a, b in zip(*times))
         lines.append(f"{name:<16}{Stats.of(times[0]).median * 1e3:>10.1f}{Stats.of(times[1]).median * 1e3:>10.1f}"
                      f"{ratio.fmt(3):>24}{diff:>12.1e}")
