@@ -3,6 +3,7 @@
     python benchmarks/bench_step.py --threads 1 --clock cpu                 # n and s at 320 and 640, fp32 and bf16
     python benchmarks/bench_step.py --threads 1 --clock cpu --epoch         # also one train.py epoch (yolov5n 320)
     python benchmarks/bench_step.py --quick                                 # yolov5n 320, 2 rounds
+    python benchmarks/bench_step.py --compare-threads --cfg yolov5n --img 320 --precisions fp32
 
 Step: forward in train mode, the loss, backward and an SGD step on a fixed batch of random images with a few
 boxes (no data pipeline). Its model FLOP/s are 3 x the forward's FLOPs (forward + backward) x images/s, given as a
@@ -14,6 +15,9 @@ child process with ``OMP_NUM_THREADS`` = ``--threads``; its CPU time, with its D
 the same number of pure steps at the precision train.py chose (--amp auto). The rest - start-up, data, loss
 bookkeeping, EMA, validation, saving - is "not the model". CPU time, not wall time, so a loaded machine's waiting
 is not counted; the DataLoader workers' CPU time is (it is work this machine does for the epoch).
+
+Threads (``--compare-threads``): the step of each --cfg/--img (first precision) with 1 torch thread and with one
+per core this process may use (os.sched_getaffinity), in turns: wall and CPU seconds, and their ratio.
 """
 
 from __future__ import annotations
@@ -36,7 +40,7 @@ if str(ROOT) not in sys.path:
 
 from benchmarks.bench_train import HYP, make_batch  # noqa: E402
 from benchmarks.harness import CLOCKS, Clock, Reference, Stats, add_timing_flags, header  # noqa: E402
-from utils.device import autocast  # noqa: E402
+from utils.device import autocast, available_cores  # noqa: E402
 
 SYNTHETIC_TRAIN_IMAGES = 512  # data/synthetic.yaml's train split
 
@@ -50,6 +54,8 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"], default=["fp32", "bf16"])
     p.add_argument("--epoch", action="store_true", help="also time one train.py epoch against its pure steps")
     p.add_argument("--epoch-batch", type=int, default=16, help="train.py's batch for --epoch (its default)")
+    p.add_argument("--compare-threads", action="store_true",
+                   help="also time the step with 1 thread and with one per usable core, in turns (wall and CPU)")
     p.add_argument("--quick", action="store_true", help="yolov5n at 320 only, 2 rounds")
     add_timing_flags(p)
     opt = p.parse_args(argv)
@@ -148,6 +154,31 @@ def epoch_against_steps(opt: argparse.Namespace, clock: Clock) -> dict:
             "not_model_share": max(cpu - pure, 0.0) / cpu}
 
 
+def compare_threads(opt: argparse.Namespace) -> list[str]:
+    """Rows: per model and size, the step's wall and CPU seconds with 1 thread and with one per usable core."""
+    cores = available_cores()
+    lines = [f"{'threads':<10}{'px':>5}{'1 thread wall':>16}{f'{cores} threads wall':>18}{'wall 1/N':>20}"
+             f"{'1 thread CPU':>15}{f'{cores} threads CPU':>17}"]
+    for cfg in opt.cfg:
+        for img_size in opt.img:
+            step, _ = build_step(cfg, img_size, opt.batch_size, opt.precisions[0] == "bf16")
+            step()
+            wall: dict[int, list[float]] = {1: [], cores: []}
+            cpu: dict[int, list[float]] = {1: [], cores: []}
+            for _ in range(opt.rounds):
+                for threads in wall:
+                    torch.set_num_threads(threads)
+                    start_wall, start_cpu = time.perf_counter(), time.process_time()
+                    step()
+                    wall[threads].append(time.perf_counter() - start_wall)
+                    cpu[threads].append(time.process_time() - start_cpu)
+            ratio = Stats.of(a / b for a, b in zip(wall[1], wall[cores]))
+            lines.append(f"{cfg:<10}{img_size:>5}{Stats.of(wall[1]).median:>16.2f}{Stats.of(wall[cores]).median:>18.2f}"
+                         f"{ratio.fmt(2):>20}{Stats.of(cpu[1]).median:>15.2f}{Stats.of(cpu[cores]).median:>17.2f}")
+    torch.set_num_threads(opt.threads or cores)
+    return lines
+
+
 def main(opt: argparse.Namespace) -> dict:
     if opt.threads > 0:
         torch.set_num_threads(opt.threads)
@@ -164,6 +195,9 @@ def main(opt: argparse.Namespace) -> dict:
         print(f"train.py epoch (yolov5n 320, batch {opt.epoch_batch}, {epoch['steps']} steps, {precision}): "
               f"{epoch['train_cpu_s']:.1f} s CPU ({epoch['train_wall_s']:.1f} s wall) vs pure steps "
               f"{epoch['pure_steps_s']:.1f} s CPU: not the model {epoch['not_model_share']:.0%}")
+    if opt.compare_threads:
+        print("\n".join(compare_threads(opt)))
+        print("('wall 1/N' > 1: the usable cores' threads are faster; < 1: one thread is - the cores are busy)")
     reference.measure()
     print(reference.describe())
     return result

@@ -20,9 +20,9 @@ def test_the_timed_step_is_a_real_training_step() -> None:
     assert all(p.grad is None for p in model.parameters())  # gradients cleared for the next timed step
 
 
-def test_quick_and_epoch_flags() -> None:
-    opt = bench_step.parse_opt(["--quick", "--epoch"])
-    assert (opt.cfg, opt.img, opt.rounds, opt.epoch) == (["yolov5n"], [320], 2, True)
+def test_quick_epoch_and_threads_flags() -> None:
+    opt = bench_step.parse_opt(["--quick", "--epoch", "--compare-threads"])
+    assert (opt.cfg, opt.img, opt.rounds, opt.epoch, opt.compare_threads) == (["yolov5n"], [320], 2, True, True)
 
 
 def test_reference_folder_must_be_the_unpacked_yolov5_package(tmp_path: Path) -> None:
