@@ -25,6 +25,36 @@ def available_cores() -> int:
     return max(os.cpu_count() or 1, 1)
 
 
+def measured_threads(max_threads: int | None = None, rounds: int = 5, min_gain: float = 1.2) -> int:
+    """torch CPU threads for this process, measured: ``max_threads`` (default: the usable cores) when a small
+    convolution runs at least ``min_gain`` times faster in wall time with them than with 1, else 1.
+
+    The two settings take turns ``rounds`` times (~0.1 s on an idle machine). On cores that other jobs keep
+    busy, a parallel region waits for its slowest thread: a yolov5n training step measured 6x slower in wall time
+    with 2 threads than with 1 on a loaded 2-core machine (README, Performance). Leaves torch set to the result.
+    """
+    import time
+
+    most = max_threads if max_threads is not None else available_cores()
+    if most <= 1:
+        torch.set_num_threads(1)
+        return 1
+    weight = torch.randn(64, 64, 3, 3, generator=torch.Generator().manual_seed(0))
+    image = torch.randn(1, 64, 56, 56, generator=torch.Generator().manual_seed(1))
+    seconds: dict[int, list[float]] = {1: [], most: []}
+    with torch.no_grad():
+        for _ in range(rounds + 1):  # the first round warms oneDNN up and is not counted
+            for threads, samples in seconds.items():
+                torch.set_num_threads(threads)
+                start = time.perf_counter()
+                torch.nn.functional.conv2d(image, weight, padding=1)
+                samples.append(time.perf_counter() - start)
+    one, many = (sorted(seconds[t][1:])[rounds // 2] for t in (1, most))
+    chosen = most if one >= min_gain * many else 1
+    torch.set_num_threads(chosen)
+    return chosen
+
+
 def select_device(device: str = "", local_rank: int = 0) -> torch.device:
     """Resolve ``--device`` ('' | 'cpu' | '0' | '0,1' | 'cuda:1') to this process's device.
 
