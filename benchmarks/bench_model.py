@@ -5,6 +5,7 @@
     python benchmarks/bench_model.py --models yolov5s yolov5m --runs 50 --threads 1
     python benchmarks/bench_model.py --threads 1 --clock cpu   # robust on a machine shared with other jobs
     python benchmarks/bench_model.py --channels-last           # also NHWC vs NCHW, run for run
+    python benchmarks/bench_model.py --threads 1 --clock cpu --reference /tmp/ref/yolov5   # ours vs YOLOv5 7.0.14
 
 Each model is built from its YAML, BatchNorm-fused and run in eval mode under torch.inference_mode
 (untrained weights: the speed does not depend on the values). The forward includes the Detect head's
@@ -13,6 +14,9 @@ process with the same threads before and after the models (benchmarks/harness.py
 for dense fp32 arithmetic on this machine, so the fraction says how much of it the convolutions reach, and
 it moves less than milliseconds when other jobs share the cores. Figures are medians [min-max] of the timed
 runs. ``--quick``: yolov5n only, 5 runs, a 1024 matmul.
+``--reference DIR``: the ``yolov5`` package of PyPI yolov5 7.0.14 unpacked (``pip download yolov5==7.0.14
+--no-deps`` and unzip; never installed, never committed): each model is also built from the reference's own YAML
+with our weights copied in, both are fused, their outputs compared, and the two forwards timed in turns.
 ``--clock cpu`` times with this process's CPU time instead of wall time: with ``--threads 1`` that is the
 compute time even when other jobs share the cores (wall time then also counts the time the process waited).
 """
@@ -44,9 +48,13 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--matmul-size", type=int, default=2048, help="n of the n x n fp32 reference matmul")
     add_timing_flags(parser)
     parser.add_argument("--quick", action="store_true", help="yolov5n, 5 runs, 1024 matmul")
+    parser.add_argument("--reference", type=Path, default=None,
+                        help="directory of the PyPI yolov5 7.0.14 package (…/yolov5): also time its forward, in turns")
     parser.add_argument("--channels-last", action="store_true",
                         help="also time each model in channels_last (NHWC), run for run with the default layout")
     opt = parser.parse_args(argv)
+    if opt.reference is not None and not (opt.reference / "models" / "yolo.py").is_file():
+        parser.error(f"--reference {opt.reference}: no models/yolo.py there (give the unpacked yolov5 package dir)")
     if opt.quick:
         opt.models, opt.runs, opt.matmul_size = opt.models[:1], 5, 1024
     return opt
@@ -89,6 +97,32 @@ def channels_last_gain(opt: argparse.Namespace, clock: Clock) -> str:
     return "\n".join(lines)
 
 
+def against_reference(opt: argparse.Namespace, clock: Clock) -> str:
+    """Per model: our fused forward and the reference YOLOv5's (same YAML, our weights copied in), timed in turns;
+    the median and spread of the per-pair ratios (< 1: ours is faster) and the largest output difference."""
+    from benchmarks.reference_yolov5 import build_reference
+
+    lines = [f"{'vs YOLOv5 7.0.14':<16}{'ours ms':>10}{'ref ms':>10}{'ours/ref [min-max]':>24}{'max |diff|':>12}"]
+    for name in opt.models:
+        torch.manual_seed(0)
+        ours = Model(name).eval()
+        ref = build_reference(opt.reference, name, ours.state_dict())
+        ours.fuse()
+        x = torch.rand(opt.batch_size, 3, opt.img_size, opt.img_size)
+        times: tuple[list[float], list[float]] = ([], [])
+        with torch.inference_mode():
+            diff = (ours(x) - ref(x)[0]).abs().max().item()
+            for model in (ours, ref):
+                time_call(lambda m=model, x=x: m(x), 1, opt.warmup, clock)
+            for _ in range(opt.runs):
+                for i, model in enumerate((ours, ref)):
+                    times[i].append(time_call(lambda m=model, x=x: m(x), 1, 0, clock).median)
+        ratio = Stats.of(a / b for a, b in zip(*times))
+        lines.append(f"{name:<16}{Stats.of(times[0]).median * 1e3:>10.1f}{Stats.of(times[1]).median * 1e3:>10.1f}"
+                     f"{ratio.fmt(3):>24}{diff:>12.1e}")
+    return "\n".join(lines)
+
+
 def main(opt: argparse.Namespace) -> list[dict]:
     if opt.threads > 0:
         torch.set_num_threads(opt.threads)
@@ -113,6 +147,8 @@ def main(opt: argparse.Namespace) -> list[dict]:
               f"{reference.ratio(result['ms_per_image'] / 1e3):>10.2f}")
     if opt.channels_last:
         print(channels_last_gain(opt, clock))
+    if opt.reference is not None:
+        print(against_reference(opt, clock))
     reference.measure()
     peak_after = reference.gflops(reference.after)
     print(f"fp32 matmul again after the models: {peak_after:.1f} GFLOP/s "

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -13,6 +14,26 @@ def autopad(kernel: int | Sequence[int], padding: int | Sequence[int] | None = N
     if padding is not None:
         return padding
     return kernel // 2 if isinstance(kernel, int) else [k // 2 for k in kernel]
+
+
+def exporting() -> bool:
+    """Whether the forward is being traced, exported or compiled: the fast paths here are eager-only (in-place
+    ``out=`` products, layout tricks), so the plain modules run instead and the exported graph stays standard."""
+    return torch.jit.is_tracing() or torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling()
+
+
+def apply_conv(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
+    """``conv(x)``; a 1x1 convolution of a channels_last tensor runs as one matrix product over its pixels instead.
+
+    torch sends a 1x1 convolution at batch < 16 on one thread to a generic kernel that copies a channels_last
+    input to NCHW and back; as (pixels, c_in) @ (c_in, c_out) it needs no copy and returns channels_last too.
+    """
+    if (conv.kernel_size == (1, 1) and conv.stride == (1, 1) and conv.groups == 1 and conv.padding in ((0, 0), 0)
+            and x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
+            and not exporting()):
+        weight = conv.weight.view(conv.out_channels, conv.in_channels)
+        return F.linear(x.permute(0, 2, 3, 1), weight, conv.bias).permute(0, 3, 1, 2)
+    return conv(x)
 
 
 class Conv(nn.Module):
@@ -26,7 +47,7 @@ class Conv(nn.Module):
         self.act: nn.Module = nn.SiLU() if act else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act(self.bn(self.conv(x)))
+        return self.act(self.bn(apply_conv(self.conv, x)))
 
     @torch.no_grad()
     def fuse(self) -> None:
@@ -75,6 +96,34 @@ class C3(nn.Module):
         return self.cv3(torch.cat((self.m(self.cv1(x)), self.cv2(x)), dim=1))
 
 
+def max_pool_same(x: torch.Tensor, kernel: int) -> torch.Tensor:
+    """``nn.MaxPool2d(kernel, 1, kernel // 2)(x)`` as row maxima then column maxima of shifted slices (same values).
+
+    torch's NCHW max-pool kernel measured 10-15x slower on one CPU thread (benchmarks/bench_model.py); the separable
+    form costs 2 (kernel - 1) elementwise maxima.
+    """
+    pad = kernel // 2
+    padded = F.pad(x, (pad, pad, pad, pad), value=float("-inf"))
+    rows = _running_max(padded, kernel, dim=-1)
+    return _running_max(rows, kernel, dim=-2)
+
+
+def _running_max(x: torch.Tensor, kernel: int, dim: int) -> torch.Tensor:
+    """Maximum over each window of ``kernel`` consecutive elements along ``dim`` (the output is kernel - 1 shorter)."""
+    length = x.size(dim) - kernel + 1
+    out = torch.maximum(x.narrow(dim, 0, length), x.narrow(dim, 1, length))
+    for shift in range(2, kernel):
+        torch.maximum(out, x.narrow(dim, shift, length), out=out)
+    return out
+
+
+def _pool(pool: nn.MaxPool2d, x: torch.Tensor) -> torch.Tensor:
+    """``pool(x)``; without autograd, the separable form (its gradient would split ties, the module's does not)."""
+    if (torch.is_grad_enabled() and x.requires_grad) or not isinstance(pool.kernel_size, int) or exporting():
+        return pool(x)
+    return max_pool_same(x, pool.kernel_size)
+
+
 class SPP(nn.Module):
     """Spatial pyramid pooling: parallel max-pools of several kernel sizes, concatenated."""
 
@@ -87,7 +136,7 @@ class SPP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.cv1(x)
-        return self.cv2(torch.cat([x] + [pool(x) for pool in self.m], dim=1))
+        return self.cv2(torch.cat([x] + [_pool(pool, x) for pool in self.m], dim=1))
 
 
 class SPPF(nn.Module):
@@ -102,9 +151,9 @@ class SPPF(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.cv1(x)
-        y1 = self.m(x)
-        y2 = self.m(y1)
-        return self.cv2(torch.cat((x, y1, y2, self.m(y2)), dim=1))
+        y1 = _pool(self.m, x)
+        y2 = _pool(self.m, y1)
+        return self.cv2(torch.cat((x, y1, y2, _pool(self.m, y2)), dim=1))
 
 
 class Focus(nn.Module):

@@ -31,6 +31,36 @@ def mps_available() -> bool:
     return bool(backend is not None and backend.is_available())
 
 
+def measured_threads(max_threads: int | None = None, rounds: int = 5, min_gain: float = 1.2) -> int:
+    """torch CPU threads for this process, measured: ``max_threads`` (default: the usable cores) when a small
+    convolution runs at least ``min_gain`` times faster in wall time with them than with 1, else 1.
+
+    The two settings take turns ``rounds`` times (~0.1 s on an idle machine). On cores that other jobs keep
+    busy, a parallel region waits for its slowest thread: a yolov5n training step measured 6x slower in wall time
+    with 2 threads than with 1 on a loaded 2-core machine (README, Performance). Leaves torch set to the result.
+    """
+    import time
+
+    most = max_threads if max_threads is not None else available_cores()
+    if most <= 1:
+        torch.set_num_threads(1)
+        return 1
+    weight = torch.randn(64, 64, 3, 3, generator=torch.Generator().manual_seed(0))
+    image = torch.randn(1, 64, 56, 56, generator=torch.Generator().manual_seed(1))
+    seconds: dict[int, list[float]] = {1: [], most: []}
+    with torch.no_grad():
+        for _ in range(rounds + 1):  # the first round warms oneDNN up and is not counted
+            for threads, samples in seconds.items():
+                torch.set_num_threads(threads)
+                start = time.perf_counter()
+                torch.nn.functional.conv2d(image, weight, padding=1)
+                samples.append(time.perf_counter() - start)
+    one, many = (sorted(seconds[t][1:])[rounds // 2] for t in (1, most))
+    chosen = most if one >= min_gain * many else 1
+    torch.set_num_threads(chosen)
+    return chosen
+
+
 def select_device(device: str = "", local_rank: int = 0) -> torch.device:
     """Resolve ``--device`` ('' | 'cpu' | 'mps' | '0' | '0,1' | 'cuda:1') to this process's device.
 
@@ -79,17 +109,13 @@ def autocast(device: torch.device, enabled: bool) -> contextlib.AbstractContextM
     return torch.autocast(device.type, dtype=dtype)
 
 
-def cpu_has_amx() -> bool:
-    """Whether this CPU has AMX tiles, which multiply bfloat16 matrices in hardware (oneDNN convolutions use them)."""
-    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    return bool(probe()) if probe is not None else False
-
-
-def mixed_precision_is_fast(device: torch.device) -> tuple[bool, str]:
-    """Whether autocast is expected to beat float32 on ``device``, and why: float16 on CUDA yes; bfloat16 on a CPU
-    only with AMX (without it, bf16 convolutions measured several times slower than fp32: see README, Performance)."""
-    if device.type == "cuda":
-        return True, "CUDA float16"
-    if cpu_has_amx():
-        return True, "CPU with AMX"
-    return False, "this CPU has no AMX, and bfloat16 without it measured slower than float32"
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (avx2, avx512_bf16, amx_bf16...); empty where it is unreadable."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):  # x86, arm
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from models.common import C3, SPP, SPPF, Bottleneck, Concat, Conv, Focus, autopad
+from models.common import C3, SPP, SPPF, Bottleneck, Concat, Conv, Focus, apply_conv, autopad, max_pool_same
 
 
 def _randomise_batchnorm(module: nn.Module, seed: int = 0) -> None:
@@ -114,3 +114,32 @@ def test_concat() -> None:
     a, b = torch.rand(1, 2, 4, 4), torch.rand(1, 3, 4, 4)
     assert torch.equal(Concat()([a, b]), torch.cat((a, b), 1))
     assert Concat(3)([a, a]).shape == (1, 2, 4, 8)
+
+
+@pytest.mark.parametrize("kernel", [3, 5, 9, 13])
+def test_separable_max_pool_equals_max_pool2d(kernel: int) -> None:
+    x = torch.randn(2, 3, 7, 11) - 5  # all negative: the padding must never win
+    assert torch.equal(max_pool_same(x, kernel), nn.MaxPool2d(kernel, 1, kernel // 2)(x))
+
+
+@pytest.mark.parametrize("block", [SPPF(8, 8), SPP(8, 8)])
+def test_pooling_blocks_without_autograd_equal_the_autograd_path(block: nn.Module) -> None:
+    x = torch.randn(1, 8, 12, 10)
+    with torch.no_grad():
+        fast = block.eval()(x)
+    slow = block(x.clone().requires_grad_())  # autograd: the nn.MaxPool2d modules run
+    slow.sum().backward()
+    torch.testing.assert_close(fast, slow.detach(), atol=1e-6, rtol=1e-6)
+
+
+def test_pointwise_conv_of_a_channels_last_tensor_is_a_matrix_product() -> None:
+    conv = nn.Conv2d(6, 5, 1)
+    x = torch.randn(2, 6, 4, 7)
+    nhwc = x.contiguous(memory_format=torch.channels_last)
+    out = apply_conv(conv, nhwc)
+    assert out.is_contiguous(memory_format=torch.channels_last) and not out.is_contiguous()
+    torch.testing.assert_close(out, conv(x), atol=1e-5, rtol=1e-5)
+    (out.sum()).backward()  # still differentiable
+    assert conv.weight.grad is not None and conv.weight.grad.shape == conv.weight.shape
+    three = nn.Conv2d(6, 5, 3, padding=1)  # other kernels: the module itself
+    torch.testing.assert_close(apply_conv(three, nhwc), three(x), atol=1e-5, rtol=1e-5)

@@ -98,6 +98,35 @@ def test_eval_output_is_the_decoded_training_maps(tiny_cfg: dict) -> None:
     assert ((decoded[..., 4:] >= 0) & (decoded[..., 4:] <= 1)).all()
 
 
+def test_in_place_decode_equals_the_decode_of_the_maps() -> None:
+    torch.manual_seed(0)
+    detect = Detect(nc=3, anchors=[[10, 13, 16, 30], [30, 61, 62, 45]], ch=[4, 8])
+    detect.stride.copy_(torch.tensor([8.0, 16.0]))
+    xs = [torch.randn(2, 4, 6, 10), torch.randn(2, 8, 3, 5)]
+    maps = detect.train()(xs)
+    with torch.no_grad():
+        expected = detect.decode(maps)
+        fast = detect.eval()(xs)  # no autograd: decode_into
+        nhwc = detect([x.contiguous(memory_format=torch.channels_last) for x in xs])
+    torch.testing.assert_close(fast, expected, atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(nhwc, expected, atol=1e-5, rtol=1e-6)
+    graded = detect([x.clone().requires_grad_() for x in xs])  # autograd: the out-of-place decode
+    torch.testing.assert_close(graded.detach(), expected, atol=1e-5, rtol=1e-6)
+    assert graded.requires_grad
+
+
+def test_fused_model_runs_channels_last_and_its_fast_paths_match_the_plain_ones(tiny_cfg: dict) -> None:
+    torch.manual_seed(0)
+    model = Model(tiny_cfg).fuse().eval()
+    assert model.channels_last_input
+    assert all(p.is_contiguous(memory_format=torch.channels_last) for p in model.parameters() if p.dim() == 4)
+    x = torch.rand(1, 3, 64, 96)
+    with torch.no_grad():
+        fast = model(x)
+    plain = model(x.clone().requires_grad_())  # autograd: modules' own convs, pools and decode
+    torch.testing.assert_close(fast, plain.detach(), atol=1e-4, rtol=1e-5)
+
+
 def _randomise_batchnorm(model: nn.Module, seed: int = 0) -> None:
     """Give every BatchNorm non-trivial statistics and affine terms, as a trained model has."""
     gen = torch.Generator().manual_seed(seed)

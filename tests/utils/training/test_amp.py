@@ -59,16 +59,41 @@ def test_a_real_model_passes_the_bfloat16_probe(tiny_cfg: dict) -> None:
     assert torch.equal(torch.get_rng_state(), state)  # the probe's image does not use the global stream
 
 
-def test_auto_means_cuda_or_a_cpu_with_amx(monkeypatch: pytest.MonkeyPatch, yolo_log: list[str]) -> None:
+SAPPHIRE_RAPIDS = frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"})
+EPYC_GENOA = frozenset({"avx2", "avx512f", "avx512_bf16"})
+AVX2_ONLY = frozenset({"avx2", "fma"})
+
+
+def test_auto_follows_the_cpu_flags(monkeypatch: pytest.MonkeyPatch, yolo_log: list[str]) -> None:
     model = Cancelling(exact=True)
-    monkeypatch.setattr(utils.device, "cpu_has_amx", lambda: False)
+    probes: list[int] = []
+    monkeypatch.setattr(amp, "bf16_step_gain", lambda: probes.append(1) or 1.0)
+    monkeypatch.setattr(utils.device, "cpu_flags", lambda: AVX2_ONLY)
     assert amp.decide_amp(model, CPU, "auto") is False and model.calls == 0  # not even probed
-    assert "no AMX" in yolo_log[-1]
-    monkeypatch.setattr(utils.device, "cpu_has_amx", lambda: True)
+    assert "neither AMX nor AVX-512 BF16" in yolo_log[-1] and not probes
+    monkeypatch.setattr(utils.device, "cpu_flags", lambda: SAPPHIRE_RAPIDS)
     assert amp.decide_amp(model, CPU, "auto") is True and model.calls == 2  # fp32 and bf16 forwards
-    assert yolo_log[-1] == "AMP: bfloat16 autocast (CPU with AMX)"
+    assert yolo_log[-1] == "AMP: bfloat16 autocast (CPU with AMX)" and not probes  # AMX: no timing needed
     assert amp.decide_amp(model, CPU, "off") is False and model.calls == 2
-    assert utils.device.mixed_precision_is_fast(torch.device("cuda", 0))[0] is True
+    assert amp.mixed_precision_is_fast(torch.device("cuda", 0))[0] is True
+
+
+@pytest.mark.parametrize(("gain", "expected"), [(1.67, True), (1.05, False), (0.3, False)])
+def test_avx512_bf16_without_amx_is_decided_by_the_measured_step(monkeypatch: pytest.MonkeyPatch, gain: float,
+                                                                  expected: bool, yolo_log: list[str]) -> None:
+    monkeypatch.setattr(utils.device, "cpu_flags", lambda: EPYC_GENOA)
+    monkeypatch.setattr(amp, "bf16_step_gain", lambda: gain)
+    assert amp.decide_amp(Cancelling(exact=True), CPU, "auto") is expected
+    assert f"a probe step ran {gain:.2f}x float32's speed" in yolo_log[-1]
+
+
+def test_the_step_probe_and_the_flags_are_real() -> None:
+    gain = amp.bf16_step_gain(repeats=1)
+    assert 0.01 < gain < 100  # a ratio of two measured times, whatever this CPU does
+    flags = utils.device.cpu_flags()
+    assert isinstance(flags, frozenset)
+    if Path("/proc/cpuinfo").is_file():
+        assert "fpu" in flags or "fp" in flags or "asimd" in flags  # x86 or arm: the flags line was found
 
 
 def _rank_decides(rank: int, port: int, out_dir: str) -> None:

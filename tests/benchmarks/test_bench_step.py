@@ -1,0 +1,35 @@
+"""benchmarks.bench_step and bench_model --reference: the step trains the model; bad reference folders are refused."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks import bench_model, bench_step
+from benchmarks.reference_yolov5 import build_reference
+
+
+def test_the_timed_step_is_a_real_training_step() -> None:
+    step, model = bench_step.build_step("yolov5n", 64, 2, bf16=False)
+    before = [p.detach().clone() for p in model.parameters()]
+    step()
+    moved = sum(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+    assert moved > len(before) // 2  # SGD with momentum moved most tensors
+    assert all(p.grad is None for p in model.parameters())  # gradients cleared for the next timed step
+
+
+def test_quick_epoch_and_threads_flags() -> None:
+    opt = bench_step.parse_opt(["--quick", "--epoch", "--compare-threads"])
+    assert (opt.cfg, opt.img, opt.rounds, opt.epoch, opt.compare_threads) == (["yolov5n"], [320], 2, True, True)
+
+
+def test_reference_folder_must_be_the_unpacked_yolov5_package(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        bench_model.parse_opt(["--reference", str(tmp_path)])
+    assert exit_info.value.code == 2
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "yolo.py").write_text("")
+    with pytest.raises(ValueError, match="expected the 'yolov5' package directory"):
+        build_reference(tmp_path, "yolov5n", {})
