@@ -1,4 +1,4 @@
-"""The Detect head and the YAML-defined detection Model.
+"""The YAML-defined detection Model (its Detect head is in models/head.py).
 
 A model YAML has ``nc``, ``depth_multiple``, ``width_multiple``, ``anchors`` (pixels, one list
 per output level) and ``backbone`` / ``head`` rows ``[from, number, module, args]``. Module
@@ -24,7 +24,8 @@ import torch
 import yaml
 from torch import nn
 
-from models.common import C3, SPP, SPPF, Bottleneck, Concat, Conv, Focus, apply_conv, exporting
+from models.common import C3, SPP, SPPF, Bottleneck, Concat, Conv, Focus, exporting
+from models.head import Detect, check_anchor_order
 from utils.errors import UserError
 
 MODELS_DIR = Path(__file__).resolve().parent
@@ -34,111 +35,12 @@ class ModelConfigError(UserError, ValueError):
     """A model YAML the builder cannot use; the message names the file and the row."""
 
 
-class Detect(nn.Module):
-    """Per-level 1x1 convolutions to ``na * (5 + nc)`` channels; decodes boxes in eval mode.
-
-    ``anchors`` (nl, na, 2) in input pixels and ``stride`` (nl,) are buffers: they follow
-    ``.to()`` and are saved in the state dict. Training mode returns the raw maps, a list of
-    (b, na, ny, nx, 5 + nc); eval mode returns decoded (b, sum(na*ny*nx), 5 + nc) with
-    xywh in input pixels and sigmoid objectness and class scores.
-    """
-
-    def __init__(self, nc: int = 80, anchors: Sequence[Sequence[float]] = (), ch: Sequence[int] = ()) -> None:
-        super().__init__()
-        self.nc = nc
-        self.no = nc + 5
-        self.nl = len(anchors)
-        self.na = len(anchors[0]) // 2
-        self.register_buffer("anchors", torch.tensor(anchors, dtype=torch.float32).view(self.nl, self.na, 2))
-        self.register_buffer("stride", torch.zeros(self.nl))
-        self.m = nn.ModuleList(nn.Conv2d(c, self.no * self.na, 1) for c in ch)
-        self._grids: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-
-    def forward(self, xs: list[torch.Tensor]) -> list[torch.Tensor] | torch.Tensor:
-        if not self.training and self._decode_in_place_ok(xs):
-            return self.decode_into([apply_conv(conv, x) for conv, x in zip(self.m, xs)])
-        maps = []
-        for i, conv in enumerate(self.m):
-            x = apply_conv(conv, xs[i])
-            b, _, ny, nx = x.shape
-            maps.append(x.view(b, self.na, self.no, ny, nx).permute(0, 1, 3, 4, 2).contiguous())  # (b,na,ny,nx,no)
-        return maps if self.training else self.decode(maps)
-
-    @staticmethod
-    def _decode_in_place_ok(xs: list[torch.Tensor]) -> bool:
-        """In-place decoding needs no autograd and no tracer (an export keeps the shape-generic ``decode``)."""
-        if exporting():
-            return False
-        return not (torch.is_grad_enabled() and any(x.requires_grad for x in xs))
-
-    def decode_into(self, outputs: list[torch.Tensor]) -> torch.Tensor:
-        """The conv outputs (b, na * no, ny, nx) -> ``decode``'s result, written in one buffer without autograd:
-        one permuted copy and an in-place sigmoid per level instead of copies, slices and two concatenations."""
-        b = outputs[0].shape[0]
-        total = sum(self.na * x.shape[-2] * x.shape[-1] for x in outputs)
-        out = torch.empty(b, total, self.no, device=outputs[0].device, dtype=outputs[0].dtype)
-        start = 0
-        for i, x in enumerate(outputs):
-            _, _, ny, nx = x.shape
-            cells = out[:, start:start + self.na * ny * nx].view(b, self.na, ny, nx, self.no)
-            start += self.na * ny * nx
-            cells.copy_(x.view(b, self.na, self.no, ny, nx).permute(0, 1, 3, 4, 2)).sigmoid_()  # not a strided sigmoid
-            grid, anchor_grid = self._grid(i, ny, nx, x)
-            xy, wh = cells[..., :2], cells[..., 2:4]
-            xy.mul_(2).sub_(0.5).add_(grid).mul_(self.stride[i])
-            wh.mul_(2).square_().mul_(anchor_grid)
-        return out
-
-    def decode(self, maps: list[torch.Tensor]) -> torch.Tensor:
-        """Raw maps -> (b, n, 5 + nc): centre xy and wh in input pixels, then sigmoid scores."""
-        out = []
-        for i, x in enumerate(maps):
-            b, _, ny, nx, _ = x.shape
-            grid, anchor_grid = self._grid(i, ny, nx, x)
-            y = x.sigmoid()
-            xy = (y[..., :2] * 2 - 0.5 + grid) * self.stride[i]
-            wh = (y[..., 2:4] * 2) ** 2 * anchor_grid
-            out.append(torch.cat((xy, wh, y[..., 4:]), -1).view(b, -1, self.no))
-        return torch.cat(out, 1)
-
-    def _grid(self, level: int, ny: int, nx: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cell offsets (1, 1, ny, nx, 2) and anchor sizes (1, na, 1, 1, 2), cached per map size.
-
-        While tracing for export the grid is rebuilt from the shapes, so dynamic sizes stay dynamic.
-        """
-        tracing = torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
-        key = (level, ny, nx, like.device, like.dtype)
-        if not tracing and key in self._grids:
-            return self._grids[key]
-        ys = torch.arange(ny, device=like.device, dtype=like.dtype)
-        xs = torch.arange(nx, device=like.device, dtype=like.dtype)
-        yv, xv = torch.meshgrid(ys, xs, indexing="ij")
-        grid = torch.stack((xv, yv), 2).view(1, 1, ny, nx, 2)
-        anchor_grid = self.anchors[level].to(like.dtype).view(1, self.na, 1, 1, 2)
-        if not tracing:
-            self._grids[key] = (grid, anchor_grid)
-        return grid, anchor_grid
-
-    def clear_grid_cache(self) -> None:
-        """Forget cached grids (call after the anchors change, e.g. after autoanchor)."""
-        self._grids.clear()
-
-    def _apply(self, fn, recurse: bool = True):  # .to()/.half(): cached grids would be stale
-        self._grids = {}
-        return super()._apply(fn, recurse)
-
-    def __deepcopy__(self, memo: dict) -> Detect:
-        clone = copy.copy(self)
-        memo[id(self)] = clone
-        clone.__dict__ = {k: copy.deepcopy(v, memo) for k, v in self.__dict__.items() if k != "_grids"}
-        clone._grids = {}
-        return clone
-
-
 REGISTRY: dict[str, type[nn.Module]] = {
     "Conv": Conv, "Bottleneck": Bottleneck, "C3": C3, "SPP": SPP, "SPPF": SPPF, "Focus": Focus,
     "Concat": Concat, "Detect": Detect, "nn.Upsample": nn.Upsample, "Upsample": nn.Upsample,
 }
+
+TABLE_NAMES = {Detect: "models.yolo.Detect"}  # the name the reference's layer table shows
 _CHANNEL_MODULES = (Conv, Bottleneck, C3, SPP, SPPF, Focus)  # args start with c_out; c_in is prepended
 # Bounds of a config from a file (a stranger's checkpoint holds one): yolov5x uses 1.33/1.25, n <= 9, 1280 channels.
 LIMITS = {"multiple": 4.0, "repeats": 100, "channels": 8192, "rows": 256, "classes": 10_000, "levels": 8,
@@ -288,7 +190,7 @@ def parse_model(cfg: dict, ch: int, source: str = "<dict>") -> tuple[nn.Sequenti
             block = nn.Sequential(*(module_cls(*args) for _ in range(n))) if n > 1 else module_cls(*args)
         except (TypeError, ValueError, IndexError, RuntimeError) as e:
             raise ModelConfigError(f"{where}: {name}{args} is not valid: {e}") from None
-        qualname = f"{module_cls.__module__}.{module_cls.__name__}"
+        qualname = TABLE_NAMES.get(module_cls, f"{module_cls.__module__}.{module_cls.__name__}")
         block.i, block.f, block.type = i, f, qualname  # per-instance wiring, read by Model.forward
         params = sum(p.numel() for p in block.parameters())
         table.append(f"{i:>3}{str(f):>18}{n:>3}{params:>10}  {qualname:<40}{str(args):<30}")
@@ -421,13 +323,6 @@ class Model(nn.Module):
 def _batch_norm_flops(*args: Any, out_shape: Any = None, **kwargs: Any) -> int:
     shape = out_shape[0] if isinstance(out_shape[0], (tuple, list, torch.Size)) else out_shape
     return 4 * math.prod(shape)
-
-
-def check_anchor_order(detect: Detect) -> None:
-    """Anchors must grow with stride (P3 smallest); flip them when the YAML lists them the other way."""
-    area = detect.anchors.prod(-1).mean(-1)  # (nl,)
-    if (area[-1] - area[0]).sign() != (detect.stride[-1] - detect.stride[0]).sign():
-        detect.anchors.copy_(detect.anchors.flip(0))
 
 
 # ------------------------------------------------------------------------------ command line: python models/yolo.py

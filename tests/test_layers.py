@@ -22,6 +22,7 @@ LAYERS: list[list[str]] = [
     ["utils.device", "utils.hyp", "utils.hooks"],
     ["utils.distributed"],
     ["models.common"],
+    ["models.head"],
     ["models.yolo"],
     ["utils.data", "utils.weights"],
     ["utils.plots"],
