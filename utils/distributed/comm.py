@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as tdist
 
-from utils.device import available_cores, select_device
+from utils.device import available_cores, measured_threads, select_device
 from utils.distributed.launcher import DistEnv, DistError, SchedulerJob, read_env
 from utils.distributed.watchdog import MarkWatch, is_peer_failure, store_timeout
 from utils.errors import UserError
@@ -206,7 +206,8 @@ def configure_threads() -> int:
     workers whenever it starts more than one per machine, and that value is indistinguishable from
     a user's, so with several local ranks "1" is read as torchrun's default and replaced by this
     rank's share of the cores (cores // local world size; 1 on a 2-core machine with 2 ranks anyway).
-    Without OMP_NUM_THREADS torch's own default (all cores) stands for a single process.
+    Without OMP_NUM_THREADS a single process measures (utils.device.measured_threads, ~0.1 s): all its cores
+    where they are faster than one, else one (busy cores make a parallel region wait for its slowest thread).
     Call after init_distributed (it needs the local world size).
     """
     value = os.environ.get("OMP_NUM_THREADS", "").strip()
@@ -216,7 +217,7 @@ def configure_threads() -> int:
     elif local_world > 1:
         threads = cpu_share()
     else:
-        return torch.get_num_threads()
+        return measured_threads(cpu_share())
     torch.set_num_threads(threads)
     return threads
 

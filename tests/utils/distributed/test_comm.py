@@ -70,7 +70,7 @@ def test_backend_choice() -> None:
     ("3", 2, 3),  # the user's value under torchrun too
     ("1", 2, "share"),  # torchrun's default for several local ranks -> this rank's share of the cores
     (None, 2, "share"),
-    (None, 1, "default"),  # one process, nothing set: torch's default stands
+    (None, 1, "measured"),  # one process, nothing set: measured (all 8 cores when faster, else 1)
 ])
 def test_configure_threads_rule(omp, local_world, expected, monkeypatch: pytest.MonkeyPatch) -> None:
     if omp is None:
@@ -79,10 +79,19 @@ def test_configure_threads_rule(omp, local_world, expected, monkeypatch: pytest.
         monkeypatch.setenv("OMP_NUM_THREADS", omp)
     monkeypatch.setattr(dist, "get_local_world_size", lambda: local_world)
     monkeypatch.setattr(dist, "available_cores", lambda: 8)
+    measured = []
+
+    def fake_measured(most: int) -> int:  # stands in for the timing; the rule under test is who is asked
+        measured.append(most)
+        torch.set_num_threads(5)
+        return 5
+
+    monkeypatch.setattr(dist, "measured_threads", fake_measured)
     before = torch.get_num_threads()
     try:
-        want = {"share": 8 // local_world, "default": before}.get(expected, expected)
+        want = {"share": 8 // local_world, "measured": 5}.get(expected, expected)
         assert dist.configure_threads() == want and torch.get_num_threads() == want
+        assert measured == ([8] if expected == "measured" else [])
     finally:
         torch.set_num_threads(before)
 
