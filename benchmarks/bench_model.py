@@ -84,17 +84,23 @@ def channels_last_gain(opt: argparse.Namespace, clock: Clock) -> str:
         nhwc = Model(name).fuse().eval().to(memory_format=torch.channels_last)
         nhwc.load_state_dict(nchw.state_dict())
         x = torch.rand(opt.batch_size, 3, opt.img_size, opt.img_size)
-        times: tuple[list[float], list[float]] = ([], [])
-        with torch.inference_mode():
-            for model in (nchw, nhwc):
-                time_call(lambda m=model, x=x: m(x), 1, opt.warmup, clock)
-            for _ in range(opt.runs):
-                for i, model in enumerate((nchw, nhwc)):
-                    times[i].append(time_call(lambda m=model, x=x: m(x), 1, 0, clock).median)
+        times = alternate((nchw, nhwc), x, opt, clock)
         ratio = Stats.of(a / b for a, b in zip(*times))
         lines.append(f"{name:<16}{Stats.of(times[0]).median * 1e3:>12.1f}{Stats.of(times[1]).median * 1e3:>12.1f}"
                      f"{ratio.fmt(2):>22}")
     return "\n".join(lines)
+
+
+def alternate(models: tuple, x: torch.Tensor, opt: argparse.Namespace, clock: Clock) -> tuple[list[float], ...]:
+    """Each model warmed up, then timed in turns ``opt.runs`` times (inference mode): a list of seconds per model."""
+    times: tuple[list[float], ...] = tuple([] for _ in models)
+    with torch.inference_mode():
+        for model in models:
+            time_call(lambda m=model: m(x), 1, opt.warmup, clock)
+        for _ in range(opt.runs):
+            for i, model in enumerate(models):
+                times[i].append(time_call(lambda m=model: m(x), 1, 0, clock).median)
+    return times
 
 
 def against_reference(opt: argparse.Namespace, clock: Clock) -> str:
@@ -109,14 +115,9 @@ def against_reference(opt: argparse.Namespace, clock: Clock) -> str:
         ref = build_reference(opt.reference, name, ours.state_dict())
         ours.fuse()
         x = torch.rand(opt.batch_size, 3, opt.img_size, opt.img_size)
-        times: tuple[list[float], list[float]] = ([], [])
         with torch.inference_mode():
             diff = (ours(x) - ref(x)[0]).abs().max().item()
-            for model in (ours, ref):
-                time_call(lambda m=model, x=x: m(x), 1, opt.warmup, clock)
-            for _ in range(opt.runs):
-                for i, model in enumerate((ours, ref)):
-                    times[i].append(time_call(lambda m=model, x=x: m(x), 1, 0, clock).median)
+        times = alternate((ours, ref), x, opt, clock)
         ratio = Stats.of(a / b for a, b in zip(*times))
         lines.append(f"{name:<16}{Stats.of(times[0]).median * 1e3:>10.1f}{Stats.of(times[1]).median * 1e3:>10.1f}"
                      f"{ratio.fmt(3):>24}{diff:>12.1e}")
