@@ -156,7 +156,7 @@ def validate(opt: argparse.Namespace, model: InferenceModel, data: DataConfig, d
     without plots and JSON (one size of --task study)."""
     speed_only, files = opt.task == "speed", opt.task not in ("speed", "study")
     split = opt.task if opt.task in ("train", "test") else "val"
-    model = model.as_module()
+    module = model.as_module()
     options = DatasetOptions(img_size=img_size, batch_size=dist.batch_per_rank(opt.batch_size), stride=model.stride,
                              rect=model.dynamic, pad=0.5, nc=data.nc, prefix=colorstr(f"{opt.task}: "),
                              single_cls=opt.single_cls, names=data.names)
@@ -167,15 +167,15 @@ def validate(opt: argparse.Namespace, model: InferenceModel, data: DataConfig, d
                         "next to images/); metrics need labels")
     anno_json, ids = _coco_annotations(data, sources, opt.save_json and files)
     with torch.no_grad():  # warm-up: first-call costs stay out of the timing
-        model(torch.zeros(1, 3, img_size, img_size, device=device))
+        module(torch.zeros(1, 3, img_size, img_size, device=device))
     options = EvalOptions(conf_thres=opt.conf_thres, iou_thres=opt.iou_thres, max_det=opt.max_det,
                           single_cls=opt.single_cls, agnostic=opt.agnostic_nms, half=opt.half,
                           save_dir=save_dir, plots=files, save_json=opt.save_json and files,
                           save_txt=opt.save_txt, save_conf=opt.save_conf, verbose=opt.verbose, is_coco=data.is_coco,
                           anno_json=anno_json, coco_ids=ids, augment=opt.augment, save_hybrid=opt.save_hybrid)
     if speed_only:
-        return measure_speed(model, loader, device, options)
-    return evaluate(model, loader, device, data.names, options)
+        return measure_speed(module, loader, device, options)
+    return evaluate(module, loader, device, data.names, options)
 
 
 def study_sizes(spec: list[int]) -> list[int]:

@@ -4,7 +4,6 @@ original file; a malformed annotation file stops train.py with one line."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -15,7 +14,6 @@ import torch
 import yaml
 
 import train
-from models.yolo import Model
 from tests.helpers import OracleModel, load_script, our_tracebacks
 from tests.utils.data.test_formats import CATEGORY_IDS, NAMES, write_sets, yaml_with
 from utils.cli import run_main
@@ -25,12 +23,10 @@ from utils.data.datasets import DatasetOptions, YoloDataset
 from utils.data.loader import create_dataloader
 from utils.data.synthetic import SYNTHETIC_NAMES, ensure_synthetic
 from utils.evaluation.evaluate import evaluate
-from utils.hooks import Hooks
 from utils.hyp import load_hyp
-from utils.loggers.writers import TrainWriters
-from utils.training.engine import Trainer, train_one_epoch
-from utils.training.loss import ComputeLoss
-from utils.training.optim import LRSchedule, ModelEMA, WeightUpdater, build_optimizer
+from utils.training.builder import TrainData, build_trainer
+from utils.training.config import RunConfig
+from utils.training.engine import train_one_epoch
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -41,28 +37,24 @@ def _train_args(data: Path, cfg: Path, project: Path) -> list[str]:
             "--noplots"]
 
 
-def _first_epoch(data: Path, cfg: dict, save_dir: Path) -> tuple[list, torch.Tensor, list[bytes]]:
-    """One training epoch on a data YAML's train split, as train.py runs it (augmenting seeded loader, the loss,
-    SGD with warmup, EMA): the labels, the epoch's mean (box, obj, cls) loss, and the weights after it."""
-    torch.manual_seed(0)
-    model, hyp = Model(cfg), load_hyp()
+def _first_epoch(data: Path, cfg_file: Path, save_dir: Path) -> tuple[list, torch.Tensor, list[bytes]]:
+    """One training epoch on a data YAML's train split, built as train.py builds it (augmenting seeded loader, the
+    loss, SGD with warmup, EMA): the labels, the epoch's mean (box, obj, cls) loss, and the weights after it."""
+    hyp = load_hyp()
     options = DatasetOptions(img_size=64, batch_size=4, augment=True, hyp=hyp, nc=3, seed=0)
     loader, dataset = create_dataloader(load_data_config(data).train, options, workers=0, shuffle=True)
-    ema = ModelEMA(model)
-    updater = WeightUpdater(model, build_optimizer(model, "SGD", lr=hyp["lr0"], momentum=hyp["momentum"]),
-                            LRSchedule(hyp, 1, len(loader)), ema=ema)
-    trainer = Trainer(opt=argparse.Namespace(epochs=1, batch_size=4), hyp=hyp, device=torch.device("cpu"),
-                      save_dir=save_dir, model=model, updater=updater, ema=ema,
-                      compute_loss=ComputeLoss(model, hyp, img_size=64), train_loader=loader, val_loader=None,
-                      names=NAMES, writers=TrainWriters(save_dir, enabled=False), hooks=Hooks())
+    # a total batch of 64 (the nominal one) steps after every batch; the 4 images stand for it
+    config = RunConfig(cfg=str(cfg_file), epochs=1, batch_size=64, img_size=64, optimizer="SGD", amp="off",
+                       save_dir=str(save_dir), noplots=True, noautoanchor=True, seed=0)
+    trainer = build_trainer(config, hyp, torch.device("cpu"), data=TrainData(loader, None, dataset, list(NAMES)))
     loss = train_one_epoch(trainer, 0)
     labels = [[Path(f).name for f in dataset.im_files], [lab.tobytes() for lab in dataset.labels]]
-    return labels, loss, [v.numpy().tobytes() for v in model.state_dict().values()]
+    return labels, loss, [v.numpy().tobytes() for v in trainer.model_without_ddp.state_dict().values()]
 
 
-def test_yolo_coco_and_voc_train_to_identical_labels_and_first_epoch(tiny_cfg, tmp_path):
+def test_yolo_coco_and_voc_train_to_identical_labels_and_first_epoch(tiny_cfg_file, tmp_path):
     yamls = write_sets(tmp_path / "set", n_train=4, n_val=1)  # one batch of 4: one optimizer step
-    runs = {kind: _first_epoch(data, tiny_cfg, tmp_path) for kind, data in yamls.items()}
+    runs = {kind: _first_epoch(data, tiny_cfg_file, tmp_path / kind) for kind, data in yamls.items()}
     assert runs["yolo"][0] == runs["coco"][0] == runs["voc"][0]  # labels bit for bit, in one order
     assert sum(len(b) for b in runs["yolo"][0][1]) > 0
     assert torch.equal(runs["yolo"][1], runs["coco"][1]) and torch.equal(runs["yolo"][1], runs["voc"][1])
