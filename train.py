@@ -37,6 +37,7 @@ from utils.evaluation.evaluate import EvalOptions, evaluate
 from utils.hooks import HookBase, Hooks, load_hook
 from utils.hyp import default_hyp_file, load_hyp
 from utils.log import LOGGER, colorstr, print_options
+from utils.loggers.registry import LoggerContext, add_logger_flags, build_loggers
 from utils.loggers.writers import TrainBatchPlots, TrainWriters, progress_header
 from utils.plots.figures import plot_labels, plot_results
 from utils.training.amp import decide_amp
@@ -126,6 +127,7 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
                    help="evolve hyperparameters over N runs (bare flag = 300)")
     p.add_argument("--hook", action="append", default=[], metavar="MODULE:FACTORY(...)",
                    help="add a training hook built by a factory in an importable module (repeatable)")
+    add_logger_flags(p)
     add_flags(p, *DISTRIBUTED)
     opt = square_size(p, p.parse_args(argv))
     opt.project = project_dir(opt, "train")
@@ -234,6 +236,8 @@ def setup(hyp: dict, opt: argparse.Namespace, device: torch.device, hooks: Seque
     interval = SaveInterval(opt.save_interval_steps, opt.save_interval_minutes)
     builtin = [Checkpointer(enabled=main_process, interval=interval),
                *([TrainBatchPlots(writers.background, save_dir, names)] if plots else [])]
+    trackers = [n for n in (opt.loggers or []) if n not in ("csv", "tensorboard")]  # TEMPORARY wiring (trackers)
+    builtin += build_loggers(trackers, LoggerContext(save_dir, vars(opt), main_process)) if trackers else []
     trainer = Trainer(opt=opt, hyp=hyp, device=device, save_dir=save_dir, model=model, updater=updater, ema=ema,
                       compute_loss=ComputeLoss(unwrap(model), hyp, opt.img_size, opt.label_smoothing),
                       train_loader=train_loader, val_loader=val_loader, names=names, writers=writers,
@@ -342,7 +346,8 @@ def fit(t: Trainer) -> dict[str, float]:
         t.updater.share_pending_grads(dist.all_reduce_mean)  # a checkpoint holds what every rank accumulated
         with t.stop.immediate(f"while saving the checkpoints of epoch {epoch}; every file is whole (old or new), "
                               f"continue with --resume"):
-            t.hooks.after_epoch(t, epoch, metrics)  # the Checkpointer first: last.pt, best.pt
+            row = dict(zip(t.writers.csv.columns[1:], [*losses, *metrics.values(), *t.updater.lrs()]))
+            t.hooks.after_epoch(t, epoch, row)  # the Checkpointer first: last.pt, best.pt
         t.guard.end_epoch(epoch)
         if t.stop.agreed:  # a stop voted during the epoch, still waiting for a point to save: last.pt just was
             t.stop.raise_stop(epoch + 1, 0)

@@ -248,7 +248,8 @@ class Checkpointer(HookBase):
         if opt.nosave and not final:
             return
         period = opt.save_period > 0 and (epoch + 1) % opt.save_period == 0
-        self.write(trainer, epoch, epoch + 1, 0, is_best=fitness(list(metrics.values())) >= trainer.best_fitness,
+        best = fitness([metrics[f"metrics/{k}"] for k in ("precision", "recall", "mAP_0.5", "mAP_0.5:0.95")])
+        self.write(trainer, epoch, epoch + 1, 0, is_best=best >= trainer.best_fitness,
                    period_name=f"epoch{epoch}.pt" if period else None)
 
     def write(self, trainer: Any, completed_epoch: int, epoch: int, samples_seen: int, *, is_best: bool = False,
