@@ -51,12 +51,8 @@ class ClearmlTracker(Tracker):
             logger.report_image(key, path.stem, iteration=step, local_path=str(path))
 
     def log_files(self, paths: list[Path], folder: str, kind: str) -> None:
-        for path in paths:
-            if kind == "model":
-                self.clearml.OutputModel(task=self.task, name=path.stem, framework="PyTorch").update_weights(
-                    weights_filename=str(path), auto_delete_file=False)
-            else:
-                self.task.upload_artifact(f"{file_folder(path, folder, kind)}/{path.name}", artifact_object=str(path))
+        for path in paths:  # artifacts (an OutputModel needs a server: it fails in offline mode)
+            self.task.upload_artifact(f"{file_folder(path, folder, kind)}/{path.name}", artifact_object=str(path))
 
     def log_summary(self, metrics: dict[str, float]) -> None:
         logger = self.task.get_logger()

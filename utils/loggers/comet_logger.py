@@ -29,7 +29,8 @@ class CometTracker(Tracker):
             name=run.name, offline_directory=offline_directory, tags=[run.group] if run.group else None,
             log_code=False, log_graph=False, parse_args=False, auto_param_logging=False, auto_metric_logging=False,
             auto_output_logging=False, log_git_metadata=False, log_git_patch=False, auto_log_co2=False,
-            display_summary_level=0)
+            display_summary_level=0, log_env_details=False, log_env_host=False, log_env_gpu=False, log_env_cpu=False,
+            log_env_network=False, log_env_disk=False)  # the hook sends the environment; Comet's own probe uses DNS
         self.experiment = self.comet_ml.start(
             project_name=os.environ.get("COMET_PROJECT_NAME") or run.project.lower(), experiment_key=resume_id,
             mode="get_or_create" if resume_id else "create", experiment_config=config)

@@ -35,13 +35,14 @@ class TrackerQueue:
         self._thread = threading.Thread(target=self._work, name=f"tracker-{name}", daemon=True)
         self._thread.start()
 
-    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
-        """Queue ``fn(*args, **kwargs)``; dropped (never blocking) once the tracker failed or the queue is full."""
-        if self.failed:
+    def submit(self, fn: Callable[..., Any], *args: Any, always: bool = False, **kwargs: Any) -> None:
+        """Queue ``fn(*args, **kwargs)``; dropped (never blocking) once the tracker failed or the queue is full,
+        unless ``always`` (ending the run: an offline tracker then still writes its archive)."""
+        if self.failed and not always:
             self.dropped += 1
             return
         try:
-            self.calls.put_nowait((fn, args, kwargs))
+            self.calls.put_nowait((fn, args, kwargs, always))
         except queue.Full:
             self.dropped += 1
             self.fail(f"{self.calls.maxsize} calls are waiting (the tracker is slow or unreachable)")
@@ -73,8 +74,8 @@ class TrackerQueue:
             item = self.calls.get()
             if item is None:
                 return
-            fn, args, kwargs = item
-            if self.failed:
+            fn, args, kwargs, always = item
+            if self.failed and not always:
                 self.dropped += 1
                 continue
             try:

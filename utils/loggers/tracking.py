@@ -170,7 +170,7 @@ class TrackerHook(HookBase):
         plots = sorted({p for pattern in PLOT_PATTERNS for p in self.run.save_dir.glob(pattern)})
         if plots:
             self.queue.submit(self.tracker.log_files, plots, "plots", "plots")
-        self.queue.submit(self.tracker.finish, cancelled)
+        self.queue.submit(self.tracker.finish, cancelled, always=True)
         self.queue.close(CANCELLED_FLUSH_S if cancelled else FLUSH_S)
 
 
