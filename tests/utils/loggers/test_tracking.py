@@ -58,8 +58,16 @@ def test_the_hook_sends_the_run_and_a_resumed_run_continues_it(tiny_cfg, tmp_pat
     (save_dir / "weights").mkdir(parents=True)
     (save_dir / "weights" / "best.pt").write_bytes(b"weights")
     (save_dir / "results.png").write_bytes(b"png")
+    (save_dir / "weights" / "last.pt").write_bytes(b"weights")
+    images, labels = tmp_path / "d" / "images" / "val", tmp_path / "d" / "labels" / "val"
+    for folder, name in ((images, "a.jpg"), (labels, "a.txt")):
+        folder.mkdir(parents=True)
+        (folder / name).write_bytes(b"x")
     trainer = fake_trainer(tiny_cfg, save_dir)
-    context = LoggerContext(save_dir, {**vars(trainer.opt), "bbox_interval": 100})
+    trainer.val_loader = SimpleNamespace(dataset=SimpleNamespace(im_files=[str(images / "a.jpg")],
+                                                                 label_files=[str(labels / "a.txt")]))
+    context = LoggerContext(save_dir, {**vars(trainer.opt), "bbox_interval": 100, "save_period": 1,
+                                       "upload_dataset": "val"})
     tracker = RecordingTracker()
     hook = TrackerHook(tracker, context)
     hook.before_train(trainer)
@@ -67,7 +75,10 @@ def test_the_hook_sends_the_run_and_a_resumed_run_continues_it(tiny_cfg, tmp_pat
     hook.after_train(trainer)
     hook.close(trainer, cancelled=False)
     kinds = [kind for kind, _ in tracker.calls]
-    assert kinds == ["start", "params", "metrics", "summary", "files", "files", "finish"]
+    assert kinds == ["start", "params", "files", "metrics", "files", "summary", "files", "files", "finish"]
+    assert tracker.calls[2] == ("files", ("dataset", ["a.jpg", "a.txt"]))  # --upload_dataset val
+    assert tracker.calls[3] == ("metrics", (0, {"metrics/mAP_0.5": 0.5}))
+    assert tracker.calls[4] == ("files", ("weights", ["last.pt"]))  # every --save-period epochs
     params = tracker.calls[1][1]
     assert params["epochs"] == 3 and params["hyp/lr0"] == 0.01 and params["env/world_size"] == 1
     assert params["model/parameters"] == sum(p.numel() for p in trainer.model_without_ddp.parameters())
