@@ -188,6 +188,8 @@ def test_every_tracker_gets_the_run_and_a_resume_continues_the_same_run(tracker_
     args = tiny_args(tiny_cfg_file, tiny_dataset, tmp_path, "--epochs", "2", "--bbox_interval", "1",
                      "--loggers", "csv", "mlflow", "wandb", "clearml", "comet")
     assert train_in_process(args, (FailAt(epoch=1, batch=0, action="term"),)) != 0  # SIGTERM during epoch 1
+    stopped = tracker_warnings(capsys.readouterr().out)  # a stopped run gives its trackers 3 s, then exits
+    assert all("gave up after 3 s" in line for line in stopped), stopped
     save_dir = tmp_path / "runs" / "exp"
     assert train_in_process([*tiny_args(tiny_cfg_file, tiny_dataset, tmp_path), "--resume",
                              str(save_dir / "weights" / "last.pt")]) == 0

@@ -83,6 +83,7 @@ class Tracker:
     ``resume_id``) and returns its id; files are sent as a list with the folder they belong under."""
 
     name = "tracker"
+    finish_s = FLUSH_S  # how long the end of a run may take to send (not after a stop signal: CANCELLED_FLUSH_S)
 
     def start(self, run: RunInfo, resume_id: str | None) -> str:
         raise NotImplementedError
@@ -171,7 +172,7 @@ class TrackerHook(HookBase):
         if plots:
             self.queue.submit(self.tracker.log_files, plots, "plots", "plots")
         self.queue.submit(self.tracker.finish, cancelled, always=True)
-        self.queue.close(CANCELLED_FLUSH_S if cancelled else FLUSH_S)
+        self.queue.close(CANCELLED_FLUSH_S if cancelled else self.tracker.finish_s)
 
 
 def run_parameters(trainer: Trainer) -> dict[str, Any]:

@@ -40,12 +40,12 @@ class WandbTracker(Tracker):
         self.run.log({**metrics, "epoch": step}, step=step)
 
     def log_images(self, key: str, paths: list[Path], step: int) -> None:
-        self.run.log({key: [self.wandb.Image(str(p), caption=p.stem) for p in paths]}, step=step)
+        self.run.log({f"{key}/{p.stem}": self.wandb.Image(str(p)) for p in paths}, step=step)  # sizes differ
 
     def log_files(self, paths: list[Path], folder: str, kind: str) -> None:
         if kind == "plots":
             images = [p for p in paths if p.suffix.lower() in IMAGE_SUFFIXES]
-            self.run.log({"Results": [self.wandb.Image(str(p), caption=p.name) for p in images]})
+            self.run.log({f"Results/{p.stem}": self.wandb.Image(str(p)) for p in images})
             return
         artifact = self.wandb.Artifact(re.sub(r"[^\w.-]", "_", f"run_{self.run.id}_{kind}"), type=kind)
         for path in paths:
