@@ -181,6 +181,7 @@ def assert_metrics_match(logged: dict[int, dict[str, float]], rows: list[dict[st
 
 
 # ------------------------------------------------------------------------------------------------ the tests
+@pytest.mark.timeout(900)  # two training processes and four trackers: minutes when other jobs share the cores
 def test_every_tracker_gets_the_run_and_a_resume_continues_the_same_run(tracker_env, tiny_cfg_file, tiny_dataset,
                                                                        tmp_path, capsys):
     from tests.plugins.faults import FailAt
@@ -286,6 +287,7 @@ class TrackerModulesProbe(HookBase):
 
 
 @pytest.mark.ddp
+@pytest.mark.timeout(900)
 def test_a_two_rank_ddp_run_is_one_tracked_run_and_other_ranks_import_no_tracker(tracker_env, tiny_cfg_file,
                                                                                   tiny_dataset, tmp_path):
     args = train_args(tiny_dataset, tiny_cfg_file, tmp_path / "runs", "--loggers", "mlflow", "--hook",
