@@ -25,6 +25,7 @@ class CometTracker(Tracker):
 
     def start(self, run: RunInfo, resume_id: str | None) -> str:
         offline_directory = os.environ.get("COMET_OFFLINE_DIRECTORY") or str(run.save_dir / "comet")
+        Path(offline_directory).mkdir(parents=True, exist_ok=True)  # Comet refuses a folder that does not exist
         config = self.comet_ml.ExperimentConfig(
             name=run.name, offline_directory=offline_directory, tags=[run.group] if run.group else None,
             log_code=False, log_graph=False, parse_args=False, auto_param_logging=False, auto_metric_logging=False,

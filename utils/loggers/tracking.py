@@ -135,13 +135,14 @@ class TrackerHook(HookBase):
 
     # -- events
     def before_train(self, trainer: Trainer) -> None:
-        self.queue.submit(self._start)
+        self.queue.submit(self.start_run)
         if self.resume_id is None:  # a continued run keeps the parameters it was started with
             self.queue.submit(self.tracker.log_params, run_parameters(trainer))
         if self.upload_dataset:
             self.queue.submit(self.tracker.log_files, *dataset_files(trainer, self.upload_dataset))
 
-    def _start(self) -> None:
+    def start_run(self) -> None:
+        """Open the tool's run, or continue the one the checkpoint named (on the queue's thread)."""
         self.run_id = self.tracker.start(self.run, self.resume_id)
         verb = "continuing" if self.resume_id == self.run_id else "logging to"
         LOGGER.info(f"{colorstr(self.tracker.name + ': ')}{verb} run {self.run_id}")
