@@ -53,7 +53,8 @@ class ClearmlTracker(Tracker):
 
     def log_files(self, paths: list[Path], folder: str, kind: str) -> None:
         for path in paths:  # artifacts (an OutputModel needs a server: it fails in offline mode)
-            self.task.upload_artifact(f"{file_folder(path, folder, kind)}/{path.name}", artifact_object=str(path))
+            self.task.upload_artifact(f"{file_folder(path, folder, kind)}/{path.name}", artifact_object=str(path),
+                                      wait_on_upload=True)  # on the queue's thread, not in Task.close
 
     def log_summary(self, metrics: dict[str, float]) -> None:
         logger = self.task.get_logger()
