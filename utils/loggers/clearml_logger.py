@@ -19,7 +19,7 @@ from utils.loggers.tracking import RunInfo, Tracker, TrackerHook, file_folder, r
 
 class ClearmlTracker(Tracker):
     name = "clearml"
-    finish_s = 20.0  # Task.close waits for ClearML's reporter thread, which writes every 5 s
+    finish_s = 30.0  # Task.close waits for ClearML's reporter thread, which writes every 5 s
 
     def __init__(self, clearml: Any) -> None:
         self.clearml = clearml

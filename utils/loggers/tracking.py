@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import platform
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -33,6 +34,7 @@ if TYPE_CHECKING:
     from utils.training.engine import Trainer
 
 INSTALL_HINT = "pip install -r requirements-trackers.txt"
+START_WAIT_S = 10.0  # the first checkpoint waits this long at most for a tracker's run id
 VAL_IMAGES = 4  # validation images drawn with their predicted boxes every --bbox_interval epochs
 PLOT_PATTERNS = ("labels*.jpg", "train_batch*.jpg", "val_batch*.jpg", "results.png", "confusion_matrix.png",
                  "*_curve.png")
@@ -117,6 +119,7 @@ class TrackerHook(HookBase):
         self.state_key = tracker.name
         self.queue = TrackerQueue(tracker.name)
         self.run_id: str | None = None
+        self.started = threading.Event()  # start_run returned (or failed)
         self.resume_id: str | None = None
         self.last_metrics: dict[str, float] = {}
         options = context.options
@@ -127,6 +130,9 @@ class TrackerHook(HookBase):
 
     # -- state kept in checkpoints
     def state_dict(self) -> dict[str, Any]:
+        """The run id, for the checkpoint; a tracker still starting gets START_WAIT_S to name its run."""
+        if not self.queue.failed:
+            self.started.wait(START_WAIT_S)
         run_id = self.run_id or self.resume_id
         return {"run_id": run_id} if run_id else {}
 
@@ -143,7 +149,10 @@ class TrackerHook(HookBase):
 
     def start_run(self) -> None:
         """Open the tool's run, or continue the one the checkpoint named (on the queue's thread)."""
-        self.run_id = self.tracker.start(self.run, self.resume_id)
+        try:
+            self.run_id = self.tracker.start(self.run, self.resume_id)
+        finally:
+            self.started.set()
         verb = "continuing" if self.resume_id == self.run_id else "logging to"
         LOGGER.info(f"{colorstr(self.tracker.name + ': ')}{verb} run {self.run_id}")
 
