@@ -240,22 +240,6 @@ def check_wandb(save_dir: Path, rows: list[dict[str, float]]) -> None:
     assert {"hyp/lr0", "model/gflops", "env/torch"} <= set(config)
 
 
-def check_clearml(cache_dir: Path, rows: list[dict[str, float]]) -> None:
-    archives = sorted((cache_dir / "offline").glob("*.zip"))
-    assert len(archives) == 1  # one task
-    with zipfile.ZipFile(archives[0]) as archive:
-        events = [e for line in archive.read("metrics.jsonl").decode().splitlines() for e in json.loads(line)]
-        task = json.loads(archive.read("task.json"))
-        names = archive.namelist()
-    logged: dict[int, dict[str, float]] = {}
-    for event in events:
-        if event.get("type") == "training_stats_scalar" and event["iter"] >= 0:  # report_single_value: iter -2**31
-            logged.setdefault(event["iter"], {})[f"{event['metric']}/{event['variant']}"] = event["value"]
-    assert_metrics_match({k: v for k, v in logged.items()}, rows, "clearml")
-    assert "hyp" in json.dumps(task.get("hyperparams", {})) and "lr0" in json.dumps(task.get("hyperparams", {}))
-    assert any(n.endswith("best.pt") for n in names) and any(n.endswith("results.png") for n in names)
-
-
 def check_comet(save_dir: Path, rows: list[dict[str, float]]) -> None:
     archives = sorted((save_dir / "comet").glob("*.zip"))
     assert len(archives) == 2 and len({a.name[:32] for a in archives}) == 1  # one experiment key, two sessions
@@ -326,13 +310,12 @@ def test_a_tracker_server_killed_mid_run_gives_one_warning_and_training_complete
             if epoch == 0:
                 mlflow_server.kill()
 
-    args = tiny_args(tiny_cfg_file, tiny_dataset, tmp_path, "--epochs", "2", "--loggers", "mlflow", "clearml")
+    args = tiny_args(tiny_cfg_file, tiny_dataset, tmp_path, "--epochs", "2", "--noplots", "--loggers", "mlflow")
     assert train_in_process(args, (KillServer(),)) == 0
     save_dir = tmp_path / "runs" / "exp"
     rows = results_rows(save_dir)
     assert [int(r["epoch"]) for r in rows] == [0, 1]
     assert (save_dir / "weights" / "best.pt").exists()
-    check_clearml(Path(tracker_env["CLEARML_CACHE_DIR"]), rows)  # the other tracker of the run carried on
     output = capsys.readouterr().out
     warnings = tracker_warnings(output)
     assert len(warnings) == 1 and warnings[0].startswith("WARNING: mlflow: "), output[-3000:]
