@@ -21,6 +21,10 @@ from utils.hooks import HookBase
 LOGGERS: dict[str, str] = {
     "csv": "utils.loggers.results_csv:ResultsCsvLogger",
     "tensorboard": "utils.loggers.tensorboard:TensorBoardLogger",
+    "mlflow": "utils.loggers.mlflow_logger:MlflowLogger",
+    "wandb": "utils.loggers.wandb_logger:WandbLogger",
+    "clearml": "utils.loggers.clearml_logger:ClearmlLogger",
+    "comet": "utils.loggers.comet_logger:CometLogger",
 }
 DEFAULT_LOGGERS = ("csv", "tensorboard")
 
@@ -39,10 +43,17 @@ class LoggerContext:
 
 
 def add_logger_flags(parser: argparse.ArgumentParser) -> None:
-    """--loggers (repeatable, or several names at once)."""
+    """--loggers (repeatable, or several names at once) and YOLOv5's tracker flags, with their meaning."""
     parser.add_argument("--loggers", nargs="+", action="extend", default=None, metavar="NAME",
                         help=f"where training logs: {', '.join(LOGGERS)} (repeatable; default: "
                         f"{' '.join(DEFAULT_LOGGERS)})")
+    parser.add_argument("--entity", default=None, help="W&B entity (team or user); default: WANDB_ENTITY or yours")
+    parser.add_argument("--bbox_interval", "--bbox-interval", type=int, default=-1,
+                        help="trackers get validation images with predicted boxes every N epochs (-1: epochs/10)")
+    parser.add_argument("--upload_dataset", "--upload-dataset", nargs="?", const=True, default=False,
+                        help="send the data set (images and labels) to the trackers; 'val': the val split only")
+    parser.add_argument("--artifact_alias", "--artifact-alias", default="latest",
+                        help="alias (version name) of the model and data set artifacts the trackers keep")
 
 
 def chosen_loggers(names: Sequence[str] | None) -> list[str]:

@@ -1,0 +1,147 @@
+"""What every tracker is sent and when (the TrackerHook, driven through a Tracker that records the calls), naming,
+YOLOv5's tracker flags, and the one-line error for a tracker package that is not installed."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import torch
+
+from models.yolo import Model
+from utils.loggers.registry import LoggerContext, LoggerError, add_logger_flags, build_loggers
+from utils.loggers.tracking import RunInfo, Tracker, TrackerHook, file_folder, run_options
+
+
+class RecordingTracker(Tracker):
+    """A Tracker (the extension point each tool implements) that keeps every call."""
+
+    name = "recording"
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def start(self, run: RunInfo, resume_id: str | None) -> str:
+        self.calls.append(("start", resume_id))
+        return resume_id or "run-1"
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        self.calls.append(("params", params))
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        self.calls.append(("metrics", (step, metrics)))
+
+    def log_files(self, paths: list[Path], folder: str, kind: str) -> None:
+        self.calls.append(("files", (folder, sorted(p.name for p in paths))))
+
+    def log_summary(self, metrics: dict[str, float]) -> None:
+        self.calls.append(("summary", metrics))
+
+    def finish(self, cancelled: bool) -> None:
+        self.calls.append(("finish", cancelled))
+
+
+def fake_trainer(tiny_cfg: dict, save_dir: Path, **options: Any) -> SimpleNamespace:
+    opt = argparse.Namespace(epochs=3, img_size=64, project=str(save_dir.parent), **options)
+    model = Model(tiny_cfg)
+    return SimpleNamespace(opt=opt, hyp={"lr0": 0.01}, device=torch.device("cpu"), model_without_ddp=model,
+                           save_dir=save_dir)
+
+
+def test_the_hook_sends_the_run_and_a_resumed_run_continues_it(tiny_cfg, tmp_path):
+    save_dir = tmp_path / "runs" / "exp"
+    (save_dir / "weights").mkdir(parents=True)
+    (save_dir / "weights" / "best.pt").write_bytes(b"weights")
+    (save_dir / "results.png").write_bytes(b"png")
+    (save_dir / "weights" / "last.pt").write_bytes(b"weights")
+    images, labels = tmp_path / "d" / "images" / "val", tmp_path / "d" / "labels" / "val"
+    for folder, name in ((images, "a.jpg"), (labels, "a.txt")):
+        folder.mkdir(parents=True)
+        (folder / name).write_bytes(b"x")
+    trainer = fake_trainer(tiny_cfg, save_dir)
+    trainer.val_loader = SimpleNamespace(dataset=SimpleNamespace(im_files=[str(images / "a.jpg")],
+                                                                 label_files=[str(labels / "a.txt")]))
+    context = LoggerContext(save_dir, {**vars(trainer.opt), "bbox_interval": 100, "save_period": 1,
+                                       "upload_dataset": "val"})
+    tracker = RecordingTracker()
+    hook = TrackerHook(tracker, context)
+    hook.before_train(trainer)
+    hook.after_epoch(trainer, 0, {"metrics/mAP_0.5": 0.5})
+    hook.after_train(trainer)
+    hook.close(trainer, cancelled=False)
+    kinds = [kind for kind, _ in tracker.calls]
+    assert kinds == ["start", "params", "files", "metrics", "files", "summary", "files", "files", "finish"]
+    assert tracker.calls[2] == ("files", ("dataset", ["a.jpg", "a.txt"]))  # --upload_dataset val
+    assert tracker.calls[3] == ("metrics", (0, {"metrics/mAP_0.5": 0.5}))
+    assert tracker.calls[4] == ("files", ("weights", ["last.pt"]))  # every --save-period epochs
+    params = tracker.calls[1][1]
+    assert params["epochs"] == 3 and params["hyp/lr0"] == 0.01 and params["env/world_size"] == 1
+    assert params["model/parameters"] == sum(p.numel() for p in trainer.model_without_ddp.parameters())
+    assert params["model/gflops"] > 0
+    assert ("files", ("weights", ["best.pt"])) in tracker.calls and ("files", ("plots", ["results.png"])) in \
+        tracker.calls
+    assert hook.state_dict() == {"run_id": "run-1"}
+
+    resumed_tracker = RecordingTracker()
+    resumed = TrackerHook(resumed_tracker, context)
+    resumed.load_state_dict(hook.state_dict())
+    resumed.before_train(trainer)
+    resumed.close(trainer, cancelled=True)
+    assert resumed_tracker.calls[0] == ("start", "run-1")
+    assert "params" not in [kind for kind, _ in resumed_tracker.calls]  # the run keeps the parameters it began with
+    assert resumed_tracker.calls[-1] == ("finish", True)
+
+
+def test_run_names_follow_yolov5(tmp_path):
+    default = RunInfo.of(LoggerContext(tmp_path / "runs" / "train" / "exp3", {"project": "/x/runs/train"}))
+    assert (default.project, default.name, default.group) == ("YOLOv5", "exp3", None)
+    custom = RunInfo.of(LoggerContext(tmp_path / "detector" / "exp", {"project": str(tmp_path / "detector")}))
+    assert custom.project == "detector"
+    evolve = RunInfo.of(LoggerContext(tmp_path / "exp-evolve" / "gen2", {"evolve": 5}))
+    assert (evolve.name, evolve.group) == ("exp-evolve/gen2", "exp-evolve")
+
+
+def test_run_options_prefer_the_frozen_config():
+    @dataclasses.dataclass(frozen=True)
+    class Config:
+        epochs: int = 5
+
+    assert run_options(SimpleNamespace(config=Config(), opt=argparse.Namespace(epochs=1))) == {"epochs": 5}
+    assert run_options(SimpleNamespace(opt=argparse.Namespace(epochs=1))) == {"epochs": 1}
+
+
+def test_dataset_files_keep_their_split_folders():
+    assert file_folder(Path("/d/images/val/a.jpg"), "dataset", "dataset") == "dataset/images/val"
+    assert file_folder(Path("/d/labels/train/a.txt"), "dataset", "dataset") == "dataset/labels/train"
+    assert file_folder(Path("/d/weights/best.pt"), "weights", "model") == "weights"
+
+
+def test_yolov5_tracker_flags_are_accepted():
+    parser = argparse.ArgumentParser()
+    add_logger_flags(parser)
+    opt = parser.parse_args(["--loggers", "mlflow", "--loggers", "wandb", "comet", "--entity", "team",
+                             "--bbox_interval", "2", "--upload_dataset", "val", "--artifact_alias", "v3"])
+    assert opt.loggers == ["mlflow", "wandb", "comet"]
+    assert (opt.entity, opt.bbox_interval, opt.upload_dataset, opt.artifact_alias) == ("team", 2, "val", "v3")
+    defaults = parser.parse_args(["--upload_dataset"])
+    assert (defaults.upload_dataset, defaults.bbox_interval, defaults.artifact_alias) == (True, -1, "latest")
+
+
+@pytest.mark.parametrize(("logger", "package"), [("mlflow", "mlflow"), ("wandb", "wandb"), ("clearml", "clearml"),
+                                                 ("comet", "comet_ml")])
+def test_a_missing_tracker_package_is_a_one_line_error(logger, package, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, package, None)  # what Python does for a package that is not installed
+    with pytest.raises(LoggerError) as error:
+        build_loggers([logger], LoggerContext(tmp_path))
+    message = str(error.value)
+    assert "\n" not in message and f"'{package}'" in message and "pip install -r requirements-trackers.txt" in message
+
+
+def test_other_ranks_build_no_tracker(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # would fail if it were imported
+    assert build_loggers(["wandb"], LoggerContext(tmp_path, enabled=False)) == []
