@@ -27,6 +27,7 @@ LOGGERS: dict[str, str] = {
     "comet": "utils.loggers.comet_logger:CometLogger",
 }
 DEFAULT_LOGGERS = ("csv", "tensorboard")
+ALWAYS = "csv"  # results.csv is written whatever --loggers says
 
 
 class LoggerError(UserError, ValueError):
@@ -46,7 +47,7 @@ def add_logger_flags(parser: argparse.ArgumentParser) -> None:
     """--loggers (repeatable, or several names at once) and YOLOv5's tracker flags, with their meaning."""
     parser.add_argument("--loggers", nargs="+", action="extend", default=None, metavar="NAME",
                         help=f"where training logs: {', '.join(LOGGERS)} (repeatable; default: "
-                        f"{' '.join(DEFAULT_LOGGERS)})")
+                        f"{' '.join(DEFAULT_LOGGERS)}; results.csv is always written)")
     parser.add_argument("--entity", default=None, help="W&B entity (team or user); default: WANDB_ENTITY or yours")
     parser.add_argument("--bbox_interval", "--bbox-interval", type=int, default=-1,
                         help="trackers get validation images with predicted boxes every N epochs (-1: epochs/10)")
@@ -57,8 +58,9 @@ def add_logger_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def chosen_loggers(names: Sequence[str] | None) -> list[str]:
-    """The names to build, in order, each once (``None``: the defaults); unknown names are one-line errors."""
-    chosen = list(dict.fromkeys(names if names else DEFAULT_LOGGERS))
+    """The names to build, in order, each once (``None``: the defaults); unknown names are one-line errors.
+    results.csv is always among them: it is the run's own record, kept whatever a tracker does."""
+    chosen = list(dict.fromkeys([ALWAYS, *(names if names else DEFAULT_LOGGERS)]))
     unknown = [n for n in chosen if n not in LOGGERS]
     if unknown:
         raise LoggerError(f"--loggers: unknown {', '.join(unknown)} (choose from {', '.join(LOGGERS)})")

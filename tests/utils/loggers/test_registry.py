@@ -12,7 +12,8 @@ from utils.loggers.registry import LoggerContext, LoggerError, build_loggers, ch
 
 def test_defaults_and_order_without_repeats():
     assert chosen_loggers(None) == list(registry.DEFAULT_LOGGERS)
-    assert chosen_loggers(["tensorboard", "csv", "tensorboard"]) == ["tensorboard", "csv"]
+    assert chosen_loggers(["tensorboard", "csv", "tensorboard"]) == ["csv", "tensorboard"]
+    assert chosen_loggers(["mlflow"]) == ["csv", "mlflow"]  # results.csv whatever is chosen
 
 
 def test_unknown_logger_is_one_line_naming_the_choices():
