@@ -81,7 +81,8 @@ def fixture_voc(files: dict[str, Path]) -> list[float]:
                 f"{image_id}.jpg", [("dog", [11, 3, 30, 18], 0), ("cat", [1, 1, 5, 5], 1)])
             devkit[f"VOCdevkit/VOC{year}/ImageSets/Main/{s}.txt"] = f"{image_id}\n"
     test = {"VOCdevkit/VOC2007/JPEGImages/t.jpg": image_bytes(40, 20), "VOCdevkit/VOC2007/ImageSets/Main/test.txt":
-            "t\n", "VOCdevkit/VOC2007/Annotations/t.xml": voc_xml("t.jpg", [("person", [1, 1, 40, 20], 0)])}
+            "t\n", "VOCdevkit/VOC2007/Annotations/t.xml": voc_xml("t.jpg", [("person", [1, 1, 40, 20], 0),
+                                                               ("cat", [2, 2, 9, 9], 1)])}  # difficult
     write_zip(files["VOCtrainval_06-Nov-2007.zip"], {k: v for k, v in devkit.items() if "VOC2007" in k})
     write_zip(files["VOCtrainval_11-May-2012.zip"], {k: v for k, v in devkit.items() if "VOC2012" in k})
     write_zip(files["VOCtest_06-Nov-2007.zip"], test)
@@ -179,7 +180,11 @@ def test_zoo_yaml_downloads_and_converts_its_tiny_fixture(converter, tmp_path, m
     first = next(lab for lab in train.labels if len(lab))
     np.testing.assert_allclose(first[0], np.float32(expected), rtol=0, atol=1e-6)
     assert len(first) == 1  # ignored regions, difficult and crowd boxes, unknown classes: left out
-    assert YoloDataset(config.val, img_size=64, nc=config.nc).scan.corrupt == 0
+    val = YoloDataset(config.val, img_size=64, nc=config.nc)
+    assert val.scan.corrupt == 0
+    if converter == "voc":  # validation reads VOC XML: the difficult cat is an ignore region, not a label
+        assert [len(lab) for lab in val.labels] == [1]
+        assert val.ignore_regions(val.im_files[0]).shape[0] == 1
     assert not list(root.rglob("*.tar.gz")) and not list(root.rglob("*.zip"))
 
 
