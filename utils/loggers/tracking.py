@@ -177,7 +177,7 @@ class TrackerHook(HookBase):
 
     def close(self, trainer: Trainer, cancelled: bool) -> None:
         """The plots that exist (after the background plotting finished), then end the run; a few seconds at most."""
-        background = getattr(getattr(trainer, "writers", None), "background", None)
+        background = getattr(trainer, "background", None)
         if background is not None and not cancelled:
             background.close()  # the plots drawn in the background are written before they are sent
         plots = sorted({p for pattern in PLOT_PATTERNS for p in self.run.save_dir.glob(pattern)})
