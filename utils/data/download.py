@@ -11,17 +11,15 @@ is in proportion to the archive.
 
 from __future__ import annotations
 
-import http.client
 import os
 import re
-import urllib.error
 import urllib.parse
-import urllib.request
 import zipfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
-from typing import Any, BinaryIO
+from typing import Any
 
+from utils import http_fetch
 from utils.data.config import DataError
 from utils.log import LOGGER
 from utils.paths import data_home
@@ -29,7 +27,6 @@ from utils.paths import data_home
 MAX_DOWNLOAD_BYTES = 64 << 30  # COCO's train2017.zip is 19 GB
 MAX_EXPANSION = 200  # an archive may expand to this many times its size (label text compresses about 10:1)
 MAX_ENTRIES = 256  # Objects365 lists 97 archives
-CHUNK = 1 << 20
 TIMEOUT_S = 60.0
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
@@ -99,49 +96,22 @@ def file_name(url: str) -> str:
     return name
 
 
-def open_url(url: str, timeout: float = TIMEOUT_S) -> http.client.HTTPResponse:
-    """An http(s) response for ``url``; DataError (one line) for another scheme or a failed request."""
-    if urllib.parse.urlsplit(url).scheme not in ("http", "https"):
-        raise DataError(f"{url[:120]}: only http:// and https:// URLs are fetched")
-    request = urllib.request.Request(url, headers={"User-Agent": "yolo-ddp"})
-    try:
-        return urllib.request.urlopen(request, timeout=timeout)
-    except urllib.error.HTTPError as e:
-        raise DataError(f"{url[:120]}: HTTP {e.code} {e.reason}") from None
-    except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as e:
-        raise DataError(f"{url[:120]}: cannot download it ({getattr(e, 'reason', e)})") from None
-
-
-def capped_chunks(response: BinaryIO, max_bytes: int, url: str) -> Iterator[bytes]:
-    """The body of a response in chunks; DataError once it announces or sends more than ``max_bytes``."""
-    declared = response.headers.get("Content-Length") if hasattr(response, "headers") else None
-    if declared and declared.isdigit() and int(declared) > max_bytes:
-        raise DataError(f"{url[:120]}: the server announces {int(declared)} bytes, more than the cap of {max_bytes}")
-    received = 0
-    try:
-        while chunk := response.read(min(CHUNK, max_bytes + 1 - received)):
-            received += len(chunk)
-            if received > max_bytes:
-                raise DataError(f"{url[:120]}: more than the cap of {max_bytes} bytes; refused")
-            yield chunk
-    except (OSError, http.client.HTTPException) as e:
-        raise DataError(f"{url[:120]}: the download failed after {received} bytes ({e})") from None
-
-
 def read_url(url: str, max_bytes: int, timeout: float = TIMEOUT_S) -> bytes:
-    """The body of an http(s) URL, at most ``max_bytes`` (an image to decode, a small file)."""
-    with open_url(url, timeout) as response:
-        return b"".join(capped_chunks(response, max_bytes, url))
+    """The body of an http(s) URL, at most ``max_bytes`` (an image to decode, a small file); DataError (one line)."""
+    try:
+        return http_fetch.read_url(url, max_bytes, timeout)
+    except http_fetch.FetchError as e:
+        raise DataError(f"{url[:120]}: {e}") from None
 
 
 def fetch_to_file(url: str, target: Path, max_bytes: int = MAX_DOWNLOAD_BYTES) -> Path:
     """Download ``url`` into ``target`` atomically (a temporary name beside it, renamed when complete)."""
     tmp = target.with_name(f".{target.name}.part{os.getpid()}")
     try:
-        with open_url(url) as response, open(tmp, "wb") as out:
-            for chunk in capped_chunks(response, max_bytes, url):
-                out.write(chunk)
+        http_fetch.fetch_to_file(url, tmp, max_bytes, TIMEOUT_S, progress=target.name)
         os.replace(tmp, target)
+    except http_fetch.FetchError as e:
+        raise DataError(f"{url[:120]}: {e}") from None
     except OSError as e:
         raise DataError(f"download of {url[:120]} failed ({e.strerror or e}); fetch it by hand into "
                         f"{target.parent}") from None

@@ -15,24 +15,19 @@ The module does not import torch, so a download costs no torch start-up.
 
 from __future__ import annotations
 
-import http.client
 import os
 import re
 import time
-import urllib.error
-import urllib.request
 import zipfile
 from pathlib import Path
 
-from tqdm import tqdm
-
+from utils import http_fetch
 from utils.atomic_files import fsync_dir, remove_dead_writers_files
 from utils.errors import UserError
 from utils.log import LOGGER
 
 DEFAULT_URL = "https://github.com/ultralytics/yolov5/releases/download/v7.0"
 RELEASE_NAMES = tuple(f"yolov5{size}{p6}.pt" for p6 in ("", "6") for size in "nsmlx")
-CHUNK = 1 << 16
 MAX_WEIGHTS_BYTES = 2 << 30  # the largest release file (yolov5x6.pt) is 270 MB
 URL_PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")  # https://host/x.pt (a Path keeps it as https:/host/x.pt)
 
@@ -132,48 +127,20 @@ def download_file(url: str, dest: str | Path, *, progress: bool = True, timeout:
     remove_stale_parts(dest.parent)
     tmp = dest.with_name(f".{dest.name}.part{os.getpid()}")
     try:
-        size = _fetch(url, tmp, dest.name, progress, timeout)
+        size = http_fetch.fetch_to_file(url, tmp, MAX_WEIGHTS_BYTES, timeout, progress=dest.name if progress else None)
+        if size == 0:
+            raise DownloadError("the server sent an empty file")
         if not zipfile.is_zipfile(tmp):
             raise DownloadError(f"the server sent {size} bytes that are not a PyTorch zip file")
         os.replace(tmp, dest)
         fsync_dir(dest.parent)
+    except http_fetch.FetchError as e:
+        raise DownloadError(str(e)) from None
     except OSError as e:
         raise DownloadError(f"cannot write {tmp} ({e.strerror or e})") from None
     finally:
         tmp.unlink(missing_ok=True)
     return dest
-
-
-def _fetch(url: str, tmp: Path, label: str, progress: bool, timeout: float) -> int:
-    """Stream ``url`` into ``tmp`` with a progress bar; the byte count, checked against Content-Length."""
-    request = urllib.request.Request(url, headers={"User-Agent": "yolo-ddp"})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as response, open(tmp, "wb") as f:
-            expected = int(response.headers.get("Content-Length") or 0) or None
-            if expected is not None and expected > MAX_WEIGHTS_BYTES:
-                raise DownloadError(f"the server announces {expected} bytes, more than the cap of {MAX_WEIGHTS_BYTES}")
-            received = 0
-            with tqdm(total=expected, unit="B", unit_scale=True, unit_divisor=1024, desc=label,
-                      disable=not progress) as bar:
-                while chunk := response.read1(CHUNK):  # what has arrived, so the bar moves
-                    received += len(chunk)
-                    if received > MAX_WEIGHTS_BYTES:
-                        raise DownloadError(f"more than the cap of {MAX_WEIGHTS_BYTES} bytes; refused")
-                    f.write(chunk)
-                    bar.update(len(chunk))
-            f.flush()
-            os.fsync(f.fileno())
-    except urllib.error.HTTPError as e:
-        raise DownloadError(f"HTTP {e.code} {e.reason}") from None
-    except urllib.error.URLError as e:
-        raise DownloadError(str(e.reason)) from None
-    except (OSError, http.client.HTTPException) as e:  # timeouts, resets, a truncated chunked body, a full disk
-        raise DownloadError(f"{type(e).__name__}: {e}") from None
-    if expected is not None and received != expected:
-        raise DownloadError(f"the connection closed after {received} of {expected} bytes")
-    if received == 0:
-        raise DownloadError("the server sent an empty file")
-    return received
 
 
 def remove_stale_parts(folder: Path) -> None:
