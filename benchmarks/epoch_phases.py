@@ -31,6 +31,14 @@ STEP_LOOP = "step loop (progress, vote, bookkeeping)"
 # phases that count only inside the step loop or validation; elsewhere (the AMP probe's forward) the outer one's
 GENERIC_PHASES = (*MODEL_PHASES, "data (batches from the workers)")
 
+# what a run does once, however many epochs it has (the rest recurs every epoch)
+ONCE_PER_RUN = ("start-up imports (train.py and what it imports)", "other (start-up, options, run folder, teardown)",
+                "dataset build (labels, synthetic set)", "model build", "autoanchor", "AMP decision",
+                "optimizer build", "start-up checks", "loggers' start (TensorBoard)", "validation: plots",
+                "other threads (plots drawn in the background)")
+WORKERS = "DataLoader workers (augmentation)"
+OTHER_THREADS = "other threads (plots drawn in the background)"
+
 # (module, attribute path, phase): module-level functions are patched where train.py's modules look them up
 PATCHES = (
     ("utils.training.builder", "load_data_config", "dataset build (labels, synthetic set)"),
@@ -146,6 +154,22 @@ def run(tree: Path, train_args: list[str]) -> dict:
     return {"phases": dict(clock.seconds), "training_thread_s": thread_total,
             "other_threads_s": max(time.process_time() - start_process - thread_total, 0.0),
             "workers_s": children.ru_utime + children.ru_stime, "missing": missing}
+
+
+def all_phases(result: dict) -> dict[str, float]:
+    """A run's CPU seconds by phase, the other threads and the DataLoader workers among them."""
+    return {**result["phases"], OTHER_THREADS: result["other_threads_s"], WORKERS: result["workers_s"]}
+
+
+def shares(result: dict) -> dict[str, float]:
+    """Totals of one run: CPU seconds in all, of the model, and the share that is not the model, for the whole
+    run and for an epoch that recurs (without what a run does once)."""
+    phases = all_phases(result)
+    total = sum(phases.values())
+    model = sum(phases.get(p, 0.0) for p in MODEL_PHASES)
+    recurring = total - sum(phases.get(p, 0.0) for p in ONCE_PER_RUN)
+    return {"total_s": total, "model_s": model, "not_model": 1 - model / total,
+            "recurring_s": recurring, "recurring_not_model": 1 - model / recurring}
 
 
 def main() -> None:
