@@ -19,6 +19,9 @@ plots); it is also given against pure steps timed here at the precision train.py
 not wall time, so a loaded machine's waiting is not counted; the workers' CPU time is. ``--compare DIR`` times the
 train.py of another checkout in turns (before/after a change); ``--epoch-rounds`` sets the rounds.
 
+Workers (``--epoch-workers 0 1 2``): the same train.py epoch with each DataLoader worker count, in turns: wall
+and CPU seconds (the training process's threads: ``--threads``).
+
 Threads (``--compare-threads``): the step of each --cfg/--img (first precision) with 1 torch thread and with one
 per core this process may use (os.sched_getaffinity), in turns: wall and CPU seconds, and their ratio.
 """
@@ -59,6 +62,8 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epoch", action="store_true", help="also time one train.py epoch against its pure steps")
     p.add_argument("--epoch-batch", type=int, default=16, help="train.py's batch for --epoch (its default)")
     p.add_argument("--epoch-rounds", type=int, default=1, help="train.py epochs per tree for --epoch, in turns")
+    p.add_argument("--epoch-workers", type=int, nargs="+", default=None,
+                   help="time the train.py epoch with each of these --workers, in turns (wall and CPU)")
     p.add_argument("--compare", type=Path, default=None,
                    help="--epoch: also time the train.py of this checkout (e.g. before a change), in turns")
     p.add_argument("--compare-threads", action="store_true",
@@ -204,6 +209,21 @@ def phase_table(runs: dict[str, list[dict]]) -> list[str]:
     return lines
 
 
+def compare_workers(opt: argparse.Namespace) -> list[str]:
+    """Rows: per --workers of --epoch-workers, the train.py epoch's wall and CPU seconds (rounds in turns)."""
+    runs: dict[int, list[dict]] = {w: [] for w in opt.epoch_workers}
+    for _ in range(opt.epoch_rounds):
+        for workers in runs:
+            runs[workers].append(epoch_run(ROOT, opt, workers))
+    first = opt.epoch_workers[0]
+    lines = [f"{'--workers':<10}{'wall s':>22}{'CPU s':>22}{f'wall / {first} workers':>24}"]
+    for workers, results in runs.items():
+        ratio = Stats.of(r["wall_s"] / b["wall_s"] for r, b in zip(results, runs[first]))
+        lines.append(f"{workers:<10}{Stats.of(r['wall_s'] for r in results).fmt(1, 22)}"
+                     f"{Stats.of(shares(r)['total_s'] for r in results).fmt(1, 22)}{ratio.fmt(2, 24)}")
+    return lines
+
+
 def compare_threads(opt: argparse.Namespace) -> list[str]:
     """Rows: per model and size, the step's wall and CPU seconds with 1 thread and with one per usable core."""
     cores = available_cores()
@@ -240,6 +260,8 @@ def main(opt: argparse.Namespace) -> dict:
     result: dict = {"steps": rows}
     if opt.epoch:
         result["epoch"] = epoch_against_steps(opt, clock)
+    if opt.epoch_workers:
+        print("\n".join(compare_workers(opt)))
     if opt.compare_threads:
         print("\n".join(compare_threads(opt)))
         print("('wall 1/N' > 1: the usable cores' threads are faster; < 1: one thread is - the cores are busy)")
