@@ -11,10 +11,16 @@ share of a fp32 matmul timed in the same process before and after (benchmarks/ha
 round by round; "bf16/fp32" is the median of the per-round ratios of their step times (< 1: bf16 is faster).
 
 Epoch (``--epoch``): train.py runs one epoch on its built-in synthetic set (512 images, default settings) in a
-child process with ``OMP_NUM_THREADS`` = ``--threads``; its CPU time, with its DataLoader workers', is set against
-the same number of pure steps at the precision train.py chose (--amp auto). The rest - start-up, data, loss
-bookkeeping, EMA, validation, saving - is "not the model". CPU time, not wall time, so a loaded machine's waiting
-is not counted; the DataLoader workers' CPU time is (it is work this machine does for the epoch).
+child process with ``OMP_NUM_THREADS`` = ``--threads``, timed phase by phase (benchmarks/epoch_phases.py: start-up
+imports, data, forward, loss, backward, optimizer, EMA, validation and its NMS and plots, checkpoints, loggers, the
+background plot thread, the DataLoader workers). "Not the model" is everything but forward, loss, backward and the
+optimizer step: of the whole run, and of an epoch that recurs (without what a run does once: start-up, the final
+plots); it is also given against pure steps timed here at the precision train.py chose (--amp auto). CPU time,
+not wall time, so a loaded machine's waiting is not counted; the workers' CPU time is. ``--compare DIR`` times the
+train.py of another checkout in turns (before/after a change); ``--epoch-rounds`` sets the rounds.
+
+Workers (``--epoch-workers 0 1 2``): the same train.py epoch with each DataLoader worker count, in turns: wall
+and CPU seconds (the training process's threads: ``--threads``).
 
 Threads (``--compare-threads``): the step of each --cfg/--img (first precision) with 1 torch thread and with one
 per core this process may use (os.sched_getaffinity), in turns: wall and CPU seconds, and their ratio.
@@ -23,9 +29,9 @@ per core this process may use (os.sched_getaffinity), in turns: wall and CPU sec
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
-import resource
 import subprocess
 import sys
 import tempfile
@@ -39,6 +45,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.bench_train import HYP, make_batch  # noqa: E402
+from benchmarks.epoch_phases import MODEL_PHASES, ONCE_PER_RUN, all_phases, shares  # noqa: E402
 from benchmarks.harness import CLOCKS, Clock, Reference, Stats, add_timing_flags, header  # noqa: E402
 from utils.device import autocast, available_cores  # noqa: E402
 
@@ -54,6 +61,11 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--precisions", nargs="+", choices=["fp32", "bf16"], default=["fp32", "bf16"])
     p.add_argument("--epoch", action="store_true", help="also time one train.py epoch against its pure steps")
     p.add_argument("--epoch-batch", type=int, default=16, help="train.py's batch for --epoch (its default)")
+    p.add_argument("--epoch-rounds", type=int, default=1, help="train.py epochs per tree for --epoch, in turns")
+    p.add_argument("--epoch-workers", type=int, nargs="+", default=None,
+                   help="time the train.py epoch with each of these --workers, in turns (wall and CPU)")
+    p.add_argument("--compare", type=Path, default=None,
+                   help="--epoch: also time the train.py of this checkout (e.g. before a change), in turns")
     p.add_argument("--compare-threads", action="store_true",
                    help="also time the step with 1 thread and with one per usable core, in turns (wall and CPU)")
     p.add_argument("--quick", action="store_true", help="yolov5n at 320 only, 2 rounds")
@@ -126,21 +138,29 @@ def step_table(opt: argparse.Namespace, reference: Reference, clock: Clock) -> l
     return rows
 
 
-def epoch_against_steps(opt: argparse.Namespace, clock: Clock) -> dict:
-    """One default train.py epoch (yolov5n, 320 px) in a child process: its CPU time against its pure steps'."""
+def epoch_run(tree: Path, opt: argparse.Namespace, workers: int | None = None) -> dict:
+    """One default train.py epoch (yolov5n, 320 px) of ``tree`` in a child process, timed phase by phase
+    (benchmarks/epoch_phases.py), with OMP_NUM_THREADS = --threads and ``workers`` (None: train.py's default)."""
     with tempfile.TemporaryDirectory() as project:
+        out = Path(project) / "phases.json"
         env = {**os.environ, "OMP_NUM_THREADS": str(opt.threads or torch.get_num_threads())}
-        command = [sys.executable, str(ROOT / "train.py"), "--cfg", "yolov5n", "--img", "320", "--epochs", "1",
-                   "--batch-size", str(opt.epoch_batch), "--device", "cpu", "--project", project, "--name", "bench"]
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        args = ["--cfg", "yolov5n", "--img", "320", "--epochs", "1", "--batch-size", str(opt.epoch_batch),
+                "--device", "cpu", "--project", project, "--name", "bench"]
+        args += ["--workers", str(workers)] if workers is not None else []
+        command = [sys.executable, str(ROOT / "benchmarks" / "epoch_phases.py"), "--tree", str(tree),
+                   "--out", str(out), "--", *args]
         start = time.perf_counter()
-        done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
+        done = subprocess.run(command, cwd=tree, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - start
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode != 0:
-        raise RuntimeError(f"train.py failed ({done.returncode}): {done.stderr.strip().splitlines()[-1:]}")
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-    bf16 = bool(re.search(r"AMP: bfloat16", done.stdout + done.stderr))
+        if done.returncode != 0:
+            raise RuntimeError(f"train.py of {tree} failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+        result = json.loads(out.read_text())
+    result.update(wall_s=wall, bf16=bool(re.search(r"AMP: bfloat16", done.stdout + done.stderr)))
+    return result
+
+
+def pure_steps(opt: argparse.Namespace, bf16: bool, clock: Clock) -> Stats:
+    """CPU seconds of the epoch's steps without anything else (fixed batch, no data pipeline)."""
     step, _ = build_step("yolov5n", 320, opt.epoch_batch, bf16)
     step()
     samples = []
@@ -148,10 +168,60 @@ def epoch_against_steps(opt: argparse.Namespace, clock: Clock) -> dict:
         start = clock()
         step()
         samples.append(clock() - start)
-    steps = -(-SYNTHETIC_TRAIN_IMAGES // opt.epoch_batch)
-    pure = Stats.of(samples).median * steps
-    return {"train_cpu_s": cpu, "train_wall_s": wall, "pure_steps_s": pure, "steps": steps, "bf16": bf16,
-            "not_model_share": max(cpu - pure, 0.0) / cpu}
+    return Stats.of(samples).scaled(-(-SYNTHETIC_TRAIN_IMAGES // opt.epoch_batch))
+
+
+def epoch_against_steps(opt: argparse.Namespace, clock: Clock) -> dict:
+    """Rounds of one train.py epoch of this tree (and of --compare's, in turns): CPU by phase, the share that is
+    not the model, and the pure steps' CPU time for the same batches."""
+    trees = {"this tree": ROOT, **({"compare": opt.compare.resolve()} if opt.compare else {})}
+    runs: dict[str, list[dict]] = {name: [] for name in trees}
+    for _ in range(opt.epoch_rounds):
+        for name, tree in trees.items():
+            runs[name].append(epoch_run(tree, opt))
+    pure = pure_steps(opt, runs["this tree"][0]["bf16"], clock)
+    print("\n".join(phase_table(runs)))
+    for name, results in runs.items():
+        totals = [shares(r) for r in results]
+        print(f"{name}: {Stats.of(t['total_s'] for t in totals).fmt(1)} s CPU in all "
+              f"({Stats.of(r['wall_s'] for r in results).fmt(0)} s wall), the model "
+              f"{Stats.of(t['model_s'] for t in totals).fmt(1)} s: not the model "
+              f"{Stats.of(t['not_model'] for t in totals).fmt(2)} of the run, "
+              f"{Stats.of(t['recurring_not_model'] for t in totals).fmt(2)} of a recurring epoch; "
+              f"against pure steps ({pure.median:.1f} s CPU): "
+              f"{Stats.of(1 - pure.median / t['total_s'] for t in totals).fmt(2)}")
+    if opt.compare:
+        pairs = zip(runs["this tree"], runs["compare"])
+        ratio = Stats.of(shares(a)["total_s"] / shares(b)["total_s"] for a, b in pairs)
+        print(f"this tree / compare, CPU of the run, per round: {ratio.fmt(2)}")
+    return {"runs": runs, "pure_steps_s": pure.median}
+
+
+def phase_table(runs: dict[str, list[dict]]) -> list[str]:
+    """Lines: each phase's CPU seconds, median [min-max] of the rounds, per tree, largest first."""
+    names = list(runs)
+    phases = {p for results in runs.values() for r in results for p in all_phases(r)}
+    medians = {n: {p: Stats.of(all_phases(r).get(p, 0.0) for r in runs[n]) for p in phases} for n in names}
+    lines = [f"{'phase (CPU s, median [min-max])':<52}" + "".join(f"{n:>22}" for n in names)]
+    for phase in sorted(phases, key=lambda p: -medians[names[0]][p].median):
+        kind = "model" if phase in MODEL_PHASES else "once" if phase in ONCE_PER_RUN else "epoch"
+        lines.append(f"{phase[:44]:<45}{kind:>7}" + "".join(medians[n][phase].fmt(2, 22) for n in names))
+    return lines
+
+
+def compare_workers(opt: argparse.Namespace) -> list[str]:
+    """Rows: per --workers of --epoch-workers, the train.py epoch's wall and CPU seconds (rounds in turns)."""
+    runs: dict[int, list[dict]] = {w: [] for w in opt.epoch_workers}
+    for _ in range(opt.epoch_rounds):
+        for workers in runs:
+            runs[workers].append(epoch_run(ROOT, opt, workers))
+    first = opt.epoch_workers[0]
+    lines = [f"{'--workers':<10}{'wall s':>22}{'CPU s':>22}{f'wall / {first} workers':>24}"]
+    for workers, results in runs.items():
+        ratio = Stats.of(r["wall_s"] / b["wall_s"] for r, b in zip(results, runs[first]))
+        lines.append(f"{workers:<10}{Stats.of(r['wall_s'] for r in results).fmt(1, 22)}"
+                     f"{Stats.of(shares(r)['total_s'] for r in results).fmt(1, 22)}{ratio.fmt(2, 24)}")
+    return lines
 
 
 def compare_threads(opt: argparse.Namespace) -> list[str]:
@@ -189,12 +259,9 @@ def main(opt: argparse.Namespace) -> dict:
     rows = step_table(opt, reference, clock)
     result: dict = {"steps": rows}
     if opt.epoch:
-        epoch = epoch_against_steps(opt, clock)
-        result["epoch"] = epoch
-        precision = "bf16" if epoch["bf16"] else "fp32"
-        print(f"train.py epoch (yolov5n 320, batch {opt.epoch_batch}, {epoch['steps']} steps, {precision}): "
-              f"{epoch['train_cpu_s']:.1f} s CPU ({epoch['train_wall_s']:.1f} s wall) vs pure steps "
-              f"{epoch['pure_steps_s']:.1f} s CPU: not the model {epoch['not_model_share']:.0%}")
+        result["epoch"] = epoch_against_steps(opt, clock)
+    if opt.epoch_workers:
+        print("\n".join(compare_workers(opt)))
     if opt.compare_threads:
         print("\n".join(compare_threads(opt)))
         print("('wall 1/N' > 1: the usable cores' threads are faster; < 1: one thread is - the cores are busy)")

@@ -95,9 +95,11 @@ class ShardSampler(Sampler[int]):
         return len(range(self.rank, self.dataset_len, self.world_size))
 
 
-def worker_count(requested: int, batch_size: int) -> int:
-    """Workers per rank: min(requested, cores // processes on this machine, batch size); 0 for batch 1."""
-    cores = available_cores() // max(dist.get_local_world_size(), 1)
+def worker_count(requested: int, batch_size: int, reserved: int = 0) -> int:
+    """Workers per rank: min(requested, this rank's share of the usable cores less the ``reserved`` ones (the
+    rank's own torch threads when it trains on the CPU; at least 1 left), batch size); 0 for batch 1."""
+    share = available_cores() // max(dist.get_local_world_size(), 1)
+    cores = max(share - reserved, 1)
     return max(0, min(requested, cores, batch_size if batch_size > 1 else 0))
 
 
@@ -114,12 +116,13 @@ def _seed_worker(worker_id: int) -> None:
 
 
 def build_dataloader(dataset: Dataset, batch_size: int, *, shuffle: bool, workers: int, seed: int = 0,
-                     shard_eval: bool = False, resumable: bool | None = None, collate: Any = None) -> DataLoader:
+                     shard_eval: bool = False, resumable: bool | None = None, collate: Any = None,
+                     reserved_cores: int = 0) -> DataLoader:
     """A DataLoader for this rank; ``batch_size`` is the per-rank batch.
 
     ``resumable`` (default: ``shuffle`` or world > 1) uses ResumableSampler, the training sampler;
     ``shard_eval`` shards without padding; otherwise a plain sequential order. Augmentation seeds
-    differ per rank (the generator) and per worker (torch adds the worker id).
+    differ per rank (the generator) and per worker (torch adds the worker id). ``reserved_cores``: see worker_count.
     """
     rank, world = dist.get_rank(), dist.get_world_size()
     if resumable is None:
@@ -131,7 +134,7 @@ def build_dataloader(dataset: Dataset, batch_size: int, *, shuffle: bool, worker
                                    sample_seeds=hasattr(dataset, "seed_sample"))
     else:
         sampler = torch.utils.data.SequentialSampler(dataset)
-    num_workers = worker_count(workers, batch_size)
+    num_workers = worker_count(workers, batch_size, reserved_cores)
     generator = torch.Generator().manual_seed(seed * 1000 + rank)
     if num_workers == 0 and hasattr(dataset, "reseed"):
         dataset.reseed(seed * 1000 + rank)
@@ -172,13 +175,13 @@ def set_start(loader: DataLoader, samples_consumed: int) -> None:
 
 
 def create_dataloader(sources: str | Path | Sequence[str | Path], options: DatasetOptions, *, workers: int = 8,
-                      shuffle: bool = False, shard_eval: bool = False, quad: bool = False) \
-        -> tuple[DataLoader, YoloDataset]:
+                      shuffle: bool = False, shard_eval: bool = False, quad: bool = False,
+                      reserved_cores: int = 0) -> tuple[DataLoader, YoloDataset]:
     """Build the dataset zero-first (label cache and disk cache written once per machine), then its loader;
     ``options.batch_size`` is the batch per rank.
 
     With ``rect``, batch shapes are grouped over ``batch_size * world`` images, so each rank's batches
-    (positions r, r + W, ...) still share one shape. All ranks must call it.
+    (positions r, r + W, ...) still share one shape. ``reserved_cores``: see worker_count. All ranks must call it.
     """
     world, batch_size = dist.get_world_size(), options.batch_size
     if options.rect and shuffle:
@@ -191,5 +194,5 @@ def create_dataloader(sources: str | Path | Sequence[str | Path], options: Datas
     training = shuffle or options.augment  # a training loader resumes exactly, even with --rect (kept order)
     loader = build_dataloader(dataset, batch_size, shuffle=shuffle and not options.rect, workers=workers,
                               seed=options.seed, shard_eval=shard_eval, resumable=training and not shard_eval,
-                              collate=dataset.collate_quad if quad else None)
+                              collate=dataset.collate_quad if quad else None, reserved_cores=reserved_cores)
     return loader, dataset

@@ -4,6 +4,8 @@ column of every epoch, keyed by its column name."""
 from __future__ import annotations
 
 import logging
+import sys
+import types
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +31,8 @@ class TensorBoardLogger(HookBase):
 
     def open(self) -> None:
         """The event file and the one-line hint of how to view it."""
+        if "tensorflow" not in sys.modules:  # scalars need no TensorFlow: its import would cost ~5-15 s of CPU
+            sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
         from torch.utils.tensorboard import SummaryWriter  # slow import, only where used
 
         logging.getLogger("tensorboard").setLevel(logging.WARNING)

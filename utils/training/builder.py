@@ -115,7 +115,8 @@ def build_trainer(config: RunConfig, hyp: dict, device: torch.device, hooks: Seq
     grid = max(int(model.stride.max()), 32)
     config = round_img_size(config, grid)
     save_dir = Path(config.save_dir)
-    data = data or load_train_data(config, hyp, data_cfg, grid, len(names))
+    reserved = torch.get_num_threads() if device.type == "cpu" else 0  # the cores the CPU training threads need
+    data = data or load_train_data(config, hyp, data_cfg, grid, len(names), reserved)
     if not config.noautoanchor and not config.resume and data.dataset is not None:
         check_anchors(data.dataset, model, thr=hyp["anchor_t"], img_size=config.img_size)  # rank 0 decides
     dist.check_agreement(fingerprint(model, config.options(), hyp, data.dataset))
@@ -193,18 +194,22 @@ def build_model(config: RunConfig, nc: int, names: list[str], device: torch.devi
     return model.to(device, memory_format=layout), ckpt
 
 
-def load_train_data(config: RunConfig, hyp: dict, data_cfg: Any, grid: int, nc: int) -> TrainData:
-    """Train loader (distributed sampler, augmented) and the sharded val loader of --data; batch is per rank."""
+def load_train_data(config: RunConfig, hyp: dict, data_cfg: Any, grid: int, nc: int,
+                    reserved_cores: int = 0) -> TrainData:
+    """Train loader (distributed sampler, augmented) and the sharded val loader of --data; batch is per rank;
+    the workers get the rank's cores less ``reserved_cores`` (utils.data.loader.worker_count)."""
     batch = dist.batch_per_rank(config.batch_size)
     common = DatasetOptions(img_size=config.img_size, batch_size=batch, stride=grid, hyp=hyp, cache=config.cache,
                             seed=config.seed, single_cls=config.single_cls, nc=nc)
     train_options = DatasetOptions(**{**vars(common), "augment": True, "rect": config.rect,
                                       "prefix": colorstr("train: ")})
     train_loader, train_set = create_dataloader(data_cfg.train, train_options, workers=config.workers,
-                                                shuffle=not config.rect, quad=config.quad)
+                                                shuffle=not config.rect, quad=config.quad,
+                                                reserved_cores=reserved_cores)
     val_options = DatasetOptions(**{**vars(common), "batch_size": batch * 2, "rect": True, "pad": 0.5,
                                     "prefix": colorstr("val: ")})
-    val_loader, _ = create_dataloader(data_cfg.val, val_options, workers=config.workers, shard_eval=True)
+    val_loader, _ = create_dataloader(data_cfg.val, val_options, workers=config.workers, shard_eval=True,
+                                      reserved_cores=reserved_cores)
     LOGGER.info(f"Using {train_loader.num_workers} dataloader workers and batch {batch} per rank, "
                 f"{dist.get_world_size()} ranks")
     names = ["item"] if config.single_cls else list(data_cfg.names)

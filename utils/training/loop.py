@@ -7,6 +7,7 @@ rank 0 and shared, so the loop never branches on the rank.
 
 from __future__ import annotations
 
+import copy
 import random
 import time
 from dataclasses import dataclass, field
@@ -161,7 +162,14 @@ def validate(t: Trainer, final: bool) -> dict[str, float]:
     """Distributed validation of the EMA model on every rank's shard; the same numbers on every rank."""
     options = EvalOptions(single_cls=t.config.single_cls, half=t.amp, save_dir=t.save_dir,
                           plots=final and t.plots, is_coco=t.is_coco and final)
-    result = evaluate(t.ema.ema, t.val_loader, t.device, t.names, options)
+    result = evaluate(validation_model(t.ema.ema), t.val_loader, t.device, t.names, options)
     t.state.maps = result.maps  # per-class mAP, for --image-weights
     return {"precision": float(result.mp), "recall": float(result.mr), "mAP_0.5": float(result.map50),
             "mAP_0.5:0.95": float(result.map)}
+
+
+def validation_model(ema: nn.Module) -> nn.Module:
+    """A copy of the EMA model with BatchNorm folded into the convolutions (channels_last on the CPU): outputs
+    equal within float rounding, validation's forward about 30% faster (README, Performance)."""
+    fuse = getattr(ema, "fuse", None)
+    return copy.deepcopy(ema).fuse() if callable(fuse) else ema

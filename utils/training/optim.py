@@ -174,12 +174,16 @@ class ModelEMA:
 
     @torch.no_grad()
     def update(self, model: nn.Module) -> None:
+        """ema = d * ema + (1 - d) * model for every floating-point tensor, as two foreach operations."""
         self.updates += 1
         d = self.current_decay()
         source = unwrap(model).state_dict()
-        for key, value in self.ema.state_dict().items():
-            if value.dtype.is_floating_point:
-                value.mul_(d).add_(source[key].detach(), alpha=1 - d)
+        pairs = [(value, source[key].detach()) for key, value in self.ema.state_dict().items()
+                 if value.dtype.is_floating_point]
+        if pairs:
+            averaged, latest = (list(side) for side in zip(*pairs))
+            torch._foreach_mul_(averaged, d)
+            torch._foreach_add_(averaged, latest, alpha=1 - d)
 
     def state_dict(self) -> dict[str, Any]:
         return {"updates": self.updates, "ema": self.ema.state_dict()}

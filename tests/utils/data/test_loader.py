@@ -83,6 +83,33 @@ def test_worker_count_shares_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
     assert loader.worker_count(8, 1) == 0 and loader.worker_count(8, 3) == 3
 
 
+def test_worker_count_leaves_the_cpu_training_threads_their_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: {0, 1}, raising=False)  # 2 usable cores
+    monkeypatch.setattr(dist, "get_local_world_size", lambda: 1)
+    assert loader.worker_count(8, 16) == 2  # nothing reserved (a GPU trains): every core
+    assert loader.worker_count(8, 16, reserved=1) == 1  # one torch thread on the CPU: the other core
+    assert loader.worker_count(8, 16, reserved=2) == 1  # the threads take every core: still one worker
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(16)), raising=False)
+    monkeypatch.setattr(dist, "get_local_world_size", lambda: 2)
+    assert loader.worker_count(8, 16, reserved=4) == 4  # 8 cores per rank, 4 for its threads
+    assert loader.worker_count(2, 16, reserved=4) == 2 and loader.worker_count(8, 1, reserved=4) == 0
+
+
+def test_a_cpu_run_builds_its_loaders_with_the_cores_its_threads_leave(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: {0, 1}, raising=False)
+    images = tmp_path / "images"
+    images.mkdir()
+    import cv2
+
+    for i in range(4):
+        cv2.imwrite(str(images / f"{i}.jpg"), np.full((32, 32, 3), 60 * i, np.uint8))
+    options = DatasetOptions(img_size=32, batch_size=2, stride=32, hyp={})
+    built, _ = loader.create_dataloader(images, options, workers=8, reserved_cores=1)
+    assert built.num_workers == 1
+    built, _ = loader.create_dataloader(images, options, workers=8)
+    assert built.num_workers == 2
+
+
 class _Draws(torch.utils.data.Dataset):
     """Returns a random draw from the dataset's stream (as augmentation does) and the worker id."""
 

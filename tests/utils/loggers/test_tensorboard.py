@@ -33,3 +33,19 @@ def test_logger_opens_at_the_start_of_training_hints_and_writes_events(tmp_path:
 def test_other_ranks_build_no_logger_and_write_nothing(tmp_path: Path) -> None:
     assert build_loggers(None, LoggerContext(tmp_path, enabled=False)) == []
     assert list(tmp_path.iterdir()) == []
+
+
+def test_writing_scalars_does_not_import_tensorflow(tmp_path: Path) -> None:
+    """TensorBoard would import TensorFlow where it is installed (seconds of CPU); scalars need only its stub."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from types import SimpleNamespace as N; from utils.loggers.registry import LoggerContext; "
+            "from utils.loggers.tensorboard import TensorBoardLogger as T; "
+            f"b = T(LoggerContext({str(tmp_path)!r})); b.before_train(N()); b.after_epoch(N(), 0, {{'a': 1.0}}); "
+            "b.close(N(), cancelled=False); print('tensorflow' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[3], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().splitlines()[-1] == "False"
+    assert any(p.name.startswith("events.out.tfevents") for p in tmp_path.iterdir())
