@@ -23,19 +23,22 @@ from utils.deploy.formats import (
     require,
 )
 from utils.deploy.tf_graph import import_tensorflow, nhwc_array, tf_module
+from utils.log import LOGGER
 
 TENSORFLOW = (("tensorflow", "tensorflow-cpu"),)
 METADATA_ASSET = "metadata.json"
 
 
 def set_tf_threads(tf: object, threads: int) -> None:
-    """TensorFlow's intra-op threads; it accepts them only before its first operation, later calls keep the
-    setting it started with."""
-    if threads:
+    """TensorFlow's intra-op threads; it accepts them only before its first operation, so a later request keeps
+    the setting it started with (and says so)."""
+    if threads and tf.config.threading.get_intra_op_parallelism_threads() != threads:
         try:
             tf.config.threading.set_intra_op_parallelism_threads(threads)
         except RuntimeError:  # TensorFlow already initialised in this process
-            pass
+            LOGGER.warning(f"WARNING: TensorFlow already runs in this process; SavedModels keep its first thread "
+                           f"setting ({tf.config.threading.get_intra_op_parallelism_threads() or 'all'}), "
+                           f"not {threads}")
 
 
 class SavedModelFormat(ExportFormat):
