@@ -5,9 +5,12 @@ export gives PyTorch's output.
     python export.py --weights best.pt --include onnx --dynamic --simplify --img-size 640
     python export.py --weights best.pt --include onnx openvino --int8 --data data/coco128.yaml
     python export.py --weights yolov5s.pt --include openvino     # release name: downloaded when missing
+    python export.py --weights best.pt --include saved_model tflite --img-size 320
+    python export.py --weights best.pt --include tflite --int8 --data data/coco128.yaml --calib-images 100
 
 Files are written next to the weights with the same stem (best.pt -> best.torchscript, best.onnx,
-best_openvino_model/, best-int8.onnx). The model is fused and in eval mode, so the files return the decoded
+best_openvino_model/, best-int8.onnx, best_saved_model/, best.tflite, best-fp16.tflite,
+best-int8.tflite). The model is fused and in eval mode, so the files return the decoded
 predictions (b, n, 5 + nc). Each float export is run on a real letterboxed image and compared with PyTorch within
 its format's tolerance; each --int8 export is compared by mAP on --data with the float model.
 """
@@ -92,8 +95,10 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--include", nargs="+", default=["torchscript", "onnx"],
                         help=f"formats: {', '.join(export_format_names())}")
     add_flags(parser, "img_size", "batch_size", batch_size=1)
-    parser.add_argument("--half", action="store_true", help="FP16 export (CUDA only: --device 0)")
-    parser.add_argument("--int8", action="store_true", help="INT8 post-training quantization (onnx, openvino), "
+    parser.add_argument("--half", action="store_true", help="FP16 export (CUDA only: --device 0; "
+                        "tflite: FP16 weights on any device)")
+    parser.add_argument("--int8", action="store_true", help="INT8 post-training quantization (onnx, openvino, "
+                        "tflite), "
                         "calibrated on --data's training images; verified by mAP on its validation images")
     parser.add_argument("--data", default=None, help="data YAML whose images calibrate and verify --int8")
     parser.add_argument("--calib-images", type=int, default=64, help="--int8: at most this many calibration images")
@@ -144,9 +149,10 @@ def check_options(opt: argparse.Namespace) -> list[ExportFormat]:
     return formats
 
 
-def check_device(opt: argparse.Namespace, device: torch.device) -> None:
-    """--half exports FP16 models, which only CUDA runs fast and PyTorch verifies there."""
-    if opt.half and device.type != "cuda":
+def check_device(opt: argparse.Namespace, device: torch.device, formats: list[ExportFormat]) -> None:
+    """--half exports FP16 models, which only CUDA runs fast and PyTorch verifies there (TFLite's FP16 weights
+    compute in FP32 anywhere, so they are verified against the FP32 model)."""
+    if opt.half and device.type != "cuda" and not all(fmt.half_on_cpu for fmt in formats):
         raise ExportError(f"--half exports FP16 on CUDA only (this export runs on {device}); add --device 0, "
                           "or drop --half")
 
@@ -252,7 +258,7 @@ def export_weights(weights: Path, formats: list[ExportFormat], device: torch.dev
     options = export_options(opt, check_img_size(opt.img_size, stride))
     meta = export_metadata(model, options.img_size, opt.batch_size, opt.dynamic, opt.half)
     checks = check_batches(opt, options.img_size, stride, device)
-    if opt.half:
+    if opt.half and device.type == "cuda":
         model, checks = model.half(), [images.half() for images in checks]
     LOGGER.info(f"{colorstr('PyTorch:')} starting from {weights} with input shape {tuple(checks[0].shape)}"
                 f"{' (FP16)' if opt.half else ''}")
@@ -267,7 +273,7 @@ def main(opt: argparse.Namespace) -> list[ExportResult]:
     print_options("export", visible_options(opt))
     formats = check_options(opt)
     device = select_device(opt.device)
-    check_device(opt, device)
+    check_device(opt, device, formats)
     start = time.perf_counter()
     results = []
     for weights in opt.weights if isinstance(opt.weights, list) else [opt.weights]:

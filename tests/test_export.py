@@ -127,8 +127,8 @@ def test_verification_can_fail(weights: Path, tmp_path: Path, monkeypatch) -> No
 
 
 def test_bad_options(weights: Path, tmp_path: Path) -> None:
-    with pytest.raises(UserError, match="--include tflite"):
-        export.main(export.parse_opt(["--weights", str(weights), "--include", "tflite"]))
+    with pytest.raises(UserError, match="--include tflite does not support --dynamic"):
+        export.main(export.parse_opt(["--weights", str(weights), "--include", "tflite", "--dynamic"]))
     with pytest.raises(UserError, match="not found"):
         export.main(export.parse_opt(["--weights", str(tmp_path / "missing.pt")]))
     with pytest.raises(UserError, match="--img-size"):

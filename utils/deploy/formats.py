@@ -23,7 +23,7 @@ from torch import nn
 from utils.errors import UserError
 
 FORMAT_MODULES = ("utils.deploy.pytorch", "utils.deploy.torchscript", "utils.deploy.onnx", "utils.deploy.openvino",
-                  "utils.deploy.ncnn", "utils.deploy.coreml")
+                  "utils.deploy.ncnn", "utils.deploy.coreml", "utils.deploy.saved_model", "utils.deploy.tflite")
 REFUSED_FORMATS = {  # YOLOv5 names whose tools do not install from the package registries or run here
     "edgetpu": "the Edge TPU compiler is a Debian package for x86-64 from Google's apt repository, not on PyPI",
     "tfjs": "tensorflowjs 4.22 installs tensorflow 2.19, which downgrades numpy below 2.2 and protobuf to 5.x",
@@ -116,6 +116,7 @@ class ExportFormat:
     runs_here: bool = True  # False where no runtime exists on this OS (CoreML on Linux)
     runs_where: str = ""  # where it runs instead, when not here
     supports_half: bool = False
+    half_on_cpu: bool = False  # --half needs no CUDA: FP16 weights in a file that computes in FP32 (TFLite)
     supports_int8: bool = False
     supports_dynamic: bool = False
 
