@@ -35,6 +35,11 @@ class MlflowServer:
     """``mlflow server`` on a free loopback port, SQLite backend and a local artifact folder."""
 
     def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.start()
+
+    def start(self) -> None:
+        folder = self.folder
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(folder / "server.log", "w")
@@ -82,6 +87,10 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture
 def tracker_env(mlflow_server: MlflowServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """Each tool's own variables: MLflow at the loopback server (an experiment per test), the others offline."""
+    if mlflow_server.proc.poll() is not None:  # a test killed it
+        mlflow_server.log.close()
+        mlflow_server.start()
+        mlflow_server.wait_ready()
     env = {"MLFLOW_TRACKING_URI": mlflow_server.url, "MLFLOW_EXPERIMENT_NAME": f"exp-{tmp_path.name}",
            "WANDB_MODE": "offline", "WANDB_SILENT": "true", "COMET_START_ONLINE": "false",
            "CLEARML_OFFLINE_MODE": "1", "CLEARML_CACHE_DIR": str(tmp_path / "clearml-cache")}
@@ -197,7 +206,7 @@ class StopWhenTrackersCaughtUp(HookBase):
             if isinstance(hook, TrackerHook):
                 caught_up = threading.Event()
                 hook.queue.submit(caught_up.set)  # in order: set once the calls before it ran
-                assert caught_up.wait(240), f"{hook.tracker.name} did not catch up"
+                assert caught_up.wait(120), f"{hook.tracker.name} did not catch up"
         os.kill(os.getpid(), signal.SIGTERM)
 
     def close(self, trainer: Any, cancelled: bool) -> None:
@@ -330,29 +339,6 @@ def test_evolve_makes_one_tracked_run_per_generation_grouped(tracker_env, tiny_c
     assert any(first[k] != second[k] for k in first if k.startswith("hyp/"))  # generation 1's hyps were mutated
 
 
-@pytest.mark.timeout(900)
-def test_a_tracker_server_killed_mid_run_gives_one_warning_and_training_completes(
-        tracker_env, mlflow_server, tiny_cfg_file, tiny_dataset, tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")  # MLflow's own variables: fail fast, not in minutes
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
-
-    class KillServer(HookBase):
-        def after_epoch(self, trainer: Any, epoch: int, metrics: dict[str, float]) -> None:
-            if epoch == 0:
-                mlflow_server.kill()
-
-    args = tiny_args(tiny_cfg_file, tiny_dataset, tmp_path, "--epochs", "2", "--noplots", "--loggers", "mlflow")
-    assert train_in_process(args, (KillServer(),)) == 0
-    save_dir = tmp_path / "runs" / "exp"
-    rows = results_rows(save_dir)
-    assert [int(r["epoch"]) for r in rows] == [0, 1]
-    assert (save_dir / "weights" / "best.pt").exists()
-    output = capsys.readouterr().out
-    warnings = tracker_warnings(output)
-    assert len(warnings) == 1 and warnings[0].startswith("WARNING: mlflow: "), output[-3000:]
-    assert "training continues" in warnings[0]
-
-
 # ------------------------------------------------------------------------------------------------ ClearML, stopping
 def clearml_env(tmp_path: Path) -> dict[str, str]:
     """ClearML offline, its configuration and cache inside the test's folder (nothing read from or written to ~)."""
@@ -441,3 +427,26 @@ def test_a_stopped_run_ends_its_trackers_together_and_exits_in_time(tracker_env,
     archives, logged, _ = comet_offline(save_dir)
     assert len(archives) == 1
     assert_metrics_match(logged, rows, "comet")
+
+
+@pytest.mark.timeout(900)  # the last test of the module: it kills the module's MLflow server
+def test_a_tracker_server_killed_mid_run_gives_one_warning_and_training_completes(
+        tracker_env, mlflow_server, tiny_cfg_file, tiny_dataset, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")  # MLflow's own variables: fail fast, not in minutes
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+
+    class KillServer(HookBase):
+        def after_epoch(self, trainer: Any, epoch: int, metrics: dict[str, float]) -> None:
+            if epoch == 0:
+                mlflow_server.kill()
+
+    args = tiny_args(tiny_cfg_file, tiny_dataset, tmp_path, "--epochs", "2", "--noplots", "--loggers", "mlflow")
+    assert train_in_process(args, (KillServer(),)) == 0
+    save_dir = tmp_path / "runs" / "exp"
+    rows = results_rows(save_dir)
+    assert [int(r["epoch"]) for r in rows] == [0, 1]
+    assert (save_dir / "weights" / "best.pt").exists()
+    output = capsys.readouterr().out
+    warnings = tracker_warnings(output)
+    assert len(warnings) == 1 and warnings[0].startswith("WARNING: mlflow: "), output[-3000:]
+    assert "training continues" in warnings[0]
