@@ -3,6 +3,7 @@ tracker's background thread takes to send the epoch.
 
     python benchmarks/bench_loggers.py                         # all four, 10 epochs each, 64 px
     python benchmarks/bench_loggers.py --loggers mlflow --epochs 20
+    python benchmarks/bench_loggers.py --stop-runs 3             # a SIGTERM-stopped train.py: its exit time
 
 No network: MLflow talks to an ``mlflow server`` this script starts on 127.0.0.1 (SQLite, local artifacts); W&B,
 ClearML and Comet run offline. Each tracker's hook (the one train.py builds) gets ``--epochs`` epochs of a
@@ -10,6 +11,9 @@ results.csv row, once without validation images and once with them every epoch (
 model's boxes on 4 validation images, drawn on the training thread). Figures are medians [min-max] over the
 epochs; the baseline, timed in the same run, is writing the same row to results.csv. Start-up and close are given
 once (they happen once a run).
+
+``--stop-runs N`` instead times N tiny train.py runs stopped by SIGTERM before their second epoch, with the chosen
+trackers and without (results.csv only, the baseline): seconds from the stop line to the process's exit, medians.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 from benchmarks.harness import Stats, free_port, header  # noqa: E402
+from utils.loggers.tracker_queue import CANCELLED_FLUSH_S  # noqa: E402
 
 TRACKERS = ("mlflow", "wandb", "clearml", "comet")
 
@@ -43,6 +48,7 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=10, help="epochs (samples) per tracker and variant")
     p.add_argument("--cfg", default="yolov5n", help="model YAML (its parameters and GFLOPs are logged)")
     p.add_argument("--img", type=int, default=64, help="image size of the validation images drawn")
+    p.add_argument("--stop-runs", type=int, default=0, help="time N SIGTERM-stopped train.py runs instead (exit time)")
     return p.parse_args(argv)
 
 
@@ -120,15 +126,50 @@ def time_tracker(name: str, trainer: SimpleNamespace, run_dir: Path, epochs: int
 
 
 def csv_baseline(folder: Path, epochs: int) -> Stats:
-    from utils.loggers.writers import ResultsCSV
+    """Seconds to append one epoch's row to results.csv (what every run writes, trackers or not)."""
+    from utils.loggers.results_csv import append_row, results_columns
 
-    writer = ResultsCSV(folder / "results.csv")
+    row = {column: 0.1 for column in results_columns()[1:]}
     samples = []
     for epoch in range(epochs):
         start = time.perf_counter()
-        writer.write([epoch, *([0.1] * 10)])
+        append_row(folder / "results.csv", epoch, row)
         samples.append(time.perf_counter() - start)
     return Stats.of(samples)
+
+
+def stopped_exit_s(folder: Path, loggers: list[str]) -> float:
+    """A tiny train.py run stopped by SIGTERM at the first batch of epoch 1: seconds from its stop line to its exit."""
+    from utils.data.synthetic import SYNTHETIC_NAMES, ensure_synthetic
+
+    root = ensure_synthetic(folder / "data", n_train=8, n_val=8, img_size=(64, 64), seed=0)
+    data = folder / "stop-data.yaml"
+    data.write_text(f"path: {root}\ntrain: images/train\nval: images/val\nnames: {list(SYNTHETIC_NAMES)}\n")
+    cmd = [sys.executable, str(ROOT / "train.py"), "--data", str(data), "--cfg", str(ROOT / "models" / "yolov5n.yaml"),
+           "--weights", "", "--img-size", "64", "--batch-size", "8", "--epochs", "2", "--workers", "0", "--device",
+           "cpu", "--noautoanchor", "--noplots", "--project", str(folder / "stop-runs"), "--loggers", "csv", *loggers,
+           "--hook", "tests.plugins.faults:FailAt(epoch=1, batch=0, action='term')"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1"})
+    stopped_at = None
+    for line in proc.stdout:
+        if stopped_at is None and "SIGTERM received" in line:
+            stopped_at = time.perf_counter()
+    proc.wait()
+    if stopped_at is None:
+        raise SystemExit(f"train.py ended ({proc.returncode}) without a stop line: {' '.join(cmd)}")
+    return time.perf_counter() - stopped_at
+
+
+def time_stops(folder: Path, loggers: list[str], runs: int) -> None:
+    """Median exit time of SIGTERM-stopped runs with the trackers against results.csv alone, runs interleaved."""
+    alone, tracked = [], []
+    for _ in range(runs):
+        alone.append(stopped_exit_s(folder, []))
+        tracked.append(stopped_exit_s(folder, loggers))
+    alone_s, tracked_s = Stats.of(alone), Stats.of(tracked)
+    print(f"stop line to exit, results.csv only: {alone_s.fmt(1)} s; with {' '.join(loggers)}: {tracked_s.fmt(1)} s "
+          f"({tracked_s.median / alone_s.median:.2f}x; the trackers' deadline after a stop: {CANCELLED_FLUSH_S:g} s)")
 
 
 def main(opt: argparse.Namespace) -> None:
@@ -141,6 +182,9 @@ def main(opt: argparse.Namespace) -> None:
         if "mlflow" in opt.loggers:
             server, os.environ["MLFLOW_TRACKING_URI"] = start_mlflow_server(folder / "mlflow")
         try:
+            if opt.stop_runs:
+                time_stops(folder, opt.loggers, opt.stop_runs)
+                return
             trainer = build_trainer(folder, opt.cfg, opt.img)
             baseline = csv_baseline(folder, opt.epochs).scaled(1e3)
             print(f"baseline: results.csv row {baseline.fmt(3)} ms per epoch")

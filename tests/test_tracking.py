@@ -12,6 +12,7 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import zipfile
@@ -20,9 +21,10 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import free_port, job_env, run_job, torchrun_cmd, train_args
-from tests.plugins.faults import FailAt
+from tests.helpers import OutputPump, free_port, job_env, run_job, start, torchrun_cmd, train_args
 from utils.hooks import HookBase
+from utils.loggers.tracker_queue import CANCELLED_FLUSH_S
+from utils.loggers.tracking import TrackerHook
 
 pytestmark = pytest.mark.slow
 TRACKER_MODULES = ("mlflow", "wandb", "clearml", "comet_ml")
@@ -33,6 +35,11 @@ class MlflowServer:
     """``mlflow server`` on a free loopback port, SQLite backend and a local artifact folder."""
 
     def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.start()
+
+    def start(self) -> None:
+        folder = self.folder
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(folder / "server.log", "w")
@@ -80,6 +87,10 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory):
 @pytest.fixture
 def tracker_env(mlflow_server: MlflowServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """Each tool's own variables: MLflow at the loopback server (an experiment per test), the others offline."""
+    if mlflow_server.proc.poll() is not None:  # a test killed it
+        mlflow_server.log.close()
+        mlflow_server.start()
+        mlflow_server.wait_ready()
     env = {"MLFLOW_TRACKING_URI": mlflow_server.url, "MLFLOW_EXPERIMENT_NAME": f"exp-{tmp_path.name}",
            "WANDB_MODE": "offline", "WANDB_SILENT": "true", "COMET_START_ONLINE": "false",
            "CLEARML_OFFLINE_MODE": "1", "CLEARML_CACHE_DIR": str(tmp_path / "clearml-cache")}
@@ -182,12 +193,35 @@ def assert_metrics_match(logged: dict[int, dict[str, float]], rows: list[dict[st
 
 
 # ------------------------------------------------------------------------------------------------ the tests
+class StopWhenTrackersCaughtUp(HookBase):
+    """``--hook tests.test_tracking:StopWhenTrackersCaughtUp``: before epoch 1 waits until every tracker sent what
+    was queued, then sends this process SIGTERM; prints a line with the time when the hooks start closing."""
+
+    priority = 10  # closes before the loggers
+
+    def before_step(self, trainer: Any, epoch: int, batch: int) -> None:
+        if (epoch, batch) != (1, 0):
+            return
+        for hook in trainer.hooks.hooks:
+            if isinstance(hook, TrackerHook):
+                caught_up = threading.Event()
+                hook.queue.submit(caught_up.set)  # in order: set once the calls before it ran
+                assert caught_up.wait(120), f"{hook.tracker.name} did not catch up"
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    def close(self, trainer: Any, cancelled: bool) -> None:
+        print(f"closing the hooks at {time.monotonic():.3f}", flush=True)
+
+
 @pytest.mark.timeout(900)  # two training runs and three trackers: minutes when other jobs share the cores
 def test_every_tracker_gets_the_run_and_a_resume_continues_the_same_run(tracker_env, tiny_cfg_file, tiny_dataset,
                                                                        tmp_path, capsys):
+    # --tracker-timeout (kept by the resumed run): a loaded machine's loopback server may need more than the
+    # default 10 s for the plots and weights at the end; a tracker that fails still warns, and fails the test
     args = tiny_args(tiny_cfg_file, tiny_dataset, tmp_path, "--epochs", "2", "--bbox_interval", "1",
-                     "--loggers", "csv", "mlflow", "wandb", "comet")
-    assert train_in_process(args, (FailAt(epoch=1, batch=0, action="term"),)) != 0  # SIGTERM during epoch 1
+                     "--tracker-timeout", "120", "--loggers", "csv", "mlflow", "wandb", "comet")
+    # SIGTERM before epoch 1, once every tracker named its run (a slow start would leave the run id out of last.pt)
+    assert train_in_process(args, (StopWhenTrackersCaughtUp(),)) != 0
     stopped = tracker_warnings(capsys.readouterr().out)  # a stopped run gives its trackers 3 s, then exits
     assert all("gave up after 3 s" in line for line in stopped), stopped
     save_dir = tmp_path / "runs" / "exp"
@@ -240,20 +274,26 @@ def check_wandb(save_dir: Path, rows: list[dict[str, float]]) -> None:
     assert {"hyp/lr0", "model/gflops", "env/torch"} <= set(config)
 
 
-def check_comet(save_dir: Path, rows: list[dict[str, float]]) -> None:
+def comet_offline(save_dir: Path) -> tuple[list[Path], dict[int, dict[str, float]], str]:
+    """Comet's offline archives of a run folder, the metrics they hold by step, and their messages as text."""
     archives = sorted((save_dir / "comet").glob("*.zip"))
-    assert len(archives) == 2 and len({a.name[:32] for a in archives}) == 1  # one experiment key, two sessions
     logged: dict[int, dict[str, float]] = {}
     messages = ""
     for path in archives:
         with zipfile.ZipFile(path) as archive:
-            messages += archive.read("messages.json").decode()
-            for line in archive.read("messages.json").decode().splitlines():
-                message = json.loads(line)
-                payload = message.get("payload", {})
-                metric = payload.get("metric") if isinstance(payload, dict) else None
-                if metric:
-                    logged.setdefault(int(metric["step"]), {})[metric["metricName"]] = float(metric["metricValue"])
+            text = archive.read("messages.json").decode()
+        messages += text
+        for line in text.splitlines():
+            payload = json.loads(line).get("payload", {})
+            metric = payload.get("metric") if isinstance(payload, dict) else None
+            if metric:
+                logged.setdefault(int(metric["step"]), {})[metric["metricName"]] = float(metric["metricValue"])
+    return archives, logged, messages
+
+
+def check_comet(save_dir: Path, rows: list[dict[str, float]]) -> None:
+    archives, logged, messages = comet_offline(save_dir)
+    assert len(archives) == 2 and len({a.name[:32] for a in archives}) == 1  # one experiment key, two sessions
     assert_metrics_match(logged, rows, "comet")
     assert '"best.pt"' in messages and "results.png" in messages  # the model and the plots were sent
 
@@ -299,7 +339,97 @@ def test_evolve_makes_one_tracked_run_per_generation_grouped(tracker_env, tiny_c
     assert any(first[k] != second[k] for k in first if k.startswith("hyp/"))  # generation 1's hyps were mutated
 
 
-@pytest.mark.timeout(900)
+# ------------------------------------------------------------------------------------------------ ClearML, stopping
+def clearml_env(tmp_path: Path) -> dict[str, str]:
+    """ClearML offline, its configuration and cache inside the test's folder (nothing read from or written to ~)."""
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    return {"HOME": str(home), "CLEARML_CONFIG_FILE": str(home / "clearml.conf"), "CLEARML_OFFLINE_MODE": "1",
+            "CLEARML_CACHE_DIR": str(tmp_path / "clearml-cache")}
+
+
+def clearml_session(cache_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The task and the reported events of the one offline session ClearML stored (``<cache>/offline/<id>.zip``)."""
+    (path,) = sorted((cache_dir / "offline").glob("*.zip"))
+    with zipfile.ZipFile(path) as archive:
+        task = json.loads(archive.read("task.json"))
+        events = [e for line in archive.read("metrics.jsonl").decode().splitlines() for e in json.loads(line)]
+    return task, events
+
+
+def clearml_scalars(events: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
+    """Scalars by iteration (ClearML keeps the single values of the summary at iteration -2**31)."""
+    logged: dict[int, dict[str, float]] = {}
+    for event in events:
+        if event["type"] == "training_stats_scalar":
+            logged.setdefault(int(event["iter"]), {})[f"{event['metric']}/{event['variant']}"] = event["value"]
+    return logged
+
+
+@pytest.mark.timeout(600)
+def test_clearml_offline_session_holds_the_run(tiny_cfg_file, tiny_dataset, tmp_path):
+    env = clearml_env(tmp_path)
+    args = train_args(tiny_dataset, tiny_cfg_file, tmp_path / "runs", "--bbox_interval", "1", "--loggers", "clearml",
+                      epochs=2, plots=True)
+    code, output = run_job([sys.executable, *args], env=job_env(**env))
+    assert code == 0 and not tracker_warnings(output), output[-3000:]
+    rows = results_rows(tmp_path / "runs" / "exp")
+    task, events = clearml_session(Path(env["CLEARML_CACHE_DIR"]))
+    assert task["name"] == "exp"
+    params = task["hyperparams"]
+    assert params["options"]["epochs"]["value"] == "2" and float(params["hyp"]["lr0"]["value"]) > 0
+    assert int(params["model"]["parameters"]["value"]) > 0 and params["env"]["world_size"]["value"] == "1"
+    scalars = clearml_scalars(events)
+    summary = {key.removeprefix("Summary/"): value for key, value in scalars.pop(-2**31).items()}
+    assert_metrics_match(scalars, rows, "clearml")
+    assert summary == pytest.approx({k: v for k, v in rows[-1].items() if k != "epoch"}, rel=1e-5)  # final metrics
+    images = {int(e["iter"]) for e in events if e["type"] == "training_debug_image" and e["metric"] == "Validation"}
+    assert images == {0, 1}
+    artifacts = {a["key"] for a in task["execution"]["artifacts"]}
+    assert {"weights/best.pt", "plots/results.png", "plots/labels.jpg", "plots/confusion_matrix.png"} <= artifacts
+
+
+@pytest.mark.timeout(600)
+def test_a_stopped_run_ends_its_trackers_together_and_exits_in_time(tracker_env, tiny_cfg_file, tiny_dataset,
+                                                                   tmp_path):
+    env = {**tracker_env, **clearml_env(tmp_path)}
+    args = train_args(tiny_dataset, tiny_cfg_file, tmp_path / "runs", "--hook",
+                      "tests.test_tracking:StopWhenTrackersCaughtUp", "--loggers", "mlflow", "wandb", "clearml",
+                      "comet", epochs=2)
+    pump = OutputPump(start([sys.executable, *args], env=job_env(**env)))
+    code, ended = pump.wait()
+    output = pump.text
+    assert code == 128 + signal.SIGTERM, output[-3000:]
+    closing = float(re.search(r"closing the hooks at ([\d.]+)", output).group(1))
+    stopped = next(t for t, text in pump.lines if text.startswith("train: stopped by SIGTERM"))
+    close_s, exit_s = stopped - closing, ended - stopped
+    print(f"trackers closed in {close_s:.1f} s (deadline {CANCELLED_FLUSH_S:g} s), then the process exited in "
+          f"{exit_s:.1f} s")
+    timeline = "\n".join(f"{t - closing:+7.2f} {text}" for t, text in pump.lines if t > closing - 1)
+    assert close_s <= CANCELLED_FLUSH_S + 1, timeline  # the four together within the one deadline
+    assert exit_s < 4 * CANCELLED_FLUSH_S, timeline  # nothing of theirs holds the exit (a hang is minutes)
+    assert not tracker_warnings(output), output[-3000:]
+    save_dir = tmp_path / "runs" / "exp"
+    rows = results_rows(save_dir)
+    assert [int(r["epoch"]) for r in rows] == [0]  # every record below holds the epoch that finished
+    (run,) = mlflow_runs(tracker_env)
+    assert run.info.status == "KILLED"
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracker_env["MLFLOW_TRACKING_URI"])
+    assert_metrics_match({0: {c: client.get_metric_history(run.info.run_id, c)[0].value for c in rows[0] if
+                              c != "epoch"}}, rows, "mlflow")
+    (run_file,) = (save_dir / "wandb").glob("offline-run-*/run-*.wandb")
+    records = wandb_records(run_file)
+    assert_metrics_match({int(h["epoch"]): h for h in wandb_history(records) if "epoch" in h}, rows, "wandb")
+    assert any(r.WhichOneof("record_type") == "exit" for r in records)  # the run was ended, not cut off
+    assert_metrics_match(clearml_scalars(clearml_session(Path(env["CLEARML_CACHE_DIR"]))[1]), rows, "clearml")
+    archives, logged, _ = comet_offline(save_dir)
+    assert len(archives) == 1
+    assert_metrics_match(logged, rows, "comet")
+
+
+@pytest.mark.timeout(900)  # the last test of the module: it kills the module's MLflow server
 def test_a_tracker_server_killed_mid_run_gives_one_warning_and_training_completes(
         tracker_env, mlflow_server, tiny_cfg_file, tiny_dataset, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")  # MLflow's own variables: fail fast, not in minutes

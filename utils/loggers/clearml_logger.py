@@ -3,8 +3,8 @@
 ``clearml-task --import-offline-session`` or ``Task.import_offline_session``).
 
 ClearML's own configuration and variables work (clearml.conf, CLEARML_API_HOST, CLEARML_OFFLINE_MODE, ...).
-ClearML's automatic patching of frameworks, argparse, the console and resources is off: the hook sends what
-every tracker gets.
+ClearML's automatic patching of frameworks, argparse, the console and resources and its repository detection are
+off: the hook sends what every tracker gets.
 """
 
 from __future__ import annotations
@@ -16,19 +16,26 @@ from utils.hooks import HookBase
 from utils.loggers.registry import LoggerContext
 from utils.loggers.tracking import RunInfo, Tracker, TrackerHook, file_folder, require
 
+# Task.init's auto_connect_frameworks as a dict: every framework binding off, and no repository detection (a thread
+# that imports the script's packages, TensorFlow among them, while training imports its own: a circular-import race)
+FRAMEWORKS_OFF = {name: False for name in ("hydra", "joblib", "scikit", "matplotlib", "tensorflow", "tensorboard",
+                                            "tfdefines", "pytorch", "megengine", "xgboost", "catboost", "fastai",
+                                            "lightgbm", "gradio", "detect_repository")}
+SUBPROCESS_SETTING = "development.report_use_subprocess"  # clearml.conf: sdk.development.report_use_subprocess
+
 
 class ClearmlTracker(Tracker):
     name = "clearml"
-    finish_s = 30.0  # Task.close waits for ClearML's reporter thread, which writes every 5 s
 
     def __init__(self, clearml: Any) -> None:
         self.clearml = clearml
         self.task: Any = None
 
     def start(self, run: RunInfo, resume_id: str | None) -> str:
+        report_in_threads(self.clearml)
         self.task = self.clearml.Task.init(
             project_name=run.project, task_name=run.name, tags=[run.group] if run.group else None,
-            reuse_last_task_id=False, continue_last_task=resume_id or False, auto_connect_frameworks=False,
+            reuse_last_task_id=False, continue_last_task=resume_id or False, auto_connect_frameworks=FRAMEWORKS_OFF,
             auto_connect_arg_parser=False, auto_connect_streams=False, auto_resource_monitoring=False)
         return str(self.task.id)
 
@@ -63,6 +70,18 @@ class ClearmlTracker(Tracker):
 
     def finish(self, cancelled: bool) -> None:
         self.task.close()
+
+
+def report_in_threads(clearml: Any) -> None:
+    """ClearML's reporter on threads of this process, unless clearml.conf sets it (report_use_subprocess).
+
+    On Linux ClearML forks a reporting process by default: forking a training process (torch's threads, a CUDA
+    context) from the queue's thread is unsafe, and closing that process took 11 s here, against 1.3 s on threads.
+    """
+    from clearml.config import config
+
+    if config.get(SUBPROCESS_SETTING, None) is None and hasattr(clearml.Task, "_report_subprocess_enabled"):
+        clearml.Task._report_subprocess_enabled = False
 
 
 def ClearmlLogger(context: LoggerContext) -> HookBase:  # noqa: N802 - a factory named like the hook it builds

@@ -16,6 +16,7 @@ from typing import Any
 
 from utils.errors import UserError
 from utils.hooks import HookBase
+from utils.loggers.tracker_queue import CANCELLED_FLUSH_S, FLUSH_S
 
 # name -> "module:factory"; the factory is called with a LoggerContext and returns a HookBase
 LOGGERS: dict[str, str] = {
@@ -41,6 +42,7 @@ class LoggerContext:
     save_dir: Path
     options: dict[str, Any] = field(default_factory=dict)  # the run's options (plain types)
     enabled: bool = True  # the main process; a disabled context builds nothing
+    shared: dict[str, Any] = field(default_factory=dict)  # what the loggers of one run share (the trackers' closing)
 
 
 def add_logger_flags(parser: argparse.ArgumentParser) -> None:
@@ -55,6 +57,20 @@ def add_logger_flags(parser: argparse.ArgumentParser) -> None:
                         help="send the data set (images and labels) to the trackers; 'val': the val split only")
     parser.add_argument("--artifact_alias", "--artifact-alias", default="latest",
                         help="alias (version name) of the model and data set artifacts the trackers keep")
+    parser.add_argument("--tracker-timeout", "--tracker_timeout", type=_seconds, default=FLUSH_S, metavar="S",
+                        help=f"seconds the trackers get together at the end of a run to send what is queued (at "
+                        f"most {CANCELLED_FLUSH_S:g} after a stop signal)")
+
+
+def _seconds(text: str) -> float:
+    """A duration in seconds, zero or more (argparse prints the one-line error)."""
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = -1.0
+    if not seconds >= 0:  # also NaN
+        raise argparse.ArgumentTypeError(f"expected seconds (a number, 0 or more), got {text!r}")
+    return seconds
 
 
 def chosen_loggers(names: Sequence[str] | None) -> list[str]:

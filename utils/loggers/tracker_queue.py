@@ -59,10 +59,20 @@ class TrackerQueue:
     def close(self, timeout_s: float = FLUSH_S) -> bool:
         """Let the queued calls run for up to ``timeout_s``, then abandon the rest; True when all ran."""
         deadline = time.monotonic() + timeout_s
+        self.end()
+        return self.wait(deadline, timeout_s)
+
+    def end(self) -> None:
+        """Queue the end marker behind every queued call; never blocks (a full queue belongs to a tracker that
+        already failed: its thread is abandoned at the deadline)."""
         try:
-            self.calls.put(None, timeout=max(timeout_s, 0.0))  # the end marker, behind every queued call
+            self.calls.put_nowait(None)
         except queue.Full:
             pass
+
+    def wait(self, deadline: float, timeout_s: float) -> bool:
+        """Wait for the thread to reach the end marker until ``deadline`` (``timeout_s``: the budget it was given,
+        for the warning); a thread still busy then is abandoned (a daemon: it cannot hold the process)."""
         self._thread.join(max(deadline - time.monotonic(), 0.0))
         if self._thread.is_alive():
             self.fail(f"gave up after {timeout_s:g} s with {self.calls.qsize()} calls still queued")

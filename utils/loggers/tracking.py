@@ -13,6 +13,7 @@ import dataclasses
 import importlib
 import platform
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -87,7 +88,6 @@ class Tracker:
     ``resume_id``) and returns its id; files are sent as a list with the folder they belong under."""
 
     name = "tracker"
-    finish_s = FLUSH_S  # how long the end of a run may take to send (not after a stop signal: CANCELLED_FLUSH_S)
 
     def start(self, run: RunInfo, resume_id: str | None) -> str:
         raise NotImplementedError
@@ -120,6 +120,9 @@ class TrackerHook(HookBase):
         self.tracker, self.context, self.run = tracker, context, RunInfo.of(context)
         self.state_key = tracker.name
         self.queue = TrackerQueue(tracker.name)
+        self.group = TrackerGroup.of(context)
+        self.group.hooks.append(self)
+        self.closed = False
         self.run_id: str | None = None
         self.started = threading.Event()  # start_run returned (or failed)
         self.resume_id: str | None = None
@@ -176,15 +179,53 @@ class TrackerHook(HookBase):
             self.queue.submit(self.tracker.log_files, [best], "weights", "model")
 
     def close(self, trainer: Trainer, cancelled: bool) -> None:
-        """The plots that exist (after the background plotting finished), then end the run; a few seconds at most."""
-        background = getattr(trainer, "background", None)
-        if background is not None and not cancelled:
-            background.close()  # the plots drawn in the background are written before they are sent
-        plots = sorted({p for pattern in PLOT_PATTERNS for p in self.run.save_dir.glob(pattern)})
+        """End the run: this run's trackers all finish side by side (see TrackerGroup)."""
+        self.group.close(trainer, cancelled)
+
+    def send_end(self, plots: list[Path], cancelled: bool) -> None:
+        """Queue the plots and the end of the run, then the queue's end marker (the group waits for it)."""
         if plots:
             self.queue.submit(self.tracker.log_files, plots, "plots", "plots")
         self.queue.submit(self.tracker.finish, cancelled, always=True)
-        self.queue.close(CANCELLED_FLUSH_S if cancelled else self.tracker.finish_s)
+        self.queue.end()
+        self.closed = True
+
+
+class TrackerGroup:
+    """The trackers of one run (one LoggerContext). At close each tracker ends its run on its own queue's thread,
+    all at once, against ONE deadline (``--tracker-timeout``, at most CANCELLED_FLUSH_S after a stop signal): a
+    run with four trackers exits as soon as one would. A tracker still busy then is abandoned with one warning."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.hooks: list[TrackerHook] = []
+
+    @staticmethod
+    def of(context: LoggerContext) -> TrackerGroup:
+        """The group of the run ``context`` describes (made by its first tracker)."""
+        given = context.options.get("tracker_timeout")
+        return context.shared.setdefault("trackers", TrackerGroup(FLUSH_S if given is None else float(given)))
+
+    def timeout_for(self, cancelled: bool) -> float:
+        """The seconds the trackers get together: ``--tracker-timeout``, at most CANCELLED_FLUSH_S after a stop."""
+        return min(self.timeout_s, CANCELLED_FLUSH_S) if cancelled else self.timeout_s
+
+    def close(self, trainer: Trainer, cancelled: bool) -> None:
+        """End every tracker not yet closed: the plots that exist (after the background plotting finished)."""
+        open_hooks = [hook for hook in self.hooks if not hook.closed]
+        if not open_hooks:
+            return
+        background = getattr(trainer, "background", None)
+        if background is not None and not cancelled:
+            background.close()  # the plots drawn in the background are written before they are sent
+        save_dir = open_hooks[0].run.save_dir
+        plots = sorted({p for pattern in PLOT_PATTERNS for p in save_dir.glob(pattern)})
+        timeout_s = self.timeout_for(cancelled)
+        deadline = time.monotonic() + timeout_s
+        for hook in open_hooks:
+            hook.send_end(plots, cancelled)
+        for hook in open_hooks:
+            hook.queue.wait(deadline, timeout_s)
 
 
 def run_parameters(trainer: Trainer) -> dict[str, Any]:

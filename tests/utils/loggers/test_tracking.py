@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -15,6 +17,7 @@ import torch
 
 from models.yolo import Model
 from utils.loggers.registry import LoggerContext, LoggerError, add_logger_flags, build_loggers
+from utils.loggers.tracker_queue import CANCELLED_FLUSH_S, FLUSH_S
 from utils.loggers.tracking import RunInfo, Tracker, TrackerHook, file_folder, run_options
 
 
@@ -145,3 +148,52 @@ def test_a_missing_tracker_package_is_a_one_line_error(logger, package, tmp_path
 def test_other_ranks_build_no_tracker(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # would fail if it were imported
     assert build_loggers(["wandb"], LoggerContext(tmp_path, enabled=False)) == []
+
+
+class BlockedTracker(RecordingTracker):
+    """A tracker whose end of run cannot finish (a server that stopped answering) until ``release`` is set."""
+
+    def __init__(self, name: str, release: threading.Event) -> None:
+        super().__init__()
+        self.name, self.release = name, release
+        self.finishing = threading.Event()
+
+    def finish(self, cancelled: bool) -> None:
+        self.finishing.set()
+        self.release.wait()
+
+
+def test_trackers_end_side_by_side_against_one_deadline(tmp_path, yolo_log):
+    release = threading.Event()
+    context = LoggerContext(tmp_path / "exp", {"tracker_timeout": 1.0})
+    trackers = [BlockedTracker(name, release) for name in ("first", "second", "third")]
+    hooks = [TrackerHook(tracker, context) for tracker in trackers]
+    trainer = SimpleNamespace()
+    try:
+        start = time.monotonic()
+        for hook in hooks:  # what Hooks.close does: each hook's close, one after the other
+            hook.close(trainer, cancelled=False)
+        closed_s = time.monotonic() - start
+        assert all(tracker.finishing.is_set() for tracker in trackers)  # every end of run started at once
+    finally:
+        release.set()
+    assert 1.0 <= closed_s < 2 * 1.0  # one deadline for the three (one after the other: 3 deadlines)
+    for tracker in trackers:
+        (warning,) = [line for line in yolo_log if line.startswith(f"WARNING: {tracker.name}:")]
+        assert "gave up after 1 s" in warning
+    assert all(hook.queue._thread.daemon for hook in hooks)  # an abandoned tracker cannot hold the process
+
+
+def test_the_deadline_is_tracker_timeout_and_at_most_three_seconds_after_a_stop(tmp_path):
+    def group(**options: Any) -> Any:
+        return TrackerHook(RecordingTracker(), LoggerContext(tmp_path, options)).group
+
+    assert (group().timeout_for(False), group().timeout_for(True)) == (FLUSH_S, CANCELLED_FLUSH_S)
+    assert (group(tracker_timeout=60).timeout_for(False), group(tracker_timeout=60).timeout_for(True)) == (60, 3)
+    assert group(tracker_timeout=0.5).timeout_for(True) == 0.5
+    parser = argparse.ArgumentParser()
+    add_logger_flags(parser)
+    assert parser.parse_args(["--tracker-timeout", "2.5"]).tracker_timeout == 2.5
+    assert parser.parse_args([]).tracker_timeout == FLUSH_S
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--tracker-timeout", "-1"])
