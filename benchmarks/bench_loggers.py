@@ -107,7 +107,7 @@ def time_tracker(name: str, trainer: SimpleNamespace, run_dir: Path, epochs: int
     (run_dir / "weights").mkdir(parents=True, exist_ok=True)
     options = {**vars(trainer.opt), "bbox_interval": 1 if images else epochs + 1}
     start = time.perf_counter()
-    (hook,) = build_loggers([name], LoggerContext(run_dir, options))
+    hook = build_loggers([name], LoggerContext(run_dir, options))[-1]  # after results.csv, always built
     hook.before_train(trainer)
     drained(hook)
     startup = time.perf_counter() - start

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import OutputPump, free_port, job_env, run_job, start, torchrun_cmd, train_args
+from tests.helpers import ROOT, OutputPump, free_port, job_env, run_job, start, torchrun_cmd, train_args
 from utils.hooks import HookBase
 from utils.loggers.tracker_queue import CANCELLED_FLUSH_S
 from utils.loggers.tracking import TrackerHook
@@ -358,7 +358,7 @@ def clearml_session(cache_dir: Path) -> tuple[dict[str, Any], list[dict[str, Any
 
 
 def clearml_scalars(events: list[dict[str, Any]]) -> dict[int, dict[str, float]]:
-    """Scalars by iteration (ClearML keeps the single values of the summary at iteration -2**31)."""
+    """Scalars by iteration (ClearML keeps the single values of the summary at a large negative iteration)."""
     logged: dict[int, dict[str, float]] = {}
     for event in events:
         if event["type"] == "training_stats_scalar":
@@ -366,36 +366,13 @@ def clearml_scalars(events: list[dict[str, Any]]) -> dict[int, dict[str, float]]
     return logged
 
 
-@pytest.mark.timeout(600)
-def test_clearml_offline_session_holds_the_run(tiny_cfg_file, tiny_dataset, tmp_path):
-    env = clearml_env(tmp_path)
-    args = train_args(tiny_dataset, tiny_cfg_file, tmp_path / "runs", "--bbox_interval", "1", "--loggers", "clearml",
-                      epochs=2, plots=True)
-    code, output = run_job([sys.executable, *args], env=job_env(**env))
-    assert code == 0 and not tracker_warnings(output), output[-3000:]
-    rows = results_rows(tmp_path / "runs" / "exp")
-    task, events = clearml_session(Path(env["CLEARML_CACHE_DIR"]))
-    assert task["name"] == "exp"
-    params = task["hyperparams"]
-    assert params["options"]["epochs"]["value"] == "2" and float(params["hyp"]["lr0"]["value"]) > 0
-    assert int(params["model"]["parameters"]["value"]) > 0 and params["env"]["world_size"]["value"] == "1"
-    scalars = clearml_scalars(events)
-    summary = {key.removeprefix("Summary/"): value for key, value in scalars.pop(-2**31).items()}
-    assert_metrics_match(scalars, rows, "clearml")
-    assert summary == pytest.approx({k: v for k, v in rows[-1].items() if k != "epoch"}, rel=1e-5)  # final metrics
-    images = {int(e["iter"]) for e in events if e["type"] == "training_debug_image" and e["metric"] == "Validation"}
-    assert images == {0, 1}
-    artifacts = {a["key"] for a in task["execution"]["artifacts"]}
-    assert {"weights/best.pt", "plots/results.png", "plots/labels.jpg", "plots/confusion_matrix.png"} <= artifacts
-
-
-@pytest.mark.timeout(600)
-def test_a_stopped_run_ends_its_trackers_together_and_exits_in_time(tracker_env, tiny_cfg_file, tiny_dataset,
-                                                                   tmp_path):
+@pytest.mark.timeout(900)
+def test_a_stopped_run_ends_its_trackers_in_time_and_a_resume_continues_the_clearml_task(tracker_env, tiny_cfg_file,
+                                                                                        tiny_dataset, tmp_path):
     env = {**tracker_env, **clearml_env(tmp_path)}
-    args = train_args(tiny_dataset, tiny_cfg_file, tmp_path / "runs", "--hook",
+    args = train_args(tiny_dataset, tiny_cfg_file, tmp_path / "runs", "--bbox_interval", "1", "--hook",
                       "tests.test_tracking:StopWhenTrackersCaughtUp", "--loggers", "mlflow", "wandb", "clearml",
-                      "comet", epochs=2)
+                      "comet", epochs=2, plots=True)
     pump = OutputPump(start([sys.executable, *args], env=job_env(**env)))
     code, ended = pump.wait()
     output = pump.text
@@ -427,6 +404,29 @@ def test_a_stopped_run_ends_its_trackers_together_and_exits_in_time(tracker_env,
     archives, logged, _ = comet_offline(save_dir)
     assert len(archives) == 1
     assert_metrics_match(logged, rows, "comet")
+    check_clearml_resumed(env, save_dir)
+
+
+def check_clearml_resumed(env: dict[str, str], save_dir: Path) -> None:
+    """``--resume`` the stopped run with ClearML: its offline task continues, epochs as iterations, and ends whole."""
+    resume = [sys.executable, str(ROOT / "train.py"), "--resume", str(save_dir / "weights" / "last.pt"), "--device",
+              "cpu", "--workers", "0", "--loggers", "clearml"]
+    code, output = run_job(resume, env=job_env(**env))
+    assert code == 0 and not tracker_warnings(output), output[-3000:]
+    rows = results_rows(save_dir)
+    task, events = clearml_session(Path(env["CLEARML_CACHE_DIR"]))  # one session: the same task, continued
+    assert task["name"] == "exp"
+    params = task["hyperparams"]
+    assert params["options"]["epochs"]["value"] == "2" and float(params["hyp"]["lr0"]["value"]) > 0
+    assert int(params["model"]["parameters"]["value"]) > 0 and params["env"]["world_size"]["value"] == "1"
+    scalars = clearml_scalars(events)
+    summary = {key.removeprefix("Summary/"): value for key, value in scalars.pop(min(scalars)).items()}
+    assert_metrics_match(scalars, rows, "clearml")
+    assert summary == pytest.approx({k: v for k, v in rows[-1].items() if k != "epoch"}, rel=1e-5)  # final metrics
+    images = {int(e["iter"]) for e in events if e["type"] == "training_debug_image" and e["metric"] == "Validation"}
+    assert images == {0, 1}
+    artifacts = {a["key"] for a in task["execution"]["artifacts"]}
+    assert {"weights/best.pt", "plots/results.png", "plots/labels.jpg", "plots/confusion_matrix.png"} <= artifacts
 
 
 @pytest.mark.timeout(900)  # the last test of the module: it kills the module's MLflow server

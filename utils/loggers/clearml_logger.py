@@ -35,7 +35,9 @@ class ClearmlTracker(Tracker):
         report_in_threads(self.clearml)
         self.task = self.clearml.Task.init(
             project_name=run.project, task_name=run.name, tags=[run.group] if run.group else None,
-            reuse_last_task_id=False, continue_last_task=resume_id or False, auto_connect_frameworks=FRAMEWORKS_OFF,
+            reuse_last_task_id=resume_id or False,  # a resumed run continues its task with iterations = epochs,
+            continue_last_task=0 if resume_id else False,  # not offset past the last one reported (ClearML's default)
+            auto_connect_frameworks=FRAMEWORKS_OFF,
             auto_connect_arg_parser=False, auto_connect_streams=False, auto_resource_monitoring=False)
         return str(self.task.id)
 

@@ -4,7 +4,8 @@ The hook runs on the main process only (the registry builds none elsewhere). It 
 hyperparameters, model summary and environment at ``before_train``, each epoch's results.csv row at
 ``after_epoch``, validation images with predicted boxes every ``--bbox_interval`` epochs, and at ``close`` the
 plots, the final metrics and the weights. Every call to the tool goes through a TrackerQueue, so a tracker that
-is slow or down never holds training. The tool's run id is kept in the checkpoints: a resumed run continues it.
+is slow or down never holds training; at the end a run's trackers finish side by side against one deadline
+(TrackerGroup). The tool's run id is kept in the checkpoints: a resumed run continues it.
 """
 
 from __future__ import annotations

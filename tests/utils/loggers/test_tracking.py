@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import subprocess
 import sys
 import threading
 import time
@@ -16,6 +18,7 @@ import pytest
 import torch
 
 from models.yolo import Model
+from tests.helpers import ROOT
 from utils.loggers.registry import LoggerContext, LoggerError, add_logger_flags, build_loggers
 from utils.loggers.tracker_queue import CANCELLED_FLUSH_S, FLUSH_S
 from utils.loggers.tracking import RunInfo, Tracker, TrackerHook, file_folder, run_options
@@ -197,3 +200,16 @@ def test_the_deadline_is_tracker_timeout_and_at_most_three_seconds_after_a_stop(
     assert parser.parse_args([]).tracker_timeout == FLUSH_S
     with pytest.raises(SystemExit):
         parser.parse_args(["--tracker-timeout", "-1"])
+
+
+@pytest.mark.slow  # a process of its own (ClearML reads its configuration once per process)
+def test_clearml_keeps_a_reporting_process_when_its_configuration_asks_for_one(tmp_path):
+    """Without the setting ClearML reports from threads: tests/test_tracking.py's runs close it within the deadline."""
+    config = tmp_path / "clearml.conf"
+    config.write_text("sdk.development.report_use_subprocess: true\n")
+    code = ("import clearml; from utils.loggers.clearml_logger import report_in_threads; report_in_threads(clearml); "
+            "print(bool(clearml.Task._report_subprocess_enabled))")
+    env = {**os.environ, "CLEARML_CONFIG_FILE": str(config), "HOME": str(tmp_path), "CLEARML_OFFLINE_MODE": "1"}
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.stdout.strip().splitlines()[-1:] == ["True"], result.stderr[-2000:]
