@@ -171,7 +171,7 @@ RUNTIME_OPTIONS: dict[str, bool] = {
     "workers": False, "ddp_timeout": False, "ddp_long_timeout": False, "save_interval_steps": False,
     "save_interval_minutes": False, "exist_ok": False, "amp": False, "channels_last": False, "compile": False,
     "data": False,  # each machine may keep the data elsewhere
-    "loggers": False,
+    "loggers": False, "tracker_timeout": False,
 }
 
 

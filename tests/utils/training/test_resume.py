@@ -58,3 +58,11 @@ def test_resume_options_keep_runtime_flags() -> None:
     assert merged.extra == {"new_flag": 1} and "gone" not in merged.options()  # options added since keep theirs
     assert resume_options(current.replace(workers=8), saved, defaults).workers == 2  # not given: the checkpoint's
     assert RUNTIME_OPTIONS["device"] and not RUNTIME_OPTIONS["workers"]
+
+
+def test_a_resume_takes_the_tracker_deadline_it_is_given() -> None:
+    defaults = RunConfig(extra={"tracker_timeout": 10.0})
+    saved = {"tracker_timeout": 120.0}
+    assert resume_options(defaults, saved, defaults).extra["tracker_timeout"] == 120.0  # not given: the run's own
+    given = RunConfig(extra={"tracker_timeout": 30.0})
+    assert resume_options(given, saved, defaults).extra["tracker_timeout"] == 30.0
