@@ -47,7 +47,7 @@ class MlflowServer:
             [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(self.port), "--workers",
              "1", "--backend-store-uri", f"sqlite:///{folder / 'mlflow.db'}", "--artifacts-destination",
              str(folder / "artifacts")], stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True,
-            env=job_env())
+            env=job_env(MLFLOW_SERVER_ENABLE_JOB_EXECUTION="false"))  # no job runner: it halves the start-up
 
     def wait_ready(self, timeout_s: float = 240.0) -> None:
         deadline = time.monotonic() + timeout_s
