@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.usefixtures("one_torch_thread"),  # not importorskip: 
               pytest.mark.skipif(missing_packages((("tensorflow", "tensorflow-cpu"), ("ai_edge_litert", "x"))) != [],
                                  reason="pip install -r requirements-export.txt")]
 NAMES = ["circle", "square", "triangle"]
+IMAGES = Path(__file__).resolve().parents[3] / "data" / "images"
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +86,7 @@ def test_detect_test_and_hubconf_run_the_files_without_data(tf_exports, tiny_dat
     saved, lite = tf_exports
     weights = lite.file.with_name("best.pt")
     for result in tf_exports:
-        detect.main(detect.parse_opt(["--weights", str(result.file), "--source", str(Path("data/images").resolve()),
+        detect.main(detect.parse_opt(["--weights", str(result.file), "--source", str(IMAGES),
                                       "--img-size", "64", "--conf-thres", "0.001", "--project", str(tmp_path)]))
         out = capsys.readouterr().out
         assert "64x64" in out and any(name in out for name in ("circle", "square", "triangle")), result.format
@@ -109,7 +110,7 @@ def test_bad_files_are_one_line_errors(tmp_path: Path, capsys) -> None:
         with pytest.raises(FormatError, match=expected):
             InferenceModel(file)
     detect = load_script("detect")
-    code = run_main(detect.main, detect.parse_opt(["--weights", str(garbled), "--source", "data/images"]), "detect")
+    code = run_main(detect.main, detect.parse_opt(["--weights", str(garbled), "--source", str(IMAGES)]), "detect")
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("detect: error: ") and err.count("\n") == 1, err
 

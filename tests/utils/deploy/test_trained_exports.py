@@ -81,6 +81,14 @@ def test_int8_onnx_and_openvino_within_the_map_drop(int8_exports, trained: Path)
 
     ops = {node.op_type for node in onnx.load(str(onnx_result.file)).graph.node}
     assert {"QuantizeLinear", "DequantizeLinear"} <= ops  # really quantized
+    import openvino
+
+    core = openvino.Core()  # compiled as InferenceModel compiles it: the f32 hint leaves the INT8 layers INT8
+    xml = next(openvino_result.file.glob("*.xml"))
+    compiled = core.compile_model(core.read_model(str(xml)), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    infos = [op.get_rt_info() for op in compiled.get_runtime_model().get_ops()]
+    precisions = {i["runtimePrecision"].astype(str) for i in infos if i["layerType"].astype(str) == "Convolution"}
+    assert precisions and precisions <= {"i8", "u8"}
     inference = InferenceModel(onnx_result.file)
     assert inference.names == InferenceModel(trained).names and inference.img_size == (64, 64)
 
