@@ -5,6 +5,7 @@
     python benchmarks/bench_model.py --models yolov5s yolov5m --runs 50 --threads 1
     python benchmarks/bench_model.py --threads 1 --clock cpu   # robust on a machine shared with other jobs
     python benchmarks/bench_model.py --channels-last           # also NHWC vs NCHW, run for run
+    python benchmarks/bench_model.py --merge-gain              # also C3's merged cv1/cv2 product vs two convs
     python benchmarks/bench_model.py --threads 1 --clock cpu --reference /tmp/ref/yolov5   # ours vs YOLOv5 7.0.14
 
 Each model is built from its YAML, BatchNorm-fused and run in eval mode under torch.inference_mode
@@ -24,6 +25,7 @@ compute time even when other jobs share the cores (wall time then also counts th
 from __future__ import annotations
 
 import argparse
+import copy
 import sys
 import time
 from pathlib import Path
@@ -35,6 +37,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.harness import CLOCKS, Clock, Reference, Stats, add_timing_flags, header, time_call  # noqa: E402
+from models.common import C3  # noqa: E402
 from models.yolo import Model  # noqa: E402
 
 
@@ -50,6 +53,8 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="yolov5n, 5 runs, 1024 matmul")
     parser.add_argument("--reference", type=Path, default=None,
                         help="directory of the PyPI yolov5 7.0.14 package (…/yolov5): also time its forward, in turns")
+    parser.add_argument("--merge-gain", action="store_true",
+                        help="also time the fused model with and without C3's merged cv1/cv2 product, in turns")
     parser.add_argument("--channels-last", action="store_true",
                         help="also time each model in channels_last (NHWC), run for run with the default layout")
     opt = parser.parse_args(argv)
@@ -88,6 +93,27 @@ def channels_last_gain(opt: argparse.Namespace, clock: Clock) -> str:
         ratio = Stats.of(a / b for a, b in zip(*times))
         lines.append(f"{name:<16}{Stats.of(times[0]).median * 1e3:>12.1f}{Stats.of(times[1]).median * 1e3:>12.1f}"
                      f"{ratio.fmt(2):>22}")
+    return "\n".join(lines)
+
+
+def merge_gain(opt: argparse.Namespace, clock: Clock) -> str:
+    """Per model: the fused forward with C3's cv1 and cv2 as one product (the default) and as two convolutions plus a
+    concatenation, timed in turns; the median of the per-pair ratios (< 1: the merged product is faster)."""
+    lines = [f"{'C3 merged':<16}{'two convs ms':>14}{'merged ms':>12}{'merged/two':>22}{'max |diff|':>12}"]
+    for name in opt.models:
+        torch.manual_seed(0)
+        merged = Model(name).fuse().eval()
+        plain = copy.deepcopy(merged)
+        for block in plain.modules():
+            if isinstance(block, C3):
+                block.merged_weight = block.merged_bias = None
+        x = torch.rand(opt.batch_size, 3, opt.img_size, opt.img_size)
+        with torch.inference_mode():
+            diff = (merged(x) - plain(x)).abs().max().item()
+        times = alternate((plain, merged), x, opt, clock)
+        ratio = Stats.of(b / a for a, b in zip(*times))
+        lines.append(f"{name:<16}{Stats.of(times[0]).median * 1e3:>14.1f}{Stats.of(times[1]).median * 1e3:>12.1f}"
+                     f"{ratio.fmt(3):>22}{diff:>12.1e}")
     return "\n".join(lines)
 
 
@@ -148,6 +174,8 @@ def main(opt: argparse.Namespace) -> list[dict]:
               f"{reference.ratio(result['ms_per_image'] / 1e3):>10.2f}")
     if opt.channels_last:
         print(channels_last_gain(opt, clock))
+    if opt.merge_gain:
+        print(merge_gain(opt, clock))
     if opt.reference is not None:
         print(against_reference(opt, clock))
     reference.measure()

@@ -22,6 +22,7 @@ import resource
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,13 +74,13 @@ PATCHES = (
 class PhaseClock:
     """Exclusive training-thread CPU seconds per phase: time inside a nested phase is the inner phase's."""
 
-    def __init__(self) -> None:
+    def __init__(self, now: Callable[[], float] = time.thread_time) -> None:
+        self.now = now  # the training thread's CPU seconds
         self.seconds: dict[str, float] = defaultdict(float)
         self.stack: list[list] = []  # [label, start of the current slice]
-        self.thread = None
 
     def enter(self, phase: str) -> None:
-        now = time.thread_time()
+        now = self.now()
         if self.stack:
             outer = self.stack[-1]
             self.seconds[outer[0]] += now - outer[1]
@@ -91,7 +92,7 @@ class PhaseClock:
         self.stack.append([label, now])
 
     def leave(self) -> None:
-        now = time.thread_time()
+        now = self.now()
         label, start = self.stack.pop()
         self.seconds[label] += now - start
         if self.stack:

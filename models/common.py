@@ -29,11 +29,19 @@ def apply_conv(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     input to NCHW and back; as (pixels, c_in) @ (c_in, c_out) it needs no copy and returns channels_last too.
     """
     if (conv.kernel_size == (1, 1) and conv.stride == (1, 1) and conv.groups == 1 and conv.padding in ((0, 0), 0)
-            and x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous()
-            and not exporting()):
+            and pixel_rows(x) and not exporting()):
         weight = conv.weight.view(conv.out_channels, conv.in_channels)
         return F.linear(x.permute(0, 2, 3, 1), weight, conv.bias).permute(0, 3, 1, 2)
     return conv(x)
+
+
+def pixel_rows(x: torch.Tensor) -> bool:
+    """Whether the 4-D ``x`` is laid out channels-last with unit channel stride and equally spaced pixels (a
+    channels_last tensor, or a channel slice of one): then (pixels, channels) is a strided matrix view of it."""
+    if x.dim() != 4 or x.stride(1) != 1 or x.is_contiguous():
+        return False
+    row = x.stride(3)
+    return row >= x.size(1) and x.stride(2) == row * x.size(3) and x.stride(0) == x.stride(2) * x.size(2)
 
 
 class Conv(nn.Module):
@@ -91,9 +99,31 @@ class C3(nn.Module):
         self.cv2 = Conv(c_in, hidden, 1, 1)
         self.cv3 = Conv(2 * hidden, c_out, 1)
         self.m = nn.Sequential(*(Bottleneck(hidden, hidden, shortcut, groups, expansion=1.0) for _ in range(n)))
+        self.register_buffer("merged_weight", None, persistent=False)  # set by merge() after fusing
+        self.register_buffer("merged_bias", None, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.merged_weight is not None and pixel_rows(x) and not torch.is_grad_enabled() and not exporting():
+            return self._forward_merged(x)
         return self.cv3(torch.cat((self.m(self.cv1(x)), self.cv2(x)), dim=1))
+
+    @torch.no_grad()
+    def merge(self) -> None:
+        """After ``fuse()``: cv1 and cv2 (two 1x1 convolutions of the same input) as one matrix product."""
+        convs = (self.cv1.conv, self.cv2.conv)
+        if any(c.bias is None or c.kernel_size != (1, 1) or c.stride != (1, 1) or c.groups != 1 for c in convs) or \
+                not (isinstance(self.cv1.act, nn.SiLU) and isinstance(self.cv2.act, nn.SiLU)):
+            return
+        self.merged_weight = torch.cat([c.weight.reshape(c.out_channels, -1) for c in convs])
+        self.merged_bias = torch.cat([c.bias for c in convs])
+
+    def _forward_merged(self, x: torch.Tensor) -> torch.Tensor:
+        """Inference on a channels_last ``x``: cv1 and cv2 write one (b, h, w, 2 hidden) buffer, the bottlenecks run
+        on its first half and their result replaces it, and cv3 reads the buffer: no concatenation."""
+        both = F.silu(F.linear(x.permute(0, 2, 3, 1), self.merged_weight, self.merged_bias), inplace=True)
+        first = both[..., :self.cv1.conv.out_channels].permute(0, 3, 1, 2)
+        first.copy_(self.m(first))
+        return self.cv3(both.permute(0, 3, 1, 2))
 
 
 def max_pool_same(x: torch.Tensor, kernel: int) -> torch.Tensor:

@@ -287,6 +287,9 @@ class Model(nn.Module):
         for m in self.modules():
             if isinstance(m, (Conv,)):
                 m.fuse()
+        for m in self.modules():
+            if isinstance(m, C3):
+                m.merge()
         if all(p.device.type == "cpu" for p in self.parameters()):
             self.to(memory_format=torch.channels_last)
             self.channels_last_input = True

@@ -33,3 +33,9 @@ def test_reference_folder_must_be_the_unpacked_yolov5_package(tmp_path: Path) ->
     (tmp_path / "models" / "yolo.py").write_text("")
     with pytest.raises(ValueError, match="expected the 'yolov5' package directory"):
         build_reference(tmp_path, "yolov5n", {})
+
+
+def test_epoch_comparison_and_workers_flags(tmp_path: Path) -> None:
+    opt = bench_step.parse_opt(["--epoch", "--epoch-rounds", "3", "--compare", str(tmp_path), "--epoch-workers", "0",
+                                "1", "2"])
+    assert (opt.epoch_rounds, opt.compare, opt.epoch_workers) == (3, tmp_path, [0, 1, 2])

@@ -6,7 +6,19 @@ import pytest
 import torch
 from torch import nn
 
-from models.common import C3, SPP, SPPF, Bottleneck, Concat, Conv, Focus, apply_conv, autopad, max_pool_same
+from models.common import (
+    C3,
+    SPP,
+    SPPF,
+    Bottleneck,
+    Concat,
+    Conv,
+    Focus,
+    apply_conv,
+    autopad,
+    max_pool_same,
+    pixel_rows,
+)
 
 
 def _randomise_batchnorm(module: nn.Module, seed: int = 0) -> None:
@@ -143,3 +155,36 @@ def test_pointwise_conv_of_a_channels_last_tensor_is_a_matrix_product() -> None:
     assert conv.weight.grad is not None and conv.weight.grad.shape == conv.weight.shape
     three = nn.Conv2d(6, 5, 3, padding=1)  # other kernels: the module itself
     torch.testing.assert_close(apply_conv(three, nhwc), three(x), atol=1e-5, rtol=1e-5)
+
+
+def test_pixel_rows_accepts_channels_last_tensors_and_their_channel_slices_only() -> None:
+    x = torch.randn(2, 6, 4, 7)
+    nhwc = x.contiguous(memory_format=torch.channels_last)
+    assert pixel_rows(nhwc) and pixel_rows(nhwc[:, :4])
+    assert not pixel_rows(x) and not pixel_rows(nhwc[..., ::2]) and not pixel_rows(nhwc[:, :, 1:])
+    conv = nn.Conv2d(4, 3, 1)
+    torch.testing.assert_close(apply_conv(conv, nhwc[:, :4]), conv(x[:, :4]), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shortcut", [True, False])
+def test_fused_c3_runs_cv1_and_cv2_as_one_product_with_the_same_output(shortcut: bool) -> None:
+    torch.manual_seed(0)
+    block = C3(8, 12, n=2, shortcut=shortcut).eval()
+    for m in block.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2.0)
+    x = torch.randn(2, 8, 6, 5).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad():
+        expected = block(x)
+        for m in block.modules():
+            if isinstance(m, Conv):
+                m.fuse()
+        block.merge()
+        assert block.merged_weight.shape == (12, 8) and "merged_weight" not in block.state_dict()
+        merged = block(x)
+    torch.testing.assert_close(merged, expected, atol=1e-5, rtol=1e-5)
+    block.merged_weight.mul_(0)  # the product that ran is the merged one: zeroing it changes the output
+    with torch.no_grad():
+        assert not torch.allclose(block(x), expected, atol=1e-3)
+    torch.testing.assert_close(block(x), expected, atol=1e-5, rtol=1e-5)  # with autograd: the plain path

@@ -10,9 +10,9 @@ from utils.training.loop import validation_model
 from utils.training.optim import ModelEMA
 
 
-def test_validation_runs_a_fused_copy_of_the_ema_with_the_same_outputs() -> None:
+def test_validation_runs_a_fused_copy_of_the_ema_with_the_same_outputs(tiny_cfg: dict) -> None:
     torch.manual_seed(0)
-    model = Model("yolov5n", nc=3)
+    model = Model(tiny_cfg, nc=3)
     ema = ModelEMA(model)
     for m in ema.ema.modules():  # BatchNorm statistics that are not the identity, so that folding them matters
         if isinstance(m, torch.nn.BatchNorm2d):
