@@ -22,10 +22,9 @@ from utils.deploy.formats import (
     first_line,
     require,
 )
-from utils.deploy.tf_graph import import_tensorflow, nhwc_array, tf_module
+from utils.deploy.tf_graph import TENSORFLOW, import_tensorflow, nhwc_array, tf_module
 from utils.log import LOGGER
 
-TENSORFLOW = (("tensorflow", "tensorflow-cpu"),)
 METADATA_ASSET = "metadata.json"
 
 

@@ -20,6 +20,8 @@ from models.common import C3, SPP, SPPF, Bottleneck, Concat, Conv, Focus
 from models.head import Detect
 from utils.deploy.formats import FormatError
 
+TENSORFLOW = (("tensorflow", "tensorflow-cpu"),)  # (module, pip package) the TensorFlow formats export with
+
 Layer = Callable[[Any], Any]  # a translated block: a function of one tf tensor (or a list, for Concat/Detect)
 
 

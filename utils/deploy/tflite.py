@@ -31,7 +31,7 @@ from utils.deploy.formats import (
     require,
 )
 from utils.deploy.ncnn import head_from_metadata
-from utils.deploy.tf_graph import import_tensorflow, nhwc_array, tf_module
+from utils.deploy.tf_graph import TENSORFLOW, import_tensorflow, nhwc_array, tf_module
 
 METADATA_NAME = "yolo_metadata"
 TFLITE_IDENTIFIER = b"TFL3"
@@ -89,8 +89,8 @@ class TfliteFormat(ExportFormat):
 
     name = "tflite"
     suffix = ".tflite"
-    export_packages = (("tensorflow", "tensorflow-cpu"), ("ai_edge_litert", "ai-edge-litert"))
     runtime_packages = (("ai_edge_litert", "ai-edge-litert"),)
+    export_packages = TENSORFLOW + runtime_packages
     supports_half = supports_int8 = True
     half_on_cpu = True
 
