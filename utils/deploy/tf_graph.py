@@ -88,7 +88,7 @@ class Translator:
         if not isinstance(module.act, nn.SiLU):
             raise FormatError(f"the TensorFlow export has no translation for activation {type(module.act).__name__}")
         tf = self.tf
-        return lambda x: tf.nn.silu(conv(x))
+        return lambda x: silu(tf, conv(x))
 
     def bottleneck(self, module: Bottleneck) -> Layer:
         cv1, cv2 = self.translate(module.cv1), self.translate(module.cv2)
@@ -167,6 +167,12 @@ class Translator:
                 return maps
             return tf.concat([decode(i, x) for i, x in enumerate(maps)], 1)
         return run
+
+
+def silu(tf: Any, x: Any) -> Any:
+    """x * sigmoid(x) as two plain ops: tf.nn.silu carries a custom gradient that every SavedModel save traces
+    (seconds per export) and every load warns about."""
+    return x * tf.sigmoid(x)
 
 
 def translate_model(tf: Any, model: nn.Module, raw_maps: bool = False) -> tuple[Layer, list[Any]]:
