@@ -94,6 +94,25 @@ def test_int8_onnx_and_openvino_within_the_map_drop(int8_exports, trained: Path)
 
 
 @pytest.mark.slow
+def test_int8_openvino_is_symmetric_int8_with_the_head_decoding_left_float(int8_exports) -> None:
+    openvino = pytest.importorskip("openvino")
+    core = openvino.Core()
+    model = core.read_model(str(next(int8_exports[1].file.glob("*.xml"))))
+    convs = [op.get_friendly_name() for op in model.get_ordered_ops() if op.get_type_name() == "Convolution"]
+    head = convs[-1].split("/")[1]  # '/model.N/m.2/Conv...': the Detect head's module
+    quantized = [target.get_node() for op in model.get_ordered_ops() if op.get_type_name() == "FakeQuantize"
+                 for target in op.output(0).get_target_inputs()]
+    into_head = [n.get_friendly_name() for n in quantized
+                 if n.get_friendly_name().startswith(f"/{head}/") and n.get_type_name() != "Convolution"]
+    assert quantized and not into_head  # the box decoding (sigmoid, grid, anchors) gets no 8-bit step
+    assert any(n.get_type_name() == "Convolution" for n in quantized)
+    compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    infos = [op.get_rt_info() for op in compiled.get_runtime_model().get_ops()]
+    precisions = [i["runtimePrecision"].astype(str) for i in infos if i["layerType"].astype(str) == "Convolution"]
+    assert precisions.count("i8") >= len(precisions) - 1  # symmetric activations; the image input is unsigned
+
+
+@pytest.mark.slow
 def test_int8_verification_can_fail(trained: Path, tiny_dataset: Path, tmp_path: Path, monkeypatch) -> None:
     local = tmp_path / "strict.pt"
     shutil.copyfile(trained, local)
