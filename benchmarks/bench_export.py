@@ -7,7 +7,9 @@ image at 1 thread and all threads, each with its ratio to the .pt (YOLOv5's benc
 Formats whose packages are missing are listed with the one line saying what to install. Each export is written
 by export.py (so verified as export.py verifies it) into a temporary folder; mAP is measured on at most
 ``--val-images`` validation images of --data; latency is the median of ``--runs`` calls on one letterboxed image
-through InferenceModel (the code path detect.py uses) after ``--warmup`` calls.
+through InferenceModel (the code path detect.py uses) after ``--warmup`` calls. The latencies are measured after
+every export, all formats in turns (``ROUNDS`` rounds, each timing a block of calls of every format), so that a
+change of load on a shared machine falls on every format alike and the ratios (INT8 against float) hold.
 """
 
 from __future__ import annotations
@@ -28,12 +30,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import export  # noqa: E402
-from benchmarks.harness import CLOCKS, add_timing_flags, header, load_average, time_call  # noqa: E402
+from benchmarks.harness import CLOCKS, Stats, add_timing_flags, header, load_average, time_call  # noqa: E402
 from utils.deploy.formats import ExportOptions, export_format_names, get_format  # noqa: E402
 from utils.deploy.runtime import InferenceModel  # noqa: E402
 from utils.deploy.verify import calibration_batches, map_on_data  # noqa: E402
 from utils.errors import UserError  # noqa: E402
 from utils.log import setup_logging  # noqa: E402
+
+ROUNDS = 5  # latency: every format timed in turns, this many times
 
 
 @dataclass
@@ -47,6 +51,7 @@ class Row:
     ms_one: float | None = None
     ms_all: float | None = None
     note: str = ""
+    file: Path | None = None  # what was written and runs here (None: nothing to time)
 
 
 def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
@@ -63,25 +68,43 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def latency(file: Path, image: torch.Tensor, threads: int, opt: argparse.Namespace) -> float:
-    """Median ms per image of ``file`` at ``threads`` intra-op threads (torch's and the runtime's)."""
+def latencies(files: dict[str, Path], image: torch.Tensor, threads: int, opt: argparse.Namespace) -> dict[str, float]:
+    """Median ms per image of each file at ``threads`` intra-op threads (torch's and the runtime's), the files timed
+    in turns: ROUNDS rounds, each timing a block of ``--runs / ROUNDS`` calls of every file."""
     torch.set_num_threads(threads)
-    model = InferenceModel(file, trusted=True, runtime_threads=threads)  # files it exported itself
-    return time_call(lambda: model(image), opt.runs, opt.warmup, CLOCKS[opt.clock]).scaled(1e3).median
+    models = {label: InferenceModel(file, trusted=True, runtime_threads=threads)  # files it exported itself
+              for label, file in files.items()}
+    for model in models.values():
+        for _ in range(opt.warmup):
+            model(image)
+    rounds = min(ROUNDS, opt.runs)
+    samples: dict[str, list[Stats]] = {label: [] for label in models}
+    for done in range(rounds):
+        calls = opt.runs * (done + 1) // rounds - opt.runs * done // rounds
+        for label, model in models.items():
+            samples[label].append(time_call(lambda m=model: m(image), calls, 0, CLOCKS[opt.clock]))
+    return {label: Stats.merge(*parts).scaled(1e3).median for label, parts in samples.items()}
 
 
-def measure(name: str, file: Path, export_s: float, image: torch.Tensor, opt: argparse.Namespace) -> Row:
-    """Size, mAP and latencies of one written file."""
+def measure(name: str, file: Path, export_s: float, opt: argparse.Namespace) -> Row:
+    """Size and mAP of one written file (its latencies come later, with every format's)."""
     options = ExportOptions(img_size=(opt.img_size, opt.img_size), verify_images=opt.val_images)
     files = [file] if file.is_file() else [f for f in file.rglob("*") if f.is_file()]
     model = InferenceModel(file, trusted=True)
-    all_threads = os.cpu_count() or 1
     return Row(name, sum(f.stat().st_size for f in files) / 1e6, export_s,
-               map_on_data(model.as_module(), opt.data, options, model.stride),
-               latency(file, image, 1, opt), latency(file, image, all_threads, opt))
+               map_on_data(model.as_module(), opt.data, options, model.stride), file=file)
 
 
-def bench_format(name: str, int8: bool, weights: Path, image: torch.Tensor, opt: argparse.Namespace) -> Row:
+def add_latencies(rows: list[Row], image: torch.Tensor, opt: argparse.Namespace) -> None:
+    """Fill each runnable row's latency at 1 thread and at all threads, every format timed in turns."""
+    files = {row.name: row.file for row in rows if row.file is not None}
+    one, every = latencies(files, image, 1, opt), latencies(files, image, os.cpu_count() or 1, opt)
+    for row in rows:
+        if row.file is not None:
+            row.ms_one, row.ms_all = one[row.name], every[row.name]
+
+
+def bench_format(name: str, int8: bool, weights: Path, opt: argparse.Namespace) -> Row:
     """Export one format with export.py and measure it; a Row with the reason when it cannot be done."""
     label = f"{name} int8" if int8 else name
     flags = ["--int8", "--data", opt.data, "--verify-images", str(opt.val_images)] if int8 else []
@@ -94,7 +117,7 @@ def bench_format(name: str, int8: bool, weights: Path, image: torch.Tensor, opt:
     seconds = time.perf_counter() - start
     if not get_format(name).runs_here:
         return Row(label, result.size_mb, seconds, note=f"no runtime here ({get_format(name).runs_where})")
-    return measure(label, result.file, seconds, image, opt)
+    return measure(label, result.file, seconds, opt)
 
 
 def print_table(rows: list[Row]) -> None:
@@ -122,11 +145,12 @@ def main(opt: argparse.Namespace) -> list[Row]:
         shutil.copyfile(opt.weights, weights)
         options = ExportOptions(img_size=(opt.img_size, opt.img_size), calib_images=1)
         image = calibration_batches(opt.data, options, 32)[0]
-        rows = [measure("pytorch (.pt)", weights, 0.0, image, opt)]
+        rows = [measure("pytorch (.pt)", weights, 0.0, opt)]
         for name in opt.formats:
-            rows.append(bench_format(name, False, weights, image, opt))
+            rows.append(bench_format(name, False, weights, opt))
             if opt.int8 and get_format(name).supports_int8:
-                rows.append(bench_format(name, True, weights, image, opt))
+                rows.append(bench_format(name, True, weights, opt))
+        add_latencies(rows, image, opt)
     torch.set_num_threads(threads)
     print(f"\nOn {os.cpu_count()} CPU threads; load average now {load_average()}")
     print_table(rows)

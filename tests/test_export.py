@@ -313,3 +313,22 @@ def test_bench_export_prints_one_row_per_format(weights: Path, tiny_dataset: Pat
     assert rows[1].export_s > 0 and rows[0].export_s == 0
     table = capsys.readouterr().out.split("format ")[-1]
     assert "1.00x" in table and "onnx" in table
+
+
+def test_bench_export_times_every_format_in_turns(tiny_exports: dict[str, Path], monkeypatch) -> None:
+    from benchmarks import bench_export as bench
+
+    calls: list[str] = []
+
+    class Recorded(InferenceModel):  # the real model, each call's file noted
+        def __call__(self, images: torch.Tensor) -> torch.Tensor:
+            calls.append(self.weights.suffix)
+            return super().__call__(images)
+
+    monkeypatch.setattr(bench, "InferenceModel", Recorded)
+    opt = bench.parse_opt(["--weights", "w.pt", "--data", "d.yaml", "--runs", "10", "--warmup", "1", "--clock", "cpu"])
+    files = {"pt": tiny_exports["pt"], "onnx": tiny_exports["static_onnx"]}
+    medians = bench.latencies(files, torch.rand(1, 3, 64, 64), 1, opt)
+    assert set(medians) == {"pt", "onnx"} and min(medians.values()) > 0
+    # one warm-up each, then 5 rounds of 2 calls of each: a change of load falls on both alike
+    assert calls == [".pt", ".onnx"] + [".pt", ".pt", ".onnx", ".onnx"] * 5

@@ -20,7 +20,7 @@ from utils.deploy.formats import (
     first_line,
     require,
 )
-from utils.deploy.onnx import onnx_export_kwargs, write_onnx
+from utils.deploy.onnx import head_decoding_nodes, onnx_export_kwargs, write_onnx
 
 
 def openvino_xml(weights: Path) -> Path:
@@ -34,14 +34,20 @@ def openvino_xml(weights: Path) -> Path:
     return found[0]
 
 
-def quantize_openvino(converted: object, batches: list[torch.Tensor]) -> object:
-    """NNCF's post-training INT8 quantization (mixed preset: symmetric weights, asymmetric activations) of an
-    OpenVINO model, calibrated on ``batches``; the head's box decoding is left float."""
+def quantize_openvino(converted: object, batches: list[torch.Tensor], float_names: list[str]) -> object:
+    """NNCF's post-training INT8 quantization of an OpenVINO model, calibrated on ``batches``; the nodes named in
+    ``float_names`` (the head's box decoding) get no quantizer and stay float.
+
+    The performance preset (symmetric INT8 weights and activations) rather than the mixed one (asymmetric
+    activations): the convolutions then need no zero-point compensation (measured 1.40x vs 1.24x faster than FP32
+    on yolov5n at 160 px, README "Every format side by side"). The graph is kept as read from ONNX (SiLU as
+    Sigmoid and Multiply), not converted with SiLU as one Swish: OpenVINO's CPU plugin runs a Swish fused into an
+    INT8 convolution slower than as a separate step (1.03-1.15x of FP32 against 1.40x, same README section)."""
     import nncf
 
     dataset = nncf.Dataset([b.cpu().numpy().astype(np.float32) for b in batches])
-    return nncf.quantize(converted, dataset, preset=nncf.QuantizationPreset.MIXED, subset_size=len(batches),
-                         model_type=None, fast_bias_correction=True)
+    return nncf.quantize(converted, dataset, preset=nncf.QuantizationPreset.PERFORMANCE, subset_size=len(batches),
+                         fast_bias_correction=True, ignored_scope=nncf.IgnoredScope(names=float_names, validate=False))
 
 
 class OpenVinoFormat(ExportFormat):
@@ -74,7 +80,10 @@ class OpenVinoFormat(ExportFormat):
         try:
             converted = openvino.Core().read_model(str(onnx_file))
             if options.int8:
-                converted = quantize_openvino(converted, calibration())
+                import onnx
+
+                head = head_decoding_nodes(onnx.load(str(onnx_file)))
+                converted = quantize_openvino(converted, calibration(), head)
             openvino.save_model(converted, str(file / f"{stem}.xml"), compress_to_fp16=bool(options.half))
         finally:
             onnx_file.unlink(missing_ok=True)

@@ -132,8 +132,7 @@ class TfliteFormat(ExportFormat):
             found = [torch.from_numpy(interpreter.get_tensor(d["index"]).copy()) for d in outputs]
             if head is None:
                 return found[0]
-            maps = [x.view(b, x.shape[1], x.shape[2], head.na, head.no).permute(0, 3, 1, 2, 4) for x in found]
-            return head.decode(maps)
+            return head.decode_into([x.permute(0, 3, 1, 2) for x in found])  # NHWC maps seen as (b, na * no, ny, nx)
 
         return LoadedModel(run, meta, [b, 3, h, w])
 

@@ -94,6 +94,25 @@ def test_int8_onnx_and_openvino_within_the_map_drop(int8_exports, trained: Path)
 
 
 @pytest.mark.slow
+def test_int8_openvino_is_symmetric_int8_with_the_head_decoding_left_float(int8_exports) -> None:
+    openvino = pytest.importorskip("openvino")
+    core = openvino.Core()
+    model = core.read_model(str(next(int8_exports[1].file.glob("*.xml"))))
+    convs = [op.get_friendly_name() for op in model.get_ordered_ops() if op.get_type_name() == "Convolution"]
+    head = convs[-1].split("/")[1]  # '/model.N/m.2/Conv...': the Detect head's module
+    quantized = [target.get_node() for op in model.get_ordered_ops() if op.get_type_name() == "FakeQuantize"
+                 for target in op.output(0).get_target_inputs()]
+    into_head = [n.get_friendly_name() for n in quantized
+                 if n.get_friendly_name().startswith(f"/{head}/") and n.get_type_name() != "Convolution"]
+    assert quantized and not into_head  # the box decoding (sigmoid, grid, anchors) gets no 8-bit step
+    assert any(n.get_type_name() == "Convolution" for n in quantized)
+    compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    infos = [op.get_rt_info() for op in compiled.get_runtime_model().get_ops()]
+    precisions = [i["runtimePrecision"].astype(str) for i in infos if i["layerType"].astype(str) == "Convolution"]
+    assert precisions.count("i8") >= len(precisions) - 1  # symmetric activations; the image input is unsigned
+
+
+@pytest.mark.slow
 def test_int8_verification_can_fail(trained: Path, tiny_dataset: Path, tmp_path: Path, monkeypatch) -> None:
     local = tmp_path / "strict.pt"
     shutil.copyfile(trained, local)
@@ -164,5 +183,24 @@ def test_int8_tflite_is_integer_within_the_map_drop_and_runs_in_test_py(trained:
     images = scenes((64, 64), 2)
     box_px, score = output_errors(InferenceModel(trained)(images), inference(images))
     assert box_px < 64 * 0.1 and score < 0.05  # measured 2.9 px and 0.002: follows the float model closely
+    assert torch.allclose(inference(images[:1]), decoded_by_head(result.file, images[:1]), atol=1e-4)
     maps = evaluate_files([result.file], tiny_dataset, tmp_path)
     assert abs(maps["last-int8.tflite"] - check.map_export) < 0.02  # test.py's own mAP on all 12 images
+
+
+def decoded_by_head(file: Path, images: torch.Tensor) -> torch.Tensor:
+    """The INT8 TFLite file's three raw maps for one image, decoded by the Detect head's plain decode()."""
+    from ai_edge_litert.interpreter import Interpreter
+
+    from utils.deploy.ncnn import head_from_metadata
+    from utils.deploy.tf_graph import nhwc_array
+    from utils.deploy.tflite import read_metadata
+
+    interpreter = Interpreter(str(file))
+    interpreter.allocate_tensors()
+    interpreter.set_tensor(interpreter.get_input_details()[0]["index"], nhwc_array(images))
+    interpreter.invoke()
+    head = head_from_metadata(read_metadata(file.read_bytes()))
+    maps = [torch.from_numpy(interpreter.get_tensor(d["index"]).copy()) for d in interpreter.get_output_details()]
+    maps.sort(key=lambda x: -x.numel())  # P3 first
+    return head.decode([x.view(1, x.shape[1], x.shape[2], head.na, head.no).permute(0, 3, 1, 2, 4) for x in maps])
