@@ -77,14 +77,17 @@ def parameter_groups(model: nn.Module) -> tuple[list, list, list]:
 
 def build_optimizer(model: nn.Module, name: str = "SGD", lr: float = 0.01, momentum: float = 0.937,
                     weight_decay: float = 5e-4) -> torch.optim.Optimizer:
-    """SGD (Nesterov), Adam or AdamW over three groups; group 0 holds the biases (warmup gives them bias lr)."""
+    """SGD (Nesterov), Adam or AdamW over three groups; group 0 holds the biases (warmup gives them bias lr).
+    SGD on the CPU is torch's fused kernel: the same values as its per-tensor loop, about 3x faster (README,
+    Performance); elsewhere torch's default implementation, as before."""
     decayed, norm_weights, biases = parameter_groups(model)
     groups = [{"params": biases, "weight_decay": 0.0, "group": "bias"},
               {"params": decayed, "weight_decay": weight_decay, "group": "weight"},
               {"params": norm_weights, "weight_decay": 0.0, "group": "norm"}]
     key = name.lower()
     if key == "sgd":
-        optimizer = torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True)
+        on_cpu = all(p.device.type == "cpu" for p in unwrap(model).parameters())
+        optimizer = torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True, fused=on_cpu or None)
     elif key == "adam":
         optimizer = torch.optim.Adam(groups, lr=lr, betas=(momentum, 0.999))
     elif key == "adamw":
