@@ -78,8 +78,8 @@ def parameter_groups(model: nn.Module) -> tuple[list, list, list]:
 def build_optimizer(model: nn.Module, name: str = "SGD", lr: float = 0.01, momentum: float = 0.937,
                     weight_decay: float = 5e-4) -> torch.optim.Optimizer:
     """SGD (Nesterov), Adam or AdamW over three groups; group 0 holds the biases (warmup gives them bias lr).
-    SGD on the CPU is torch's fused kernel: the same values as its per-tensor loop, about 3x faster (README,
-    Performance); elsewhere torch's default implementation, as before."""
+    SGD on the CPU is torch's fused kernel: the per-tensor loop's values within float rounding (one rounding per
+    multiply-add), about 3x faster (README, Performance); elsewhere torch's default implementation, as before."""
     decayed, norm_weights, biases = parameter_groups(model)
     groups = [{"params": biases, "weight_decay": 0.0, "group": "bias"},
               {"params": decayed, "weight_decay": weight_decay, "group": "weight"},
@@ -282,7 +282,10 @@ class WeightUpdater:
                 "iteration": self.iteration, "last_step": self.last_step, "steps": self.steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        kernels = [(g.get("fused"), g.get("foreach")) for g in self.optimizer.param_groups]
         self.optimizer.load_state_dict(state["optimizer"])
+        for group, (fused, foreach) in zip(self.optimizer.param_groups, kernels):  # this device's, not the saver's
+            group["fused"], group["foreach"] = fused, foreach
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         if self.ema is not None and state.get("ema") is not None:
