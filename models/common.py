@@ -47,7 +47,7 @@ def pixel_rows(x: torch.Tensor) -> bool:
 def activate(act: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``act(x)``; an in-place SiLU runs out of place where autograd records it (same values): its backward needs
     the input, so in place autograd would first copy ``x`` - one more pass over the tensor (README, Performance)."""
-    if isinstance(act, nn.SiLU) and act.inplace and x.requires_grad and torch.is_grad_enabled():
+    if isinstance(act, nn.SiLU) and act.inplace and x.requires_grad and torch.is_grad_enabled() and not exporting():
         return F.silu(x)
     return act(x)
 

@@ -77,17 +77,14 @@ def parameter_groups(model: nn.Module) -> tuple[list, list, list]:
 
 def build_optimizer(model: nn.Module, name: str = "SGD", lr: float = 0.01, momentum: float = 0.937,
                     weight_decay: float = 5e-4) -> torch.optim.Optimizer:
-    """SGD (Nesterov), Adam or AdamW over three groups; group 0 holds the biases (warmup gives them bias lr).
-    SGD on the CPU is torch's fused kernel: the per-tensor loop's values within float rounding (one rounding per
-    multiply-add), about 3x faster (README, Performance); elsewhere torch's default implementation, as before."""
+    """SGD (Nesterov), Adam or AdamW over three groups; group 0 holds the biases (warmup gives them bias lr)."""
     decayed, norm_weights, biases = parameter_groups(model)
     groups = [{"params": biases, "weight_decay": 0.0, "group": "bias"},
               {"params": decayed, "weight_decay": weight_decay, "group": "weight"},
               {"params": norm_weights, "weight_decay": 0.0, "group": "norm"}]
     key = name.lower()
     if key == "sgd":
-        on_cpu = all(p.device.type == "cpu" for p in unwrap(model).parameters())
-        optimizer = torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True, fused=on_cpu or None)
+        optimizer = torch.optim.SGD(groups, lr=lr, momentum=momentum, nesterov=True)
     elif key == "adam":
         optimizer = torch.optim.Adam(groups, lr=lr, betas=(momentum, 0.999))
     elif key == "adamw":
@@ -265,7 +262,8 @@ class WeightUpdater:
         if grads:
             flat = torch.cat([g.reshape(-1) for g in grads])
             all_reduce_mean(flat)
-            torch.nn.utils.vector_to_parameters(flat, grads)  # copies the averages back into each .grad
+            for grad, average in zip(grads, flat.split([g.numel() for g in grads])):
+                grad.copy_(average.view_as(grad))  # in place: each .grad keeps its layout (channels_last on the CPU)
 
     def forget_pending(self) -> None:
         """Drop accumulated gradients; the next batch starts a fresh accumulation."""
@@ -282,10 +280,7 @@ class WeightUpdater:
                 "iteration": self.iteration, "last_step": self.last_step, "steps": self.steps}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        kernels = [(g.get("fused"), g.get("foreach")) for g in self.optimizer.param_groups]
         self.optimizer.load_state_dict(state["optimizer"])
-        for group, (fused, foreach) in zip(self.optimizer.param_groups, kernels):  # this device's, not the saver's
-            group["fused"], group["foreach"] = fused, foreach
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         if self.ema is not None and state.get("ema") is not None:

@@ -46,27 +46,6 @@ def test_build_optimizer_decays_only_weights(name):
         build_optimizer(small_net(), "RMSprop")
 
 
-def test_sgd_on_the_cpu_is_fused_and_steps_like_the_per_tensor_loop_within_rounding():
-    net = small_net()
-    fused = build_optimizer(net, "SGD", lr=0.1, momentum=0.9, weight_decay=1e-2)
-    assert all(g["fused"] for g in fused.param_groups)
-    twin = small_net()
-    twin.load_state_dict(net.state_dict())
-    loop = build_optimizer(twin, "SGD", lr=0.1, momentum=0.9, weight_decay=1e-2)
-    for group in loop.param_groups:
-        group["fused"] = None  # torch's default on the CPU: one tensor at a time
-    twin_start = {id(p): p.detach().clone() for p in twin.parameters()}
-    gen = torch.Generator().manual_seed(0)
-    for _ in range(3):  # momentum, Nesterov and decay come in from the second step
-        for a, b in zip(net.parameters(), twin.parameters()):
-            a.grad = torch.randn(a.shape, generator=gen)
-            b.grad = a.grad.clone()
-        fused.step()
-        loop.step()
-    for a, b in zip(net.parameters(), twin.parameters()):  # the fused kernel rounds once per multiply-add
-        assert not torch.equal(a, twin_start[id(b)]) and (a - b).abs().max() <= 1e-6 * b.abs().max()
-
-
 def test_accumulation_keeps_the_nominal_batch_of_64():
     assert [accumulate_steps(b) for b in (1, 6, 16, 32, 64, 128)] == [64, 11, 4, 2, 1, 1]
     assert scaled_weight_decay(5e-4, 16, 4) == pytest.approx(5e-4)
