@@ -1,14 +1,17 @@
 """CPU training step against the FLOP rate, and a whole train.py epoch against its pure steps.
 
     python benchmarks/bench_step.py --threads 1 --clock cpu                 # n and s at 320 and 640, fp32 and bf16
+    python benchmarks/bench_step.py --threads 1 --clock cpu --compare /tmp/ts-old   # also an older checkout's step
     python benchmarks/bench_step.py --threads 1 --clock cpu --epoch         # also one train.py epoch (yolov5n 320)
     python benchmarks/bench_step.py --quick                                 # yolov5n 320, 2 rounds
     python benchmarks/bench_step.py --compare-threads --cfg yolov5n --img 320 --precisions fp32
 
-Step: forward in train mode, the loss, backward and an SGD step on a fixed batch of random images with a few
-boxes (no data pipeline). Its model FLOP/s are 3 x the forward's FLOPs (forward + backward) x images/s, given as a
-share of a fp32 matmul timed in the same process before and after (benchmarks/harness.py). Precisions take turns
-round by round; "bf16/fp32" is the median of the per-round ratios of their step times (< 1: bf16 is faster).
+Step: the batch's preparation, forward in train mode, the loss, backward and the SGD step, as train.py runs them
+on the CPU, on a fixed batch of random images with a few boxes (no data pipeline), in a child process per
+checkout (``--compare DIR``: also an older one, whose own code then builds its step). Its model FLOP/s are 3 x the
+forward's FLOPs (forward + backward) x images/s, given as a share of a fp32 matmul timed in the same run before and
+after (benchmarks/harness.py). Precisions and checkouts take turns round by round; "bf16/fp32" is the median of the
+per-round ratios of their step times (< 1: bf16 is faster), "speed-up" the compared checkout's time over this one's.
 
 Epoch (``--epoch``): train.py runs one epoch on its built-in synthetic set (512 images, default settings) in a
 child process with ``OMP_NUM_THREADS`` = ``--threads``, timed phase by phase (benchmarks/epoch_phases.py: start-up
@@ -47,7 +50,6 @@ if str(ROOT) not in sys.path:
 from benchmarks.bench_train import HYP, make_batch  # noqa: E402
 from benchmarks.epoch_phases import MODEL_PHASES, ONCE_PER_RUN, all_phases, shares  # noqa: E402
 from benchmarks.harness import CLOCKS, Clock, Reference, Stats, add_timing_flags, header  # noqa: E402
-from utils.device import autocast, available_cores  # noqa: E402
 
 SYNTHETIC_TRAIN_IMAGES = 512  # data/synthetic.yaml's train split
 
@@ -65,7 +67,8 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epoch-workers", type=int, nargs="+", default=None,
                    help="time the train.py epoch with each of these --workers, in turns (wall and CPU)")
     p.add_argument("--compare", type=Path, default=None,
-                   help="--epoch: also time the train.py of this checkout (e.g. before a change), in turns")
+                   help="also time the step (and with --epoch the train.py epoch) of this checkout, in turns")
+    p.add_argument("--serve", default=None, help=argparse.SUPPRESS)  # a StepProcess: time this tree's steps
     p.add_argument("--compare-threads", action="store_true",
                    help="also time the step with 1 thread and with one per usable core, in turns (wall and CPU)")
     p.add_argument("--quick", action="store_true", help="yolov5n at 320 only, 2 rounds")
@@ -77,19 +80,27 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def build_step(cfg: str, img_size: int, batch: int, bf16: bool):
-    """A closure running one training step (forward, loss, backward, SGD) on a fixed batch; and the model."""
-    from models.yolo import Model
+    """A closure running one training step as train.py runs it (the builder's model and layout, the engine's batch
+    preparation, the loss, backward, the optimizer of utils.training.optim with the default hyperparameters), on a
+    fixed batch; and the model. It imports the project from sys.path: this tree, or the one a --serve process
+    serves, whose step is then its own."""
+    from utils.device import autocast
+    from utils.training.builder import build_model
+    from utils.training.config import RunConfig
+    from utils.training.engine import _prepare_images
     from utils.training.loss import ComputeLoss
+    from utils.training.optim import build_optimizer
 
-    torch.manual_seed(0)
-    model = Model(cfg, nc=3).train()
-    loss_fn = ComputeLoss(model, HYP, img_size)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.001, momentum=0.9)
-    imgs, targets, _, _ = make_batch(batch, img_size, 0)
-    images = imgs.float() / 255
     cpu = torch.device("cpu")
+    torch.manual_seed(0)
+    model, _ = build_model(RunConfig(cfg=cfg, img_size=img_size), 3, ["a", "b", "c"], cpu)
+    model.train()
+    loss_fn = ComputeLoss(model, HYP, img_size)
+    optimizer = build_optimizer(model, "SGD", HYP["lr0"], HYP["momentum"], HYP["weight_decay"])
+    imgs, targets, _, _ = make_batch(batch, img_size, 0)
 
     def step() -> None:
+        images = _prepare_images(imgs, cpu, None)
         with autocast(cpu, bf16):
             loss, _ = loss_fn(model(images), targets)
         loss.backward()
@@ -99,43 +110,102 @@ def build_step(cfg: str, img_size: int, batch: int, bf16: bool):
     return step, model
 
 
-def step_seconds(cfg: str, img_size: int, opt: argparse.Namespace, clock: Clock) -> dict[str, Stats]:
-    """Seconds per step of each precision, one step of each in turn per round, after one warm-up step each."""
-    steps = {p: build_step(cfg, img_size, opt.batch_size, p == "bf16")[0] for p in opt.precisions}
-    for step in steps.values():
-        step()
-    samples: dict[str, list[float]] = {p: [] for p in steps}
-    for _ in range(opt.rounds):
-        for precision, step in steps.items():
-            start = clock()
-            step()
-            samples[precision].append(clock() - start)
-    return {p: Stats.of(s) for p, s in samples.items()}
+def serve(tree: str, batch: int, threads: int, clock_name: str) -> None:
+    """Answer step-timing requests (one JSON line each on stdin: cfg, img, precision) with the seconds of one
+    training step of ``tree``'s code; the steps of one cfg and size are built once."""
+    sys.path.insert(0, str(Path(tree).resolve()))
+    if threads > 0:
+        torch.set_num_threads(threads)
+    clock, steps = CLOCKS[clock_name], {}
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        request = json.loads(line)
+        key = (request["cfg"], request["img"], request["precision"])
+        if key not in steps:
+            steps = {k: v for k, v in steps.items() if k[:2] == key[:2]}  # one model size in memory at a time
+            steps[key] = build_step(key[0], key[1], batch, key[2] == "bf16")[0]
+        start = clock()
+        steps[key]()
+        print(json.dumps({"seconds": clock() - start}), flush=True)
 
 
-def step_table(opt: argparse.Namespace, reference: Reference, clock: Clock) -> list[dict]:
-    """Print and return, per model, size and precision: images/s, model GFLOP/s and its share of the matmul rate."""
+class StepProcess:
+    """A ``serve`` process timing the training step of one checkout (this one, or --compare's)."""
+
+    def __init__(self, tree: Path, opt: argparse.Namespace) -> None:
+        self.tree = tree
+        command = [sys.executable, str(Path(__file__).resolve()), "--serve", str(tree), "--batch-size",
+                   str(opt.batch_size), "--threads", str(opt.threads), "--clock", opt.clock]
+        env = {**os.environ, **({"OMP_NUM_THREADS": str(opt.threads)} if opt.threads > 0 else {})}
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=tree,
+                                     env=env)
+        self._read()
+
+    def step(self, cfg: str, img: int, precision: str) -> float:
+        """Seconds of one training step (the first of a cfg, size and precision also builds it)."""
+        self.proc.stdin.write(json.dumps({"cfg": cfg, "img": img, "precision": precision}) + "\n")
+        self.proc.stdin.flush()
+        return self._read()["seconds"]
+
+    def _read(self) -> dict:
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                return json.loads(line)
+        raise RuntimeError(f"the step process for {self.tree} ended (exit code {self.proc.wait()})")
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def step_seconds(trees: dict[str, StepProcess], cfg: str, img_size: int, opt: argparse.Namespace) \
+        -> dict[tuple[str, str], Stats]:
+    """Seconds per step of each (tree, precision): one warm-up step each, then per round one step of each,
+    the trees taking turns (ABBA), so that a change of load hits them alike."""
+    order = [(name, p) for name in trees for p in opt.precisions]
+    for name, precision in order:
+        trees[name].step(cfg, img_size, precision)
+    samples: dict[tuple[str, str], list[float]] = {key: [] for key in order}
+    for r in range(opt.rounds):
+        for name, precision in order if r % 2 == 0 else order[::-1]:
+            samples[name, precision].append(trees[name].step(cfg, img_size, precision))
+    return {key: Stats.of(s) for key, s in samples.items()}
+
+
+def step_table(opt: argparse.Namespace, reference: Reference) -> list[dict]:
+    """Print and return, per model, size, precision and tree: ms/step, model GFLOP/s and its share of the matmul
+    rate, bf16/fp32 and, with --compare, the speed-up over the compared tree (its time / this tree's, per round)."""
     from models.yolo import Model
 
     peak = reference.gflops(reference.before)
-    print(f"{'model':<10}{'px':>5}{'prec':>6}{'ms/step [min-max]':>26}{'img/s':>8}{'GFLOP/s':>9}{'of matmul':>11}"
-          f"{'bf16/fp32':>22}")
+    trees = {"this tree": StepProcess(ROOT, opt), **({"compare": StepProcess(opt.compare.resolve(), opt)}
+                                                    if opt.compare else {})}
+    print(f"{'model':<10}{'px':>5}{'prec':>6}{'tree':>11}{'ms/step [min-max]':>22}{'img/s':>8}{'GFLOP/s':>9}"
+          f"{'of matmul':>11}{'bf16/fp32':>20}{'speed-up':>20}")
     rows = []
     for cfg in opt.cfg:
         for img_size in opt.img:
             train_gflops = 3 * Model(cfg, nc=3).flops(img_size)  # forward + backward (2x) per image
-            seconds = step_seconds(cfg, img_size, opt, clock)
-            for precision, stats in seconds.items():
+            seconds = step_seconds(trees, cfg, img_size, opt)
+            for (tree, precision), stats in seconds.items():
                 rate = opt.batch_size / stats.median
                 share = train_gflops * rate / peak
-                ratio = ""
-                if precision == "bf16" and "fp32" in seconds:
-                    ratio = Stats.of(b / f for b, f in zip(stats.samples, seconds["fp32"].samples)).fmt(2)
-                print(f"{cfg:<10}{img_size:>5}{precision:>6}{stats.scaled(1e3).fmt(0):>26}{rate:>8.2f}"
-                      f"{train_gflops * rate:>9.1f}{share:>10.0%}{ratio:>22}")
-                rows.append({"cfg": cfg, "img": img_size, "precision": precision, "ms": stats.median * 1e3,
-                             "share_of_matmul": share})
+                ratio = paired(stats, seconds.get((tree, "fp32"))) if precision == "bf16" else ""
+                gain = paired(seconds[("compare", precision)], stats) if opt.compare and tree != "compare" else ""
+                print(f"{cfg:<10}{img_size:>5}{precision:>6}{tree:>11}{stats.scaled(1e3).fmt(0):>22}{rate:>8.2f}"
+                      f"{train_gflops * rate:>9.1f}{share:>10.0%}{ratio:>20}{gain:>20}")
+                rows.append({"cfg": cfg, "img": img_size, "precision": precision, "tree": tree,
+                             "ms": stats.median * 1e3, "share_of_matmul": share})
+    for process in trees.values():
+        process.close()
     return rows
+
+
+def paired(numerator: Stats, denominator: Stats | None) -> str:
+    """'median [min-max]' of the per-round ratios of two figures timed in the same rounds ('' without both)."""
+    if denominator is None:
+        return ""
+    return Stats.of(a / b for a, b in zip(numerator.samples, denominator.samples)).fmt(2)
 
 
 def epoch_run(tree: Path, opt: argparse.Namespace, workers: int | None = None) -> dict:
@@ -226,6 +296,8 @@ def compare_workers(opt: argparse.Namespace) -> list[str]:
 
 def compare_threads(opt: argparse.Namespace) -> list[str]:
     """Rows: per model and size, the step's wall and CPU seconds with 1 thread and with one per usable core."""
+    from utils.device import available_cores
+
     cores = available_cores()
     lines = [f"{'threads':<10}{'px':>5}{'1 thread wall':>16}{f'{cores} threads wall':>18}{'wall 1/N':>20}"
              f"{'1 thread CPU':>15}{f'{cores} threads CPU':>17}"]
@@ -250,13 +322,16 @@ def compare_threads(opt: argparse.Namespace) -> list[str]:
 
 
 def main(opt: argparse.Namespace) -> dict:
+    if opt.serve:
+        serve(opt.serve, opt.batch_size, opt.threads, opt.clock)
+        return {}
     if opt.threads > 0:
         torch.set_num_threads(opt.threads)
     clock = CLOCKS[opt.clock]
     print(header(f"bench_step: batch {opt.batch_size}, median [min-max] of {opt.rounds} rounds", clock=opt.clock))
     reference = Reference(n=1024, runs=5, clock=clock)
     reference.measure()
-    rows = step_table(opt, reference, clock)
+    rows = step_table(opt, reference)
     result: dict = {"steps": rows}
     if opt.epoch:
         result["epoch"] = epoch_against_steps(opt, clock)

@@ -44,6 +44,14 @@ def pixel_rows(x: torch.Tensor) -> bool:
     return row >= x.size(1) and x.stride(2) == row * x.size(3) and x.stride(0) == x.stride(2) * x.size(2)
 
 
+def activate(act: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``act(x)``; an in-place SiLU runs out of place where autograd records it (same values): its backward needs
+    the input, so in place autograd would first copy ``x`` - one more pass over the tensor (README, Performance)."""
+    if isinstance(act, nn.SiLU) and act.inplace and x.requires_grad and torch.is_grad_enabled() and not exporting():
+        return F.silu(x)
+    return act(x)
+
+
 class Conv(nn.Module):
     """Conv2d (no bias) -> BatchNorm2d -> SiLU. ``fuse()`` folds the BN into the conv for inference."""
 
@@ -55,7 +63,7 @@ class Conv(nn.Module):
         self.act: nn.Module = nn.SiLU() if act else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.act(self.bn(apply_conv(self.conv, x)))
+        return activate(self.act, self.bn(apply_conv(self.conv, x)))
 
     @torch.no_grad()
     def fuse(self) -> None:

@@ -47,9 +47,12 @@ def test_channels_last_and_compile_flags(tiny_cfg_file: Path, monkeypatch: pytes
     assert plain.channels_last is False and plain.compile is False
     model, _ = build_model(plain, 3, ["a", "b", "c"], CPU)
     assert compile_model(model, plain) is model
-    assert model.model[0].conv.weight.is_contiguous()
+    weight = model.model[0].conv.weight  # the CPU trains channels_last with or without the flag
+    assert weight.is_contiguous(memory_format=torch.channels_last) and not weight.is_contiguous()
+    other = torch.device("meta")  # any device but the CPU: NCHW unless --channels-last (no CUDA needed)
+    assert build_model(plain, 3, ["a", "b", "c"], other)[0].model[0].conv.weight.is_contiguous()
     fast = RunConfig.from_options(train.parse_opt(["--cfg", str(tiny_cfg_file), "--channels-last", "--compile"]))
-    model, _ = build_model(fast, 3, ["a", "b", "c"], CPU)
+    model, _ = build_model(fast, 3, ["a", "b", "c"], other)
     weight = model.model[0].conv.weight
     assert weight.is_contiguous(memory_format=torch.channels_last) and not weight.is_contiguous()
     compiled = compile_model(model, fast)

@@ -18,6 +18,17 @@ def test_the_timed_step_is_a_real_training_step() -> None:
     moved = sum(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
     assert moved > len(before) // 2  # SGD with momentum moved most tensors
     assert all(p.grad is None for p in model.parameters())  # gradients cleared for the next timed step
+    assert model.model[0].conv.weight.is_contiguous(memory_format=torch.channels_last)  # as train.py on the CPU
+
+
+def test_a_step_process_times_the_step_of_the_checkout_it_serves() -> None:
+    opt = bench_step.parse_opt(["--batch-size", "2", "--threads", "1", "--clock", "cpu"])
+    process = bench_step.StepProcess(bench_step.ROOT, opt)
+    try:
+        first, second = (process.step("yolov5n", 64, "fp32") for _ in range(2))  # the first also builds it
+    finally:
+        process.close()
+    assert 0 < second < 60 and first > 0 and process.proc.returncode == 0
 
 
 def test_quick_epoch_and_threads_flags() -> None:
@@ -39,3 +50,5 @@ def test_epoch_comparison_and_workers_flags(tmp_path: Path) -> None:
     opt = bench_step.parse_opt(["--epoch", "--epoch-rounds", "3", "--compare", str(tmp_path), "--epoch-workers", "0",
                                 "1", "2"])
     assert (opt.epoch_rounds, opt.compare, opt.epoch_workers) == (3, tmp_path, [0, 1, 2])
+    assert bench_step.paired(bench_step.Stats.of([2.0, 3.0]), bench_step.Stats.of([1.0, 2.0])) == "1.75 [1.50-2.00]"
+    assert bench_step.paired(bench_step.Stats.of([2.0]), None) == ""

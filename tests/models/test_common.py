@@ -14,6 +14,7 @@ from models.common import (
     Concat,
     Conv,
     Focus,
+    activate,
     apply_conv,
     autopad,
     max_pool_same,
@@ -188,3 +189,18 @@ def test_fused_c3_runs_cv1_and_cv2_as_one_product_with_the_same_output(shortcut:
     with torch.no_grad():
         assert not torch.allclose(block(x), expected, atol=1e-3)
     torch.testing.assert_close(block(x), expected, atol=1e-5, rtol=1e-5)  # with autograd: the plain path
+
+
+def test_activate_runs_an_in_place_silu_out_of_place_under_autograd_with_the_same_values() -> None:
+    act = nn.SiLU(inplace=True)
+    x = torch.randn(2, 4, 5, 5)
+    leaf = x.clone().requires_grad_()
+    y = activate(act, leaf * 1)  # a non-leaf, as a BatchNorm's output
+    assert torch.equal(y, nn.functional.silu(x))
+    y.sum().backward()
+    reference = x.clone().requires_grad_()
+    act(reference * 1).sum().backward()  # the in-place module itself
+    assert torch.equal(leaf.grad, reference.grad)
+    with torch.no_grad():  # inference keeps the in-place module: the input is overwritten
+        z = x.clone()
+        assert activate(act, z) is z and torch.equal(z, nn.functional.silu(x))

@@ -38,7 +38,7 @@ from utils.training.autoanchor import check_anchors
 from utils.training.checkpointer import Checkpointer, SaveInterval, reload_last_good, restore_training_state
 from utils.training.config import RunConfig
 from utils.training.early_stop import EarlyStopping
-from utils.training.engine import NonFiniteGuard
+from utils.training.engine import NonFiniteGuard, train_memory_format
 from utils.training.fingerprint import fingerprint
 from utils.training.loop import Trainer
 from utils.training.loss import ComputeLoss
@@ -190,8 +190,7 @@ def build_model(config: RunConfig, nc: int, names: list[str], device: torch.devi
         model.detect.clear_grid_cache()
         LOGGER.info(f"Transferred {len(matched)}/{len(own)} items from {config.weights}")
     freeze_layers(model, list(config.freeze))
-    layout = torch.channels_last if config.channels_last else torch.preserve_format
-    return model.to(device, memory_format=layout), ckpt
+    return model.to(device, memory_format=train_memory_format(device, config.channels_last)), ckpt
 
 
 def load_train_data(config: RunConfig, hyp: dict, data_cfg: Any, grid: int, nc: int,

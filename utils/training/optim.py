@@ -262,7 +262,8 @@ class WeightUpdater:
         if grads:
             flat = torch.cat([g.reshape(-1) for g in grads])
             all_reduce_mean(flat)
-            torch.nn.utils.vector_to_parameters(flat, grads)  # copies the averages back into each .grad
+            for grad, average in zip(grads, flat.split([g.numel() for g in grads])):
+                grad.copy_(average.view_as(grad))  # in place: each .grad keeps its layout (channels_last on the CPU)
 
     def forget_pending(self) -> None:
         """Drop accumulated gradients; the next batch starts a fresh accumulation."""

@@ -79,7 +79,7 @@ def _restore_grads(module: torch.nn.Module, grads: list[torch.Tensor | None]) ->
     if len(params) != len(grads):
         raise ResumeError(f"checkpoint holds gradients for {len(grads)} parameters, the model has {len(params)}")
     for param, grad in zip(params, grads, strict=True):
-        param.grad = None if grad is None else grad.to(param.device, param.dtype).clone()
+        param.grad = None if grad is None else torch.empty_like(param).copy_(grad)  # the parameter's layout
 
 
 def adapt_to_world_size(position: TrainPosition, world_size: int, requested_batch: int | None = None) \

@@ -112,6 +112,16 @@ def test_pending_gradients_survive_a_checkpoint_between_steps(tmp_path: Path) ->
         unpack_train_state(state, grads_of=torch.nn.Linear(3, 2))
 
 
+def test_restored_gradients_take_the_layout_of_their_parameters() -> None:
+    conv = torch.nn.Conv2d(2, 4, 3)
+    conv.weight.grad = torch.randn(4, 2, 3, 3)  # saved from an NCHW run
+    state = pack_train_state(run_state(TrainPosition()), grads_of=conv)
+    fresh = torch.nn.Conv2d(2, 4, 3).to(memory_format=torch.channels_last)  # resumed on the CPU: channels_last
+    unpack_train_state(state, grads_of=fresh)
+    assert torch.equal(fresh.weight.grad, conv.weight.grad)
+    assert fresh.weight.grad.stride() == fresh.weight.stride()  # accumulation then adds in place, no reorder
+
+
 def test_unpack_refuses_missing_state_and_other_versions() -> None:
     state = pack_train_state(run_state(TrainPosition()), ema=Counter())
     with pytest.raises(ResumeError, match="no 'optimizer' state"):
