@@ -59,7 +59,7 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
                    help="mixed precision (float16 on CUDA, bfloat16 on the CPU) where its output matches float32's: "
                    "auto = only where it is faster (CUDA, CPUs with AMX)")
     p.add_argument("--channels-last", action="store_true",
-                   help="train in channels_last (NHWC) memory format, which oneDNN's CPU convolutions prefer")
+                   help="train in channels_last (NHWC) memory format on CUDA too (the CPU always trains channels_last)")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the model (also under DDP): faster steps after minutes of compiling")
     p.add_argument("--multi-scale", action="store_true", help="vary the image size by +/- 50%% per step")
