@@ -131,11 +131,15 @@ def test_a_float_export_runs_in_test_py_and_hubconf(float_onnx, trained: Path, t
     image = (scenes((64, 64), 1)[0].permute(1, 2, 0).numpy() * 255).astype(np.uint8)
     pt, onnx_model = hubconf.custom(trained), hubconf.custom(float_onnx.file)
     assert onnx_model.names == pt.names and onnx_model.stride == 32
-    pt.conf = onnx_model.conf = 0.001  # enough boxes to compare even early in training
+    pt.conf = 0.001
+    best = float(pt(image, size=64).scores().max())
+    # an early model's low scores come in groups 1e-8 apart, where rounding decides which box NMS keeps: compare
+    # the boxes within a factor of two of the best score (distinct scores: the same NMS outcome)
+    pt.conf = onnx_model.conf = best / 2
     boxes_pt, boxes_onnx = pt(image, size=64).boxes(), onnx_model(image, size=64).boxes()
     assert len(boxes_pt) > 0 and boxes_pt.shape == boxes_onnx.shape
-    nearest = torch.cdist(boxes_onnx, boxes_pt).min(1).values  # NMS may order near-equal scores differently
-    assert nearest.max() < 64 * FLOAT_TOLERANCE.box * 10
+    distances = torch.cdist(boxes_onnx, boxes_pt)  # NMS may order near-equal scores differently
+    assert max(distances.min(1).values.max(), distances.min(0).values.max()) < 64 * FLOAT_TOLERANCE.box * 10
 
 
 @pytest.mark.slow
