@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 
 def autopad(kernel: int | Sequence[int], padding: int | Sequence[int] | None = None) -> int | list[int]:
@@ -67,16 +68,11 @@ _PACKED_WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # conv
 
 def packed_conv(conv: nn.Conv2d, act: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
     """``act(conv(x))`` by oneDNN with the weight reordered into its blocked layout once (per input size) and the
-    SiLU applied inside the convolution; None where that does not apply (autograd, export, not a channels_last
-    fp32 CPU input, a 1x1 kernel, another activation). torch otherwise reorders every weight at every call."""
-    weight = conv.weight
-    if (torch.is_grad_enabled() or exporting() or x.device.type != "cpu" or x.dtype != torch.float32
-            or weight.dtype != torch.float32 or weight.is_inference() or conv.kernel_size == (1, 1)
-            or conv.padding_mode != "zeros" or isinstance(conv.padding, str)
-            or not isinstance(act, nn.SiLU | nn.Identity) or x.dim() != 4
-            or not x.is_contiguous(memory_format=torch.channels_last)
-            or not torch.backends.mkldnn.is_available() or not torch.backends.mkldnn.enabled):
+    SiLU applied inside the convolution; None where ``_packable`` says no. torch otherwise reorders every weight at
+    every call (README, Performance)."""
+    if not _packable(conv, act, x):
         return None
+    weight = conv.weight
     key = (tuple(x.shape), weight.data_ptr(), weight._version)
     cached = _PACKED_WEIGHTS.get(conv)
     if cached is None or cached[0] != key:
@@ -86,6 +82,20 @@ def packed_conv(conv: nn.Conv2d, act: nn.Module, x: torch.Tensor) -> torch.Tenso
     return torch.ops.mkldnn._convolution_pointwise(x, cached[1], conv.bias, list(conv.padding), list(conv.stride),
                                                    list(conv.dilation), conv.groups,
                                                    "swish" if isinstance(act, nn.SiLU) else "none", [], "")
+
+
+def _packable(conv: nn.Conv2d, act: nn.Module, x: torch.Tensor) -> bool:
+    """No autograd, no export, no dispatch mode (the FLOP counter must see an aten convolution), oneDNN present, a
+    channels_last fp32 CPU input, a k > 1 zero-padded kernel (1x1 runs as a matrix product), SiLU or no activation;
+    and a weight with a version counter (not an inference tensor), so an in-place change renews the packed copy."""
+    if torch.is_grad_enabled() or exporting() or is_in_torch_dispatch_mode() or not torch.backends.mkldnn.enabled:
+        return False
+    if not isinstance(act, nn.SiLU | nn.Identity) or conv.kernel_size == (1, 1) or conv.padding_mode != "zeros":
+        return False
+    weight = conv.weight
+    return (x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32 and x.dim() == 4
+            and x.is_contiguous(memory_format=torch.channels_last) and not weight.is_inference()
+            and not isinstance(conv.padding, str) and torch.backends.mkldnn.is_available())
 
 
 def activate(act: nn.Module, x: torch.Tensor) -> torch.Tensor:

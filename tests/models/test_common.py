@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from models.common import (
     C3,
@@ -213,6 +214,9 @@ def test_fused_conv_without_autograd_runs_onednn_with_a_packed_weight_and_the_sa
         torch.testing.assert_close(block(x), plain(), atol=1e-5, rtol=1e-5)
         assert packed_conv(conv, block.act, x.contiguous()) is None  # NCHW input: the module
         assert packed_conv(conv, nn.ReLU(), x) is None
+        with FlopCounterMode(display=False) as counter:  # a dispatch mode sees the aten convolution
+            out = block(x)
+        assert counter.get_total_flops() == 2 * out.numel() * 4 * kernel * kernel
     assert packed_conv(conv, block.act, x) is None  # autograd: the module
     pointwise = Conv(4, 6, 1).eval()
     pointwise.fuse()
