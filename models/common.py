@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 
 def autopad(kernel: int | Sequence[int], padding: int | Sequence[int] | None = None) -> int | list[int]:
@@ -31,8 +33,25 @@ def apply_conv(conv: nn.Conv2d, x: torch.Tensor) -> torch.Tensor:
     if (conv.kernel_size == (1, 1) and conv.stride == (1, 1) and conv.groups == 1 and conv.padding in ((0, 0), 0)
             and pixel_rows(x) and not exporting()):
         weight = conv.weight.view(conv.out_channels, conv.in_channels)
-        return F.linear(x.permute(0, 2, 3, 1), weight, conv.bias).permute(0, 3, 1, 2)
+        pixels = x.permute(0, 2, 3, 1)
+        if not pixels.is_contiguous():  # a channel slice: F.linear would run mm, then add the bias in a second pass
+            b, h, w, _ = pixels.shape
+            return linear_rows(pixel_matrix(x), weight, conv.bias).view(b, h, w, -1).permute(0, 3, 1, 2)
+        return F.linear(pixels, weight, conv.bias).permute(0, 3, 1, 2)
     return conv(x)
+
+
+def pixel_matrix(x: torch.Tensor) -> torch.Tensor:
+    """The (pixels, channels) matrix view of a ``pixel_rows`` tensor (its rows may be longer than its channels)."""
+    return x.as_strided((x.size(0) * x.size(2) * x.size(3), x.size(1)), (x.stride(3), 1), x.storage_offset())
+
+
+def linear_rows(rows: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                out: torch.Tensor | None = None) -> torch.Tensor:
+    """``rows @ weight.T + bias`` as one BLAS call (the bias is the product's start value), optionally into ``out``."""
+    if bias is None:
+        return torch.mm(rows, weight.t(), out=out)
+    return torch.addmm(bias, rows, weight.t(), out=out)
 
 
 def pixel_rows(x: torch.Tensor) -> bool:
@@ -42,6 +61,41 @@ def pixel_rows(x: torch.Tensor) -> bool:
         return False
     row = x.stride(3)
     return row >= x.size(1) and x.stride(2) == row * x.size(3) and x.stride(0) == x.stride(2) * x.size(2)
+
+
+_PACKED_WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # conv -> (key, oneDNN-blocked weight)
+
+
+def packed_conv(conv: nn.Conv2d, act: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    """``act(conv(x))`` by oneDNN with the weight reordered into its blocked layout once (per input size) and the
+    SiLU applied inside the convolution; None where ``_packable`` says no. torch otherwise reorders every weight at
+    every call (README, Performance)."""
+    if not _packable(conv, act, x):
+        return None
+    weight = conv.weight
+    key = (tuple(x.shape), weight.data_ptr(), weight._version)
+    cached = _PACKED_WEIGHTS.get(conv)
+    if cached is None or cached[0] != key:
+        cached = (key, torch.ops.mkldnn._reorder_convolution_weight(
+            weight, list(conv.padding), list(conv.stride), list(conv.dilation), conv.groups, list(x.shape)))
+        _PACKED_WEIGHTS[conv] = cached
+    return torch.ops.mkldnn._convolution_pointwise(x, cached[1], conv.bias, list(conv.padding), list(conv.stride),
+                                                   list(conv.dilation), conv.groups,
+                                                   "swish" if isinstance(act, nn.SiLU) else "none", [], "")
+
+
+def _packable(conv: nn.Conv2d, act: nn.Module, x: torch.Tensor) -> bool:
+    """No autograd, no export, no dispatch mode (the FLOP counter must see an aten convolution), oneDNN present, a
+    channels_last fp32 CPU input, a k > 1 zero-padded kernel (1x1 runs as a matrix product), SiLU or no activation;
+    and a weight with a version counter (not an inference tensor), so an in-place change renews the packed copy."""
+    if torch.is_grad_enabled() or exporting() or is_in_torch_dispatch_mode() or not torch.backends.mkldnn.enabled:
+        return False
+    if not isinstance(act, nn.SiLU | nn.Identity) or conv.kernel_size == (1, 1) or conv.padding_mode != "zeros":
+        return False
+    weight = conv.weight
+    return (x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32 and x.dim() == 4
+            and x.is_contiguous(memory_format=torch.channels_last) and not weight.is_inference()
+            and not isinstance(conv.padding, str) and torch.backends.mkldnn.is_available())
 
 
 def activate(act: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -63,6 +117,8 @@ class Conv(nn.Module):
         self.act: nn.Module = nn.SiLU() if act else nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.bn, nn.Identity) and (y := packed_conv(self.conv, self.act, x)) is not None:
+            return y
         return activate(self.act, self.bn(apply_conv(self.conv, x)))
 
     @torch.no_grad()
@@ -95,6 +151,15 @@ class Bottleneck(nn.Module):
         y = self.cv2(self.cv1(x))
         return x + y if self.add else y
 
+    def update_(self, x: torch.Tensor) -> None:
+        """Inference: replace ``x`` by ``forward(x)`` in place (the residual is added into it), so a caller holding
+        ``x`` in a larger buffer needs no copy back."""
+        hidden = self.cv1(x)
+        if self.add:
+            x.add_(self.cv2(hidden))
+        else:
+            x.copy_(self.cv2(hidden))
+
 
 class C3(nn.Module):
     """CSP block with three convolutions: one branch through ``n`` bottlenecks, one bypass, then merge."""
@@ -126,11 +191,12 @@ class C3(nn.Module):
         self.merged_bias = torch.cat([c.bias for c in convs])
 
     def _forward_merged(self, x: torch.Tensor) -> torch.Tensor:
-        """Inference on a channels_last ``x``: cv1 and cv2 write one (b, h, w, 2 hidden) buffer, the bottlenecks run
-        on its first half and their result replaces it, and cv3 reads the buffer: no concatenation."""
+        """Inference on a channels_last ``x``: cv1 and cv2 write one (b, h, w, 2 hidden) buffer, the bottlenecks
+        update its first half in place, and cv3 reads the buffer: no concatenation, no copy back."""
         both = F.silu(F.linear(x.permute(0, 2, 3, 1), self.merged_weight, self.merged_bias), inplace=True)
         first = both[..., :self.cv1.conv.out_channels].permute(0, 3, 1, 2)
-        first.copy_(self.m(first))
+        for bottleneck in self.m:
+            bottleneck.update_(first)
         return self.cv3(both.permute(0, 3, 1, 2))
 
 

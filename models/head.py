@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from models.common import apply_conv, exporting
+from models.common import apply_conv, exporting, linear_rows, pixel_matrix, pixel_rows
 
 
 class Detect(nn.Module):
@@ -37,7 +37,7 @@ class Detect(nn.Module):
 
     def forward(self, xs: list[torch.Tensor]) -> list[torch.Tensor] | torch.Tensor:
         if not self.training and self._decode_in_place_ok(xs):
-            return self.decode_into([apply_conv(conv, x) for conv, x in zip(self.m, xs)])
+            return self.decode_into(xs, convs=self.m)
         maps = []
         for i, conv in enumerate(self.m):
             x = apply_conv(conv, xs[i])
@@ -52,9 +52,10 @@ class Detect(nn.Module):
             return False
         return not (torch.is_grad_enabled() and any(x.requires_grad for x in xs))
 
-    def decode_into(self, outputs: list[torch.Tensor]) -> torch.Tensor:
+    def decode_into(self, outputs: list[torch.Tensor], convs: Sequence[nn.Conv2d] | None = None) -> torch.Tensor:
         """The conv outputs (b, na * no, ny, nx) -> ``decode``'s result, written in one buffer without autograd:
-        one permuted copy and an in-place sigmoid per level instead of copies, slices and two concatenations."""
+        one permuted copy and an in-place sigmoid per level instead of copies, slices and two concatenations.
+        With ``convs``, ``outputs`` are their inputs and the products are written into the buffer (no copy)."""
         b = outputs[0].shape[0]
         total = sum(self.na * x.shape[-2] * x.shape[-1] for x in outputs)
         out = torch.empty(b, total, self.no, device=outputs[0].device, dtype=outputs[0].dtype)
@@ -63,12 +64,29 @@ class Detect(nn.Module):
             _, _, ny, nx = x.shape
             cells = out[:, start:start + self.na * ny * nx].view(b, self.na, ny, nx, self.no)
             start += self.na * ny * nx
-            cells.copy_(x.view(b, self.na, self.no, ny, nx).permute(0, 1, 3, 4, 2)).sigmoid_()  # not a strided sigmoid
+            if convs is not None and pixel_rows(x) and convs[i].kernel_size == (1, 1):
+                self._products_into(cells, convs[i], x)
+            else:
+                x = x if convs is None else apply_conv(convs[i], x)
+                cells.copy_(x.view(b, self.na, self.no, ny, nx).permute(0, 1, 3, 4, 2))
+            cells.sigmoid_()  # over the contiguous buffer, not a strided view
             grid, anchor_grid = self._grid(i, ny, nx, x)
             xy, wh = cells[..., :2], cells[..., 2:4]
             xy.mul_(2).sub_(0.5).add_(grid).mul_(self.stride[i])
             wh.mul_(2).square_().mul_(anchor_grid)
         return out
+
+    def _products_into(self, cells: torch.Tensor, conv: nn.Conv2d, x: torch.Tensor) -> None:
+        """``cells`` (b, na, ny, nx, no) = the 1x1 ``conv`` of the channels_last ``x``, one matrix product per image
+        and anchor written in place: the product's (pixels, na * no) layout never has to be permuted."""
+        cells_per_image = x.size(2) * x.size(3)
+        rows = pixel_matrix(x)
+        weight = conv.weight.view(self.na, self.no, -1)
+        bias = conv.bias.view(self.na, self.no) if conv.bias is not None else [None] * self.na
+        for image in range(x.size(0)):
+            pixels = rows[image * cells_per_image:(image + 1) * cells_per_image]
+            for anchor in range(self.na):
+                linear_rows(pixels, weight[anchor], bias[anchor], out=cells[image, anchor].view(cells_per_image, -1))
 
     def decode(self, maps: list[torch.Tensor]) -> torch.Tensor:
         """Raw maps -> (b, n, 5 + nc): centre xy and wh in input pixels, then sigmoid scores."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from models.common import (
     C3,
@@ -18,6 +19,7 @@ from models.common import (
     apply_conv,
     autopad,
     max_pool_same,
+    packed_conv,
     pixel_rows,
 )
 
@@ -189,6 +191,56 @@ def test_fused_c3_runs_cv1_and_cv2_as_one_product_with_the_same_output(shortcut:
     with torch.no_grad():
         assert not torch.allclose(block(x), expected, atol=1e-3)
     torch.testing.assert_close(block(x), expected, atol=1e-5, rtol=1e-5)  # with autograd: the plain path
+
+
+@pytest.mark.parametrize(("kernel", "stride", "act"), [(3, 1, True), (3, 2, False), (6, 2, True)])
+def test_fused_conv_without_autograd_runs_onednn_with_a_packed_weight_and_the_same_output(
+        kernel: int, stride: int, act: bool) -> None:
+    torch.manual_seed(0)
+    block = Conv(4, 6, kernel, stride, act=act).eval()
+    _randomise_batchnorm(block)
+    block.fuse()
+    x = torch.randn(2, 4, 12, 10).contiguous(memory_format=torch.channels_last)
+    conv = block.conv
+
+    def plain() -> torch.Tensor:
+        y = nn.functional.conv2d(x, conv.weight, conv.bias, conv.stride, conv.padding)
+        return nn.functional.silu(y) if act else y
+
+    with torch.no_grad():
+        assert packed_conv(conv, block.act, x) is not None  # the fast path is the one that runs
+        torch.testing.assert_close(block(x), plain(), atol=1e-5, rtol=1e-5)
+        conv.weight.mul_(-0.5)  # changed in place (as load_state_dict does): the packed copy is refreshed
+        torch.testing.assert_close(block(x), plain(), atol=1e-5, rtol=1e-5)
+        assert packed_conv(conv, block.act, x.contiguous()) is None  # NCHW input: the module
+        assert packed_conv(conv, nn.ReLU(), x) is None
+        with FlopCounterMode(display=False) as counter:  # a dispatch mode sees the aten convolution
+            out = block(x)
+        assert counter.get_total_flops() == 2 * out.numel() * 4 * kernel * kernel
+    assert packed_conv(conv, block.act, x) is None  # autograd: the module
+    pointwise = Conv(4, 6, 1).eval()
+    pointwise.fuse()
+    with torch.no_grad():
+        assert packed_conv(pointwise.conv, pointwise.act, x) is None  # 1x1: a matrix product instead
+
+
+@pytest.mark.parametrize("shortcut", [True, False])
+def test_bottleneck_update_in_place_equals_its_forward(shortcut: bool) -> None:
+    torch.manual_seed(0)
+    block = Bottleneck(6, 6, shortcut=shortcut).eval()
+    _randomise_batchnorm(block)
+    for m in block.modules():
+        if isinstance(m, Conv):
+            m.fuse()
+    buffer = torch.randn(1, 5, 7, 10)  # (b, h, w, c)
+    x = buffer[..., :6].permute(0, 3, 1, 2)  # a channel slice of a larger channels_last buffer
+    assert pixel_rows(x)
+    with torch.no_grad():
+        expected = block(x.clone())
+        rest = buffer[..., 6:].clone()
+        block.update_(x)
+    torch.testing.assert_close(x, expected, atol=1e-5, rtol=1e-5)
+    assert torch.equal(buffer[..., 6:], rest)  # the rest of the buffer is untouched
 
 
 def test_activate_runs_an_in_place_silu_out_of_place_under_autograd_with_the_same_values() -> None:
