@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,6 +29,11 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.append(str(ROOT))  # after a --serve tree, which goes first
+
+from benchmarks.harness import ServeProcess  # noqa: E402 (stdlib and torch only: no tree's code)
+
 MODES = ("mosaic", "letterbox")
 
 
@@ -123,33 +127,12 @@ def _time_loader(dataset: Any, batch: int, samples: int, workers: int, repeats: 
     return seconds
 
 
-class TreeProcess:
+class TreeProcess(ServeProcess):
     """A ``serve`` process for one checkout, asked for timings one request at a time."""
 
     def __init__(self, tree: Path, data: Path, opt: argparse.Namespace) -> None:
-        self.tree = tree
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--serve", str(tree), str(data), "--img", str(opt.img),
-               "--batch", str(opt.batch)]
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=tree)
-        self._read()  # ready
-
-    def ask(self, **request: Any) -> Any:
-        """Send one request, wait for its answer: seconds (one pass) or a list of them (DataLoader epochs)."""
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
-        return self._read()["seconds"]
-
-    def _read(self) -> dict:
-        """The next JSON line of the process (other output, such as the label scan's, is skipped)."""
-        for line in self.proc.stdout:
-            if line.startswith("{"):
-                return json.loads(line)
-        raise RuntimeError(f"the benchmark process for {self.tree} ended (exit code {self.proc.wait()})")
-
-    def close(self) -> None:
-        """End the process: it stops at the end of its input."""
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+        super().__init__(tree, [sys.executable, str(Path(__file__).resolve()), "--serve", str(tree), str(data),
+                                "--img", str(opt.img), "--batch", str(opt.batch)])
 
 
 # ------------------------------------------------------------------------------------------------ the parent

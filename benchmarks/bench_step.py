@@ -49,7 +49,15 @@ if str(ROOT) not in sys.path:
 
 from benchmarks.bench_train import HYP, make_batch  # noqa: E402
 from benchmarks.epoch_phases import MODEL_PHASES, ONCE_PER_RUN, all_phases, shares  # noqa: E402
-from benchmarks.harness import CLOCKS, Clock, Reference, Stats, add_timing_flags, header  # noqa: E402
+from benchmarks.harness import (  # noqa: E402
+    CLOCKS,
+    Clock,
+    Reference,
+    ServeProcess,
+    Stats,
+    add_timing_flags,
+    header,
+)
 
 SYNTHETIC_TRAIN_IMAGES = 512  # data/synthetic.yaml's train split
 
@@ -129,33 +137,18 @@ def serve(tree: str, batch: int, threads: int, clock_name: str) -> None:
         print(json.dumps({"seconds": clock() - start}), flush=True)
 
 
-class StepProcess:
+class StepProcess(ServeProcess):
     """A ``serve`` process timing the training step of one checkout (this one, or --compare's)."""
 
     def __init__(self, tree: Path, opt: argparse.Namespace) -> None:
-        self.tree = tree
         command = [sys.executable, str(Path(__file__).resolve()), "--serve", str(tree), "--batch-size",
                    str(opt.batch_size), "--threads", str(opt.threads), "--clock", opt.clock]
         env = {**os.environ, **({"OMP_NUM_THREADS": str(opt.threads)} if opt.threads > 0 else {})}
-        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=tree,
-                                     env=env)
-        self._read()
+        super().__init__(tree, command, env)
 
     def step(self, cfg: str, img: int, precision: str) -> float:
         """Seconds of one training step (the first of a cfg, size and precision also builds it)."""
-        self.proc.stdin.write(json.dumps({"cfg": cfg, "img": img, "precision": precision}) + "\n")
-        self.proc.stdin.flush()
-        return self._read()["seconds"]
-
-    def _read(self) -> dict:
-        for line in self.proc.stdout:
-            if line.startswith("{"):
-                return json.loads(line)
-        raise RuntimeError(f"the step process for {self.tree} ended (exit code {self.proc.wait()})")
-
-    def close(self) -> None:
-        self.proc.stdin.close()
-        self.proc.wait(timeout=60)
+        return self.ask(cfg=cfg, img=img, precision=precision)
 
 
 def step_seconds(trees: dict[str, StepProcess], cfg: str, img_size: int, opt: argparse.Namespace) \

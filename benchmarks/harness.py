@@ -8,6 +8,8 @@
 - ``add_timing_flags``: ``--threads`` and ``--clock`` (a name of ``CLOCKS``), the same in every script.
 - ``header``: the standard first lines, stating the load average, threads, torch version, CPU model and
   whether CUDA was used.
+- ``ServeProcess``: a benchmark's ``--serve`` child for one checkout, asked for timings one JSON line at a time
+  (the comparisons of two checkouts in turns).
 
 Scripts import it as ``from benchmarks.harness import ...`` after putting the repository root on sys.path.
 """
@@ -15,13 +17,17 @@ Scripts import it as ``from benchmarks.harness import ...`` after putting the re
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import socket
 import statistics
+import subprocess
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -225,3 +231,31 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class ServeProcess:
+    """A benchmark's ``--serve`` child process for one checkout (``tree``): it prints one JSON line when ready and
+    one per request, with the request's ``seconds``; other output (a label scan's) is skipped."""
+
+    def __init__(self, tree: Path, command: list[str], env: dict[str, str] | None = None) -> None:
+        self.tree = tree
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=tree,
+                                     env=env)
+        self._read()  # ready
+
+    def ask(self, **request: Any) -> Any:
+        """Send one request and wait for its answer's ``seconds`` (one figure, or a list of them)."""
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        return self._read()["seconds"]
+
+    def _read(self) -> dict:
+        for line in self.proc.stdout:
+            if line.startswith("{"):
+                return json.loads(line)
+        raise RuntimeError(f"the benchmark process for {self.tree} ended (exit code {self.proc.wait()})")
+
+    def close(self) -> None:
+        """End the process: it stops at the end of its input."""
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
