@@ -106,7 +106,7 @@ def rect_batch_shapes(shapes_wh: np.ndarray, batch_size: int, img_size: int, str
 class YoloDataset(torch.utils.data.Dataset):
     """Images and YOLO labels, letterboxed (or mosaicked and augmented) to ``img_size``.
 
-    ``dataset[i]`` -> (uint8 (3, h, w) RGB, float32 (k, 6) [0, cls, cx, cy, w, h] normalised to the
+    ``dataset[i]`` -> (uint8 (3, h, w) RGB over HWC memory, float32 (k, 6) [0, cls, cx, cy, w, h] normalised to the
     returned image, path, ((h0, w0), ((ratio_h, ratio_w), (pad_w, pad_h))) or None after mosaic).
     """
 
