@@ -71,21 +71,20 @@ def resized_shape(shape: tuple[int, int], img_size: int) -> tuple[int, int]:
     return min(math.ceil(h0 * ratio), img_size), min(math.ceil(w0 * ratio), img_size)
 
 
-def bgr_to_chw_rgb(img: np.ndarray) -> np.ndarray:
-    """HWC BGR -> contiguous CHW RGB, split by OpenCV straight into the planes (a few times faster than numpy's
-    strided transpose copy)."""
-    chw = np.empty((3, *img.shape[:2]), np.uint8)
-    cv2.split(img, [chw[2], chw[1], chw[0]])
-    return chw
+def bgr_to_chw_rgb(img: np.ndarray) -> torch.Tensor:
+    """HWC BGR -> a (3, h, w) RGB tensor over HWC memory (channels_last strides): one contiguous OpenCV pass, and
+    batches of such images are channels_last, the layout the CPU trains in (a float cast of them is one pass)."""
+    return torch.from_numpy(cv2.cvtColor(img, cv2.COLOR_BGR2RGB)).permute(2, 0, 1)
 
 
 def new_batch(shape: tuple[int, ...]) -> torch.Tensor:
-    """An uninitialised uint8 tensor; in a DataLoader worker, in shared memory (as torch's default_collate makes
-    it), so sending the batch to the main process does not copy it once more."""
+    """An uninitialised uint8 (b, c, h, w) tensor in channels_last memory; in a DataLoader worker, in shared memory
+    (as torch's default_collate makes it), so sending the batch to the main process does not copy it once more."""
+    b, c, h, w = shape
     if torch.utils.data.get_worker_info() is None:
-        return torch.empty(shape, dtype=torch.uint8)
+        return torch.empty(shape, dtype=torch.uint8, memory_format=torch.channels_last)
     storage = torch.UntypedStorage._new_shared(math.prod(shape))
-    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, shape)
+    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (b, h, w, c)).permute(0, 3, 1, 2)
 
 
 def rect_batch_shapes(shapes_wh: np.ndarray, batch_size: int, img_size: int, stride: int,
@@ -107,7 +106,7 @@ def rect_batch_shapes(shapes_wh: np.ndarray, batch_size: int, img_size: int, str
 class YoloDataset(torch.utils.data.Dataset):
     """Images and YOLO labels, letterboxed (or mosaicked and augmented) to ``img_size``.
 
-    ``dataset[i]`` -> (uint8 (3, h, w) RGB, float32 (k, 6) [0, cls, cx, cy, w, h] normalised to the
+    ``dataset[i]`` -> (uint8 (3, h, w) RGB over HWC memory, float32 (k, 6) [0, cls, cx, cy, w, h] normalised to the
     returned image, path, ((h0, w0), ((ratio_h, ratio_w), (pad_w, pad_h))) or None after mosaic).
     """
 
@@ -142,6 +141,7 @@ class YoloDataset(torch.utils.data.Dataset):
             self._sort_for_rect(opts.batch_size, opts.pad)
         self.label_files = img2label_paths(self.im_files)
         self.ram: SharedImages | None = None  # --cache ram: one shared copy per machine
+        self.npy_cached = (self.cache_dir / "npy").is_dir()  # a --cache disk folder (of any run) to read from
         if opts.cache:
             self.cache_images("disk" if opts.cache == "disk" else "ram", opts.prefix)
 
@@ -177,6 +177,7 @@ class YoloDataset(torch.utils.data.Dataset):
                 LOGGER.info(f"{prefix}Cached images to RAM, one shared copy per machine: "
                             f"{self.ram.nbytes / 1e9:.2f} GB")
             return
+        self.npy_cached = True
         indices = list(range(dist.get_local_rank(), len(self), dist.get_local_world_size()))
         with ThreadPool(available_cores()) as pool:
             total = sum(pool.imap(self._save_npy, indices))
@@ -196,11 +197,13 @@ class YoloDataset(torch.utils.data.Dataset):
         return npy.stat().st_size
 
     def _read(self, i: int) -> np.ndarray:
-        """The original decoded image (BGR, EXIF orientation applied), from .npy when cached on disk."""
-        npy = self._npy_path(i)
-        with contextlib.suppress(OSError, ValueError):  # missing, damaged or older than the image: decode it
-            if npy.stat().st_mtime_ns >= os.stat(self.im_files[i]).st_mtime_ns:
-                return np.load(npy, allow_pickle=False)
+        """The original decoded image (BGR, EXIF orientation applied), from .npy when cached on disk (the folder is
+        looked for once: without it no image pays for the path and its stat)."""
+        if self.npy_cached:
+            npy = self._npy_path(i)
+            with contextlib.suppress(OSError, ValueError):  # missing, damaged or older than the image: decode it
+                if npy.stat().st_mtime_ns >= os.stat(self.im_files[i]).st_mtime_ns:
+                    return np.load(npy, allow_pickle=False)
         img = cv2.imread(self.read_files[i], cv2.IMREAD_COLOR)
         if img is None and self.read_files[i] != self.im_files[i]:  # the repaired copy is gone: the original
             img = cv2.imread(self.im_files[i], cv2.IMREAD_COLOR)
@@ -291,7 +294,7 @@ class YoloDataset(torch.utils.data.Dataset):
                 img, labels = flip_lr(img, labels)
         targets = torch.zeros((len(labels), 6))
         targets[:, 1:] = torch.from_numpy(labels)
-        return torch.from_numpy(bgr_to_chw_rgb(img)), targets, self.im_files[index], shapes
+        return bgr_to_chw_rgb(img), targets, self.im_files[index], shapes
 
     def seed_sample(self, key: Sequence[int]) -> None:
         """Seed the augmentation of the next sample from (seed, epoch, position in the epoch)."""
@@ -305,6 +308,7 @@ class YoloDataset(torch.utils.data.Dataset):
         """--quad: every 4 samples become one image of twice the size: the first one upscaled 2x, or the four
         tiled 2 x 2 (by a draw from the last sample's seeded stream, so a resumed run repeats it)."""
         imgs, targets, paths, shapes = self.collate_fn(batch)
+        imgs = imgs.contiguous()  # NCHW: the 2x upscale below then rounds exactly as it always did
         if len(imgs) % 4:
             raise DataError(f"--quad needs a batch per rank divisible by 4, got {len(imgs)}")
         out, labels = [], []
@@ -334,7 +338,7 @@ class YoloDataset(torch.utils.data.Dataset):
         out = new_batch((len(imgs), 3, height, width))
         if any(i.shape[1:] != (height, width) for i in imgs):
             out.fill_(114)
-        pixels = out.numpy()  # numpy's single-threaded copy: torch's threads only slow these copies down
+        pixels = out.numpy()  # numpy's single-threaded copy (a view in NHWC memory): torch's threads only slow it
         for i, (img, t) in enumerate(zip(imgs, targets)):
             pixels[i, :, :img.shape[1], :img.shape[2]] = img.numpy()
             t[:, 0] = i

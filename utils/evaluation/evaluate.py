@@ -130,6 +130,18 @@ def _head_returns_raw_maps(model: nn.Module, enabled: bool) -> Iterator[None]:
         detect.eval()
 
 
+def model_input(imgs: torch.Tensor, device: torch.device, channels_last: bool) -> torch.Tensor:
+    """uint8 (b, 3, h, w) -> float in [0, 1] on ``device``, channels_last or NCHW, in one pass: the loader's batches
+    are channels_last already (utils.data.datasets.new_batch), so on the CPU the cast reads and writes in order."""
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    return imgs.to(device, non_blocking=True).to(dtype=torch.float32, memory_format=layout).div_(255)
+
+
+def _input_layout(model: nn.Module, device: torch.device) -> bool:
+    """Whether ``model`` takes channels_last input: our fused CPU model does (models.yolo.Model.fuse)."""
+    return device.type == "cpu" and bool(getattr(model, "channels_last_input", False))
+
+
 def _forward(model: nn.Module, imgs: torch.Tensor, targets: torch.Tensor, compute_loss: Any,
              half: bool, augment: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Decoded predictions (b, n, 5 + nc) and, with ``compute_loss``, the batch's loss items."""
@@ -244,10 +256,11 @@ def _run_shard(model: nn.Module, loader: Any, device: torch.device, names: Seque
     nms = {"conf_thres": opts.conf_thres, "iou_thres": opts.iou_thres, "max_det": opts.max_det,
            "agnostic": opts.agnostic or opts.single_cls}
     ignore_of = getattr(getattr(loader, "dataset", None), "ignore_regions", lambda path: None)
+    channels_last = _input_layout(model, device)
     for batch_index, (imgs, targets, paths, shapes) in enumerate(_progress(loader, _show_progress())):
         dist.mark("validation", batch=batch_index)
         with timer.stage(0):
-            x = imgs.to(device, non_blocking=True).float() / 255  # uint8 -> [0, 1]
+            x = model_input(imgs, device, channels_last)
             targets = targets.to(device)
         with timer.stage(1):
             preds, loss_items = _forward(model, x, targets, compute_loss, opts.half, opts.augment)
@@ -326,7 +339,7 @@ def measure_speed(model: nn.Module, loader: Any, device: torch.device | str,
     try:
         for imgs, targets, _, _ in _progress(loader, _show_progress()):
             with timer.stage(0):
-                x = imgs.to(device, non_blocking=True).float() / 255
+                x = model_input(imgs, device, _input_layout(model, device))
             with timer.stage(1):
                 preds, _ = _forward(model, x, targets, None, opts.half, opts.augment)
             with timer.stage(2):

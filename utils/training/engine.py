@@ -16,6 +16,7 @@ from torch.nn import functional as F
 
 from utils.device import autocast
 from utils.distributed import comm as dist
+from utils.evaluation.evaluate import model_input
 from utils.hooks import StepInfo
 from utils.log import LOGGER
 from utils.loggers.progress import progress_bar, progress_text
@@ -82,8 +83,7 @@ def _prepare_images(imgs: torch.Tensor, device: torch.device, size: int | None,
                     channels_last: bool = False) -> torch.Tensor:
     """uint8 (b, 3, h, w) -> float in [0, 1] on ``device`` in the training layout (one pass: the cast writes it),
     resized to ``size`` for --multi-scale."""
-    layout = train_memory_format(device, channels_last)
-    imgs = imgs.to(device, non_blocking=True).to(dtype=torch.float32, memory_format=layout).div_(255)
+    imgs = model_input(imgs, device, train_memory_format(device, channels_last) == torch.channels_last)
     if size is not None and size != imgs.shape[-1]:
         imgs = F.interpolate(imgs, size=(size, size), mode="bilinear", align_corners=False)
     return imgs

@@ -116,6 +116,23 @@ def test_mosaic_sources_are_originals_with_load_image_sizes(tmp_path: Path) -> N
 
 
 def test_chw_rgb_conversion() -> None:
+    """A sample is (3, h, w) RGB over HWC memory, so a batch of them is channels_last."""
     img = np.random.default_rng(0).integers(0, 256, (7, 9, 3), dtype=np.uint8)
     chw = bgr_to_chw_rgb(img)
-    assert chw.flags.c_contiguous and np.array_equal(chw, img[:, :, ::-1].transpose(2, 0, 1))
+    assert chw.shape == (3, 7, 9) and chw.permute(1, 2, 0).is_contiguous()
+    assert np.array_equal(chw.numpy(), img[:, :, ::-1].transpose(2, 0, 1))
+
+
+def test_batches_are_channels_last_with_the_same_pixels(tiny_dataset: Path) -> None:
+    """collate_fn writes NHWC memory (a float cast is then one pass in order); the pixels and the padding are those
+    of the samples, whatever their layout, also in a DataLoader worker's shared memory."""
+    ds = YoloDataset(load_data_config(tiny_dataset).val, img_size=96, batch_size=4, rect=True, pad=0.5, nc=3)
+    samples = [ds[i] for i in range(4)]
+    for batch in (YoloDataset.collate_fn(samples), next(iter(torch.utils.data.DataLoader(
+            ds, batch_size=4, num_workers=1, collate_fn=YoloDataset.collate_fn)))):
+        imgs = batch[0]
+        assert imgs.is_contiguous(memory_format=torch.channels_last) and imgs.dtype == torch.uint8
+        for i, (img, *_) in enumerate(samples):
+            h, w = img.shape[1:]
+            assert torch.equal(imgs[i, :, :h, :w], img) and (imgs[i, :, h:] == 114).all()
+    assert not ds.npy_cached  # no --cache disk folder: no image looks for a .npy

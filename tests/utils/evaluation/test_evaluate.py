@@ -19,7 +19,7 @@ from tests.helpers import OracleModel
 from utils.data.datasets import DatasetOptions
 from utils.data.loader import create_dataloader
 from utils.data.synthetic import SYNTHETIC_NAMES, ensure_synthetic
-from utils.evaluation.evaluate import TABLE_HEADER, evaluate
+from utils.evaluation.evaluate import TABLE_HEADER, evaluate, model_input
 from utils.evaluation.outputs import COCO80_TO_91
 from utils.log import LOGGER
 
@@ -142,3 +142,14 @@ def test_compute_loss_keeps_batchnorm_frozen(tiny_cfg, val_set):
     assert result.loss is not None and result.loss.shape == (3,) and torch.all(result.loss > 0)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # BN statistics untouched
     assert not model.training and not model.detect.training
+
+
+def test_model_input_casts_to_the_layout_asked_with_the_plain_values() -> None:
+    """uint8 batches (NCHW or channels_last memory, as the loader makes them) -> float / 255 in the model's layout:
+    the values of the plain cast, whatever the layouts."""
+    nchw = torch.randint(0, 256, (2, 3, 8, 10), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    for imgs in (nchw, nchw.contiguous(memory_format=torch.channels_last)):
+        for channels_last in (True, False):
+            x = model_input(imgs, torch.device("cpu"), channels_last)
+            assert torch.equal(x, nchw.float() / 255) and x.dtype == torch.float32
+            assert x.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)

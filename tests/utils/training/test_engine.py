@@ -44,6 +44,8 @@ def test_the_cpu_trains_channels_last_and_other_devices_as_asked() -> None:
     images = _prepare_images(imgs, CPU, None)
     assert images.is_contiguous(memory_format=torch.channels_last) and images.dtype == torch.float32
     assert torch.equal(images, imgs.float() / 255)  # the same values as the plain cast
+    loader_batch = imgs.contiguous(memory_format=torch.channels_last)  # as the loader collates them
+    assert torch.equal(_prepare_images(loader_batch, CPU, None), images)
     resized = _prepare_images(imgs, CPU, 96)  # --multi-scale keeps the layout
     assert resized.shape[-1] == 96 and resized.is_contiguous(memory_format=torch.channels_last)
 
