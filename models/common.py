@@ -88,7 +88,8 @@ def _packable(conv: nn.Conv2d, act: nn.Module, x: torch.Tensor) -> bool:
     """No autograd, no export, no dispatch mode (the FLOP counter must see an aten convolution), oneDNN present, a
     channels_last fp32 CPU input, a k > 1 zero-padded kernel (1x1 runs as a matrix product), SiLU or no activation;
     and a weight with a version counter (not an inference tensor), so an in-place change renews the packed copy."""
-    if torch.is_grad_enabled() or exporting() or is_in_torch_dispatch_mode() or not torch.backends.mkldnn.enabled:
+    if (torch.is_grad_enabled() or exporting() or is_in_torch_dispatch_mode() or not torch.backends.mkldnn.enabled
+            or autocasting(x)):
         return False
     if not isinstance(act, nn.SiLU | nn.Identity) or conv.kernel_size == (1, 1) or conv.padding_mode != "zeros":
         return False
@@ -96,6 +97,12 @@ def _packable(conv: nn.Conv2d, act: nn.Module, x: torch.Tensor) -> bool:
     return (x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32 and x.dim() == 4
             and x.is_contiguous(memory_format=torch.channels_last) and not weight.is_inference()
             and not isinstance(conv.padding, str) and torch.backends.mkldnn.is_available())
+
+
+def autocasting(x: torch.Tensor) -> bool:
+    """Whether autocast is on for ``x``'s device: the direct kernels and out= products above bypass its casts, so
+    under it (validation during mixed-precision training) the plain modules run."""
+    return torch.is_autocast_enabled(x.device.type)
 
 
 def activate(act: nn.Module, x: torch.Tensor) -> torch.Tensor:

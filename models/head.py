@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from models.common import apply_conv, exporting, linear_rows, pixel_matrix, pixel_rows
+from models.common import apply_conv, autocasting, exporting, linear_rows, pixel_matrix, pixel_rows
 
 
 class Detect(nn.Module):
@@ -64,7 +64,8 @@ class Detect(nn.Module):
             _, _, ny, nx = x.shape
             cells = out[:, start:start + self.na * ny * nx].view(b, self.na, ny, nx, self.no)
             start += self.na * ny * nx
-            if convs is not None and pixel_rows(x) and convs[i].kernel_size == (1, 1):
+            if (convs is not None and pixel_rows(x) and convs[i].kernel_size == (1, 1)
+                    and x.dtype == convs[i].weight.dtype and not autocasting(x)):
                 self._products_into(cells, convs[i], x)
             else:
                 x = x if convs is None else apply_conv(convs[i], x)

@@ -163,6 +163,24 @@ def test_fused_equals_unfused(name: str) -> None:
         assert (model(x) - unfused).abs().max() > 1e-2
 
 
+def test_fused_model_runs_under_cpu_autocast_as_validation_in_mixed_precision_does(tiny_cfg: dict) -> None:
+    """Validation during bf16 training runs the fused model under autocast: its fast paths (packed convolutions,
+    products written into the output) step aside and it gives the unfused model's bf16 result."""
+    torch.manual_seed(0)
+    model = Model(tiny_cfg).eval()
+    fused = copy.deepcopy(model).fuse()
+    x = torch.rand(2, 3, 64, 96)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = fused(x.contiguous(memory_format=torch.channels_last))
+        plain = model(x)
+    with torch.no_grad():
+        exact = model(x)
+    assert out.dtype == plain.dtype == torch.bfloat16 and out.shape == exact.shape
+    scale = exact.abs().amax(dim=(0, 1))  # per output column: pixels for the boxes, probabilities for the scores
+    assert ((out.float() - exact).abs().amax(dim=(0, 1)) <= 0.05 * scale + 1e-2).all()
+    assert ((plain.float() - exact).abs().amax(dim=(0, 1)) <= 0.05 * scale + 1e-2).all()
+
+
 def test_nc_override(tiny_cfg: dict) -> None:
     model = Model(tiny_cfg, nc=7)
     assert model.nc == 7 and model.detect.no == 12 and model.yaml["nc"] == 7
