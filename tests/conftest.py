@@ -24,6 +24,17 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     session.stash[CHECKOUT_BEFORE] = loose_files(ROOT)
 
 
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Whole multi-process modules (module-level ``ddp`` mark) run first, everything else in its own order: an xdist
+    worker that starts a 30-120 s torchrun test near the end leaves the other idle (worksteal moves queued tests,
+    not running ones). Modules stay whole, so their module-scoped fixtures are set up once."""
+    def multi_process(item: pytest.Item) -> bool:
+        marks = getattr(getattr(item, "module", None), "pytestmark", [])
+        return any(mark.name == "ddp" for mark in (marks if isinstance(marks, list) else [marks]))
+
+    items.sort(key=lambda item: not multi_process(item))  # stable
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the run when its tests left files in the checkout (they must write under their tmp folders)."""
     added = added_files(session.stash.get(CHECKOUT_BEFORE, None), loose_files(ROOT))
