@@ -21,12 +21,12 @@ if __name__ == "__main__" and not __package__:  # `python models/yolo.py`: make 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
-import yaml
 from torch import nn
 
 from models.common import C3, SPP, SPPF, Bottleneck, Concat, Conv, Focus, exporting
 from models.head import Detect, check_anchor_order
 from utils.errors import UserError
+from utils.safe_yaml import YamlError, load_yaml
 
 MODELS_DIR = Path(__file__).resolve().parent
 
@@ -64,9 +64,9 @@ def load_model_config(cfg: str | Path | dict) -> tuple[dict, str]:
     if not path.is_file():
         raise ModelConfigError(f"model config {cfg} not found (looked here and in {MODELS_DIR})")
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise ModelConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+        data = load_yaml(path)
+    except YamlError as e:
+        raise ModelConfigError(str(e)) from None
     if not isinstance(data, dict):
         raise ModelConfigError(f"{path}: expected a mapping with backbone/head rows")
     data["yaml_file"] = path.name

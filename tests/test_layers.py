@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # Lowest first. A component is a module or a package prefix; components on one line are one layer and may not
 # import each other (they are independent), only their own component and lower layers.
 LAYERS: list[list[str]] = [
-    ["utils.errors", "utils.log", "utils.paths", "utils.atomic_files", "utils.boxes", "utils.http_fetch"],
+    ["utils.errors"],
+    ["utils.log", "utils.paths", "utils.atomic_files", "utils.boxes", "utils.http_fetch", "utils.safe_yaml"],
     ["utils.device", "utils.hyp", "utils.hooks"],
     ["utils.distributed"],
     ["models.common"],

@@ -10,10 +10,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from utils.errors import UserError
 from utils.paths import ROOT
+from utils.safe_yaml import YamlError, load_yaml
 
 HYPS_DIR = ROOT / "data" / "hyps"
 SCRATCH_HYP = HYPS_DIR / "hyp.scratch.yaml"
@@ -49,9 +48,9 @@ def load_hyp(source: str | Path | Mapping[str, Any] | None = None) -> dict[str, 
     else:
         path = find_hyp_file(source or SCRATCH_HYP)
         try:
-            raw = yaml.safe_load(path.read_text()) or {}
-        except (OSError, yaml.YAMLError) as e:
-            raise HypError(f"{path}: not a readable YAML file ({type(e).__name__}); fix its syntax") from None
+            raw = load_yaml(path) or {}
+        except YamlError as e:
+            raise HypError(str(e)) from None
         where = str(path)
     if not isinstance(raw, dict):
         raise HypError(f"{where}: expected a mapping of hyperparameter names to values")

@@ -6,6 +6,8 @@ import os
 import re
 from pathlib import Path
 
+from utils.errors import UserError
+
 ROOT = Path(__file__).resolve().parents[1]
 # Media the data sets and detect.py read, by file suffix (lower case).
 IMG_SUFFIXES = frozenset({".bmp", ".dng", ".jpeg", ".jpg", ".mpo", ".png", ".tif", ".tiff", ".webp"})
@@ -28,3 +30,13 @@ def increment_path(path: str | Path, exist_ok: bool = False, mkdir: bool = False
     if mkdir:
         path.mkdir(parents=True, exist_ok=True)
     return path
+
+
+def confined(path: str | Path, root: str | Path, what: str = "path") -> Path:
+    """``path`` (relative to ``root`` unless absolute) resolved, and refused with a one-line UserError unless it
+    lies inside ``root``: the one rule for every path read from a file (a data YAML, a list, an annotation)."""
+    root = Path(root).resolve()
+    resolved = (root / path).resolve()
+    if resolved != root and root not in resolved.parents:
+        raise UserError(f"{what} {str(path)[:200]!r} leads outside {root}; refused")
+    return resolved

@@ -33,7 +33,7 @@ def test_missing_keys_file_and_syntax_are_one_line_errors(tmp_path: Path) -> Non
     with pytest.raises(HypError, match="not found"):
         load_hyp(tmp_path / "absent.yaml")
     (tmp_path / "broken.yaml").write_text("lr0: [\n")
-    with pytest.raises(HypError, match="not a readable YAML"):
+    with pytest.raises(HypError, match="not valid YAML"):
         load_hyp(tmp_path / "broken.yaml")
     with pytest.raises(HypError, match="lacks"):
         load_hyp({"lr0": 0.1})

@@ -28,3 +28,19 @@ def test_data_home_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_
 def test_media_suffixes_are_lower_case_and_disjoint() -> None:
     assert ".jpg" in IMG_SUFFIXES and ".mp4" in VID_SUFFIXES and not IMG_SUFFIXES & VID_SUFFIXES
     assert all(s == s.lower() and s.startswith(".") for s in IMG_SUFFIXES | VID_SUFFIXES)
+
+
+def test_confined_keeps_paths_from_files_inside_their_folder(tmp_path: Path) -> None:
+    from utils.errors import UserError
+    from utils.paths import confined
+
+    (tmp_path / "data" / "images").mkdir(parents=True)
+    assert confined("images", tmp_path / "data") == (tmp_path / "data" / "images").resolve()
+    assert confined(tmp_path / "data" / "images" / "a.jpg", tmp_path / "data").name == "a.jpg"
+    assert confined(".", tmp_path / "data") == (tmp_path / "data").resolve()
+    for escape in ("..", "../x", "images/../../x", "/etc/passwd", str(tmp_path)):
+        with pytest.raises(UserError, match="leads outside"):
+            confined(escape, tmp_path / "data", "split")
+    (tmp_path / "data" / "link").symlink_to(tmp_path)  # a symlink out of the folder is outside too
+    with pytest.raises(UserError, match="leads outside"):
+        confined("link/x", tmp_path / "data")

@@ -15,12 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from utils.distributed import comm as dist
 from utils.errors import UserError
 from utils.log import LOGGER
 from utils.paths import ROOT, data_home
+from utils.safe_yaml import YamlError, load_yaml
 
 DEFAULT_DATA = ROOT / "data" / "synthetic.yaml"
 MAX_NAME_LENGTH = 128
@@ -59,9 +58,9 @@ def _find_yaml(path: str | Path | None) -> Path:
 
 def _read_yaml(path: Path) -> dict:
     try:
-        content = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise DataError(f"{path}: not a readable YAML file ({type(e).__name__}); fix its syntax") from None
+        content = load_yaml(path)
+    except YamlError as e:
+        raise DataError(str(e)) from None
     if not isinstance(content, dict):
         raise DataError(f"{path}: expected a mapping with keys path, train, val, nc, names")
     return content

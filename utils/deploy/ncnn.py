@@ -22,6 +22,7 @@ from utils.deploy.formats import (
     quiet_jit_warnings,
     require,
 )
+from utils.safe_yaml import load_yaml
 
 PARAM, BIN, METADATA = "model.ncnn.param", "model.ncnn.bin", "metadata.yaml"
 
@@ -88,7 +89,7 @@ class NcnnFormat(ExportFormat):
         require(self.runtime_packages, f"running {file.name}")
         import ncnn
 
-        meta = yaml.safe_load((file / METADATA).read_text()) if (file / METADATA).is_file() else {}
+        meta = load_yaml(file / METADATA) if (file / METADATA).is_file() else {}
         if not isinstance(meta, dict) or "anchors" not in meta:
             raise FormatError(f"{file} has no {METADATA} with anchors; re-export it with export.py --include ncnn")
         net = ncnn.Net()

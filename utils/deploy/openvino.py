@@ -21,6 +21,7 @@ from utils.deploy.formats import (
     require,
 )
 from utils.deploy.onnx import head_decoding_nodes, onnx_export_kwargs, write_onnx
+from utils.safe_yaml import load_yaml
 
 
 def openvino_xml(weights: Path) -> Path:
@@ -96,7 +97,7 @@ class OpenVinoFormat(ExportFormat):
 
         xml = openvino_xml(file)
         meta_file = xml.with_suffix(".yaml")
-        meta = yaml.safe_load(meta_file.read_text()) if meta_file.is_file() else {}
+        meta = load_yaml(meta_file) if meta_file.is_file() else {}
         core = openvino.Core()
         # f32: on CPUs with AMX/AVX512-BF16 OpenVINO otherwise computes float models in bfloat16 (measured 2.3e-4 x
         # image size box error at 160 px, beyond FLOAT_TOLERANCE); INT8 layers stay INT8 under this hint
