@@ -144,10 +144,14 @@ FIRST_PASS_PER_DET = (2, 4)
 
 def non_max_suppression(prediction: torch.Tensor, conf_thres: float = 0.25, iou_thres: float = 0.45,
                         classes: list[int] | None = None, agnostic: bool = False, multi_label: bool = False,
-                        max_det: int = 300, max_nms: int = 30000) -> list[torch.Tensor]:
-    """Decoded predictions (b, n, 5 + nc) -> per image (k, 6) [x1, y1, x2, y2, conf, cls], best first.
+                        max_det: int = 300, max_nms: int = 30000, objectness: bool = True,
+                        num_classes: int | None = None) -> list[torch.Tensor]:
+    """Decoded predictions (b, n, 4 [+ 1] + nc [+ nm]) -> per image (k, 6 [+ nm]) [x1, y1, x2, y2, conf, cls, extra...],
+    best first.
 
-    conf = objectness x class score; ``multi_label`` keeps every class above the threshold for a box;
+    Rows are xywh, then objectness when ``objectness`` (YOLOv5's anchor-based heads: conf = objectness x class score),
+    then ``num_classes`` class scores (default: every remaining column), then any extra columns (mask coefficients),
+    which are carried to the kept rows unchanged. ``multi_label`` keeps every class above the threshold for a box;
     ``agnostic`` suppresses across classes; the ``max_nms`` best candidates of an image enter NMS and the
     ``max_det`` best survivors come out. The result is that of torchvision's batched_nms on those candidates
     (ties between equal scores go to the earlier candidate in (box, class) order); candidates are selected
@@ -155,22 +159,32 @@ def non_max_suppression(prediction: torch.Tensor, conf_thres: float = 0.25, iou_
     """
     if not 0 <= conf_thres <= 1 or not 0 <= iou_thres <= 1:
         raise ValueError(f"conf_thres {conf_thres} and iou_thres {iou_thres} must be within [0, 1]")
-    image, xywh, row, conf, cls = _candidates(prediction, conf_thres, classes, multi_label)
+    first_class = 5 if objectness else 4
+    nc = prediction.shape[2] - first_class if num_classes is None else num_classes
+    image, x, row, conf, cls = _candidates(prediction, conf_thres, classes, multi_label, first_class, nc)
+    extra = x[:, first_class + nc:]
     counts = torch.bincount(image, minlength=prediction.shape[0]).tolist()  # the one host sync for the batch
-    return [_nms_image(xywh, *parts, iou_thres, agnostic, max_det, max_nms)
-            for parts in zip(row.split(counts), conf.split(counts), cls.split(counts))]
+    kept = []
+    for parts in zip(row.split(counts), conf.split(counts), cls.split(counts)):
+        det, rows = _nms_image(x[:, :4], *parts, iou_thres, agnostic, max_det, max_nms)
+        kept.append(torch.cat((det, extra[rows]), 1) if extra.shape[1] else det)
+    return kept
 
 
-def _candidates(prediction: torch.Tensor, conf_thres: float, classes: list[int] | None,
-                multi_label: bool) -> tuple[torch.Tensor, ...]:
+def _candidates(prediction: torch.Tensor, conf_thres: float, classes: list[int] | None, multi_label: bool,
+                first_class: int, nc: int) -> tuple[torch.Tensor, ...]:
     """Every candidate of the batch above ``conf_thres``, in (image, box, class) order as a per-image selection
-    gives them: its image (m,), the boxes that pass objectness (k, 4) xywh, and its box row in them, conf
-    and class (m,). Objectness is filtered first (few rows pass at high conf); corners are computed later,
-    only for the candidates that enter NMS."""
-    nc = prediction.shape[2] - 5
-    image, box = (prediction[..., 4] > conf_thres).nonzero(as_tuple=True)
-    x = prediction[image, box]  # (k, 5 + nc)
-    scores = x[:, 5:] * x[:, 4:5]  # (k, nc)
+    gives them: its image (m,), the rows that pass the first filter (k, no), and its row in them, conf and class
+    (m,). The first filter is objectness (few rows pass at high conf) or, without it, the best class score;
+    corners are computed later, only for the candidates that enter NMS."""
+    if first_class == 5:
+        image, box = (prediction[..., 4] > conf_thres).nonzero(as_tuple=True)
+        x = prediction[image, box]  # (k, no)
+        scores = x[:, 5:5 + nc] * x[:, 4:5]  # (k, nc)
+    else:
+        image, box = (prediction[..., 4:4 + nc].amax(-1) > conf_thres).nonzero(as_tuple=True)
+        x = prediction[image, box]
+        scores = x[:, 4:4 + nc]
     allowed = None if classes is None else \
         (torch.arange(nc, device=x.device)[:, None] == torch.tensor(classes, device=x.device)).any(1)
     if multi_label and nc > 1:
@@ -186,20 +200,22 @@ def _candidates(prediction: torch.Tensor, conf_thres: float, classes: list[int] 
             mask &= allowed[cls]
         row = mask.nonzero().squeeze(1)
         conf, cls = conf[row], cls[row]
-    return image[row], x[:, :4], row, conf, cls
+    return image[row], x, row, conf, cls
 
 
 def _nms_image(xywh: torch.Tensor, row: torch.Tensor, conf: torch.Tensor, cls: torch.Tensor, iou_thres: float,
-               agnostic: bool, max_det: int, max_nms: int) -> torch.Tensor:
-    """One image's candidates -> the (k, 6) rows NMS keeps among the ``max_nms`` best, best first."""
+               agnostic: bool, max_det: int, max_nms: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One image's candidates -> the (k, 6) rows NMS keeps among the ``max_nms`` best, best first, and their rows in
+    ``xywh``."""
     if conf.shape[0] > max_nms:  # the max_nms best, still in candidate order
         best = _top_order(conf, max_nms).sort().values
         row, conf, cls = row[best], conf[best], cls[best]
     if not conf.shape[0]:
-        return torch.zeros((0, 6), device=conf.device)
+        return torch.zeros((0, 6), device=conf.device), row
     det = torch.cat((xywh2xyxy(xywh[row]), conf[:, None], cls[:, None].float()), 1)
     boxes, groups = _nms_boxes(det, agnostic)
-    return det[_greedy_nms(boxes, det[:, 4], groups, iou_thres, max_det)]
+    keep = _greedy_nms(boxes, det[:, 4], groups, iou_thres, max_det)
+    return det[keep], row[keep]
 
 
 def _nms_boxes(det: torch.Tensor, agnostic: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
