@@ -7,12 +7,15 @@ class scores); in train mode it returns the raw maps the loss reads.
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
 
 from models.common import apply_conv, autocasting, exporting, linear_rows, pixel_matrix, pixel_rows
+from utils.predictions import OutputContract
 
 
 class Detect(nn.Module):
@@ -22,7 +25,15 @@ class Detect(nn.Module):
     ``.to()`` and are saved in the state dict. Training mode returns the raw maps, a list of
     (b, na, ny, nx, 5 + nc); eval mode returns decoded (b, sum(na*ny*nx), 5 + nc) with
     xywh in input pixels and sigmoid objectness and class scores.
+
+    The head interface every head offers (callers ask it, never test which head it is): ``family`` (whose loss,
+    assigner and recipe train it), ``task``, ``anchor_based`` (anchors, autoanchor and objectness exist only then),
+    ``contract`` (the row layout of the eval output, utils.predictions), ``init_biases`` and ``export_metadata``.
     """
+
+    family = "yolov5"
+    task = "detect"
+    anchor_based = True
 
     def __init__(self, nc: int = 80, anchors: Sequence[Sequence[float]] = (), ch: Sequence[int] = ()) -> None:
         super().__init__()
@@ -34,6 +45,27 @@ class Detect(nn.Module):
         self.register_buffer("stride", torch.zeros(self.nl))
         self.m = nn.ModuleList(nn.Conv2d(c, self.no * self.na, 1) for c in ch)
         self._grids: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @property
+    def contract(self) -> OutputContract:
+        return OutputContract("xywh_obj_cls", self.nc)
+
+    def init_biases(self, class_freq: torch.Tensor | None = None) -> None:
+        """Objectness prior of ~8 objects per 640 px image; class prior 0.6/nc (or class frequencies).
+        Needs ``stride`` set (the builder's dry run)."""
+        with torch.no_grad():
+            for conv, s in zip(self.m, self.stride):
+                b = conv.bias.view(self.na, -1)
+                b[:, 4] += math.log(8 / (640 / float(s)) ** 2)
+                if class_freq is None:
+                    b[:, 5:] += math.log(0.6 / (self.nc - 0.99))
+                else:
+                    b[:, 5:] += torch.log(class_freq / class_freq.sum())
+
+    def export_metadata(self) -> dict[str, Any]:
+        """What an exported file records for its consumers: the output contract, strides and anchors (pixels)."""
+        return {"contract": self.contract.metadata(), "stride": [float(s) for s in self.stride],
+                "anchors": self.anchors.tolist()}
 
     def forward(self, xs: list[torch.Tensor]) -> list[torch.Tensor] | torch.Tensor:
         if not self.training and self._decode_in_place_ok(xs):

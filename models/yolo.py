@@ -228,7 +228,12 @@ class Model(nn.Module):
             detect.stride.copy_(torch.tensor([probe / m.shape[-2] for m in maps]))
         check_anchor_order(detect)
         self._init_weights()
-        self._init_biases()
+        self.head.init_biases()
+
+    @property
+    def head(self) -> nn.Module:
+        """The last row: the head that owns the output contract, the decode and the bias priors."""
+        return self.model[-1]
 
     @property
     def detect(self) -> Detect:
@@ -267,18 +272,6 @@ class Model(nn.Module):
                 m.eps, m.momentum = 1e-3, 0.03
             elif isinstance(m, nn.SiLU):
                 m.inplace = True
-
-    def _init_biases(self, class_freq: torch.Tensor | None = None) -> None:
-        """Objectness prior of ~8 objects per 640 px image; class prior 0.6/nc (or class frequencies)."""
-        detect = self.detect
-        with torch.no_grad():
-            for conv, s in zip(detect.m, detect.stride):
-                b = conv.bias.view(detect.na, -1)
-                b[:, 4] += math.log(8 / (640 / float(s)) ** 2)
-                if class_freq is None:
-                    b[:, 5:] += math.log(0.6 / (detect.nc - 0.99))
-                else:
-                    b[:, 5:] += torch.log(class_freq / class_freq.sum())
 
     def fuse(self) -> Model:
         """Fold every Conv's BatchNorm into its convolution (for inference). On the CPU the weights and, from then
