@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from utils import paths
-from utils.boxes import label_rows, non_max_suppression, scale_boxes
+from utils.boxes import label_rows, scale_boxes
 from utils.cli import (
     add_flags,
     add_refused_flags,
@@ -45,6 +45,7 @@ from utils.log import LOGGER, colorstr, print_options, setup_logging
 from utils.plots.annotate import class_name, draw_detections
 from utils.plots.feature_maps import capture_stages, save_feature_maps
 from utils.plots.viewer import Viewer
+from utils.predictions import postprocess
 
 
 class DetectError(UserError, ValueError):
@@ -220,9 +221,9 @@ def predict(model: InferenceModel, image: torch.Tensor, opt: argparse.Namespace,
             feature_dir: Path | None) -> torch.Tensor:
     """Decoded predictions for one image batch: plain, or test-time augmented; stages saved with --visualize."""
     if feature_dir is None:
-        return augmented_forward(model, image, model.layout) if opt.augment else model(image)
+        return augmented_forward(model, image, model.layout, model.contract) if opt.augment else model(image)
     with capture_stages(model.module) as stages:
-        pred = augmented_forward(model, image, model.layout) if opt.augment else model(image)
+        pred = augmented_forward(model, image, model.layout, model.contract) if opt.augment else model(image)
     save_feature_maps(stages, feature_dir)
     return pred
 
@@ -236,8 +237,8 @@ def detect_frame(model: InferenceModel, frame: Frame, opt: argparse.Namespace,
     prepared = time.perf_counter()
     pred = predict(model, image, opt, feature_dir)
     inferred = time.perf_counter()
-    det = non_max_suppression(pred.float(), opt.conf_thres, opt.iou_thres, opt.classes, opt.agnostic_nms,
-                              max_det=opt.max_det)[0]
+    det = postprocess(pred.float(), model.contract, opt.conf_thres, opt.iou_thres, opt.classes, opt.agnostic_nms,
+                      max_det=opt.max_det)[0]
     det[:, :4] = scale_boxes(image.shape[2:], det[:, :4], frame.original.shape[:2], frame.ratio_pad)
     done = time.perf_counter()
     return det.cpu().numpy(), [prepared - start, inferred - prepared, done - inferred]

@@ -65,7 +65,8 @@ class LoadOptions:
 
 @dataclass
 class LoadedModel:
-    """A format's opened file: ``run`` maps a float batch (b, 3, h, w) to the decoded predictions (b, n, 5 + nc)."""
+    """A format's opened file: ``run`` maps a float batch (b, 3, h, w) to the decoded predictions (b, n, columns of
+    the output contract its metadata records)."""
 
     run: Callable[[torch.Tensor], torch.Tensor]
     meta: dict[str, Any]  # what export_metadata wrote (stride, names, img_size, ...)
@@ -162,11 +163,15 @@ class ExportFormat:
 def export_metadata(model: nn.Module, img_size: tuple[int, int], batch_size: int, dynamic: bool,
                     half: bool = False) -> dict:
     """What an exported file must carry for detect.py and test.py: stride, class names, input size, dynamic or
-    not, device, input precision, and the head's layout (strides per level, anchors per cell: --augment)."""
+    not, device, input precision, the head's layout (strides per level, anchors per cell: --augment) and the head's
+    own export metadata under ``head`` (its output contract, strides, anchors where it has them, ...), from which
+    the runtime post-processes (a file without it is a YOLOv5 detector's)."""
+    head = model.head.export_metadata()
+    anchors = head.get("anchors") or [[None]]  # per level, (anchors per cell) pairs; anchor-free: one row per cell
     return {"stride": int(model.stride.max()), "names": [str(n) for n in model.names],
             "img_size": [int(img_size[0]), int(img_size[1])], "batch_size": int(batch_size), "dynamic": bool(dynamic),
             "device": next(model.parameters()).device.type, "strides": [float(s) for s in model.stride.tolist()],
-            "num_anchors": int(model.detect.na), "half": bool(half)}
+            "num_anchors": len(anchors[0]), "half": bool(half), "head": head}
 
 
 @contextlib.contextmanager

@@ -24,7 +24,8 @@ from utils.deploy.formats import (
 )
 
 SIMPLIFIERS = (("onnxslim", "onnxslim"), ("onnxsim", "onnxsim"))  # --simplify uses the first one installed
-METADATA_KEYS = ("stride", "names", "img_size", "batch_size", "dynamic", "device", "strides", "num_anchors", "half")
+METADATA_KEYS = ("stride", "names", "img_size", "batch_size", "dynamic", "device", "strides", "num_anchors", "half",
+                 "head")  # "head": the head's export metadata (output contract, ...)
 
 
 def onnx_export_parameters() -> Collection[str]:

@@ -102,8 +102,9 @@ class TfliteFormat(ExportFormat):
                calibration: Callable[[], list[torch.Tensor]] | None = None) -> Path:
         tf = import_tensorflow()
         b, _, h, w = images.shape
-        module = tf_module(tf, model, (b, h, w, 3), raw_maps=options.int8)
-        meta = {**meta, "half": False, "anchors": model.detect.anchors.tolist(),
+        anchors = model.head.export_metadata().get("anchors")  # anchor-based heads' INT8 maps are decoded at load
+        module = tf_module(tf, model, (b, h, w, 3), raw_maps=options.int8 and bool(anchors))
+        meta = {**meta, "half": False, **({"anchors": anchors} if anchors else {}),
                 "weights": "int8" if options.int8 else "float16" if options.half else "float32"}
         file.write_bytes(with_metadata(convert(tf, module, options, calibration), meta))
         return file

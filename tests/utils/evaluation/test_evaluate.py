@@ -141,7 +141,7 @@ def test_compute_loss_keeps_batchnorm_frozen(tiny_cfg, val_set):
     assert len(calls) == 2 and len(calls[0]) == 3 and calls[0][0][-1] == 5 + NC  # raw (b, na, ny, nx, no) maps
     assert result.loss is not None and result.loss.shape == (3,) and torch.all(result.loss > 0)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # BN statistics untouched
-    assert not model.training and not model.detect.training
+    assert not model.training and not model.head.training
 
 
 def test_model_input_casts_to_the_layout_asked_with_the_plain_values() -> None:

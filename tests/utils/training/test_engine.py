@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from models.yolo import Model
-from utils.training.engine import _prepare_images, train_memory_format
+from utils.training.engine import prepare_images, train_memory_format
 from utils.training.loss import ComputeLoss
 from utils.weights.checkpoint import load_model, new_checkpoint, save_checkpoint
 
@@ -41,12 +41,12 @@ def test_the_cpu_trains_channels_last_and_other_devices_as_asked() -> None:
     assert train_memory_format(torch.device("cuda")) is torch.preserve_format  # today's behaviour on a GPU
     assert train_memory_format(torch.device("cuda"), channels_last=True) is torch.channels_last
     imgs, _ = _batch()
-    images = _prepare_images(imgs, CPU, None)
+    images = prepare_images(imgs, CPU, None)
     assert images.is_contiguous(memory_format=torch.channels_last) and images.dtype == torch.float32
     assert torch.equal(images, imgs.float() / 255)  # the same values as the plain cast
     loader_batch = imgs.contiguous(memory_format=torch.channels_last)  # as the loader collates them
-    assert torch.equal(_prepare_images(loader_batch, CPU, None), images)
-    resized = _prepare_images(imgs, CPU, 96)  # --multi-scale keeps the layout
+    assert torch.equal(prepare_images(loader_batch, CPU, None), images)
+    resized = prepare_images(imgs, CPU, 96)  # --multi-scale keeps the layout
     assert resized.shape[-1] == 96 and resized.is_contiguous(memory_format=torch.channels_last)
 
 
@@ -56,7 +56,7 @@ def test_channels_last_training_gives_the_plain_paths_loss_and_gradients(tiny_cf
     fast = copy.deepcopy(plain).to(memory_format=train_memory_format(CPU))
     imgs, targets = _batch()
     results = []
-    for model, images in ((plain, imgs.float() / 255), (fast, _prepare_images(imgs, CPU, None))):
+    for model, images in ((plain, imgs.float() / 255), (fast, prepare_images(imgs, CPU, None))):
         loss, items = ComputeLoss(model, HYP, 64)(model(images), targets)
         loss.backward()
         results.append((loss.detach(), items, {n: p.grad for n, p in model.named_parameters()}))
