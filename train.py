@@ -39,8 +39,9 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cfg", default="", help=f"model YAML (path or name in models/); '' = the model of --weights, "
                    f"else {DEFAULT_CFG}")
     add_flags(p, "data")
-    p.add_argument("--hyp", default="", help="hyperparameter YAML (path or name in data/hyps); '' = "
-                   "hyp.synthetic.yaml for the built-in synthetic set, else hyp.scratch.yaml")
+    p.add_argument("--hyp", default="", help="hyperparameter YAML (path or name in data/hyps); '' = the model "
+                   "family's: YOLOv5 hyp.synthetic.yaml for the built-in synthetic set, else hyp.scratch.yaml; "
+                   "anchor-free families hyp.anchor-free.yaml")
     p.add_argument("--epochs", type=int, default=18, help="epochs to train")
     add_flags(p, "batch_size", "img_size", batch_size=16, img_size=[128])
     p.add_argument("--rect", action="store_true", help="rectangular training batches")

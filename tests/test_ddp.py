@@ -201,11 +201,11 @@ def _broadcast_decisions(rank: int) -> dict:
     import utils.distributed.comm as dist
     from utils.training.amp import decide_amp
     from utils.training.early_stop import EarlyStopping
-    from utils.training.loop import step_sizes
+    from utils.training.loop import Trainer
 
     run = SimpleNamespace(config=SimpleNamespace(multi_scale=True, seed=rank, img_size=64), grid=32,
                           train_loader=[None] * 20)
-    sizes = step_sizes(run, epoch=3)  # each rank has its own seed; rank 0's draw wins
+    sizes = Trainer.step_sizes(run, epoch=3)  # each rank has its own seed; rank 0's draw wins
     stopper = EarlyStopping(patience=1)
     stopper(0, 0.5)
     stop = dist.main_decides(lambda: stopper(1 if rank == 0 else 0, 0.1))  # only rank 0 would stop
