@@ -105,7 +105,11 @@ def check_options(opt: argparse.Namespace, device: torch.device) -> None:
 
 
 def check_model_options(opt: argparse.Namespace, model: InferenceModel) -> None:
-    """Refuse flags these weights cannot serve: --visualize needs the PyTorch model, --augment a dynamic one."""
+    """Refuse flags these weights cannot serve: --visualize needs the PyTorch model, --augment a dynamic one whose
+    rows go through NMS (an end-to-end head's final rows cannot be merged)."""
+    if opt.augment and model.contract.end_to_end:
+        raise DetectError(f"--augment merges three passes before NMS; {model.weights.name} returns final rows "
+                          f"({model.contract.layout}, no NMS): drop --augment")
     if opt.visualize and model.module is None:
         raise DetectError(f"--visualize draws the stages of the PyTorch model; {model.weights.name} is an export: "
                           "pass the .pt")

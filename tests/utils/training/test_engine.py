@@ -82,3 +82,22 @@ def test_weights_trained_channels_last_save_load_and_fuse_as_plain_ones(tiny_cfg
         expected = plain(images)[0]
         for model in (loaded.fuse(), copy.deepcopy(fast).fuse()):  # the validation copy of the EMA is fused so
             assert _close(model(images)[0], expected)
+
+
+def test_the_non_finite_reload_hook_reloads_after_three_skipped_steps_in_a_row(yolo_log) -> None:
+    from utils.hooks import CHECKPOINT_PRIORITY, Hooks, StepInfo
+    from utils.training.checkpointer import Checkpointer
+    from utils.training.engine import NONFINITE_LIMIT, NonFiniteReload
+
+    reloads: list[int] = []
+    hook = NonFiniteReload(reloads.append)
+    assert hook.priority == CHECKPOINT_PRIORITY and NONFINITE_LIMIT == 3
+    assert Hooks([Checkpointer(lambda *a, **k: None), hook]).hooks[0] is not hook  # registration order decides
+    skipped = [True, True, False, True, True, True, True, True, True, True]
+    for batch, skip in enumerate(skipped):
+        hook.after_step(None, StepInfo(0, batch, torch.zeros(0), torch.zeros(0, 6), [], not skip, skip))
+    assert reloads == [3, 3]  # a good step in between starts the count again; the 7th skip in a row is 1 again
+    hook.after_epoch(None, 0, {})
+    assert any("Epoch 0: skipped 9 steps with a non-finite loss (9 in all)" in m for m in yolo_log)
+    hook.after_epoch(None, 1, {})
+    assert sum("skipped" in m for m in yolo_log) == 1  # an epoch without skips says nothing
