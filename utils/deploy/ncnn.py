@@ -45,7 +45,7 @@ class RawMaps(nn.Module):
 
 def head_from_metadata(meta: dict) -> nn.Module:
     """The Detect head (anchors and strides from the metadata, no convolutions) whose decode() turns raw maps into
-    (b, n, 5 + nc)."""
+    (b, n, 5 + nc) (YOLOv5's row layout)."""
     from models.yolo import Detect
 
     anchors = [[v for pair in level for v in pair] for level in meta["anchors"]]

@@ -3,7 +3,7 @@ arithmetic) and ``<stem>-int8.tflite`` (--int8: full-integer, calibrated on imag
 tf.lite.TFLiteConverter from our own translation (utils/deploy/tf_graph.py) and run by LiteRT (ai-edge-litert).
 
 Input (b, h, w, 3) float32 in [0, 1] for all three: the INT8 file quantizes it in its first op and dequantizes its
-outputs, so callers feed the same images. The float files return the decoded (b, n, 5 + nc) as the .pt does; the
+outputs, so callers feed the same images. The float files return the decoded (b, n, columns) as the .pt does; the
 INT8 file returns the head's three maps (float32) and the boxes are decoded here in float, because one 8-bit tensor
 holding pixels (0..640) and probabilities (0..1) would step boxes by 2.5 px or scores by 0.4. The metadata
 (stride, names, image size, anchors) is a JSON buffer in the flatbuffer's own metadata table, named
