@@ -93,3 +93,77 @@ def test_end_to_end_rows_are_compared_pairwise_whatever_their_order() -> None:
     with pytest.raises(VerificationError, match="another class"):
         output_errors(reference, other_class, contract)
     assert np.isfinite(output_errors(torch.zeros(1, 0, 6), torch.zeros(1, 0, 6), contract)).all()
+
+
+class AnchorFreeHead(torch.nn.Module):
+    """A stand-in anchor-free head with the head interface (what the new families' heads offer): one 1x1
+    convolution per level to 4 + nc channels; eval mode returns (b, cells, 4 + nc) rows in the ``xywh_cls`` layout
+    (centre from the cell and a sigmoid offset, size from a sigmoid times 8 strides, sigmoid class scores)."""
+
+    family, task, anchor_based = "yolov8", "detect", False
+
+    def __init__(self, detect: torch.nn.Module) -> None:
+        super().__init__()
+        self.nc, self.nl = detect.nc, detect.nl
+        self.m = torch.nn.ModuleList(torch.nn.Conv2d(conv.in_channels, 4 + self.nc, 1) for conv in detect.m)
+        self.register_buffer("stride", detect.stride.clone())
+        self.i, self.f, self.type = detect.i, detect.f, "tests.AnchorFreeHead"
+
+    @property
+    def contract(self) -> OutputContract:
+        return OutputContract("xywh_cls", self.nc)
+
+    def export_metadata(self) -> dict:
+        return {"contract": self.contract.metadata(), "stride": [float(s) for s in self.stride]}
+
+    def forward(self, xs: list[torch.Tensor]) -> torch.Tensor | list[torch.Tensor]:
+        maps = [conv(x) for conv, x in zip(self.m, xs)]
+        if self.training:
+            return maps
+        rows = []
+        for stride, x in zip(self.stride, maps):
+            b, _, ny, nx = x.shape
+            ys, xs_ = torch.meshgrid(torch.arange(ny, dtype=x.dtype), torch.arange(nx, dtype=x.dtype), indexing="ij")
+            y = x.sigmoid()
+            cx, cy = (xs_ + y[:, 0]) * stride, (ys + y[:, 1]) * stride
+            wh = y[:, 2:4] * 8 * stride
+            rows.append(torch.cat((cx[:, None], cy[:, None], wh, y[:, 4:]), 1).flatten(2).transpose(1, 2))
+        return torch.cat(rows, 1)
+
+
+@pytest.mark.parametrize("name", ["onnx", "torchscript", "ncnn"])
+def test_an_anchor_free_heads_export_records_its_contract_and_verifies_by_it(tiny_cfg: dict, tmp_path: Path,
+                                                                           name: str) -> None:
+    """Exported through the same formats, an anchor-free head's file records ``xywh_cls``, the runtime
+    post-processes it so, and the float check compares it so (NCNN keeps the decoding in its graph: no anchors)."""
+    from models.yolo import Model
+    from utils.deploy.formats import FLOAT_TOLERANCE, ExportOptions, get_format
+    from utils.deploy.verify import verify_float
+    from utils.predictions import postprocess
+
+    fmt = get_format(name)
+    missing = [pip for module, pip in (*fmt.export_packages, *fmt.runtime_packages)
+               if __import__("importlib").util.find_spec(module) is None]
+    if missing:
+        pytest.skip(f"needs {missing}")
+    torch.manual_seed(0)
+    model = Model(tiny_cfg)
+    model.model[-1] = head = AnchorFreeHead(model.model[-1])
+    with torch.no_grad():  # class scores spread over (0, 1): no near-ties for NMS to break differently
+        for conv in head.m:
+            conv.weight[4:] *= 20
+    model.names = ["a", "b", "c"]
+    model = model.fuse().eval()
+    images = torch.rand(1, 3, 64, 64)
+    meta = export_metadata(model, (64, 64), 1, dynamic=False)
+    assert meta["head"]["contract"] == {"layout": "xywh_cls", "nc": 3, "nm": 0} and meta["num_anchors"] == 1
+    file = fmt.export(model, images, fmt.output_path(tmp_path / "af.pt"), meta, ExportOptions(img_size=(64, 64)))
+    check = verify_float(file, model, [images], FLOAT_TOLERANCE, torch.device("cpu"))
+    assert check.box_error <= FLOAT_TOLERANCE.box and check.score_error <= FLOAT_TOLERANCE.score
+    inference = InferenceModel(file, trusted=True)
+    assert inference.contract == OutputContract("xywh_cls", 3)
+    with torch.no_grad():
+        expected = postprocess(model(images), model.head.contract, 0.3, 0.5)[0]
+    found = postprocess(inference(images).float(), inference.contract, 0.3, 0.5)[0]
+    assert len(expected) > 0 and found.shape == expected.shape
+    torch.testing.assert_close(found[:, :4], expected[:, :4], atol=0.05, rtol=0)
