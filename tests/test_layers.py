@@ -25,6 +25,7 @@ LAYERS: list[list[str]] = [
     ["utils.distributed"],
     ["models.common"],
     ["models.head"],
+    ["models.segment"],
     ["models.yolo"],
     ["utils.data", "utils.weights"],
     ["utils.plots"],
