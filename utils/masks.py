@@ -111,21 +111,28 @@ def index_to_masks(index: torch.Tensor | np.ndarray, count: int) -> torch.Tensor
 
 
 # ------------------------------------------------------------------------------------------ masks -> polygons
-def mask_to_polygon(mask: np.ndarray) -> np.ndarray:
-    """The outline of a mask's largest part (by area; ties: more points) as a polygon (n, 2) float32 in the mask's
-    pixels; (0, 2) for an empty mask.
+def mask_outlines(mask: np.ndarray) -> list[np.ndarray]:
+    """The outline of each part of a mask (its external contours, holes ignored), as polygons (n, 2) float32 in
+    the mask's pixels.
 
-    The outline is traced on the mask enlarged 2x, so it runs a quarter pixel inside the part's pixel edges: every
-    pixel of the part has its centre inside the polygon and every other pixel outside, so ``fill_polygon`` gives
-    the part back exactly when it has no holes and no pixel joined to the rest only by a corner."""
+    Outlines are traced on the mask enlarged 2x, so they run a quarter pixel inside the parts' pixel edges: every
+    pixel of a part has its centre inside its polygon and every other pixel outside, so ``fill_polygon`` gives the
+    part back exactly when it has no holes and no pixel joined to the rest only by a corner."""
     mask = np.ascontiguousarray(mask, dtype=np.uint8)
     if not mask.any():
-        return np.zeros((0, 2), np.float32)
+        return []
     doubled = cv2.resize(mask, (mask.shape[1] * 2, mask.shape[0] * 2), interpolation=cv2.INTER_NEAREST)
     contours, _ = cv2.findContours(doubled, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
-    contours = [c.reshape(-1, 2) for c in contours]
-    best = max(contours, key=lambda c: (cv2.contourArea(c.astype(np.float32)), len(c)))
-    return (best.astype(np.float32) + 0.5) / 2
+    return [(c.reshape(-1, 2).astype(np.float32) + 0.5) / 2 for c in contours]
+
+
+def mask_to_polygon(mask: np.ndarray) -> np.ndarray:
+    """The outline (``mask_outlines``) of a mask's largest part (by area; ties: more points), (n, 2) float32 in the
+    mask's pixels; (0, 2) for an empty mask."""
+    outlines = mask_outlines(mask)
+    if not outlines:
+        return np.zeros((0, 2), np.float32)
+    return max(outlines, key=lambda c: (polygon_area(c), len(c)))
 
 
 def masks_to_polygons(masks: np.ndarray | torch.Tensor, normalize: bool = False) -> list[np.ndarray]:
