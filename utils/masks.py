@@ -37,37 +37,10 @@ def polygon_area(polygon: np.ndarray) -> float:
 def fill_polygon(mask: np.ndarray, polygon: np.ndarray, value: int = 1, downsample: float = 1) -> np.ndarray:
     """Set ``mask``'s pixels whose centre lies inside ``polygon`` (even-odd rule) to ``value``, in place; returns
     ``mask``. The polygon is in the pixels of the full image and the mask ``downsample`` times smaller. Fewer than
-    3 points, or a non-finite one, fill nothing.
-
-    A scanline fill: each edge crosses the rows whose centre lies in its half-open y range [y_low, y_high), the
-    crossings of a row are paired left to right, and a pair fills the pixels whose centre x is in [x_a, x_b). So
-    a pixel centre on a left or top edge is inside, on a right or bottom edge outside, and adjacent polygons share
-    no pixel. Cost: the polygon's points plus its crossings plus one pass over the mask's rows it spans.
-    """
-    p = np.asarray(polygon, dtype=np.float64).reshape(-1, 2) / downsample
+    3 points, or a non-finite one, fill nothing. (``scanline_pixels`` says how.)"""
     height, width = mask.shape[:2]
-    if len(p) < 3 or not np.isfinite(p).all():
-        return mask
-    x0, y0 = p[:, 0], p[:, 1]
-    x1, y1 = np.roll(x0, -1), np.roll(y0, -1)
-    first = np.clip(np.ceil(np.minimum(y0, y1) - 0.5), 0, height).astype(np.int64)  # first row centre >= y_low
-    last = np.clip(np.ceil(np.maximum(y0, y1) - 0.5), 0, height).astype(np.int64)  # rows below: centre < y_high
-    counts = last - first
-    if counts.sum() == 0:
-        return mask
-    edge = np.repeat(np.arange(len(p)), counts)
-    rows = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts) + first[edge]
-    t = (rows + 0.5 - y0[edge]) / (y1[edge] - y0[edge])
-    xs = x0[edge] + t * (x1[edge] - x0[edge])
-    order = np.lexsort((xs, rows))
-    rows, xs = rows[order][0::2], np.stack((xs[order][0::2], xs[order][1::2]), 1)  # pairs along each row
-    cols = np.clip(np.ceil(xs - 0.5), 0, width).astype(np.int64)  # first pixel centre >= x_a, and >= x_b
-    top, bottom = int(rows.min()), int(rows.max()) + 1
-    runs = np.zeros((bottom - top, width + 1), np.int32)
-    np.add.at(runs, (rows - top, cols[:, 0]), 1)
-    np.add.at(runs, (rows - top, cols[:, 1]), -1)
-    inside = np.cumsum(runs[:, :width], 1) > 0
-    mask[top:bottom][inside] = value
+    pixels = scanline_pixels([polygon], (height, width), downsample)
+    mask.reshape(height * width, *mask.shape[2:])[pixels] = value
     return mask
 
 
@@ -76,9 +49,44 @@ def polygons_to_masks(polygons: Sequence[np.ndarray], shape_hw: tuple[int, int],
     """(k, h // downsample, w // downsample) uint8 0/1 masks of polygons in the pixels of an image of ``shape_hw``."""
     h, w = shape_hw[0] // downsample, shape_hw[1] // downsample
     masks = np.zeros((len(polygons), h, w), np.uint8)
-    for mask, polygon in zip(masks, polygons):
-        fill_polygon(mask, polygon, 1, downsample)
+    masks.reshape(-1)[scanline_pixels(polygons, (h, w), downsample)] = 1
     return masks
+
+
+def scanline_pixels(polygons: Sequence[np.ndarray], shape_hw: tuple[int, int], downsample: float = 1) -> np.ndarray:
+    """Flat indices into (k, h, w) masks of the pixels whose centre lies inside each of k polygons (even-odd rule).
+
+    All polygons at once: each edge crosses the rows whose centre lies in its half-open y range [y_low, y_high),
+    a polygon's crossings of a row are paired left to right, and a pair covers the pixels whose centre x is in
+    [x_a, x_b). So a pixel centre on a left or top edge is inside, on a right or bottom edge outside, and adjacent
+    polygons share no pixel. Cost: the points, the crossings and the pixels filled (not the masks' size).
+    """
+    height, width = shape_hw
+    parts = [np.asarray(p, dtype=np.float64).reshape(-1, 2) / downsample for p in polygons]
+    usable = [i for i, p in enumerate(parts) if len(p) >= 3 and np.isfinite(p).all()]
+    if not usable:
+        return np.zeros(0, np.int64)
+    sizes = np.array([len(parts[i]) for i in usable])
+    points = np.concatenate([parts[i] for i in usable])
+    owner = np.repeat(np.array(usable), sizes)
+    following = np.arange(1, len(points) + 1)  # each point's edge goes to the next point of its polygon
+    following[np.cumsum(sizes) - 1] = np.cumsum(sizes) - sizes
+    x0, y0, x1, y1 = points[:, 0], points[:, 1], points[following, 0], points[following, 1]
+    first = np.clip(np.ceil(np.minimum(y0, y1) - 0.5), 0, height).astype(np.int64)  # first row centre >= y_low
+    counts = np.clip(np.ceil(np.maximum(y0, y1) - 0.5), 0, height).astype(np.int64) - first  # centres < y_high
+    edge = np.flatnonzero(counts > 0)
+    if not len(edge):
+        return np.zeros(0, np.int64)
+    counts = counts[edge]
+    edge_of = np.repeat(edge, counts)
+    rows = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts) + first[edge_of]
+    xs = x0[edge_of] + (rows + 0.5 - y0[edge_of]) / (y1[edge_of] - y0[edge_of]) * (x1[edge_of] - x0[edge_of])
+    order = np.lexsort((xs, rows, owner[edge_of]))
+    owners, rows, xs = owner[edge_of][order][0::2], rows[order][0::2], xs[order].reshape(-1, 2)  # pairs
+    cols = np.clip(np.ceil(xs - 0.5), 0, width).astype(np.int64)  # first pixel centre >= x_a, and >= x_b
+    lengths = cols[:, 1] - cols[:, 0]
+    starts = (owners * height + rows) * width + cols[:, 0]
+    return np.repeat(starts - (np.cumsum(lengths) - lengths), lengths) + np.arange(lengths.sum())
 
 
 def normalized_to_pixels(polygons: Sequence[np.ndarray], width: float, height: float) -> list[np.ndarray]:

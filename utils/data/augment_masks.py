@@ -72,7 +72,7 @@ def clip_polygon(points: np.ndarray, width: float, height: float) -> np.ndarray:
         inside = p[:, axis] <= limit if keep_low else p[:, axis] >= limit
         if inside.all():
             continue
-        q, q_inside = np.roll(p, -1, 0), np.roll(inside, -1)
+        q, q_inside = np.concatenate((p[1:], p[:1])), np.concatenate((inside[1:], inside[:1]))
         crossing = inside != q_inside
         with np.errstate(divide="ignore", invalid="ignore"):
             t = np.where(crossing, (limit - p[:, axis]) / (q[:, axis] - p[:, axis]), 0.0)
