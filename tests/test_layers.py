@@ -19,11 +19,13 @@ ROOT = Path(__file__).resolve().parents[1]
 # import each other (they are independent), only their own component and lower layers.
 LAYERS: list[list[str]] = [
     ["utils.errors"],
-    ["utils.log", "utils.paths", "utils.atomic_files", "utils.boxes", "utils.http_fetch", "utils.safe_yaml"],
+    ["utils.log", "utils.paths", "utils.atomic_files", "utils.boxes", "utils.http_fetch", "utils.safe_yaml",
+     "utils.masks"],
     ["utils.device", "utils.hyp", "utils.hooks", "utils.predictions"],
     ["utils.distributed"],
     ["models.common"],
     ["models.head"],
+    ["models.segment"],
     ["models.yolo"],
     ["utils.data", "utils.weights"],
     ["utils.plots"],
