@@ -31,6 +31,7 @@ LAYERS: list[list[str]] = [
     ["utils.deploy", "models.hub", "utils.loggers"],
     ["utils.training"],
     ["utils.cli"],
+    ["utils.api"],
     ["train", "test", "val", "detect", "export", "hubconf", "benchmarks"],
 ]
 
