@@ -20,6 +20,7 @@ import val
 from tests.helpers import load_script
 from utils.api import OptionError, option_names, to_argv
 from utils.errors import UserError
+from utils.hooks import HookBase
 
 test_script = load_script("test")
 SCRIPTS = {"train": train, "test": test_script, "val": val, "detect": detect, "export": export}
@@ -125,15 +126,35 @@ def tiny_train(tiny_dataset: Path, tiny_cfg_file: Path, project: Path) -> dict[s
                 project=project, noplots=True, noautoanchor=True)
 
 
+class EpochRecorder(HookBase):
+    def __init__(self) -> None:
+        self.rows: list[dict[str, float]] = []
+
+    def after_epoch(self, trainer: object, epoch: int, metrics: dict[str, float]) -> None:
+        self.rows.append(dict(metrics))
+
+
 def test_train_run_returns_the_final_metrics_and_the_run_folder(tiny_dataset: Path, tiny_cfg_file: Path,
                                                                 tmp_path: Path) -> None:
-    result = train.run(**tiny_train(tiny_dataset, tiny_cfg_file, tmp_path))
+    recorder = EpochRecorder()
+    result = train.run(**tiny_train(tiny_dataset, tiny_cfg_file, tmp_path), hooks=[recorder])
+    assert len(recorder.rows) == 1 and recorder.rows[0]["metrics/mAP_0.5"] == pytest.approx(result.metrics["mAP_0.5"])
     assert result.save_dir == tmp_path / "exp" and (result.save_dir / "weights" / "last.pt").is_file()
     assert list(result.metrics) == ["precision", "recall", "mAP_0.5", "mAP_0.5:0.95"]
     row = results_row(result.save_dir)
     assert [result.metrics[k] for k in result.metrics] == pytest.approx(
         [row[f"metrics/{k}"] for k in result.metrics], abs=1e-5)
     assert result.hyp["lr0"] == pytest.approx(0.01)
+
+
+def test_train_run_with_evolve_returns_the_fittest_generation(tiny_dataset: Path, tiny_cfg_file: Path,
+                                                               tmp_path: Path) -> None:
+    result = train.run(**tiny_train(tiny_dataset, tiny_cfg_file, tmp_path), evolve=2)
+    rows = list(csv.DictReader((tmp_path / "exp-evolve" / "evolve.csv").open()))
+    best = max(rows, key=lambda row: float(row["fitness"]))
+    assert result.save_dir == tmp_path / "exp-evolve" / f"gen{rows.index(best)}"
+    assert result.metrics["mAP_0.5"] == pytest.approx(float(best["mAP_0.5"]), rel=1e-4, abs=1e-9)
+    assert result.hyp["lr0"] == pytest.approx(float(best["lr0"]), rel=1e-4)
 
 
 def test_test_val_detect_and_export_return_what_they_made(tiny_dataset: Path, tiny_weights: Path,

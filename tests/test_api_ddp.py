@@ -38,3 +38,16 @@ def test_a_user_error_in_the_processes_is_raised_as_itself(tiny_dataset: Path, t
     with pytest.raises(DistError, match=r"^--batch-size 3 must be a positive multiple of the world size 2"):
         train.run(nproc_per_node=2, **options)
     assert not (tmp_path / "exp" / "weights" / "last.pt").exists()
+
+
+def test_a_crash_in_one_process_is_the_launchers_error_with_its_traceback(tiny_dataset: Path, tiny_cfg_file: Path,
+                                                                         tmp_path: Path) -> None:
+    """A hook passed from Python reaches the processes (pickled); rank 1 raises in its first step."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from tests.plugins.faults import FailAt
+
+    with pytest.raises(ChildFailedError) as failure:
+        train.run(nproc_per_node=2, hooks=[FailAt(rank=1, epoch=0, batch=0)],
+                  **tiny_train(tiny_dataset, tiny_cfg_file, tmp_path), ddp_timeout=60)
+    assert "rank 1: test fault injected at epoch 0 batch 0" in str(failure.value)
