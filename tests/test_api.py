@@ -186,3 +186,30 @@ def test_test_val_detect_and_export_return_what_they_made(tiny_dataset: Path, ti
     assert files == [weights.with_suffix(".onnx")] and files[0].stat().st_size > 0
     with pytest.raises(UserError, match="--int8 calibrates on images"):
         export.run(weights=weights, include=["onnx"], int8=True)
+
+
+def test_the_error_a_launched_job_raises_is_the_one_the_command_line_prints() -> None:
+    """Rank by rank: a UserError first (lowest rank), else the one line of a lost peer, else a stop; each survives
+    the pickling that brings it back from its process."""
+    import pickle
+    import signal
+
+    from utils.api import RankOutcome, first_error, outcome
+    from utils.cli import PeerLost
+    from utils.distributed.signals import StopRequested
+
+    def failing(error: BaseException) -> RankOutcome:
+        def work() -> None:
+            raise error
+        return pickle.loads(pickle.dumps(outcome(work)))
+
+    stop = failing(StopRequested(signal.SIGTERM, "stopped by SIGTERM"))
+    assert isinstance(stop.error, StopRequested) and stop.error.exit_code == 143
+    quiet, named = failing(PeerLost("")), failing(PeerLost("rank 1 is not responding"))
+    user = failing(OptionError("bad"))
+    assert first_error({0: quiet, 1: named, 2: stop}).line == "rank 1 is not responding"
+    assert first_error({0: stop, 1: user, 2: named}) is not None and str(first_error({0: stop, 1: user})) == "bad"
+    assert first_error({0: stop}).signum == signal.SIGTERM
+    assert first_error({0: outcome(lambda: 7), 1: outcome(lambda: 8)}) is None
+    with pytest.raises(RuntimeError):
+        outcome(lambda: (_ for _ in ()).throw(RuntimeError("a crash is not kept")))

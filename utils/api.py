@@ -16,6 +16,7 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -136,9 +137,10 @@ def _process_state_kept() -> Iterator[None]:
     try:
         yield
     finally:
-        for sig, handler in handlers.items():
-            if handler is not None:
-                signal.signal(sig, handler)
+        if threading.current_thread() is threading.main_thread():  # elsewhere the launcher installed none
+            for sig, handler in handlers.items():
+                if handler is not None:
+                    signal.signal(sig, handler)
         for name, value in env.items():
             if value is None:
                 os.environ.pop(name, None)
