@@ -16,6 +16,7 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.helpers import ROOT, free_port, in_our_code, job_env
+from tests.test_readme import readme_torchrun
 
 pytestmark = [pytest.mark.ddp, pytest.mark.slow]
 FAIL_RANK1 = "tests.plugins.faults:FailAt(rank=1, epoch=0, batch=1)"
@@ -65,9 +66,18 @@ def epoch_lines(lines: list[tuple[float, str]], epoch: int, epochs: int) -> list
     return [t for _, t in lines if t.split("\r")[-1].split() and t.split("\r")[-1].split()[0] == tag]
 
 
+def with_option(words: list[str], option: str, value: str) -> list[str]:
+    """``words`` with the value after ``option`` replaced."""
+    i = words.index(option)
+    return [*words[:i + 1], value, *words[i + 2:]]
+
+
 def test_two_process_run_prints_once_and_exits_promptly(tiny_cfg_file, tiny_dataset, tmp_path):
-    args = ["--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(free_port()),
-            *train_flags(tiny_cfg_file, tiny_dataset, tmp_path)]
+    """The README's one-machine command, with 2 processes for the 2-core CPU, a free port, and the tiny data, model
+    and CPU device given after its own flags (the later value of a flag wins)."""
+    launcher, script = readme_torchrun("DDP on one machine")
+    args = [*with_option(launcher, "--nproc_per_node", "2"), "--master_addr", "127.0.0.1", "--master_port",
+            str(free_port()), *script, *train_flags(tiny_cfg_file, tiny_dataset, tmp_path)[1:]]
     rc, lines, ended = collect(launch(args))
     output = text_of(lines)
     assert rc == 0, output[-3000:]
@@ -92,10 +102,12 @@ def test_batch_not_divisible_by_world_size_is_a_one_line_error(tiny_cfg_file, ti
 
 
 def test_two_nodes_on_localhost_with_c10d_rendezvous(tiny_cfg_file, tiny_dataset, tmp_path):
-    endpoint = f"127.0.0.1:{free_port()}"
-    common = ["--nnodes", "2", "--nproc_per_node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
-              "--rdzv-id", f"two-nodes-{os.getpid()}"]
-    flags = train_flags(tiny_cfg_file, tiny_dataset, tmp_path, "--epochs", "1", "--noplots")
+    """The README's several-machines command as two 1-process "machines" on loopback (its endpoint HOST:29400 a
+    free port of 127.0.0.1), the tiny data, model and CPU device given after its own flags."""
+    launcher, script = readme_torchrun("DDP on several machines")
+    common = with_option(with_option(with_option(launcher, "--nproc_per_node", "1"), "--rdzv-endpoint",
+                                     f"127.0.0.1:{free_port()}"), "--rdzv-id", f"two-nodes-{os.getpid()}")
+    flags = [*script, *train_flags(tiny_cfg_file, tiny_dataset, tmp_path, "--epochs", "1", "--noplots")[1:]]
     nodes = [launch([*common, *flags]) for _ in range(2)]
     results = [collect(node) for node in nodes]
     for rc, lines, _ in results:

@@ -3,7 +3,8 @@
 Every ``import``/``from ... import`` of the project's own modules is read with ``ast``, at module level and
 inside functions alike (a lazy import is still a dependency). The entry-point block of a module
 (``if __name__ == "__main__":``) is the script layer and is not counted. The layers, lowest first, are the
-README's Architecture section in code.
+Architecture page's layer table in code (docs/architecture.md; tests/test_docs.py
+compares the two).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ LAYERS: list[list[str]] = [
     ["utils.deploy", "models.hub", "utils.loggers"],
     ["utils.training"],
     ["utils.cli"],
+    ["utils.api"],
     ["train", "test", "val", "detect", "export", "hubconf", "benchmarks"],
 ]
 

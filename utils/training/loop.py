@@ -170,6 +170,6 @@ def validate(t: Trainer, final: bool) -> dict[str, float]:
 
 def validation_model(ema: nn.Module) -> nn.Module:
     """A copy of the EMA model with BatchNorm folded into the convolutions (channels_last on the CPU): outputs
-    equal within float rounding, validation's forward about 30% faster (README, Performance)."""
+    equal within float rounding, validation's forward about 30% faster (docs/performance.md)."""
     fuse = getattr(ema, "fuse", None)
     return copy.deepcopy(ema).fuse() if callable(fuse) else ema
