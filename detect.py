@@ -19,12 +19,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
 import torch
 
-from utils import paths
+from utils import api, paths
 from utils.boxes import label_rows, scale_boxes
 from utils.cli import (
     add_flags,
@@ -63,8 +64,8 @@ class DetectResult:
     speed_ms: tuple[float, float, float] = (0.0, 0.0, 0.0)  # pre-process, inference, NMS per image
 
 
-def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
-    """detect.py's options (``argv=None`` reads sys.argv)."""
+def build_parser() -> argparse.ArgumentParser:
+    """detect.py's parser."""
     parser = argparse.ArgumentParser(prog="detect.py", description="Detect objects in images, videos, a webcam or "
                                      "network streams")
     add_flags(parser, "weights", nargs={"weights": "+"})
@@ -86,7 +87,12 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--line-thickness", type=int, default=3, help="box line thickness (pixels)")
     add_flags(parser, "half", "project", "name", "exist_ok", "trust_weights")
     add_refused_flags(parser, "dnn", "update", "data")
-    opt = parser.parse_args(argv)
+    return parser
+
+
+def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
+    """detect.py's options (``argv=None`` reads sys.argv)."""
+    opt = build_parser().parse_args(argv)
     opt.weights = collapse_weights(opt.weights)
     opt.project = project_dir(opt, "detect")
     return opt
@@ -248,8 +254,8 @@ def detect_frame(model: InferenceModel, frame: Frame, opt: argparse.Namespace,
     return det.cpu().numpy(), [prepared - start, inferred - prepared, done - inferred]
 
 
-def run(model: InferenceModel, source: LoadImages | LoadWebcam | LoadStreams, writer: OutputWriter,
-        opt: argparse.Namespace) -> DetectResult:
+def detect_source(model: InferenceModel, source: LoadImages | LoadWebcam | LoadStreams, writer: OutputWriter,
+                  opt: argparse.Namespace) -> DetectResult:
     """Detect on every frame of ``source``, log one line each, save the outputs."""
     result = DetectResult(writer.save_dir, model.weights)
     totals = np.zeros(3)
@@ -284,7 +290,7 @@ def main(opt: argparse.Namespace) -> DetectResult:
     model.warmup(img_size)
     writer = OutputWriter(save_dir, opt, model.names)
     try:
-        result = run(model, dataset, writer, opt)
+        result = detect_source(model, dataset, writer, opt)
     finally:
         writer.close()
     if result.skipped:
@@ -296,6 +302,15 @@ def main(opt: argparse.Namespace) -> DetectResult:
         if opt.save_txt else ""
     LOGGER.info(f"Results saved to {colorstr('bold', str(save_dir))}{labels}")
     return result
+
+
+def run(**options: Any) -> DetectResult:
+    """detect.py from Python: ``detect.run(weights="best.pt", source="images/")`` takes the command line's option
+    names (utils/api.py) and returns the DetectResult: the output folder and, per image or frame, its detections
+    (k, 6): x1, y1, x2, y2 in original pixels, confidence, class. Errors are the UserErrors the command line
+    prints."""
+    argv = api.to_argv(build_parser(), options, "detect")
+    return main(api.parse(parse_opt, argv, "detect"))
 
 
 if __name__ == "__main__":

@@ -24,11 +24,13 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
 import torch
 
+from utils import api
 from utils.cli import (
     add_flags,
     add_refused_flags,
@@ -88,8 +90,8 @@ class ExportResult:
         return sum(f.stat().st_size for f in files) / 1e6
 
 
-def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
-    """export.py's options (``argv=None`` reads sys.argv)."""
+def build_parser() -> argparse.ArgumentParser:
+    """export.py's parser."""
     parser = argparse.ArgumentParser(prog="export.py", description="Export a trained detector to deployment "
                                      "formats, each verified against PyTorch")
     add_flags(parser, "weights", nargs={"weights": "+"})
@@ -113,7 +115,12 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--verbose", action="store_true", help="print the ONNX exporter's graph")
     add_flags(parser, "device", "trust_weights", device="cpu")
     add_refused_flags(parser, *REFUSED)
-    opt = parser.parse_args(argv)
+    return parser
+
+
+def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
+    """export.py's options (``argv=None`` reads sys.argv)."""
+    opt = build_parser().parse_args(argv)
     opt.weights = collapse_weights(opt.weights)
     return opt
 
@@ -284,6 +291,14 @@ def main(opt: argparse.Namespace) -> list[ExportResult]:
     if failed:
         raise ExportError("; ".join(f"{r.format} export failed ({r.error})" for r in failed))
     return results
+
+
+def run(**options: Any) -> list[Path]:
+    """export.py from Python: ``export.run(weights="best.pt", include=["onnx"])`` takes the command line's option
+    names (utils/api.py) and returns the files (or folders) written, each verified, in --include order. Errors
+    are the UserErrors the command line prints (ExportError when a format failed)."""
+    argv = api.to_argv(build_parser(), options, "export")
+    return [result.file for result in main(api.parse(parse_opt, argv, "export"))]
 
 
 if __name__ == "__main__":

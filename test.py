@@ -14,9 +14,11 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from utils import api
 from utils.cli import (
     DISTRIBUTED,
     add_flags,
@@ -53,8 +55,8 @@ class TestError(UserError, ValueError):
     __test__ = False  # not a pytest test class
 
 
-def parse_opt(argv: list[str] | None = None, script: str = "test") -> argparse.Namespace:
-    """test.py's options (``argv=None`` reads sys.argv); ``script='val'`` for val.py (runs/val, its messages)."""
+def build_parser(script: str = "test") -> argparse.ArgumentParser:
+    """test.py's parser; ``script='val'`` for val.py."""
     p = argparse.ArgumentParser(prog=f"{script}.py", description="Validate a checkpoint (mAP@.5, mAP@.5:.95, speed)")
     add_flags(p, "weights", nargs={"weights": "+"})
     add_flags(p, "trust_weights", "data", "img_size", "batch_size", "conf_thres", "iou_thres", "max_det")
@@ -72,6 +74,12 @@ def parse_opt(argv: list[str] | None = None, script: str = "test") -> argparse.N
                    "split's own ids)")
     add_flags(p, "project", "name", "exist_ok", *DISTRIBUTED)
     add_refused_flags(p, "dnn")
+    return p
+
+
+def parse_opt(argv: list[str] | None = None, script: str = "test") -> argparse.Namespace:
+    """test.py's options (``argv=None`` reads sys.argv); ``script='val'`` for val.py (runs/val, its messages)."""
+    p = build_parser(script)
     opt = square_size(p, p.parse_args(argv))
     opt.weights = collapse_weights(opt.weights)
     opt.project = project_dir(opt, script)
@@ -82,7 +90,16 @@ def main(opt: argparse.Namespace, script: str = "test") -> EvalResult | list[Eva
     """Join the process group (under torchrun), validate, and always tear the group down."""
     with distributed_session(opt, script) as device:
         print_options(script, visible_options(opt))
-        return run(opt, device)
+        return run_task(opt, device)
+
+
+def run(*, script: str = "test", **options: Any) -> EvalResult | list[EvalResult]:
+    """test.py from Python: ``test.run(weights="best.pt", data="coco128.yaml")`` takes the command line's option
+    names (utils/api.py) and returns the EvalResult (P, R, mAP@.5, mAP@.5:.95, per-class AP, speed; a list of
+    them for --task study). Called inside a torchrun job, every rank validates its shard. Errors are the
+    UserErrors the command line prints."""
+    argv = api.to_argv(build_parser(script), options, script)
+    return main(api.parse(lambda a: parse_opt(a, script=script), argv, script), script=script)
 
 
 def _split(data: DataConfig, task: str) -> list[Path]:
@@ -132,7 +149,7 @@ def image_size(opt: argparse.Namespace, model: InferenceModel, size: int) -> int
     return size
 
 
-def run(opt: argparse.Namespace, device: torch.device) -> EvalResult | list[EvalResult]:
+def run_task(opt: argparse.Namespace, device: torch.device) -> EvalResult | list[EvalResult]:
     """Load the weights and data, then validate, time (--task speed) or study sizes. All ranks must call it."""
     check_refused_flags(opt)
     check_half(opt.half, device)

@@ -15,9 +15,13 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
 
+from utils import api
 from utils.cli import DISTRIBUTED, add_flags, distributed_session, project_dir, run_main, square_size
 from utils.distributed.signals import StopRequested, signal_name
 from utils.hooks import HookBase, load_hook
@@ -26,14 +30,15 @@ from utils.loggers.registry import add_logger_flags
 from utils.training.builder import DEFAULT_CFG, build_trainer, prepare_run
 from utils.training.config import RunConfig
 from utils.training.evolve import evolve
+from utils.training.fitness import fitness
 from utils.training.loop import Trainer
 from utils.training.optim import AUTO, OPTIMIZERS
 
 AMP_MODES = ("auto", "on", "off")
 
 
-def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
-    """Training options (the reference's flags plus the DDP ones); ``argv=None`` reads sys.argv."""
+def build_parser() -> argparse.ArgumentParser:
+    """train.py's parser: the reference's flags plus the DDP ones."""
     p = argparse.ArgumentParser(prog="train.py", description="Train a YOLO detector (DDP-ready).")
     add_flags(p, "weights", "trust_weights")
     p.add_argument("--cfg", default="", help=f"model YAML (path or name in models/); '' = the model of --weights, "
@@ -84,22 +89,62 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
                    help="add a training hook built by a factory in an importable module (repeatable)")
     add_logger_flags(p)
     add_flags(p, *DISTRIBUTED)
+    return p
+
+
+def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
+    """Training options; ``argv=None`` reads sys.argv."""
+    p = build_parser()
     opt = square_size(p, p.parse_args(argv))
     opt.project = project_dir(opt, "train")
     return opt
 
 
-def main(opt: argparse.Namespace, hooks: Sequence[HookBase] = ()) -> None:
+@dataclass
+class TrainResult:
+    """What a training run returns: the last validation's metrics (precision, recall, mAP_0.5, mAP_0.5:0.95; the
+    same on every rank), the run folder and the hyperparameters. With --evolve: the fittest generation's."""
+
+    metrics: dict[str, float]
+    save_dir: Path
+    hyp: dict
+
+
+def main(opt: argparse.Namespace, hooks: Sequence[HookBase] = ()) -> TrainResult:
     """Join the process group, train (or evolve), and always tear the group down outside train().
     ``hooks`` are added to those of ``--hook`` (for callers in Python)."""
     with distributed_session(opt) as device:
         config, hyp = prepare_run(RunConfig.from_options(opt), defaults=RunConfig.from_options(parse_opt([])))
         print_options("train", config.options())
         user_hooks = [*(load_hook(spec) for spec in config.hook), *hooks]
-        if config.evolve:
-            evolve(hyp, config, device, lambda h, c, d: train(h, c, d, user_hooks))
-        else:
-            train(hyp, config, device, user_hooks)
+        if not config.evolve:
+            return TrainResult(train(hyp, config, device, user_hooks), Path(config.save_dir), hyp)
+        generations: list[TrainResult] = []
+
+        def generation(h: dict, c: RunConfig, d: torch.device) -> dict[str, float]:
+            generations.append(TrainResult(train(h, c, d, user_hooks), Path(c.save_dir), h))
+            return generations[-1].metrics
+
+        evolve(hyp, config, device, generation)
+        return max(generations, key=lambda r: fitness(list(r.metrics.values())))
+
+
+def run(*, nproc_per_node: int = 1, hooks: Sequence[HookBase] = (), **options: Any) -> TrainResult:
+    """train.py from Python: ``train.run(data="coco128.yaml", epochs=3, img_size=640)`` takes the command line's
+    option names (utils/api.py) and returns rank 0's TrainResult. ``nproc_per_node=N`` (N > 1) starts N processes
+    on this machine with torch's elastic launcher, as ``torchrun --standalone --nproc_per_node N train.py`` does
+    (gloo on the CPU, NCCL on GPUs); ``hooks`` then reach every process as pickled copies. Errors are the
+    UserErrors the command line prints."""
+    argv = api.to_argv(build_parser(), options, "train")
+    opt = api.parse(parse_opt, argv, "train")
+    if nproc_per_node == 1:
+        return main(opt, hooks)
+    return api.launch(_launched, nproc_per_node, argv, tuple(hooks))
+
+
+def _launched(argv: list[str], hooks: tuple[HookBase, ...]) -> api.RankOutcome:
+    """One process of ``run(nproc_per_node=N)``."""
+    return api.outcome(lambda: main(parse_opt(argv), hooks))
 
 
 def train(hyp: dict, config: RunConfig, device: torch.device, hooks: Sequence[HookBase] = ()) -> dict[str, float]:

@@ -10,6 +10,7 @@ import argparse
 import importlib.util
 import sys
 from pathlib import Path
+from typing import Any
 
 from utils.cli import run_main
 from utils.evaluation.evaluate import EvalResult
@@ -37,6 +38,11 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
 def main(opt: argparse.Namespace) -> EvalResult | list[EvalResult]:
     """test.py's run, logged as val."""
     return validation.main(opt, script=SCRIPT)
+
+
+def run(**options: Any) -> EvalResult | list[EvalResult]:
+    """``test.run`` under this script's name (results in runs/val): ``val.run(weights="best.pt")``."""
+    return validation.run(script=SCRIPT, **options)
 
 
 if __name__ == "__main__":

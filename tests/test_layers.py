@@ -5,7 +5,8 @@ Every ``import``/``from ... import`` of the project's own modules is read with `
 functions (a lazy import is still a dependency) and under ``if TYPE_CHECKING:`` (an import for annotations is a
 dependency of the design, and a cycle hidden there is still a cycle). The entry-point block of a module
 (``if __name__ == "__main__":``) is the script layer and is not counted. The layers, lowest first, are the
-README's Architecture section in code.
+Architecture page's layer table in code (docs/architecture.md; tests/test_docs.py
+compares the two).
 """
 
 from __future__ import annotations
@@ -21,11 +22,13 @@ ROOT = Path(__file__).resolve().parents[1]
 # import each other (they are independent), only their own component and lower layers.
 LAYERS: list[list[str]] = [
     ["utils.errors"],
-    ["utils.log", "utils.paths", "utils.atomic_files", "utils.boxes", "utils.http_fetch", "utils.safe_yaml"],
+    ["utils.log", "utils.paths", "utils.atomic_files", "utils.boxes", "utils.http_fetch", "utils.safe_yaml",
+     "utils.masks"],
     ["utils.device", "utils.hyp", "utils.hooks", "utils.predictions"],
     ["utils.distributed"],
     ["models.common"],
     ["models.head"],
+    ["models.segment"],
     ["models.yolo"],
     ["utils.data", "utils.weights"],
     ["utils.plots"],
@@ -33,6 +36,7 @@ LAYERS: list[list[str]] = [
     ["utils.deploy", "models.hub", "utils.loggers"],
     ["utils.training"],
     ["utils.cli"],
+    ["utils.api"],
     ["train", "test", "val", "detect", "export", "hubconf", "benchmarks"],
 ]
 
@@ -41,18 +45,19 @@ LAYERS: list[list[str]] = [
 # A declared module may be absent (a file another branch adds); a present one must be declared.
 MODULE_LAYERS: dict[str, list[list[str]]] = {
     "utils.distributed": [["launcher", "signals", "watchdog"], ["comm"]],
-    "utils.data": [["augment", "ram_cache", "synthetic"], ["config"], ["download", "label_cache"], ["annotations"],
-                   ["sources", "voc", "coco_json"], ["formats"], ["convert", "datasets"], ["zoo", "loader"]],
+    "utils.data": [["augment", "ram_cache", "synthetic"], ["augment_masks", "config"], ["download", "label_cache"],
+                   ["annotations", "segments"], ["sources", "synthetic_seg", "voc", "coco_json"], ["formats"],
+                   ["convert", "datasets"], ["zoo", "loader"]],
     "utils.weights": [["downloads", "untrusted"], ["safe_pickle"], ["checkpoint"], ["release_reader"]],
     "utils.plots": [["annotate", "feature_maps", "viewer"], ["figures"]],
-    "utils.evaluation": [["metrics", "outputs", "tta"], ["evaluate"]],
+    "utils.evaluation": [["metrics", "outputs", "tta"], ["evaluate", "mask_metrics"]],
     "utils.deploy": [["formats"], ["coreml", "ncnn", "onnx", "pytorch", "runtime", "tf_graph", "torchscript"],
                      ["openvino", "saved_model", "tflite", "verify"]],
     "utils.loggers": [["background", "progress", "tracker_queue"], ["batch_plots", "registry"],
                       ["results_csv", "tensorboard", "tracking"],
                       ["clearml_logger", "comet_logger", "mlflow_logger", "wandb_logger"]],
-    "utils.training": [["amp", "autoanchor", "config", "early_stop", "fingerprint", "fitness", "loss", "optim", "tal",
-                        "train_state"], ["loss_anchor_free", "resume"], ["families", "run_plan"],
+    "utils.training": [["amp", "autoanchor", "config", "early_stop", "fingerprint", "fitness", "loss", "loss_mask",
+                        "optim", "tal", "train_state"], ["loss_anchor_free", "resume"], ["families", "run_plan"],
                        ["checkpointer", "engine"], ["loop"], ["builder"], ["evolve"]],
 }
 # Imports that go up inside a package today: each is a lazy import closing a cycle, which its package's owner is to
@@ -273,7 +278,8 @@ def test_the_package_checker_sees_a_cycle_and_an_import_for_annotations_only(tmp
     monkeypatch.setattr(f"{__name__}.project_files", lambda: files)
     assert package_violations() == ["utils/evaluation/metrics.py:3: utils.evaluation.metrics (layer 0 of "
                                     "utils.evaluation) imports utils.evaluation.evaluate (layer 1)"]
+    low, high = component_of("utils.evaluation")[0], component_of("utils.training")[0]
     assert [v.split(": ", 1)[1] for v in violations()] == [
-        "utils.evaluation (layer 9) imports utils.training.loop (utils.training, layer 11)"]
+        f"utils.evaluation (layer {low}) imports utils.training.loop (utils.training, layer {high})"]
     with pytest.raises(AssertionError, match="import cycle: utils.evaluation.evaluate -> utils.evaluation.metrics"):
         test_no_cycles_between_the_modules_of_a_package_outside_the_known_ones()

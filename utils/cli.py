@@ -223,7 +223,7 @@ def distributed_session(opt: argparse.Namespace, script: str = "train") -> Itera
 
 
 def flag_table(parser: argparse.ArgumentParser) -> str:
-    """A markdown table of a parser's flags (flag, default, meaning), as the README shows them."""
+    """A markdown table of a parser's flags (flag, default, meaning), as docs/flags.md shows them."""
     rows = ["| flag | default | meaning |", "|---|---|---|"]
     for action in parser._actions:
         if not action.option_strings or action.help == argparse.SUPPRESS or action.dest == "help":

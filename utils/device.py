@@ -37,7 +37,7 @@ def measured_threads(max_threads: int | None = None, rounds: int = 5, min_gain: 
 
     The two settings take turns ``rounds`` times (~0.1 s on an idle machine). On cores that other jobs keep
     busy, a parallel region waits for its slowest thread: a yolov5n training step measured 6x slower in wall time
-    with 2 threads than with 1 on a loaded 2-core machine (README, Performance). Leaves torch set to the result.
+    with 2 threads than with 1 on a loaded 2-core machine (docs/performance.md). Leaves torch set to the result.
     """
     import time
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -28,10 +27,8 @@ def test_plain_documents_read_as_safe_load_does() -> None:
 
 def test_an_alias_bomb_is_refused_before_it_is_built() -> None:
     assert len(ALIAS_BOMB) < 600
-    start = time.process_time()
     with pytest.raises(YamlError, match="aliases are expanded"):
-        load_yaml_text(ALIAS_BOMB, "bomb.yaml")
-    assert time.process_time() - start < 5  # measured on the node graph, never expanded
+        load_yaml_text(ALIAS_BOMB, "bomb.yaml")  # measured on the node graph, never expanded (that would not end)
 
 
 def test_recursion_depth_and_big_values_are_one_line_errors() -> None:

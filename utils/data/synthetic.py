@@ -111,13 +111,25 @@ def _iou(box: np.ndarray, boxes: list[np.ndarray]) -> float:
     return float((inter / (area(box) + area(others) - inter)).max())
 
 
-def draw_sample(rng: np.random.Generator, spec: SyntheticSpec) -> tuple[np.ndarray, np.ndarray]:
-    """One image (BGR uint8) and its labels (k, 5) [class, cx, cy, w, h] normalised."""
+@dataclass(frozen=True)
+class Shape:
+    """One drawn object: its class (index into SYNTHETIC_NAMES), centre and radius in pixels, polygon vertices
+    (k, 2) for squares and triangles (None for circles; drawn rounded to whole pixels) and its box x1 y1 x2 y2."""
+
+    kind: int
+    cx: float
+    cy: float
+    radius: float
+    points: np.ndarray | None
+    box: np.ndarray
+
+
+def draw_shapes(rng: np.random.Generator, spec: SyntheticSpec) -> tuple[np.ndarray, list[Shape]]:
+    """One image (BGR uint8) and the shapes drawn on it, in drawing order (a later shape covers an earlier one)."""
     width, height = (int(rng.integers(spec.img_size[0], spec.img_size[1] + 1)) for _ in range(2))
     img = _background(rng, height, width)
     short = min(height, width)
-    boxes: list[np.ndarray] = []
-    labels = []
+    shapes: list[Shape] = []
     for _ in range(int(rng.integers(1, spec.max_objects + 1))):
         for _attempt in range(20):
             kind = int(rng.integers(0, len(SYNTHETIC_NAMES)))
@@ -130,7 +142,7 @@ def draw_sample(rng: np.random.Generator, spec: SyntheticSpec) -> tuple[np.ndarr
             else:
                 box = np.concatenate([points.min(0), points.max(0)])
             box = np.clip(box, 0, [width, height, width, height])
-            if _iou(box, boxes) < 0.2:
+            if _iou(box, [s.box for s in shapes]) < 0.2:
                 break
         else:
             continue
@@ -140,9 +152,16 @@ def draw_sample(rng: np.random.Generator, spec: SyntheticSpec) -> tuple[np.ndarr
             cv2.circle(img, (round(cx), round(cy)), round(radius), color, -1, cv2.LINE_AA)
         else:
             cv2.fillPoly(img, [np.round(points).astype(np.int32)], color, cv2.LINE_AA)
-        boxes.append(box)
-        labels.append([kind, (box[0] + box[2]) / 2 / width, (box[1] + box[3]) / 2 / height,
-                       (box[2] - box[0]) / width, (box[3] - box[1]) / height])
+        shapes.append(Shape(kind, float(cx), float(cy), float(radius), points, box))
+    return img, shapes
+
+
+def draw_sample(rng: np.random.Generator, spec: SyntheticSpec) -> tuple[np.ndarray, np.ndarray]:
+    """One image (BGR uint8) and its labels (k, 5) [class, cx, cy, w, h] normalised."""
+    img, shapes = draw_shapes(rng, spec)
+    height, width = img.shape[:2]
+    labels = [[s.kind, (s.box[0] + s.box[2]) / 2 / width, (s.box[1] + s.box[3]) / 2 / height,
+               (s.box[2] - s.box[0]) / width, (s.box[3] - s.box[1]) / height] for s in shapes]
     return img, np.array(labels, np.float32).reshape(-1, 5)
 
 

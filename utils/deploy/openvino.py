@@ -41,9 +41,9 @@ def quantize_openvino(converted: object, batches: list[torch.Tensor], float_name
 
     The performance preset (symmetric INT8 weights and activations) rather than the mixed one (asymmetric
     activations): the convolutions then need no zero-point compensation (measured 1.40x vs 1.24x faster than FP32
-    on yolov5n at 160 px, README "Every format side by side"). The graph is kept as read from ONNX (SiLU as
+    on yolov5n at 160 px, docs/export.md "Every format side by side"). The graph is kept as read from ONNX (SiLU as
     Sigmoid and Multiply), not converted with SiLU as one Swish: OpenVINO's CPU plugin runs a Swish fused into an
-    INT8 convolution slower than as a separate step (1.03-1.15x of FP32 against 1.40x, same README section)."""
+    INT8 convolution slower than as a separate step (1.03-1.15x of FP32 against 1.40x, same section)."""
     import nncf
 
     dataset = nncf.Dataset([b.cpu().numpy().astype(np.float32) for b in batches])

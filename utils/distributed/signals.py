@@ -39,6 +39,9 @@ class StopRequested(KeyboardInterrupt):
         self.exit_code = 0 if signum in REQUEUE_SIGNALS else 128 + signum
         super().__init__(message)
 
+    def __reduce__(self) -> tuple:  # pickled with both arguments (train.run's processes send it back)
+        return type(self), (self.signum, self.message)
+
 
 def signal_name(signum: int) -> str:
     return signal.Signals(signum).name

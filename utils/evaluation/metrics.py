@@ -35,14 +35,22 @@ def match_predictions(detections: torch.Tensor | np.ndarray, labels: torch.Tenso
     the same pixels. Returns bool (n, len(iou_thresholds)) in the detections' row order.
     """
     dets, labs = _numpy(detections).astype(np.float64), _numpy(labels).astype(np.float64)
-    correct = np.zeros((len(dets), len(iou_thresholds)), dtype=bool)
     if not len(dets) or not len(labs):
-        return correct
+        return np.zeros((len(dets), len(iou_thresholds)), dtype=bool)
     iou = box_iou(torch.from_numpy(dets[:, :4]), torch.from_numpy(labs[:, 1:5]), eps=0.0).numpy()
     iou = np.nan_to_num(iou) * (dets[:, 5:6] == labs[None, :, 0])  # only labels of the same class count
+    return match_by_iou(iou, dets[:, 4], iou_thresholds)
+
+
+def match_by_iou(iou: np.ndarray, conf: np.ndarray, iou_thresholds: np.ndarray = IOU_THRESHOLDS) -> np.ndarray:
+    """The matching of ``match_predictions`` given the (n, m) overlaps of detections and labels (box IoU, mask
+    IoU, ...), already 0 across classes, and the detections' confidences (n,): bool (n, len(iou_thresholds))."""
+    correct = np.zeros((len(iou), len(iou_thresholds)), dtype=bool)
+    if not iou.size:
+        return correct
     thresholds = np.minimum(np.asarray(iou_thresholds, dtype=np.float64), 1 - 1e-10)[:, None]  # (t, 1)
-    taken = np.zeros((len(thresholds), len(labs)), dtype=bool)  # label already matched, per threshold
-    order = np.argsort(-dets[:, 4], kind="mergesort")
+    taken = np.zeros((len(thresholds), iou.shape[1]), dtype=bool)  # label already matched, per threshold
+    order = np.argsort(-np.asarray(conf, dtype=np.float64), kind="mergesort")
     for d in order[iou[order].max(1) >= thresholds.min()]:  # others match nothing at any threshold
         candidates = np.where((iou[d][None, :] >= thresholds) & ~taken, iou[d][None, :], -1.0)  # (t, m)
         best = candidates.shape[1] - 1 - candidates[:, ::-1].argmax(1)  # ties -> the last label, as COCOeval

@@ -98,10 +98,10 @@ def write_outputs(result: Any, records: list[Any], names: Sequence[str], save_di
             plot_confusion_matrix(result.confusion.matrix, names, save_dir / "confusion_matrix.png")
 
 
-def coco_evaluate(anno_json: str | Path, pred_json: str | Path,
-                  image_ids: Sequence[int | str] = ()) -> tuple[float, float] | None:
-    """pycocotools' (mAP@.5:.95, mAP@.5) of a predictions file over ``image_ids`` (default: every image); None
-    (with a note) when it cannot run."""
+def coco_evaluate(anno_json: str | Path, pred_json: str | Path, image_ids: Sequence[int | str] = (),
+                  iou_type: str = "bbox") -> tuple[float, float] | None:
+    """pycocotools' (mAP@.5:.95, mAP@.5) of a predictions file over ``image_ids`` (default: every image), of the
+    boxes or, with ``iou_type="segm"``, of the masks; None (with a note) when it cannot run."""
     anno_json = Path(anno_json)
     try:
         from pycocotools.coco import COCO
@@ -117,7 +117,7 @@ def coco_evaluate(anno_json: str | Path, pred_json: str | Path,
     if not json.loads(Path(pred_json).read_text()):
         LOGGER.info("no predictions: COCO mAP is 0")
         return 0.0, 0.0
-    evaluator = COCOeval(gt, gt.loadRes(str(pred_json)), "bbox")
+    evaluator = COCOeval(gt, gt.loadRes(str(pred_json)), iou_type)
     if image_ids:
         evaluator.params.imgIds = list(image_ids)
     evaluator.evaluate()

@@ -37,7 +37,7 @@ def decide_amp(model: nn.Module, device: torch.device, mode: str = "auto") -> bo
 def mixed_precision_is_fast(device: torch.device) -> tuple[bool, str]:
     """Whether autocast should beat float32 on ``device``, and why. CUDA float16: yes. A CPU with AMX (amx_bf16):
     yes. AVX-512 BF16 without AMX: a short bf16-vs-fp32 step decides (on AMD EPYC it measured 1.7x, but the gain
-    depends on the cores). Neither: no (bf16 convolutions measured 0.07-0.14x float32; README, Performance)."""
+    depends on the cores). Neither: no (bf16 convolutions measured 0.07-0.14x float32; docs/performance.md)."""
     if device.type == "cuda":
         return True, "CUDA float16"
     flags = device_info.cpu_flags()

@@ -70,7 +70,7 @@ class NonFiniteReload(HookBase):
 
 def train_memory_format(device: torch.device, channels_last: bool = False) -> torch.memory_format:
     """The layout the model and its batches train in: channels_last on the CPU (oneDNN's convolutions and their
-    backward skip a layout reorder per layer, the 1x1 ones run as matrix products: README, Performance), and
+    backward skip a layout reorder per layer, the 1x1 ones run as matrix products: docs/performance.md), and
     elsewhere only with --channels-last (``channels_last``)."""
     return torch.channels_last if channels_last or device.type == "cpu" else torch.preserve_format
 

@@ -318,6 +318,6 @@ def epoch_row(loss_names: Sequence[str], losses: Sequence[float], metrics: dict[
 
 def validation_model(ema: nn.Module) -> nn.Module:
     """A copy of the EMA model with BatchNorm folded into the convolutions (channels_last on the CPU): outputs
-    equal within float rounding, validation's forward about 30% faster (README, Performance)."""
+    equal within float rounding, validation's forward about 30% faster (docs/performance.md)."""
     fuse = getattr(ema, "fuse", None)
     return copy.deepcopy(ema).fuse() if callable(fuse) else ema

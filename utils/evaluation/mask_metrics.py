@@ -1,0 +1,108 @@
+"""Instance segmentation metrics: box and mask P, R, mAP@.5 and mAP@.5:.95 side by side, and predictions JSON with
+RLE masks.
+
+A detection's mask is matched to the labels' masks exactly as its box is to their boxes (utils.evaluation.metrics:
+COCOeval's greedy matching per IoU threshold, 101-point AP), with mask IoU in place of box IoU, so the mask mAP
+agrees with COCOeval's ``segm`` on the same masks. The per-image records (true positives at each threshold,
+confidences, classes) are plain arrays: sharded evaluation gathers them and computes once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from utils.evaluation.metrics import IOU_THRESHOLDS, DetectionMetrics, ap_per_class, match_by_iou, match_predictions
+from utils.masks import mask_iou, rle_encode
+
+FITNESS_WEIGHTS = (0.1, 0.9)  # of mAP@.5 and mAP@.5:.95, for the boxes and for the masks alike (the reference's)
+
+
+def match_mask_predictions(detections: torch.Tensor | np.ndarray, pred_masks: torch.Tensor,
+                           labels: torch.Tensor | np.ndarray, gt_masks: torch.Tensor,
+                           iou_thresholds: np.ndarray = IOU_THRESHOLDS) -> np.ndarray:
+    """Which detections' masks are true positives at each IoU threshold: ``detections`` (n, 6) [x1, y1, x2, y2,
+    conf, cls] with masks (n, h, w), ``labels`` (m, 5) [cls, x1, y1, x2, y2] with masks (m, h, w), all at one
+    resolution. Returns bool (n, len(iou_thresholds))."""
+    dets = torch.as_tensor(detections).detach().cpu().double()
+    labs = torch.as_tensor(labels).detach().cpu().double()
+    if not len(dets) or not len(labs):
+        return np.zeros((len(dets), len(iou_thresholds)), dtype=bool)
+    iou = mask_iou(torch.as_tensor(pred_masks).cpu(), torch.as_tensor(gt_masks).cpu()).double().numpy()
+    iou *= (dets[:, 5:6] == labs[None, :, 0]).numpy()  # only labels of the same class count
+    return match_by_iou(iou, dets[:, 4].numpy(), iou_thresholds)
+
+
+@dataclass
+class SegmentRecord:
+    """One image's part of the statistics: per detection the box and mask true positives (n, 10), confidence and
+    class; the class of each label."""
+
+    box_tp: np.ndarray
+    mask_tp: np.ndarray
+    conf: np.ndarray
+    pred_cls: np.ndarray
+    target_cls: np.ndarray
+
+
+def segment_record(detections: torch.Tensor | np.ndarray, pred_masks: torch.Tensor, labels: torch.Tensor | np.ndarray,
+                   gt_masks: torch.Tensor) -> SegmentRecord:
+    """An image's record: its detections (n, 6) and their masks matched to its labels (m, 5) and masks, boxes and
+    masks each by their own IoU."""
+    dets = torch.as_tensor(detections).detach().cpu().reshape(-1, 6)
+    labs = torch.as_tensor(labels).detach().cpu().reshape(-1, 5)
+    return SegmentRecord(match_predictions(dets, labs), match_mask_predictions(dets, pred_masks, labs, gt_masks),
+                         dets[:, 4].double().numpy(), dets[:, 5].numpy(), labs[:, 0].numpy())
+
+
+@dataclass
+class SegmentationMetrics:
+    """Box and mask metrics of the same detections."""
+
+    box: DetectionMetrics
+    mask: DetectionMetrics
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def mean_results(self) -> tuple[float, ...]:
+        """(box P, R, mAP@.5, mAP@.5:.95, mask P, R, mAP@.5, mAP@.5:.95)."""
+        return (*self.box.mean_results(), *self.mask.mean_results())
+
+    def fitness(self) -> float:
+        """0.1 mAP@.5 + 0.9 mAP@.5:.95 of the boxes plus the same of the masks: how a segmenter picks best.pt."""
+        values = self.mean_results()
+        w50, w = FITNESS_WEIGHTS
+        return w50 * values[2] + w * values[3] + w50 * values[6] + w * values[7]
+
+
+def segmentation_metrics(records: Sequence[SegmentRecord]) -> SegmentationMetrics:
+    """Box and mask metrics over every image's records (from one process, or gathered from every rank)."""
+    def joined(name: str, columns: int | None = None) -> np.ndarray:
+        arrays = [getattr(r, name) for r in records]
+        if not arrays:
+            return np.zeros((0, columns) if columns else 0)
+        return np.concatenate(arrays, 0)
+
+    t = len(IOU_THRESHOLDS)
+    conf, pred_cls, target_cls = joined("conf"), joined("pred_cls"), joined("target_cls")
+    return SegmentationMetrics(ap_per_class(joined("box_tp", t), conf, pred_cls, target_cls),
+                               ap_per_class(joined("mask_tp", t), conf, pred_cls, target_cls))
+
+
+def mask_json_rows(image_id: int | str, detections: torch.Tensor, masks: torch.Tensor | np.ndarray,
+                   categories: Sequence[int] | None = None) -> list[dict]:
+    """COCO result rows with masks: ``bbox`` [x, y, w, h] from ``detections`` (n, 6) in the image's pixels, the
+    ``score``, ``category_id`` (``categories[class]``, or the class) and ``segmentation`` the mask's RLE at the
+    image's size (``masks`` (n, h0, w0))."""
+    dets = detections.detach().cpu().double()
+    rles = rle_encode(masks)
+    rows = []
+    for (x1, y1, x2, y2, conf, cls), rle in zip(dets.tolist(), rles):
+        cls = int(cls)
+        rows.append({"image_id": image_id, "category_id": categories[cls] if categories is not None else cls,
+                     "bbox": [round(v, 3) for v in (x1, y1, x2 - x1, y2 - y1)], "score": round(conf, 5),
+                     "segmentation": rle})
+    return rows
