@@ -179,7 +179,7 @@ def _build_row(i: int, row: Any, section: str, cfg: dict, ctx: dict, channels: l
         raise ModelConfigError(f"{where}: {name}{str(args)[:200]} is not valid: {e}") from None
     block.i, block.f, block.type = i, f, entry.table_name  # per-instance wiring, read by Model.forward
     params = sum(p.numel() for p in block.parameters())
-    line = f"{i:>3}{str(f):>18}{n:>3}{params:>10}  {entry.table_name:<40}{str(args):<30}"
+    line = f"{i:>3}{str(f):>18}{n:>3}{params:>10}  {entry.table_name + ' ':<40}{str(args):<30}"
     return block, sources, c_out, line
 
 
@@ -400,7 +400,8 @@ def main(opt: argparse.Namespace) -> None:
     gflops = model.flops(opt.img_size)
     print(f"{'':>3}{'from':>18}{'n':>3}{'params':>10}  {'module':<40}{'arguments':<30}")  # as Model.info prints it
     print("\n".join(model._table))
-    print(f"{Path(model.yaml_source).stem} summary: {len(list(model.modules()))} layers, {n_params:,} parameters, "
+    name = Path(model.yaml.get("yaml_file") or model.yaml_source).stem  # yolo11n, not the family file's yolo11
+    print(f"{name} summary: {len(list(model.modules()))} layers, {n_params:,} parameters, "
           f"{n_grads:,} gradients, {gflops:.{1 if gflops >= 1 else 3}f} GFLOPs at {opt.img_size}x{opt.img_size}")
     if not (opt.profile or opt.line_profile):
         return

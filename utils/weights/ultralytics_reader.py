@@ -144,7 +144,7 @@ def check_structure(record: Record, module: nn.Module, where: str = "model") -> 
         raise _FormatError(f"{where} is a {record.global_name} in the file but a {ours} in the model its yaml builds")
     for setting in SETTINGS.get(ours, ()):
         if setting in record.attrs and _comparable(record.attrs[setting]) != _comparable(getattr(module, setting)):
-            raise _FormatError(f"{where}.{setting} is {str(record.attrs[setting])[:40]!r} in the file but "
+            raise _FormatError(f"{where}.{setting} is {repr(record.attrs[setting])[:40]} in the file but "
                                f"{getattr(module, setting)!r} in the model its yaml builds")
     theirs, mine = _children(record), dict(module.named_children())
     if list(theirs) != list(mine):
