@@ -278,16 +278,19 @@ class SPP(nn.Module):
 class SPPF(nn.Module):
     """SPP with one 5x5 max-pool applied ``pools`` (3) times in series: same receptive fields (5, 9, 13), faster.
 
-    With ``shortcut`` (YOLO26) the input is added to the output when the channels agree, and the first 1x1
-    convolution is linear (no SiLU), as ultralytics 8.4's release files of that model hold it.
+    A row that gives the pool count (YOLO26: ``[c_out, 5, 3, True]``) builds ultralytics 8.4's form: the first 1x1
+    convolution linear (no SiLU), and with ``shortcut`` the input added to the output when the channels agree; rows
+    of two arguments (YOLOv5, YOLOv8, YOLO11) keep the SiLU, as that version's builder and release files do.
     """
 
     yaml_args = Conv.yaml_args
 
-    def __init__(self, c_in: int, c_out: int, kernel: int = 5, pools: int = 3, shortcut: bool = False) -> None:
+    def __init__(self, c_in: int, c_out: int, kernel: int = 5, pools: int | None = None,
+                 shortcut: bool = False) -> None:
         super().__init__()
         hidden = c_in // 2
-        self.cv1 = Conv(c_in, hidden, 1, 1, act=not shortcut)
+        self.cv1 = Conv(c_in, hidden, 1, 1, act=pools is None)
+        pools = 3 if pools is None else pools
         self.cv2 = Conv(hidden * (pools + 1), c_out, 1, 1)
         self.m = nn.MaxPool2d(kernel, stride=1, padding=kernel // 2)
         self.n = pools  # the attribute names of ultralytics' SPPF, which its release files hold

@@ -42,10 +42,11 @@ class EndToEndDetect(AnchorFreeDetect):
         self.one2one_cv2 = copy.deepcopy(self.cv2)
         self.one2one_cv3 = copy.deepcopy(self.cv3)
         self.max_det = max_det
+        self.end_to_end = True  # eval output: final one-to-one rows (False: the one-to-many decode, for NMS)
 
     @property
     def contract(self) -> OutputContract:
-        return OutputContract("xyxy_score_cls", self.nc)
+        return OutputContract("xyxy_score_cls" if self.end_to_end else "xywh_cls", self.nc)
 
     def init_biases(self, class_freq: torch.Tensor | None = None) -> None:
         """Both sets of branches start from the same priors (see AnchorFreeDetect.init_biases)."""
@@ -59,6 +60,8 @@ class EndToEndDetect(AnchorFreeDetect):
         if self.training:
             return {"one2many": self.branches(xs, self.cv2, self.cv3),
                     "one2one": self.branches([x.detach() for x in xs], self.one2one_cv2, self.one2one_cv3)}
+        if not self.end_to_end:
+            return self.decode_one2many(xs)
         return self.select(self.decode_one2one(xs))
 
     def decode_one2one(self, xs: list[torch.Tensor], xywh: bool = False) -> torch.Tensor:

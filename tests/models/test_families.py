@@ -266,3 +266,17 @@ def test_bad_new_keys_are_one_line_errors(edit, pattern: str) -> None:
     with pytest.raises(ModelConfigError) as info:
         Model(cfg)
     assert "\n" not in str(info.value) and re.search(pattern, str(info.value)), str(info.value)
+
+
+def test_end_to_end_head_can_give_the_one_to_many_decode_for_nms(models_n: dict[str, Model]) -> None:
+    """``end_to_end = False``: the eval output and contract become the one-to-many branches' (as ultralytics 8.4
+    without nms=False)."""
+    model = copy.deepcopy(models_n["yolo26n"]).eval()
+    model.head.end_to_end = False
+    x = torch.rand(1, 3, 64, 64)
+    with torch.no_grad():
+        out = model(x)
+        model.head.training = True
+        raw = model(x)["one2many"]
+    assert model.head.contract == OutputContract("xywh_cls", 3) and out.shape == (1, 84, 7)
+    torch.testing.assert_close(out, model.head.decode(raw))
