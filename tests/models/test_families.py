@@ -280,3 +280,37 @@ def test_end_to_end_head_can_give_the_one_to_many_decode_for_nms(models_n: dict[
         raw = model(x)["one2many"]
     assert model.head.contract == OutputContract("xywh_cls", 3) and out.shape == (1, 84, 7)
     torch.testing.assert_close(out, model.head.decode(raw))
+
+
+# ------------------------------------------------------------------------------------------ docs/models.md
+DOC = (yolo.MODELS_DIR.parent / "docs" / "models.md").read_text()
+DOC_SIZES = {name: (int(params.replace(",", "")), float(gflops)) for name, params, gflops in
+             re.findall(r"\| (yolo\w+) \| ([\d,]+) \| ([\d.]+) ", DOC)}
+
+
+def test_the_docs_table_lists_the_fifteen_models() -> None:
+    assert sorted(DOC_SIZES) == sorted(NAMES)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_the_docs_sizes_are_what_the_builder_prints(name: str) -> None:
+    params, gflops = DOC_SIZES[name]
+    assert params == PARAMETERS[name[:-1]]["nsmlx".index(name[-1])]
+    torch.manual_seed(0)
+    assert Model(f"{name}.yaml").flops(640) == pytest.approx(gflops, abs=0.05)
+
+
+def test_end_to_end_rows_ignore_the_nms_settings(models_n: dict[str, Model]) -> None:
+    """docs/models.md: for YOLO26 --iou-thres and --agnostic-nms change nothing; the thresholds only filter rows."""
+    from utils.predictions import postprocess
+
+    model = models_n["yolo26n"].eval()
+    with torch.no_grad():
+        rows = model(torch.rand(2, 3, 64, 64))
+    contract = model.head.contract
+    base = postprocess(rows, contract, conf_thres=0.0, iou_thres=0.45)
+    for other in (postprocess(rows, contract, conf_thres=0.0, iou_thres=0.9),
+                  postprocess(rows, contract, conf_thres=0.0, iou_thres=0.1, agnostic=True)):
+        assert all(torch.equal(a, b) for a, b in zip(base, other))
+    assert [len(r) for r in base] == [84, 84]
+    assert [len(r) for r in postprocess(rows, contract, conf_thres=0.0, max_det=5)] == [5, 5]
