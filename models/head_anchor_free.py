@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from models.blocks import DEPTHWISE_CLS_HEAD, DWConv
-from models.common import Conv
+from models.common import Conv, exporting
 from models.registry import LIMITS, ModelConfigError, Row, RowArgs, register_module
 from utils.predictions import OutputContract
 
@@ -165,12 +165,16 @@ class AnchorFreeDetect(nn.Module):
                 "feature_sizes": sizes}
 
     def anchors(self, sizes: list[tuple[int, int]], like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``make_anchors`` for these feature sizes, cached (rebuilt while tracing, so dynamic sizes stay dynamic)."""
+        """``make_anchors`` for these feature sizes, cached (rebuilt while tracing, so dynamic sizes stay dynamic).
+
+        Float32 (cell centres of large maps are not exact in bf16 or fp16), except in an export, whose graph keeps
+        the model's own dtype."""
         tracing = torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
-        key = (tuple(sizes), like.device, like.dtype)
+        dtype = like.dtype if exporting() else torch.float32
+        key = (tuple(sizes), like.device, dtype)
         if not tracing and key in self._anchors:
             return self._anchors[key]
-        found = make_anchors(sizes, self.stride.tolist(), 0.5, like.device, like.dtype)
+        found = make_anchors(sizes, self.stride.tolist(), 0.5, like.device, dtype)
         if not tracing:
             self._anchors[key] = found
         return found

@@ -53,8 +53,8 @@ class AnchorFreeLoss:
 
     def terms(self, preds: dict[str, Any], targets: torch.Tensor) -> torch.Tensor:
         """The three gained loss terms (box, cls, dfl or l1) of one set of branches, (3,)."""
-        pred_dist = preds["boxes"].permute(0, 2, 1)  # (b, n, 4 * reg_max)
-        logits = preds["scores"].permute(0, 2, 1)  # (b, n, nc)
+        pred_dist = preds["boxes"].float().permute(0, 2, 1)  # (b, n, 4 * reg_max), float32 under autocast too
+        logits = preds["scores"].float().permute(0, 2, 1)  # (b, n, nc)
         points, strides = preds["anchor_points"], preds["stride_tensor"]  # (n, 2) grid units, (n, 1)
         b = logits.shape[0]
         image_hw = [size * self.strides[0] for size in preds["feature_sizes"][0]]
