@@ -129,10 +129,6 @@ def known_names() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def registered(name: str) -> bool:
-    return name in _REGISTRY
-
-
 # ------------------------------------------------------------------------------------------ common specs
 def channel_args(row: Row, repeats_inside: bool = False) -> RowArgs:
     """``[c_out, *rest]`` -> ``[c_in, scaled c_out, *rest]``; with ``repeats_inside`` the row's number becomes the

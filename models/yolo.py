@@ -28,17 +28,17 @@ import torch
 from torch import nn
 
 import models.blocks  # noqa: F401  (registers the YOLOv8/YOLO11/YOLO26 blocks)
+import models.head_anchor_free  # noqa: F401  (registers the YOLOv8/YOLO11 head)
 import models.head_end_to_end  # noqa: F401  (registers YOLO26's head)
 from models.common import C3, Conv, exporting
 from models.head import Detect, check_anchor_order
-from models.head_anchor_free import AnchorFreeDetect
 from models.registry import LIMITS, ModelConfigError, Row, is_number, known_names, lookup, make_divisible
 from utils.log import LOGGER
 from utils.safe_yaml import YamlError, load_yaml
 
 MODELS_DIR = Path(__file__).resolve().parent
 SCALED_NAME = re.compile(r"^(yolov?\d+)([nslmx])((?:-[\w]+)*)$")  # yolo11n, yolov8s, yolo26x-seg -> family + scale
-HEAD_TYPES = (Detect, AnchorFreeDetect)  # the heads a model may end with (their subclasses too)
+HEAD_INTERFACE = ("contract", "set_strides", "init_biases", "export_metadata", "stride")  # what the last row offers
 __all__ = ["Detect", "LIMITS", "Model", "ModelConfigError", "check_anchor_order", "load_model_config",
            "make_divisible", "parse_model"]
 
@@ -196,7 +196,7 @@ def parse_model(cfg: dict, ch: int, source: str = "<dict>") -> tuple[nn.Sequenti
         save.extend(j % i for j in sources if j != -1)
         layers.append(block)
         channels = [c_out] if i == 0 else [*channels, c_out]
-    if not isinstance(layers[-1], HEAD_TYPES):
+    if not all(hasattr(layers[-1], name) for name in HEAD_INTERFACE):
         raise ModelConfigError(f"{source}: the last head row must be a detection head (Detect)")
     return nn.Sequential(*layers), sorted(set(save)), table
 
