@@ -18,12 +18,13 @@ from typing import Any
 from utils.distributed import comm as dist
 from utils.errors import UserError
 from utils.log import LOGGER
-from utils.paths import ROOT, data_home
+from utils.paths import ROOT, confined, confined_to_any, data_home
 from utils.safe_yaml import YamlError, load_yaml
 
 DEFAULT_DATA = ROOT / "data" / "synthetic.yaml"
 MAX_NAME_LENGTH = 128
 MAX_CLASSES = 10_000
+MAX_SPLIT_ENTRIES = 1000
 
 
 class DataError(UserError):
@@ -96,35 +97,46 @@ def _plain_name(name: Any, yaml_file: Path) -> str:
 
 
 def _dataset_root(data: dict, yaml_file: Path) -> Path:
-    """``synthetic:`` generates the built-in set; relative ``path`` is tried beside the YAML, then in data_home()."""
+    """The data set's folder: ``path`` beside the YAML (relative paths), else in data_home() when it is to be
+    downloaded; ``synthetic:`` generates the built-in set there (or in its default folder). A ``path`` must lie in
+    the YAML's folder or the data home (confined_to_any), so a YAML cannot aim reads, downloads or generation at
+    ``..`` or ``/``."""
+    homes = [yaml_file.parent, data_home()]
     if "synthetic" in data:
         params = data["synthetic"] or {}
         if not isinstance(params, dict):
             raise DataError(f"{yaml_file}: 'synthetic' must be a mapping (n_train, n_val, img_size, seed)")
-        from utils.data.synthetic import ensure_synthetic  # local: synthetic imports nothing from here
+        from utils.data.synthetic import SyntheticError, ensure_synthetic  # local: synthetic imports nothing here
 
+        root = None if data.get("path") in (None, "") else confined_to_any(data["path"], homes, f"{yaml_file}: path",
+                                                                      DataError)
         try:
-            return ensure_synthetic(root=data.get("path"), **params)
+            return ensure_synthetic(root=root, **params)
         except (TypeError, ValueError) as e:
-            raise DataError(f"{yaml_file}: bad 'synthetic' parameters: {e}") from None
-    if not data.get("path"):
+            raise DataError(f"{yaml_file}: bad 'synthetic' parameters: {str(e)[:200]}") from None
+        except SyntheticError as e:
+            raise DataError(f"{yaml_file}: {e}") from None
+    if data.get("path") in (None, ""):
         return yaml_file.parent
-    path = Path(str(data["path"])).expanduser()
-    if path.is_absolute():
-        return path
-    beside = (yaml_file.parent / path).resolve()
-    return beside if beside.exists() or not data.get("download") else data_home() / path
+    value = data["path"]
+    if isinstance(value, str) and not Path(value).expanduser().is_absolute() and data.get("download"):
+        beside = confined_to_any(value, homes, f"{yaml_file}: path", DataError)
+        if not beside.exists():  # a data set to download goes to the data home
+            return confined_to_any(value, [data_home()], f"{yaml_file}: path", DataError)
+    return confined_to_any(value, homes, f"{yaml_file}: path", DataError)
 
 
 def _split_paths(value: Any, root: Path, names: list[str], yaml_file: Path, key: str = "split") -> list[Any]:
-    """A split's entries: YOLO folders and lists as paths, mappings as annotation splits (utils.data.formats)."""
+    """A split's entries: YOLO folders and lists as paths, mappings as annotation splits (utils.data.formats); each
+    path resolved and confined to the data set's folder ``root``."""
     from utils.data.formats import split_from_mapping  # local: formats imports this module
 
     values = value if isinstance(value, list | tuple) else [value]
-    if not all((isinstance(v, str) and v) or isinstance(v, dict) for v in values):
-        raise DataError(f"{yaml_file}: '{key}' must be a path or a list of paths (or an annotation mapping)")
+    if len(values) > MAX_SPLIT_ENTRIES or not all((isinstance(v, str) and v) or isinstance(v, dict) for v in values):
+        raise DataError(f"{yaml_file}: '{key}' must be a path or a list of paths (or an annotation mapping), at "
+                        f"most {MAX_SPLIT_ENTRIES} entries")
     return [split_from_mapping(v, root, names, yaml_file) if isinstance(v, dict) else
-            p if (p := Path(str(v)).expanduser()).is_absolute() else root / p for v in values]
+            confined(v, root, f"{yaml_file}: '{key}' entry", DataError) for v in values]
 
 
 def check_converter(name: Any, yaml_file: Path) -> None:

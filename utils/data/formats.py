@@ -23,6 +23,7 @@ from utils.data.coco_json import coco_files, parse_coco
 from utils.data.config import DataError
 from utils.data.label_cache import ScanResult, cache_dir_for, cached_scan, img2label_paths, list_image_files
 from utils.data.voc import parse_voc, voc_files
+from utils.paths import confined
 
 FORMATS: dict[str, AnnotationFormat] = {
     "coco": AnnotationFormat(parse=parse_coco, files=coco_files),
@@ -32,10 +33,10 @@ SPLIT_KEYS = {"images", "list", "keep_crowd"}
 
 
 def _resolve(value: Any, root: Path, where: str) -> Path:
+    """A path of a split mapping, resolved and confined to the data set's folder ``root``."""
     if not isinstance(value, str) or not value:
-        raise DataError(f"{where}: expected a path, got {value!r}")
-    path = Path(value).expanduser()
-    return path if path.is_absolute() else root / path
+        raise DataError(f"{where}: expected a path, got {str(value)[:80]!r}")
+    return confined(value, root, where, DataError)
 
 
 def split_from_mapping(value: dict, root: Path, names: Sequence[str], yaml_file: Path) -> AnnotationSplit:
