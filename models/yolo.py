@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import copy
 import inspect
+import json
 import math
 import sys
 import time
@@ -26,7 +27,7 @@ from torch import nn
 from models.common import C3, SPP, SPPF, Bottleneck, Concat, Conv, Focus, exporting
 from models.head import Detect, check_anchor_order
 from utils.errors import UserError
-from utils.safe_yaml import YamlError, load_yaml
+from utils.safe_yaml import YamlError, load_yaml, shown
 
 MODELS_DIR = Path(__file__).resolve().parent
 
@@ -44,7 +45,8 @@ TABLE_NAMES = {Detect: "models.yolo.Detect"}  # the name the reference's layer t
 _CHANNEL_MODULES = (Conv, Bottleneck, C3, SPP, SPPF, Focus)  # args start with c_out; c_in is prepended
 # Bounds of a config from a file (a stranger's checkpoint holds one): yolov5x uses 1.33/1.25, n <= 9, 1280 channels.
 LIMITS = {"multiple": 4.0, "repeats": 100, "channels": 8192, "rows": 256, "classes": 10_000, "levels": 8,
-          "anchors": 32, "upsample": 8}
+          "anchors": 32, "upsample": 8, "parameters": 500_000_000, "activation": 2**27}
+PROBE = 256  # the square input whose forward pass finds the strides
 _REPEAT_INSIDE = (C3,)  # ``number`` becomes the block's own n
 
 
@@ -86,7 +88,7 @@ def _resolve_arg(value: Any, cfg: dict) -> Any:
 def _check_from(f: Any, index: int, where: str) -> list[int]:
     sources = [f] if isinstance(f, int) else f
     if not isinstance(sources, list) or not sources or not all(isinstance(j, int) for j in sources):
-        raise ModelConfigError(f"{where}: 'from' must be an int or a list of ints, got {f!r}")
+        raise ModelConfigError(f"{where}: 'from' must be an int or a list of ints, got {shown(f)}")
     for j in sources:
         absolute = j if j >= 0 else index + j
         if j == -1 and len(sources) == 1:
@@ -103,7 +105,7 @@ def _check_top_level(cfg: dict, source: str) -> None:
             raise ModelConfigError(f"{source}: missing key '{key}'")
     anchors, nc = cfg["anchors"], cfg["nc"]
     if not isinstance(nc, int) or not 1 <= nc <= LIMITS["classes"]:
-        raise ModelConfigError(f"{source}: nc must be an integer in 1..{LIMITS['classes']}, got {str(nc)[:40]}")
+        raise ModelConfigError(f"{source}: nc must be an integer in 1..{LIMITS['classes']}, got {shown(nc)}")
     if not (isinstance(anchors, list) and 0 < len(anchors) <= LIMITS["levels"] and all(
             isinstance(a, list) and len(a) % 2 == 0 and 0 < len(a) <= 2 * LIMITS["anchors"] and all(
                 _is_number(v) and 0 < v <= 1e5 for v in a) for a in anchors)):
@@ -118,7 +120,7 @@ def _check_top_level(cfg: dict, source: str) -> None:
         value = cfg.get(key, 1.0)
         if not (_is_number(value) and 0 < value <= LIMITS["multiple"]):
             raise ModelConfigError(f"{source}: {key} must be a number in (0, {LIMITS['multiple']}], got "
-                                   f"{str(value)[:40]}")
+                                   f"{shown(value)}")
 
 
 def _is_number(value: Any) -> bool:
@@ -169,13 +171,13 @@ def parse_model(cfg: dict, ch: int, source: str = "<dict>") -> tuple[nn.Sequenti
     for i, (section, row) in enumerate(rows):
         where = f"{source}: row {i} ({section})"
         if not (isinstance(row, list) and len(row) == 4):
-            raise ModelConfigError(f"{where}: expected [from, number, module, args], got {str(row)[:80]}")
+            raise ModelConfigError(f"{where}: expected [from, number, module, args], got {shown(row)}")
         f, n, name, args = row
         sources = _check_from(f, i, where)
         if not isinstance(name, str) or name not in REGISTRY:
-            raise ModelConfigError(f"{where}: unknown module '{str(name)[:40]}' (known: {', '.join(sorted(REGISTRY))})")
+            raise ModelConfigError(f"{where}: unknown module {shown(name)} (known: {', '.join(sorted(REGISTRY))})")
         if not isinstance(n, int) or n < 1:
-            raise ModelConfigError(f"{where}: number must be a positive integer, got {str(n)[:40]}")
+            raise ModelConfigError(f"{where}: number must be a positive integer, got {shown(n)}")
         module_cls = REGISTRY[name]
         args = [_resolve_arg(a, cfg) for a in (args if isinstance(args, list) else [args])]
         _check_row_size(module_cls, args, n, where)
@@ -202,6 +204,50 @@ def parse_model(cfg: dict, ch: int, source: str = "<dict>") -> tuple[nn.Sequenti
     return nn.Sequential(*layers), sorted(set(save)), table
 
 
+def check_build_size(cfg: dict, ch: int, source: str) -> None:
+    """ModelConfigError (one line) when ``cfg`` would hold more than LIMITS' parameters, or its stride probe would
+    make a tensor of more than LIMITS' activation elements (stacked Upsample rows grow it 64x each): both found on
+    the meta device, before any memory is taken (about 0.15 s; a config that passed is remembered)."""
+    try:
+        key = json.dumps([cfg, ch], sort_keys=True)
+    except (TypeError, ValueError):
+        key = None  # not plain data: checked every time
+    if key is not None and key in _CHECKED:
+        return
+    _check_build_size(cfg, ch, source)
+    if key is not None:
+        _CHECKED[key] = None
+        while len(_CHECKED) > 64:
+            _CHECKED.pop(next(iter(_CHECKED)))
+
+
+_CHECKED: dict[str, None] = {}  # configs that passed check_build_size (insertion order: oldest first)
+
+
+def _check_build_size(cfg: dict, ch: int, source: str) -> None:
+    with torch.device("meta"):
+        layers, save, _ = parse_model(copy.deepcopy(cfg), ch, source)
+    params = sum(p.numel() for p in layers.parameters())
+    if params > LIMITS["parameters"]:
+        raise ModelConfigError(f"{source}: {params:,} parameters, more than {LIMITS['parameters']:,}")
+    layers.eval()  # eval-mode batch norm: the same shapes, a faster meta kernel
+    with torch.no_grad():
+        x: Any = torch.zeros(1, ch, PROBE, PROBE, device="meta")
+        outputs: list[Any] = []
+        for layer in layers:
+            if layer.f != -1:
+                x = outputs[layer.f] if isinstance(layer.f, int) else [x if j == -1 else outputs[j] for j in layer.f]
+            try:
+                x = layer(x)
+            except (RuntimeError, TypeError, ValueError, IndexError) as e:
+                raise ModelConfigError(f"{source}: the rows do not fit together ({str(e).splitlines()[0]})") from None
+            largest = max(t.numel() for t in (x if isinstance(x, list | tuple) else [x]))
+            if largest > LIMITS["activation"]:
+                raise ModelConfigError(f"{source}: row {layer.i} makes a tensor of {largest:,} values from a "
+                                       f"{PROBE}x{PROBE} image, more than {LIMITS['activation']:,}")
+            outputs.append(x if layer.i in save else None)
+
+
 class Model(nn.Module):
     """A detection model built from a YAML config (path, bare name in models/, or dict)."""
 
@@ -215,11 +261,12 @@ class Model(nn.Module):
             self.yaml["anchors"] = anchors
         self.input_channels = ch
         self.channels_last_input = False  # set by fuse() on the CPU
+        check_build_size(self.yaml, ch, self.yaml_source)
         self.model, self.save, self._table = parse_model(copy.deepcopy(self.yaml), ch, self.yaml_source)
         self.names = [str(i) for i in range(self.yaml["nc"])]
         detect = self.detect
         with torch.no_grad():
-            probe = 256
+            probe = PROBE
             try:
                 maps = self._forward_raw(torch.zeros(1, ch, probe, probe))
             except (RuntimeError, TypeError, ValueError, IndexError) as e:

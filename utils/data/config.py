@@ -19,7 +19,7 @@ from utils.distributed import comm as dist
 from utils.errors import UserError
 from utils.log import LOGGER
 from utils.paths import ROOT, confined, confined_to_any, data_home
-from utils.safe_yaml import YamlError, load_yaml
+from utils.safe_yaml import YamlError, load_yaml, shown
 
 DEFAULT_DATA = ROOT / "data" / "synthetic.yaml"
 MAX_NAME_LENGTH = 128
@@ -78,7 +78,7 @@ def _parse_names(data: dict, yaml_file: Path) -> tuple[int, list[str]]:
         raise DataError(f"{yaml_file}: 'names' must be a list or a mapping of class index to name")
     nc = data.get("nc", len(names) if names else None)
     if not isinstance(nc, int) or isinstance(nc, bool) or not 1 <= nc <= MAX_CLASSES:
-        raise DataError(f"{yaml_file}: 'nc' must be a class count in 1..{MAX_CLASSES} (got {str(nc)[:40]})")
+        raise DataError(f"{yaml_file}: 'nc' must be a class count in 1..{MAX_CLASSES} (got {shown(nc)})")
     names = [_plain_name(n, yaml_file) for n in names] if names else [f"class{i}" for i in range(nc)]
     if len(names) != nc:
         raise DataError(f"{yaml_file}: nc is {nc} but 'names' lists {len(names)} classes; make them agree")
@@ -143,8 +143,9 @@ def check_converter(name: Any, yaml_file: Path) -> None:
     """A YAML's ``convert`` must name a registered converter (utils.data.zoo); None means none."""
     from utils.data.zoo import CONVERTERS  # local: the converters import this module
 
-    if name is not None and name not in CONVERTERS:
-        raise DataError(f"{yaml_file}: convert: {name!r} is not a known converter ({', '.join(sorted(CONVERTERS))})")
+    if name is not None and (not isinstance(name, str) or name not in CONVERTERS):
+        raise DataError(f"{yaml_file}: convert: {shown(name)} is not a known converter "
+                        f"({', '.join(sorted(CONVERTERS))})")
 
 
 def run_converter(name: Any, root: Path, names: list[str], yaml_file: Path) -> None:

@@ -24,6 +24,7 @@ from utils import http_fetch
 from utils.data.config import DataError
 from utils.log import LOGGER
 from utils.paths import confined, data_home
+from utils.safe_yaml import shown
 
 MAX_DOWNLOAD_BYTES = 64 << 30  # COCO's train2017.zip is 19 GB
 MAX_EXPANSION = 200  # an archive may expand to this many times its size (label text compresses about 10:1)
@@ -76,7 +77,7 @@ def plan_entry(entry: Any, root: Path) -> tuple[str, Path, str | None]:
     if where is None or where == "..":
         return url, root.parent, root.name  # the archive holds the data set's folder itself
     if not isinstance(where, str) or PurePosixPath(where).is_absolute():
-        raise DataError(f"download 'dir' {str(where)[:80]!r} must be a folder inside the data set (relative), or "
+        raise DataError(f"download 'dir' {shown(where)} must be a folder inside the data set (relative), or "
                         "'..' for an archive that holds the data set's folder")
     return url, confined(where, root, "download 'dir'", DataError), None
 
