@@ -45,7 +45,7 @@ TABLE_NAMES = {Detect: "models.yolo.Detect"}  # the name the reference's layer t
 _CHANNEL_MODULES = (Conv, Bottleneck, C3, SPP, SPPF, Focus)  # args start with c_out; c_in is prepended
 # Bounds of a config from a file (a stranger's checkpoint holds one): yolov5x uses 1.33/1.25, n <= 9, 1280 channels.
 LIMITS = {"multiple": 4.0, "repeats": 100, "channels": 8192, "rows": 256, "classes": 10_000, "levels": 8,
-          "anchors": 32, "upsample": 8, "parameters": 500_000_000, "activation": 2**27}
+          "anchors": 32, "upsample": 8, "parameters": 500_000_000, "activation": 2**27, "probe_flops": 2e11}
 PROBE = 256  # the square input whose forward pass finds the strides
 _REPEAT_INSIDE = (C3,)  # ``number`` becomes the block's own n
 
@@ -206,8 +206,9 @@ def parse_model(cfg: dict, ch: int, source: str = "<dict>") -> tuple[nn.Sequenti
 
 def check_build_size(cfg: dict, ch: int, source: str) -> None:
     """ModelConfigError (one line) when ``cfg`` would hold more than LIMITS' parameters, or its stride probe would
-    make a tensor of more than LIMITS' activation elements (stacked Upsample rows grow it 64x each): both found on
-    the meta device, before any memory is taken (about 0.15 s; a config that passed is remembered)."""
+    make a tensor of more than LIMITS' activation elements (stacked Upsample rows grow it 64x each) or take more
+    than LIMITS' FLOPs (a huge kernel): found on the meta device, before any memory or time is taken (about
+    0.15 s; a config that passed is remembered)."""
     try:
         key = json.dumps([cfg, ch], sort_keys=True)
     except (TypeError, ValueError):
@@ -231,6 +232,10 @@ def _check_build_size(cfg: dict, ch: int, source: str) -> None:
     if params > LIMITS["parameters"]:
         raise ModelConfigError(f"{source}: {params:,} parameters, more than {LIMITS['parameters']:,}")
     layers.eval()  # eval-mode batch norm: the same shapes, a faster meta kernel
+    flops = [0.0]  # the convolutions' multiply-adds x 2 (yolov5x: 33 G at 256 px)
+    for conv in (m for m in layers.modules() if isinstance(m, nn.Conv2d)):
+        conv.register_forward_hook(lambda m, _, out: flops.__setitem__(
+            0, flops[0] + 2.0 * out.numel() * m.in_channels // m.groups * m.kernel_size[0] * m.kernel_size[1]))
     with torch.no_grad():
         x: Any = torch.zeros(1, ch, PROBE, PROBE, device="meta")
         outputs: list[Any] = []
@@ -242,9 +247,10 @@ def _check_build_size(cfg: dict, ch: int, source: str) -> None:
             except (RuntimeError, TypeError, ValueError, IndexError) as e:
                 raise ModelConfigError(f"{source}: the rows do not fit together ({str(e).splitlines()[0]})") from None
             largest = max(t.numel() for t in (x if isinstance(x, list | tuple) else [x]))
-            if largest > LIMITS["activation"]:
-                raise ModelConfigError(f"{source}: row {layer.i} makes a tensor of {largest:,} values from a "
-                                       f"{PROBE}x{PROBE} image, more than {LIMITS['activation']:,}")
+            if largest > LIMITS["activation"] or flops[0] > LIMITS["probe_flops"]:
+                raise ModelConfigError(f"{source}: row {layer.i} makes a tensor of {largest:,} values and "
+                                       f"{flops[0]:.3g} FLOPs so far from a {PROBE}x{PROBE} image, more than "
+                                       f"{LIMITS['activation']:,} values or {LIMITS['probe_flops']:.3g} FLOPs")
             outputs.append(x if layer.i in save else None)
 
 
