@@ -19,6 +19,7 @@ from utils.deploy.formats import (
     LoadedModel,
     LoadOptions,
     first_line,
+    parse_json_metadata,
     quiet_jit_warnings,
     require,
 )
@@ -170,10 +171,7 @@ class OnnxFormat(ExportFormat):
             raise FormatError(f"{file} is not a readable ONNX file ({first_line(e)})") from None
         model_input = session.get_inputs()[0]
         raw = dict(session.get_modelmeta().custom_metadata_map)
-        try:
-            meta = {k: json.loads(v) for k, v in raw.items() if k in METADATA_KEYS}
-        except ValueError:
-            meta = {}
+        meta = {k: parse_json_metadata(v, file) for k, v in raw.items() if k in METADATA_KEYS}
         half = model_input.type == "tensor(float16)"
 
         def run(images: torch.Tensor) -> torch.Tensor:

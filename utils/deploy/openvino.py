@@ -17,11 +17,12 @@ from utils.deploy.formats import (
     FormatError,
     LoadedModel,
     LoadOptions,
+    check_metadata,
     first_line,
+    read_metadata_yaml,
     require,
 )
 from utils.deploy.onnx import head_decoding_nodes, onnx_export_kwargs, write_onnx
-from utils.safe_yaml import load_yaml
 
 
 def openvino_xml(weights: Path) -> Path:
@@ -96,8 +97,9 @@ class OpenVinoFormat(ExportFormat):
         import openvino
 
         xml = openvino_xml(file)
-        meta_file = xml.with_suffix(".yaml")
-        meta = load_yaml(meta_file) if meta_file.is_file() else {}
+        meta = read_metadata_yaml(xml.with_suffix(".yaml"), file)
+        if isinstance(meta, dict) and meta:
+            meta = check_metadata(meta, file)  # before the runtime compiles anything
         core = openvino.Core()
         # f32: on CPUs with AMX/AVX512-BF16 OpenVINO otherwise computes float models in bfloat16 (measured 2.3e-4 x
         # image size box error at 160 px, beyond FLOAT_TOLERANCE); INT8 layers stay INT8 under this hint
