@@ -8,13 +8,14 @@ names are looked up in an explicit registry; nothing in the file is ever execute
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import inspect
 import json
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +46,8 @@ TABLE_NAMES = {Detect: "models.yolo.Detect"}  # the name the reference's layer t
 _CHANNEL_MODULES = (Conv, Bottleneck, C3, SPP, SPPF, Focus)  # args start with c_out; c_in is prepended
 # Bounds of a config from a file (a stranger's checkpoint holds one): yolov5x uses 1.33/1.25, n <= 9, 1280 channels.
 LIMITS = {"multiple": 4.0, "repeats": 100, "channels": 8192, "rows": 256, "classes": 10_000, "levels": 8,
-          "anchors": 32, "upsample": 8, "parameters": 500_000_000, "activation": 2**27, "probe_flops": 2e11}
+          "anchors": 32, "upsample": 8, "parameters": 500_000_000, "activation": 2**27, "probe_values": 2**28,
+          "probe_flops": 2e11}
 PROBE = 256  # the square input whose forward pass finds the strides
 _REPEAT_INSIDE = (C3,)  # ``number`` becomes the block's own n
 
@@ -205,17 +207,19 @@ def parse_model(cfg: dict, ch: int, source: str = "<dict>") -> tuple[nn.Sequenti
 
 
 def check_build_size(cfg: dict, ch: int, source: str) -> None:
-    """ModelConfigError (one line) when ``cfg`` would hold more than LIMITS' parameters, or its stride probe would
-    make a tensor of more than LIMITS' activation elements (stacked Upsample rows grow it 64x each) or take more
-    than LIMITS' FLOPs (a huge kernel): found on the meta device, before any memory or time is taken (about
-    0.15 s; a config that passed is remembered)."""
+    """ModelConfigError (one line) when ``cfg`` would hold more than LIMITS' parameters, found by building it on the
+    meta device (no memory, a few ms); a config that passed is remembered."""
     try:
         key = json.dumps([cfg, ch], sort_keys=True)
     except (TypeError, ValueError):
         key = None  # not plain data: checked every time
     if key is not None and key in _CHECKED:
         return
-    _check_build_size(cfg, ch, source)
+    with torch.device("meta"):
+        layers, _, _ = parse_model(copy.deepcopy(cfg), ch, source)
+    params = sum(p.numel() for p in layers.parameters())
+    if params > LIMITS["parameters"]:
+        raise ModelConfigError(f"{source}: {params:,} parameters, more than {LIMITS['parameters']:,}")
     if key is not None:
         _CHECKED[key] = None
         while len(_CHECKED) > 64:
@@ -225,33 +229,56 @@ def check_build_size(cfg: dict, ch: int, source: str) -> None:
 _CHECKED: dict[str, None] = {}  # configs that passed check_build_size (insertion order: oldest first)
 
 
-def _check_build_size(cfg: dict, ch: int, source: str) -> None:
-    with torch.device("meta"):
-        layers, save, _ = parse_model(copy.deepcopy(cfg), ch, source)
-    params = sum(p.numel() for p in layers.parameters())
-    if params > LIMITS["parameters"]:
-        raise ModelConfigError(f"{source}: {params:,} parameters, more than {LIMITS['parameters']:,}")
-    layers.eval()  # eval-mode batch norm: the same shapes, a faster meta kernel
-    flops = [0.0]  # the convolutions' multiply-adds x 2 (yolov5x: 33 G at 256 px)
-    for conv in (m for m in layers.modules() if isinstance(m, nn.Conv2d)):
-        conv.register_forward_hook(lambda m, _, out: flops.__setitem__(
-            0, flops[0] + 2.0 * out.numel() * m.in_channels // m.groups * m.kernel_size[0] * m.kernel_size[1]))
-    with torch.no_grad():
-        x: Any = torch.zeros(1, ch, PROBE, PROBE, device="meta")
-        outputs: list[Any] = []
-        for layer in layers:
-            if layer.f != -1:
-                x = outputs[layer.f] if isinstance(layer.f, int) else [x if j == -1 else outputs[j] for j in layer.f]
-            try:
-                x = layer(x)
-            except (RuntimeError, TypeError, ValueError, IndexError) as e:
-                raise ModelConfigError(f"{source}: the rows do not fit together ({str(e).splitlines()[0]})") from None
-            largest = max(t.numel() for t in (x if isinstance(x, list | tuple) else [x]))
-            if largest > LIMITS["activation"] or flops[0] > LIMITS["probe_flops"]:
-                raise ModelConfigError(f"{source}: row {layer.i} makes a tensor of {largest:,} values and "
-                                       f"{flops[0]:.3g} FLOPs so far from a {PROBE}x{PROBE} image, more than "
-                                       f"{LIMITS['activation']:,} values or {LIMITS['probe_flops']:.3g} FLOPs")
-            outputs.append(x if layer.i in save else None)
+def _conv_out(module: nn.Conv2d, x: torch.Tensor) -> tuple[int, float]:
+    """(values, FLOPs) of a Conv2d's output for input ``x``, from the arithmetic alone."""
+    sides = []
+    for i, side in enumerate(x.shape[-2:]):
+        if isinstance(module.padding, str):
+            pad = 0 if module.padding == "valid" else module.dilation[i] * (module.kernel_size[i] - 1) // 2
+        else:
+            pad = module.padding[i]
+        span = module.dilation[i] * (module.kernel_size[i] - 1) + 1
+        sides.append(max((side + 2 * pad - span) // module.stride[i] + 1, 0))
+    values = x.shape[0] * module.out_channels * sides[0] * sides[1]
+    return values, 2.0 * values * module.in_channels // module.groups * module.kernel_size[0] * module.kernel_size[1]
+
+
+@contextlib.contextmanager
+def size_guard(model: nn.Module, source: str) -> Iterator[None]:
+    """Hooks that refuse, before it runs, a convolution, upsampling or concatenation whose output would exceed
+    LIMITS' activation values (one tensor, or all of them so far), or convolutions past LIMITS' probe FLOPs
+    (stacked x8 Upsample rows, a huge kernel: a few hundred bytes of config asking for gigabytes or minutes); the
+    stride probe runs under it, from the sizes alone."""
+    flops, total, rows = [0.0], [0.0], {}
+
+    def check(module: nn.Module, inputs: tuple) -> None:
+        x = inputs[0]
+        if isinstance(module, nn.Conv2d):
+            values, cost = _conv_out(module, x)
+            flops[0] += cost
+        elif isinstance(module, nn.Upsample):
+            scale = module.scale_factor if isinstance(module.scale_factor, tuple) else (module.scale_factor or 1,) * 2
+            values = x.numel() * math.prod(float(s) for s in scale)
+        else:  # Concat
+            values = sum(t.numel() for t in x)
+        total[0] += values
+        if values > LIMITS["activation"] or total[0] > LIMITS["probe_values"] or flops[0] > LIMITS["probe_flops"]:
+            raise ModelConfigError(f"{source}: row {rows.get(id(module), '?')} would make a tensor of {values:,.0f} "
+                                   f"values ({total[0]:,.0f} values and {flops[0]:.3g} FLOPs so far) from a "
+                                   f"{PROBE}x{PROBE} image, more than {LIMITS['activation']:,} values in one tensor, "
+                                   f"{LIMITS['probe_values']:,} in all or {LIMITS['probe_flops']:.3g} FLOPs")
+
+    handles = []
+    for layer in model.model:
+        for module in layer.modules():
+            if isinstance(module, nn.Conv2d | nn.Upsample | Concat):
+                rows[id(module)] = layer.i
+                handles.append(module.register_forward_pre_hook(check))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 class Model(nn.Module):
@@ -274,7 +301,10 @@ class Model(nn.Module):
         with torch.no_grad():
             probe = PROBE
             try:
-                maps = self._forward_raw(torch.zeros(1, ch, probe, probe))
+                with size_guard(self, self.yaml_source):
+                    maps = self._forward_raw(torch.zeros(1, ch, probe, probe))
+            except ModelConfigError:
+                raise
             except (RuntimeError, TypeError, ValueError, IndexError) as e:
                 raise ModelConfigError(f"{self.yaml_source}: the rows do not fit together "
                                        f"({str(e).splitlines()[0]})") from None
