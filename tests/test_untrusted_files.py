@@ -49,7 +49,9 @@ def write_cases(folder: Path) -> dict[str, tuple[Path, str]]:
 
 CHILD = """
 import resource, sys
-resource.setrlimit(resource.RLIMIT_AS, ({limit}, {limit}))
+hard = resource.getrlimit(resource.RLIMIT_AS)[1]
+limit = {limit} if hard == resource.RLIM_INFINITY else min({limit}, hard)
+resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
 from models.yolo import Model
 from utils.data.config import load_data_config
 from utils.deploy.runtime import InferenceModel
