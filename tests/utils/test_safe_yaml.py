@@ -100,3 +100,25 @@ def test_shown_describes_large_values_without_stringifying_them() -> None:
     huge = [["x" * 1000] * 1000] * 1000  # a billion characters if str()'d
     assert len(shown(huge)) <= 80 and "\n" not in shown("a\nb")
     assert shown({i: i for i in range(10)}).startswith("{0: 0, 1: 1, 2: 2") and shown(None) == "None"
+
+
+def test_no_other_module_parses_yaml() -> None:
+    """Every YAML read goes through this reader: no call of yaml's loaders (or its Loader classes) elsewhere in the
+    product (issue 31, finding 6)."""
+    import ast
+
+    from utils.paths import ROOT
+
+    loaders = {"load", "safe_load", "full_load", "unsafe_load", "load_all", "safe_load_all", "compose", "parse",
+               "scan", "Loader", "SafeLoader", "FullLoader", "UnsafeLoader", "BaseLoader", "CLoader", "CSafeLoader"}
+    found = []
+    for path in [*ROOT.glob("*.py"), *(ROOT / "utils").rglob("*.py"), *(ROOT / "models").rglob("*.py")]:
+        if path == ROOT / "utils" / "safe_yaml.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "yaml" \
+                    and node.attr in loaders:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} yaml.{node.attr}")
+            if isinstance(node, ast.ImportFrom) and node.module == "yaml" and {a.name for a in node.names} & loaders:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} from yaml import ...")
+    assert found == []
