@@ -99,9 +99,9 @@ def _plain_name(name: Any, yaml_file: Path) -> str:
 def _dataset_root(data: dict, yaml_file: Path) -> Path:
     """The data set's folder: ``path`` beside the YAML (relative paths), else in data_home() when it is to be
     downloaded; ``synthetic:`` generates the built-in set there (or in its default folder). A ``path`` must lie in
-    the YAML's folder or the data home (confined_to_any), so a YAML cannot aim reads, downloads or generation at
-    ``..`` or ``/``."""
-    homes = [yaml_file.parent, data_home()]
+    the YAML's folder, the data home or the project's ``datasets/`` (confined_to_any), so a YAML cannot aim reads,
+    downloads or generation at ``..`` or ``/``."""
+    homes = list(dict.fromkeys([yaml_file.parent, data_home(), ROOT / "datasets"]))  # also the default data home
     if "synthetic" in data:
         params = data["synthetic"] or {}
         if not isinstance(params, dict):
@@ -118,12 +118,15 @@ def _dataset_root(data: dict, yaml_file: Path) -> Path:
             raise DataError(f"{yaml_file}: {e}") from None
     if data.get("path") in (None, ""):
         return yaml_file.parent
-    value = data["path"]
+    value, what = data["path"], f"{yaml_file}: path"
     if isinstance(value, str) and not Path(value).expanduser().is_absolute() and data.get("download"):
-        beside = confined_to_any(value, homes, f"{yaml_file}: path", DataError)
-        if not beside.exists():  # a data set to download goes to the data home
-            return confined_to_any(value, [data_home()], f"{yaml_file}: path", DataError)
-    return confined_to_any(value, homes, f"{yaml_file}: path", DataError)
+        try:
+            beside = (yaml_file.parent / value).resolve()
+        except (OSError, RuntimeError, ValueError):  # not a usable path: confined_to_any says so below
+            beside = None
+        if beside is None or not beside.exists():  # a data set to download goes to the data home
+            return confined_to_any(value, [data_home()], what, DataError)
+    return confined_to_any(value, homes, what, DataError)
 
 
 def _split_paths(value: Any, root: Path, names: list[str], yaml_file: Path, key: str = "split") -> list[Any]:
