@@ -33,6 +33,7 @@ from utils.distributed import comm as dist
 from utils.errors import UserError
 from utils.log import LOGGER, colorstr
 from utils.paths import data_home
+from utils.safe_yaml import shown
 
 SYNTHETIC_NAMES = ["circle", "square", "triangle"]
 SYNTHETIC_VERSION = 1
@@ -42,6 +43,8 @@ OWN_FILE = re.compile(r"(images/(train|val)/\d{5}\.jpg|labels/(train|val)/\d{5}\
 OWN_CACHES = ("labels/train.cache", "labels/val.cache", "labels/train.cache.d", "labels/val.cache.d")  # the scan's
 MAX_OWN_FILE = 16 << 20  # a file named as one of ours but larger was not written by the generator
 MAX_MANIFEST = 4 << 20
+MAX_IMAGES = 100_000  # train + val images of one set (the default set has 640)
+MAX_SIDE = 4096
 
 
 class SyntheticError(UserError):
@@ -68,14 +71,25 @@ class SyntheticSpec:
 
 def make_spec(n_train: int = 512, n_val: int = 128, img_size: int | Sequence[int] = (128, 160), seed: int = 0,
               max_objects: int = 4, min_object: float = 0.2, max_object: float = 0.5) -> SyntheticSpec:
-    """A validated SyntheticSpec; ``img_size`` is one side or a [min, max] range."""
-    sizes = (int(img_size), int(img_size)) if isinstance(img_size, int | float) else tuple(int(s) for s in img_size)
-    if len(sizes) != 2 or not 32 <= sizes[0] <= sizes[1]:
-        raise ValueError(f"synthetic img_size {img_size!r} must be a side >= 32 or a [min, max] range")
-    if n_train < 1 or n_val < 1 or max_objects < 1 or not 0 < min_object <= max_object <= 0.9:
-        raise ValueError("synthetic n_train, n_val, max_objects must be >= 1 and 0 < min_object <= max_object <= 0.9")
-    return SyntheticSpec(int(n_train), int(n_val), sizes, int(seed), int(max_objects), float(min_object),
-                         float(max_object))
+    """A validated SyntheticSpec; ``img_size`` is one side or a [min, max] range. The parameters may come from a
+    data YAML, so each is bounded (MAX_IMAGES images of at most MAX_SIDE pixels a side): ValueError otherwise."""
+    sides = [img_size] * 2 if _is_number(img_size) else list(img_size) if isinstance(img_size, list | tuple) else []
+    if len(sides) != 2 or not all(_is_number(s) and 32 <= s <= MAX_SIDE for s in sides) or sides[0] > sides[1]:
+        raise ValueError(f"synthetic img_size {shown(img_size)} must be a side or a [min, max] range in "
+                         f"32..{MAX_SIDE}")
+    counts = (n_train, n_val, max_objects, seed)
+    if not all(_is_number(v) and float(v).is_integer() for v in counts) or n_train < 1 or n_val < 1 or \
+            n_train + n_val > MAX_IMAGES or not 1 <= max_objects <= 64 or not 0 <= seed < 2**63:
+        raise ValueError(f"synthetic n_train, n_val must be >= 1 and at most {MAX_IMAGES} together, max_objects "
+                         "1..64, seed a whole number >= 0")
+    if not (_is_number(min_object) and _is_number(max_object) and 0 < min_object <= max_object <= 0.9):
+        raise ValueError("synthetic min_object, max_object must satisfy 0 < min_object <= max_object <= 0.9")
+    return SyntheticSpec(int(n_train), int(n_val), (int(sides[0]), int(sides[1])), int(seed), int(max_objects),
+                         float(min_object), float(max_object))
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _background(rng: np.random.Generator, height: int, width: int) -> np.ndarray:

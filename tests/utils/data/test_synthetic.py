@@ -78,6 +78,22 @@ def test_bad_params_are_rejected() -> None:
         make_spec(img_size=(100, 50))
     with pytest.raises(ValueError):
         make_spec(n_train=0)
+    # a data YAML's parameters: a billion images, 10^6-pixel sides, inf, NaN, strings (issue 31: bounded input)
+    for bad in ({"n_train": 10**9}, {"img_size": [32, 10**6]}, {"img_size": float("inf")}, {"img_size": "abc"},
+                {"seed": -1}, {"n_train": True}, {"max_object": float("nan")}, {"max_objects": 10**6}):
+        with pytest.raises(ValueError):
+            make_spec(**bad)
+
+
+def test_a_yaml_asking_for_a_huge_set_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("YOLO_DATA_DIR", str(tmp_path / "home"))
+    data = tmp_path / "big.yaml"
+    for params in ("{n_train: 1000000000}", "{img_size: .inf}", "{img_size: [32, 100000]}", "{1: 2}"):
+        data.write_text(f"synthetic: {params}\ntrain: images/train\nval: images/val\nnc: 3\n")
+        with pytest.raises(DataError, match="bad 'synthetic' parameters") as info:
+            load_data_config(data)
+        assert "\n" not in str(info.value)
+    assert not (tmp_path / "home").exists()
 
 
 def test_tiny_dataset_fixture(tiny_dataset: Path) -> None:
