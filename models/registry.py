@@ -29,7 +29,8 @@ from utils.errors import UserError
 
 # Bounds of a config from a file (a stranger's checkpoint holds one): yolov5x uses 1.33/1.25, n <= 9, 1280 channels.
 LIMITS = {"multiple": 4.0, "repeats": 100, "channels": 8192, "rows": 256, "classes": 10_000, "levels": 8,
-          "anchors": 32, "upsample": 8, "reg_max": 64}
+          "anchors": 32, "upsample": 8, "reg_max": 64, "parameters": 500_000_000, "activation": 2**27,
+          "probe_values": 2**28, "probe_flops": 2e11}
 
 
 class ModelConfigError(UserError, ValueError):

@@ -11,13 +11,15 @@ ultralytics resolves them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import inspect
+import json
 import math
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +32,14 @@ from torch import nn
 import models.blocks  # noqa: F401  (registers the YOLOv8/YOLO11/YOLO26 blocks)
 import models.head_anchor_free  # noqa: F401  (registers the YOLOv8/YOLO11 head)
 import models.head_end_to_end  # noqa: F401  (registers YOLO26's head)
-from models.common import C3, Conv, exporting
+from models.common import C3, Concat, Conv, exporting
 from models.head import Detect, check_anchor_order
 from models.registry import LIMITS, ModelConfigError, Row, is_number, known_names, lookup, make_divisible
 from utils.log import LOGGER
-from utils.safe_yaml import YamlError, load_yaml
+from utils.safe_yaml import YamlError, load_yaml, shown
 
 MODELS_DIR = Path(__file__).resolve().parent
+PROBE = 256  # the square input whose forward pass finds the strides
 SCALED_NAME = re.compile(r"^(yolov?\d+)([nslmx])((?:-[\w]+)*)$")  # yolo11n, yolov8s, yolo26x-seg -> family + scale
 HEAD_INTERFACE = ("contract", "set_strides", "init_biases", "export_metadata", "stride")  # what the last row offers
 __all__ = ["Detect", "LIMITS", "Model", "ModelConfigError", "check_anchor_order", "load_model_config",
@@ -112,7 +115,7 @@ def _check_top_level(cfg: dict, source: str) -> None:
             raise ModelConfigError(f"{source}: missing key '{key}'")
     nc = cfg["nc"]
     if not isinstance(nc, int) or isinstance(nc, bool) or not 1 <= nc <= LIMITS["classes"]:
-        raise ModelConfigError(f"{source}: nc must be an integer in 1..{LIMITS['classes']}, got {str(nc)[:40]}")
+        raise ModelConfigError(f"{source}: nc must be an integer in 1..{LIMITS['classes']}, got {shown(nc)}")
     for section in ("backbone", "head"):
         if not isinstance(cfg[section], list) or not cfg[section]:
             raise ModelConfigError(f"{source}: '{section}' must be a list of [from, number, module, args] rows")
@@ -136,16 +139,16 @@ def _multiples(cfg: dict, source: str) -> tuple[float, float, float, str]:
                            f"using scale '{scale}'")
         values = scales.get(scale)
         if not (isinstance(values, list) and len(values) == 3):
-            raise ModelConfigError(f"{source}: scale {str(scale)[:10]!r} is not one of {sorted(map(str, scales))} "
+            raise ModelConfigError(f"{source}: scale {shown(scale)} is not one of {sorted(map(str, scales))} "
                                    "with [depth, width, max_channels]")
         names = ("depth", "width")
     for name, value in zip(names, values[:2]):
         if not (is_number(value) and 0 < value <= LIMITS["multiple"]):
             raise ModelConfigError(f"{source}: {name} must be a number in (0, {LIMITS['multiple']}], got "
-                                   f"{str(value)[:40]}")
+                                   f"{shown(value)}")
     max_channels = values[2]
     if not (is_number(max_channels) or max_channels == math.inf) or max_channels < 8:
-        raise ModelConfigError(f"{source}: max_channels must be a number of at least 8, got {str(max_channels)[:40]}")
+        raise ModelConfigError(f"{source}: max_channels must be a number of at least 8, got {shown(max_channels)}")
     return float(values[0]), float(values[1]), max_channels, str(scale)
 
 
@@ -153,15 +156,15 @@ def _build_row(i: int, row: Any, section: str, cfg: dict, ctx: dict, channels: l
     """One row -> (block, sources, output channels, table line)."""
     where = f"{source}: row {i} ({section})"
     if not (isinstance(row, list) and len(row) == 4):
-        raise ModelConfigError(f"{where}: expected [from, number, module, args], got {str(row)[:80]}")
+        raise ModelConfigError(f"{where}: expected [from, number, module, args], got {shown(row)}")
     f, n, name, args = row
     sources = _check_from(f, i, where)
     args = [_resolve_arg(a, cfg, source) for a in (args if isinstance(args, list) else [args])]
     entry = lookup(name, cfg, args)
     if entry is None:
-        raise ModelConfigError(f"{where}: unknown module '{str(name)[:40]}' (known: {', '.join(known_names())})")
+        raise ModelConfigError(f"{where}: unknown module {shown(name)} (known: {', '.join(known_names())})")
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ModelConfigError(f"{where}: number must be a positive integer, got {str(n)[:40]}")
+        raise ModelConfigError(f"{where}: number must be a positive integer, got {shown(n)}")
     if n > LIMITS["repeats"]:
         raise ModelConfigError(f"{where}: number {n} is more than {LIMITS['repeats']} repeats")
     n = max(round(n * ctx["depth"]), 1) if n > 1 else n
@@ -176,7 +179,7 @@ def _build_row(i: int, row: Any, section: str, cfg: dict, ctx: dict, channels: l
         inspect.signature(entry.cls).bind(*args)
         block = nn.Sequential(*(entry.cls(*args) for _ in range(n))) if n > 1 else entry.cls(*args)
     except (TypeError, ValueError, IndexError, RuntimeError, ZeroDivisionError) as e:
-        raise ModelConfigError(f"{where}: {name}{str(args)[:200]} is not valid: {e}") from None
+        raise ModelConfigError(f"{where}: {name}{shown(args)} is not valid: {e}") from None
     block.i, block.f, block.type = i, f, entry.table_name  # per-instance wiring, read by Model.forward
     params = sum(p.numel() for p in block.parameters())
     line = f"{i:>3}{str(f):>18}{n:>3}{params:>10}  {entry.table_name + ' ':<40}{str(args):<30}"
@@ -201,6 +204,81 @@ def parse_model(cfg: dict, ch: int, source: str = "<dict>") -> tuple[nn.Sequenti
     return nn.Sequential(*layers), sorted(set(save)), table
 
 
+def check_build_size(cfg: dict, ch: int, source: str) -> None:
+    """ModelConfigError (one line) when ``cfg`` would hold more than LIMITS' parameters, found by building it on the
+    meta device (no memory, a few ms); a config that passed is remembered."""
+    try:
+        key = json.dumps([cfg, ch], sort_keys=True)
+    except (TypeError, ValueError):
+        key = None  # not plain data: checked every time
+    if key is not None and key in _CHECKED:
+        return
+    with torch.device("meta"):
+        layers, _, _ = parse_model(copy.deepcopy(cfg), ch, source)
+    params = sum(p.numel() for p in layers.parameters())
+    if params > LIMITS["parameters"]:
+        raise ModelConfigError(f"{source}: {params:,} parameters, more than {LIMITS['parameters']:,}")
+    if key is not None:
+        _CHECKED[key] = None
+        while len(_CHECKED) > 64:
+            _CHECKED.pop(next(iter(_CHECKED)))
+
+
+_CHECKED: dict[str, None] = {}  # configs that passed check_build_size (insertion order: oldest first)
+
+
+def _conv_out(module: nn.Conv2d, x: torch.Tensor) -> tuple[int, float]:
+    """(values, FLOPs) of a Conv2d's output for input ``x``, from the arithmetic alone."""
+    sides = []
+    for i, side in enumerate(x.shape[-2:]):
+        if isinstance(module.padding, str):
+            pad = 0 if module.padding == "valid" else module.dilation[i] * (module.kernel_size[i] - 1) // 2
+        else:
+            pad = module.padding[i]
+        span = module.dilation[i] * (module.kernel_size[i] - 1) + 1
+        sides.append(max((side + 2 * pad - span) // module.stride[i] + 1, 0))
+    values = x.shape[0] * module.out_channels * sides[0] * sides[1]
+    return values, 2.0 * values * module.in_channels // module.groups * module.kernel_size[0] * module.kernel_size[1]
+
+
+@contextlib.contextmanager
+def size_guard(model: nn.Module, source: str) -> Iterator[None]:
+    """Hooks that refuse, before it runs, a convolution, upsampling or concatenation whose output would exceed
+    LIMITS' activation values (one tensor, or all of them so far), or convolutions past LIMITS' probe FLOPs
+    (stacked x8 Upsample rows, a huge kernel: a few hundred bytes of config asking for gigabytes or minutes); the
+    stride probe runs under it, from the sizes alone."""
+    flops, total, rows = [0.0], [0.0], {}
+
+    def check(module: nn.Module, inputs: tuple) -> None:
+        x = inputs[0]
+        if isinstance(module, nn.Conv2d):
+            values, cost = _conv_out(module, x)
+            flops[0] += cost
+        elif isinstance(module, nn.Upsample):
+            scale = module.scale_factor if isinstance(module.scale_factor, tuple) else (module.scale_factor or 1,) * 2
+            values = x.numel() * math.prod(float(s) for s in scale)
+        else:  # Concat
+            values = sum(t.numel() for t in x)
+        total[0] += values
+        if values > LIMITS["activation"] or total[0] > LIMITS["probe_values"] or flops[0] > LIMITS["probe_flops"]:
+            raise ModelConfigError(f"{source}: row {rows.get(id(module), '?')} would make a tensor of {values:,.0f} "
+                                   f"values ({total[0]:,.0f} values and {flops[0]:.3g} FLOPs so far) from a "
+                                   f"{PROBE}x{PROBE} image, more than {LIMITS['activation']:,} values in one tensor, "
+                                   f"{LIMITS['probe_values']:,} in all or {LIMITS['probe_flops']:.3g} FLOPs")
+
+    handles = []
+    for layer in model.model:
+        for module in layer.modules():
+            if isinstance(module, nn.Conv2d | nn.Upsample | Concat):
+                rows[id(module)] = layer.i
+                handles.append(module.register_forward_pre_hook(check))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
 class Model(nn.Module):
     """A detection model built from a YAML config (path, bare name in models/, or dict)."""
 
@@ -214,9 +292,10 @@ class Model(nn.Module):
             self.yaml["anchors"] = anchors
         self.input_channels = ch
         self.channels_last_input = False  # set by fuse() on the CPU
+        check_build_size(self.yaml, ch, self.yaml_source)
         self.model, self.save, self._table = parse_model(copy.deepcopy(self.yaml), ch, self.yaml_source)
         self.names = [str(i) for i in range(self.yaml["nc"])]
-        self.head.set_strides(self._dry_run_strides(probe=256))
+        self.head.set_strides(self._dry_run_strides(probe=PROBE))
         self._init_weights()
         self.head.init_biases()
 
@@ -231,8 +310,10 @@ class Model(nn.Module):
 
         hook = self.head.register_forward_pre_hook(record)
         try:
-            with torch.no_grad():
+            with torch.no_grad(), size_guard(self, self.yaml_source):
                 self._forward_raw(torch.zeros(1, self.input_channels, probe, probe))
+        except ModelConfigError:
+            raise
         except (RuntimeError, TypeError, ValueError, IndexError) as e:
             raise ModelConfigError(f"{self.yaml_source}: the rows do not fit together "
                                    f"({str(e).splitlines()[0]})") from None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import tarfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -30,12 +31,24 @@ Converter = Callable[[Path, Sequence[str]], None]
 
 def safe_untar(archive: Path, dest: Path) -> None:
     """Extract a tar archive with tarfile's 'data' filter (nothing outside ``dest``, no devices, no links out),
-    then delete it."""
+    never replacing a file already there (kept, and counted in a warning), then delete it."""
+    kept = []
+
+    def keep_existing(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
+        member = tarfile.data_filter(member, path)
+        if not member.isdir() and os.path.lexists(os.path.join(path, member.name)):
+            kept.append(member.name)
+            return None  # an existing file is never replaced
+        return member
+
     try:
         with tarfile.open(archive) as tar:
-            tar.extractall(dest, filter="data")
+            tar.extractall(dest, filter=keep_existing)
     except (tarfile.TarError, OSError) as e:
-        raise DataError(f"{archive}: cannot extract ({e}); delete it and download again") from None
+        raise DataError(f"{archive}: cannot extract ({str(e)[:200]}); delete it and download again") from None
+    if kept:
+        LOGGER.warning(f"WARNING: {len(kept)} file(s) of {archive.name} were already in {dest} and were kept, not "
+                       "replaced")
     archive.unlink()
 
 
