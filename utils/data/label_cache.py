@@ -13,7 +13,6 @@ import contextlib
 import hashlib
 import multiprocessing
 import os
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from multiprocessing.pool import ThreadPool
@@ -22,10 +21,11 @@ from typing import Any
 
 import cv2
 import numpy as np
-from PIL import Image
 from tqdm import tqdm
 
 from utils.data.config import DataError
+from utils.data.image_io import MAX_IMAGE_FILE_BYTES, ImageRefused, exif_size, opened_image, read_image
+from utils.data.regular_files import open_regular, size_text
 from utils.device import available_cores
 from utils.distributed import comm as dist
 from utils.log import LOGGER
@@ -70,14 +70,6 @@ def img2label_paths(im_files: Sequence[str]) -> list[str]:
     return out
 
 
-def exif_size(img: Image.Image) -> tuple[int, int]:
-    """(w, h) after the EXIF orientation is applied (rotations by 90 degrees swap the sides)."""
-    with contextlib.suppress(Exception):
-        if img.getexif().get(0x0112) in (5, 6, 7, 8):
-            return img.size[1], img.size[0]
-    return img.size
-
-
 def copy_name(path: str | Path, suffix: str) -> str:
     """A file name for a cached copy of ``path``: its stem and a hash of its full path (names repeat across
     folders), e.g. ``0001-3f2a9c1b.jpg``."""
@@ -88,9 +80,10 @@ def copy_name(path: str | Path, suffix: str) -> str:
 def repair_jpeg(path: str, repair_dir: Path) -> Path:
     """A re-encoded copy, in ``repair_dir``, of a JPEG whose end marker is missing (the decoder fills the lost
     tail); the user's file is left as it is. Atomic write. Raises ValueError when it cannot be decoded."""
-    img = cv2.imread(path, cv2.IMREAD_COLOR)
-    if img is None:
-        raise ValueError("truncated JPEG that cannot be decoded")
+    try:
+        img = read_image(path)
+    except ImageRefused:
+        raise ValueError("truncated JPEG that cannot be decoded") from None
     _, encoded = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 100])
     target = repair_dir / copy_name(path, ".jpg")
     tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
@@ -100,47 +93,36 @@ def repair_jpeg(path: str, repair_dir: Path) -> Path:
     return target
 
 
-def pixel_limit_refusal(width: int, height: int) -> str:
-    """Why an image of ``width`` x ``height`` is refused (more pixels than Pillow's ``Image.MAX_IMAGE_PIXELS``, the
-    decompression-bomb limit: a 20 kB PNG may decode to gigabytes), or '' when it is within the limit."""
-    limit = Image.MAX_IMAGE_PIXELS
-    if limit is not None and width * height > limit:
-        return f"{width}x{height} is more pixels than the decompression-bomb limit of {limit}"
-    return ""
-
-
 def check_image(path: str, repair_dir: Path | None = None) -> tuple[tuple[int, int], str, str]:
-    """(size (w, h), note, path of a repaired copy or '') of a decodable image of a known format; raises
-    ValueError with the reason otherwise. A truncated JPEG is repaired into ``repair_dir`` when given."""
-    refusal = ""
+    """(size (w, h), note, path of a repaired copy or '') of a regular file holding a decodable image of a listed
+    format (decided from its content, utils.data.image_io); raises ValueError with the reason otherwise. A truncated
+    JPEG is repaired into ``repair_dir`` when given."""
     try:
-        with warnings.catch_warnings():  # Pillow only warns between its limit and twice it; refused here
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(path) as img:  # the header only: the size is known before anything is decoded
+        with open_regular(path) as f:
+            if (nbytes := os.fstat(f.fileno()).st_size) > MAX_IMAGE_FILE_BYTES:
+                raise ValueError(f"{size_text(nbytes)}, more than the cap of {size_text(MAX_IMAGE_FILE_BYTES)}")
+            with opened_image(f) as img:  # the header only: the size is known before anything is decoded
                 fmt, size = (img.format or "").lower(), exif_size(img)
-            if not (refusal := pixel_limit_refusal(*img.size)):
-                with Image.open(path) as img:
-                    img.verify()
-    except Image.DecompressionBombError:
-        raise ValueError(f"more pixels than the decompression-bomb limit of {Image.MAX_IMAGE_PIXELS}") from None
+            f.seek(0)
+            with opened_image(f) as img:
+                img.verify()
+            if fmt in ("jpeg", "mpo"):
+                f.seek(-2, os.SEEK_END)
+                truncated = f.read() != b"\xff\xd9"
+    except ValueError:  # ImageRefused, FileRefused: their reason as it is
+        raise
+    except OSError as e:
+        raise ValueError(f"cannot read the file ({e.strerror or type(e).__name__})") from None
     except Exception as e:  # PIL raises many types for bad files
         raise ValueError(f"cannot decode image ({type(e).__name__})") from None
-    if refusal:
-        raise ValueError(refusal)
-    if f".{fmt}" not in IMG_SUFFIXES:
-        raise ValueError(f"unsupported image format {fmt!r}")
     if min(size) < MIN_IMAGE_SIDE:
         raise ValueError(f"image size {size[0]}x{size[1]} < {MIN_IMAGE_SIDE} pixels")
-    if fmt in ("jpeg", "mpo"):
-        with open(path, "rb") as f:
-            f.seek(-2, os.SEEK_END)
-            truncated = f.read() != b"\xff\xd9"
-        if truncated and repair_dir is not None:
+    if fmt in ("jpeg", "mpo") and truncated:
+        if repair_dir is not None:
             with contextlib.suppress(OSError):  # an unwritable cache folder: train on the original as it is
                 return size, f"corrupt JPEG repaired into {repair_dir.name}/ (the original is unchanged)", \
                     str(repair_jpeg(path, repair_dir))
-        if truncated:
-            return size, "corrupt JPEG (missing end marker), read as it is", ""
+        return size, "corrupt JPEG (missing end marker), read as it is", ""
     return size, "", ""
 
 
