@@ -13,7 +13,8 @@ import contextlib
 import hashlib
 import multiprocessing
 import os
-from collections.abc import Sequence
+import zipfile
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.pool import ThreadPool
 from pathlib import Path
@@ -25,7 +26,7 @@ from tqdm import tqdm
 
 from utils.data.config import DataError
 from utils.data.image_io import MAX_IMAGE_FILE_BYTES, ImageRefused, exif_size, opened_image, read_image
-from utils.data.regular_files import open_regular, size_text
+from utils.data.regular_files import FileRefused, open_regular, read_regular, size_text
 from utils.device import available_cores
 from utils.distributed import comm as dist
 from utils.log import LOGGER
@@ -36,6 +37,7 @@ COORD_TOLERANCE = 1e-3  # a normalised coordinate up to this far outside [0, 1] 
 MIN_IMAGE_SIDE = 10
 PROCESS_POOL_MIN = 128  # scans of fewer images use threads
 STATES = ("found", "missing", "empty", "corrupt")  # index = state code stored in the cache
+MAX_LABEL_BYTES = 64 << 20  # one image's label file (about 2 million rows)
 
 
 def list_image_files(sources: str | Path | Sequence[str | Path]) -> list[str]:
@@ -131,10 +133,15 @@ def read_label_file(path: str, nc: int | None) -> tuple[np.ndarray, str, int, st
 
     State is 'found', 'missing' or 'empty'; invalid content raises ValueError with the reason.
     """
-    if not os.path.isfile(path):
+    if not os.path.isfile(path):  # a FIFO or a folder is no label file: missing, never opened
         return np.zeros((0, 5), np.float32), "missing", 0, ""
-    with open(path, encoding="utf-8", errors="replace") as f:
-        rows = [line.split() for line in f.read().splitlines() if line.strip()]
+    try:
+        text = read_regular(path, MAX_LABEL_BYTES).decode("utf-8", errors="replace")
+    except OSError as e:
+        raise ValueError(f"cannot read the label file ({e.strerror or type(e).__name__})") from None
+    except FileRefused as e:
+        raise ValueError(f"label file: {e}") from None
+    rows = [line.split() for line in text.splitlines() if line.strip()]
     if not rows:
         return np.zeros((0, 5), np.float32), "empty", 0, ""
     bad_width = next((len(r) for r in rows if len(r) != 5), None)
@@ -183,7 +190,7 @@ def check_sample(args: tuple[str, str, int | None, Path | None]) -> tuple[np.nda
     try:
         shape, image_note, repaired = check_image(im_file, repair_dir)
         labels, state, duplicates, label_note = read_label_file(label_file, nc)
-    except ValueError as e:
+    except (ValueError, OverflowError, TypeError) as e:
         return np.zeros((0, 5), np.float32), (0, 0), "corrupt", 0, f"{im_file}: ignoring corrupt image/label: {e}", ""
     notes = "; ".join(n for n in (image_note, label_note) if n)
     return labels, shape, state, duplicates, f"{im_file}: {notes}" if notes else "", repaired
@@ -317,10 +324,24 @@ def save_cache(path: Path, result: ScanResult, file_hash: str) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def cache_arrays(path: Path) -> Iterator[Any]:
+    """A cache file's arrays (numpy's lazy NpzFile). A cache may come with a data set from a stranger: it must be a
+    regular file whose zip members are stored, as numpy writes them (a compressed member could inflate a small file
+    to gigabytes), and are loaded without unpickling. ValueError or OSError otherwise."""
+    with open_regular(path) as f:
+        with zipfile.ZipFile(f) as archive:
+            if any(i.compress_type != zipfile.ZIP_STORED for i in archive.infolist()):
+                raise ValueError("compressed cache members")
+        f.seek(0)
+        with np.load(f, allow_pickle=False) as z:
+            yield z
+
+
 def load_cache(path: Path, file_hash: str) -> ScanResult | None:
     """The cached scan when its version and hash match; None when missing, stale or unreadable."""
     try:
-        with np.load(path, allow_pickle=False) as z:
+        with cache_arrays(path) as z:
             if int(z["version"]) != CACHE_VERSION or str(z["hash"]) != file_hash:
                 return None
             counts = z["counts"]

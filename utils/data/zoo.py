@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from utils.data.annotations import AnnotationSplit, ImageEntry, corner_rows
+from utils.data.annotations import AnnotationSplit, ImageEntry, corner_rows, path_inside
 from utils.data.coco_json import coco_entries, read_coco
 from utils.data.config import DataError
 from utils.data.convert import label_text, place_file
@@ -218,7 +218,7 @@ def convert_objects365(root: Path, names: Sequence[str]) -> None:
                 place_file(file, images / file.name, move=True)
         annotations = root / f"zhiyuan_objv2_{split}.json"
         entries, _, _ = coco_entries(read_coco(annotations), annotations, images,
-                                     locate=lambda name, folder=images: folder / Path(str(name)).name)
+                                     locate=lambda name, folder=images: path_inside(folder, Path(str(name)).name))
         done = write_entries(entries, images, root / "labels" / split)
         LOGGER.info(f"Objects365 {split}: {done} images converted")
 
