@@ -158,6 +158,16 @@ class YoloDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.im_files)
 
+    def batch_nbytes(self, batch_size: int) -> int:
+        """Bytes of the largest batch of ``batch_size`` samples the collate builds: uint8 images of the largest
+        letterbox (or mosaic) shape, and float32 targets for the most boxes a sample can carry (a mosaic with mixup
+        holds eight images' boxes), plus a page per tensor."""
+        h = w = self.img_size
+        if self.rect:
+            h, w = (int(v) for v in self.batch_shapes[np.argmax(self.batch_shapes.prod(1))])
+        boxes = max((len(lab) for lab in self.labels), default=0) * (8 if self.mosaic else 1)
+        return batch_size * (3 * h * w + 6 * 4 * boxes) + 2 * 4096
+
     def ignore_regions(self, path: str) -> np.ndarray:
         """Image ``path``'s crowd boxes / difficult objects, which evaluation ignores and training never sees:
         (r, 6) [cls, x1, y1, x2, y2, crowd] in the image's original pixels; parsed from the annotations on the
