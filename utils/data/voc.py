@@ -65,7 +65,9 @@ def voc_xml_path(split: AnnotationSplit, image_id: str) -> Path:
     its XML file and its image inside their folders, symbolic links resolved."""
     try:
         confined(f"{image_id}.jpg", split.images, "VOC image id")
-        return confined(f"{image_id}.xml", split.annotations, "VOC image id")
+        xml = confined(f"{image_id}.xml", split.annotations, "VOC image id")
+        xml.exists()  # raises for a name too long
+        return xml
     except (OSError, ValueError):  # a NUL character, a name too long
         raise UserError(f"VOC image id {short(image_id)} is not a usable file name") from None
 
@@ -90,11 +92,18 @@ def _text(node: ET.Element | None, tag: str) -> str:
 def _image_path(split: AnnotationSplit, image_id: str, root: ET.Element | None) -> Path:
     """The XML's <filename> inside the image folder when that file exists, else the id with an image suffix."""
     named = path_inside(split.images, root.findtext("filename", "").strip()) if root is not None else None
-    if named is not None and named.is_file():
+    if named is not None and _is_file(named):
         return named
     found = [split.images / f"{image_id}{s}" for s in (".jpg", *sorted(IMG_SUFFIXES)) if
-             (split.images / f"{image_id}{s}").is_file()]
+             _is_file(split.images / f"{image_id}{s}")]
     return found[0] if found else split.images / f"{image_id}.jpg"
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # a name too long
+        return False
 
 
 def _corners(obj: ET.Element) -> list[float]:
