@@ -6,7 +6,8 @@ Radiance HDR named ``.jpg`` decodes to 10000 x 10000 pixels). So the format is d
 and only JPEG (and MPO), PNG, BMP, TIFF (and DNG) and WebP are decoded; their pixel count is read from the header
 by Pillow, restricted to that one format, and more than Pillow's decompression-bomb limit
 (``PIL.Image.MAX_IMAGE_PIXELS``) is refused before a pixel is decoded. Files are opened only when they are regular
-files and read only up to MAX_IMAGE_FILE_BYTES. Every refusal is an ``ImageRefused`` (a ValueError) of one line.
+files, and read past their header only up to what their pixels can need (``file_cap``: 8 bytes a pixel and 16 MB,
+at most MAX_IMAGE_FILE_BYTES). Every refusal is an ``ImageRefused`` (a ValueError) of one line.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ import cv2
 import numpy as np
 from PIL import Image
 
-from utils.data.regular_files import FileRefused, open_regular, read_regular
+from utils.data.regular_files import FileRefused, open_regular, read_capped, size_text
 
 # A file larger than this is not read (the largest image within the pixel limit, 16-bit RGBA uncompressed: 716 MB).
 MAX_IMAGE_FILE_BYTES = 1 << 30
+# Nor one larger than its pixels can need: 8 bytes a pixel (16-bit RGBA, uncompressed) and this much for metadata.
+IMAGE_SLACK_BYTES = 16 << 20
 LISTED = "JPEG, PNG, BMP, TIFF, WebP"
 # (first bytes, format): the formats decoded here. OpenCV chooses its decoder by the same signatures.
 SIGNATURES = ((b"\xff\xd8\xff", "JPEG"), (b"\x89PNG\r\n\x1a\n", "PNG"), (b"BM", "BMP"), (b"II*\x00", "TIFF"),
@@ -122,10 +125,29 @@ def image_header(file: io.BufferedIOBase | io.BytesIO) -> ImageHeader:
         file.seek(start)
 
 
+def file_cap(header: ImageHeader) -> int:
+    """The most bytes a file with this header is read up to: what its pixels can need, within MAX_IMAGE_FILE_BYTES
+    (so a small image followed by a gigabyte of anything is refused, not read)."""
+    return min(MAX_IMAGE_FILE_BYTES, IMAGE_SLACK_BYTES + 8 * header.size[0] * header.size[1])
+
+
+def size_refusal(nbytes: int, header: ImageHeader) -> str:
+    """Why a file of ``nbytes`` with this header is refused (larger than file_cap), or ''."""
+    if nbytes <= file_cap(header):
+        return ""
+    return f"{size_text(nbytes)}, more than a {header.size[0]}x{header.size[1]} image can need"
+
+
 def decode_image(data: bytes) -> np.ndarray:
     """BGR uint8 (h, w, 3) pixels of an image file's bytes (EXIF orientation applied); ImageRefused when its
     content is not a listed format, its header declares too many pixels or it does not decode."""
     header = image_header(io.BytesIO(data))
+    if refusal := size_refusal(len(data), header):
+        raise ImageRefused(refusal)
+    return _decoded(data, header)
+
+
+def _decoded(data: bytes, header: ImageHeader) -> np.ndarray:
     if header.format in ("JPEG", "MPO") and not data.endswith(b"\xff\xd9"):
         data += b"\xff\xd9"  # a truncated JPEG: the end marker libjpeg's file reader supplies, not its memory reader
     image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
@@ -136,14 +158,19 @@ def decode_image(data: bytes) -> np.ndarray:
 
 def read_image(path: str | Path) -> np.ndarray:
     """BGR uint8 pixels of an image file (see decode_image); also refused: anything but a regular file (a FIFO
-    would block for ever), a file larger than MAX_IMAGE_FILE_BYTES. Never raises anything but ImageRefused."""
+    would block for ever), a file larger than its pixels can need (file_cap). The header is read first, from the
+    file: nothing more is read of a file it refuses. Never raises anything but ImageRefused."""
     try:
-        data = read_regular(path, MAX_IMAGE_FILE_BYTES)
+        with open_regular(path) as f:
+            header = image_header(f)
+            if refusal := size_refusal(os.fstat(f.fileno()).st_size, header):
+                raise ImageRefused(refusal)
+            data = read_capped(f, file_cap(header))
     except FileRefused as e:
         raise ImageRefused(str(e)) from None
     except OSError as e:
         raise ImageRefused(f"cannot read the file ({e.strerror or type(e).__name__})") from None
-    return decode_image(data)
+    return _decoded(data, header)
 
 
 def read_cached_array(path: str | Path, shape: tuple[int, ...]) -> np.ndarray | None:

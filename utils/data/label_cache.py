@@ -25,8 +25,8 @@ import numpy as np
 from tqdm import tqdm
 
 from utils.data.config import DataError
-from utils.data.image_io import MAX_IMAGE_FILE_BYTES, ImageRefused, exif_size, opened_image, read_image
-from utils.data.regular_files import FileRefused, open_regular, read_regular, size_text
+from utils.data.image_io import ImageHeader, ImageRefused, exif_size, opened_image, read_image, size_refusal
+from utils.data.regular_files import FileRefused, open_regular, read_regular
 from utils.device import available_cores
 from utils.distributed import comm as dist
 from utils.log import LOGGER
@@ -37,7 +37,7 @@ COORD_TOLERANCE = 1e-3  # a normalised coordinate up to this far outside [0, 1] 
 MIN_IMAGE_SIDE = 10
 PROCESS_POOL_MIN = 128  # scans of fewer images use threads
 STATES = ("found", "missing", "empty", "corrupt")  # index = state code stored in the cache
-MAX_LABEL_BYTES = 64 << 20  # one image's label file (about 2 million rows)
+MAX_LABEL_BYTES = 8 << 20  # one image's label file (about 250 000 rows)
 
 
 def list_image_files(sources: str | Path | Sequence[str | Path]) -> list[str]:
@@ -101,10 +101,11 @@ def check_image(path: str, repair_dir: Path | None = None) -> tuple[tuple[int, i
     JPEG is repaired into ``repair_dir`` when given."""
     try:
         with open_regular(path) as f:
-            if (nbytes := os.fstat(f.fileno()).st_size) > MAX_IMAGE_FILE_BYTES:
-                raise ValueError(f"{size_text(nbytes)}, more than the cap of {size_text(MAX_IMAGE_FILE_BYTES)}")
             with opened_image(f) as img:  # the header only: the size is known before anything is decoded
                 fmt, size = (img.format or "").lower(), exif_size(img)
+                too_large = size_refusal(os.fstat(f.fileno()).st_size, ImageHeader(img.format or "", img.size))
+            if too_large:
+                raise ValueError(too_large)
             f.seek(0)
             with opened_image(f) as img:
                 img.verify()

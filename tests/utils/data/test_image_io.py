@@ -100,6 +100,53 @@ def test_a_disk_cache_array_that_does_not_hold_the_image_is_not_used(tmp_path: P
     assert np.array_equal(dataset._read(0), decoded)
 
 
+def radiance_hdr(path: Path, side: int) -> Path:
+    """A Radiance HDR of side x side pixels in run-length scanlines: 10000 px a side in 6.4 MB (issue 31's file)."""
+    runs = [(127, b"\x80")] * (side // 127) + [(side % 127, b"\x80")] * bool(side % 127)
+    channel = b"".join(bytes([128 + n]) + value for n, value in runs)
+    line = bytes([2, 2, side >> 8, side & 255]) + channel * 4
+    path.write_bytes(f"#?RADIANCE\nFORMAT=32-bit_rle_rgbe\n\n-Y {side} +X {side}\n".encode() + line * side)
+    return path
+
+
+PEAK = """
+import resource, sys
+from utils.data.image_io import ImageRefused, read_image
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+try:
+    read_image(sys.argv[1])
+    print("decoded")
+except ImageRefused as e:
+    print("refused:", e)
+print("grew_kb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before)
+"""
+
+
+def test_bombs_by_content_and_padding_are_refused_with_little_memory(tmp_path: Path) -> None:
+    """Peak memory in a child process: the 6.4 MB HDR of 10000 x 10000 named .jpg (2 GB when OpenCV decoded it), a
+    1 GB sparse file, and a small JPEG followed by 200 MB are refused having read at most their header."""
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    hdr = radiance_hdr(tmp_path / "photo.jpg", 10_000)
+    assert 6_300_000 < hdr.stat().st_size < 6_500_000
+    sparse = tmp_path / "sparse.jpg"
+    with open(sparse, "wb") as f:
+        f.truncate(1 << 30)
+    padded = tmp_path / "padded.jpg"
+    padded.write_bytes(encoded(".jpg"))
+    with open(padded, "r+b") as f:
+        f.truncate(200 << 20)
+    expected = {hdr: "its content is Radiance HDR", sparse: "its content is of no known image format",
+                padded: "209.7 MB, more than a 64x48 image can need"}
+    for path, reason in expected.items():
+        out = subprocess.run([sys.executable, "-c", PEAK, str(path)], capture_output=True, text=True, cwd=ROOT,
+                             timeout=120).stdout
+        assert reason in out.split("refused: ")[1] and int(out.split("grew_kb")[1]) < 16 * 1024, out
+
+
 @pytest.mark.timeout(60)
 def test_fifos_in_place_of_images_are_refused_not_waited_on(tmp_path: Path, yolo_log: list[str]) -> None:
     images = make_set(tmp_path / "set", {"good.jpg": (write_jpg, GOOD_LABEL)})
