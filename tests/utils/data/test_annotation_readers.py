@@ -202,9 +202,11 @@ def coco_split(root: Path) -> AnnotationSplit:
     ('{"images": [], "categories": [{"id": [1], "name": "a"}]}', "integer 'id'"),
     ('{"images": [], "categories": [{"id": 1e999, "name": "a"}]}', "integer 'id'"),
     ('{"images": [], "categories": [{"id": 1, "name": {"a": 1}}]}', "'name'"),
+    ('{"images": [], "categories": [{"id": 1, "name": "' + "x" * 200 + '"}]}', "at most 128 characters"),
     ("\ufeff{}", "not a COCO annotation file"), ('{"images": []}\x00', "not valid JSON"),
     ("\xff\xfe{", "not UTF-8 text"),
-], ids=["nested", "digits", "digits-in-id", "list-id", "inf-id", "dict-name", "bom", "nul", "utf16-bom"])
+], ids=["nested", "digits", "digits-in-id", "list-id", "inf-id", "dict-name", "long-name", "bom", "nul",
+        "utf16-bom"])
 def test_a_malformed_coco_file_is_one_line(root: Path, text: str, message: str) -> None:
     coco_file(root).write_bytes(text.encode("utf-8", "surrogateescape") if "\xff" not in text else
                                 text.encode("latin-1"))
@@ -286,3 +288,18 @@ def test_bom_and_utf16_list_files_are_read_or_refused_in_one_line(root: Path) ->
     with pytest.raises(DataError, match="ids.txt: cannot read the image list"):
         parse_voc(split)
     assert os.path.isfile(root / "ids.txt")
+
+
+def test_an_oversized_list_or_label_file_is_refused_from_its_size(root: Path, yolo_log: list[str]) -> None:
+    from utils.data.voc import MAX_LIST_BYTES
+
+    with open(root / "ids.txt", "wb") as f:
+        f.truncate(MAX_LIST_BYTES + 1)
+    split = AnnotationSplit("voc", root / "voc" / "train", root / "images" / "train", root / "ids.txt", tuple(NAMES))
+    with pytest.raises(DataError, match="ids.txt: cannot read the image list: 67.1 MB, more than the cap of 67.1 MB"):
+        parse_voc(split)
+    with open(root / "labels" / "train" / "img_000.txt", "r+b") as f:
+        f.truncate(9 << 20)  # YOLO labels: 8 MB at most
+    assert YoloDataset(root / "images" / "train", img_size=64, nc=3).scan.corrupt == 1
+    assert any("img_000.jpg: ignoring corrupt image/label: label file: 9.4 MB, more than the cap of 8.4 MB" in line
+               for line in yolo_log)
