@@ -16,6 +16,7 @@ import contextlib
 import io
 import os
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,7 +96,7 @@ def exif_size(img: Image.Image) -> tuple[int, int]:
 
 
 @contextlib.contextmanager
-def opened_image(file: io.BufferedIOBase | io.BytesIO):
+def opened_image(file: io.BufferedIOBase | io.BytesIO) -> Iterator[Image.Image]:
     """Pillow's lazy image (the header read, no pixel decoded) of a listed format decided from the content; the
     pixel limit checked. ImageRefused otherwise."""
     start = file.tell()
