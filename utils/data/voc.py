@@ -64,10 +64,14 @@ def voc_xml_path(split: AnnotationSplit, image_id: str) -> Path:
     """``Annotations/<id>.xml`` for an id from a list file, refused (UserError, one line) unless the id keeps both
     its XML file and its image inside their folders, symbolic links resolved."""
     try:
-        confined(f"{image_id}.jpg", split.images, "VOC image id")
-        xml = confined(f"{image_id}.xml", split.annotations, "VOC image id")
-        xml.exists()  # raises for a name too long
-        return xml
+        for folder, suffix in ((split.images, ".jpg"), (split.annotations, ".xml")):
+            try:
+                path = confined(f"{image_id}{suffix}", folder)
+            except UserError:
+                raise UserError(f"VOC image id {short(image_id)} leads outside {folder.resolve()}; refused") \
+                    from None
+        path.exists()  # raises for a name too long
+        return path
     except (OSError, ValueError):  # a NUL character, a name too long
         raise UserError(f"VOC image id {short(image_id)} is not a usable file name") from None
 

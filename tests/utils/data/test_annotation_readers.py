@@ -270,7 +270,7 @@ def test_fifos_in_place_of_annotation_files_and_images_are_refused(root: Path, y
             scan(AnnotationSplit("coco", root / "fifo.json", images, None, tuple(NAMES)))
 
 
-def test_a_yaml_split_with_an_escaping_list_is_read_safely(root: Path) -> None:
+def test_a_yaml_split_with_an_escaping_list_is_read_safely(root: Path, yolo_log: list[str]) -> None:
     """The same ids through a data YAML's split mapping (its 'list')."""
     (root / "ids.txt").write_text("img_000\n../../../../../etc/passwd\n")
     data = yaml.safe_load((root / "voc.yaml").read_text())
@@ -278,6 +278,8 @@ def test_a_yaml_split_with_an_escaping_list_is_read_safely(root: Path) -> None:
     (root / "voc.yaml").write_text(yaml.safe_dump(data))
     dataset = YoloDataset(load_data_config(root / "voc.yaml").train, img_size=64, nc=3)
     assert dataset.scan.line() == "1 found, 0 missing, 0 empty, 1 corrupt"
+    assert [line.split("ignoring corrupt image/label: ")[1] for line in corrupt_lines(yolo_log)] == [
+        f"VOC image id '../../../../../etc/passwd' leads outside {(root / 'images' / 'train').resolve()}; refused"]
 
 
 def test_bom_and_utf16_list_files_are_read_or_refused_in_one_line(root: Path) -> None:
