@@ -19,6 +19,7 @@ export is compared by mAP on --data with the float model.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import sys
 import time
@@ -26,7 +27,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import cv2
 import numpy as np
 import torch
 
@@ -39,6 +39,7 @@ from utils.cli import (
     run_main,
     visible_options,
 )
+from utils.data.image_io import ImageRefused, read_image
 from utils.data.sources import letterbox_image
 from utils.deploy.formats import (
     ExportFormat,
@@ -169,8 +170,9 @@ def check_device(opt: argparse.Namespace, device: torch.device, formats: list[Ex
 def sample_image() -> np.ndarray:
     """The first readable image in data/images (BGR); a synthetic scene when there is none."""
     for path in sorted((ROOT / "data" / "images").glob("*")):
-        if path.suffix.lower() in IMG_SUFFIXES and (image := cv2.imread(str(path))) is not None:
-            return image
+        if path.suffix.lower() in IMG_SUFFIXES:
+            with contextlib.suppress(ImageRefused):
+                return read_image(path)
     LOGGER.warning("WARNING: no sample image in data/images; checking exports on a synthetic image")
     from utils.data.synthetic import draw_sample, make_spec
 

@@ -1,4 +1,5 @@
-"""Building blocks of the YOLOv5 family: Conv, Bottleneck, C3, SPP, SPPF, Focus, Concat."""
+"""Building blocks of the YOLOv5 family (Conv, Bottleneck, C3, SPP, SPPF, Focus, Concat), which the later families
+reuse: each registers its YAML name and says how a row's arguments become its own (models/registry.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
+
+from models.registry import Row, RowArgs, channel_args, register_module
 
 
 def autopad(kernel: int | Sequence[int], padding: int | Sequence[int] | None = None) -> int | list[int]:
@@ -113,8 +116,14 @@ def activate(act: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return act(x)
 
 
+@register_module("Conv")
 class Conv(nn.Module):
     """Conv2d (no bias) -> BatchNorm2d -> SiLU. ``fuse()`` folds the BN into the conv for inference."""
+
+    @classmethod
+    def yaml_args(cls, row: Row) -> RowArgs:
+        """``[c_out, kernel, stride, ...]`` -> ``(c_in, scaled c_out, kernel, stride, ...)``."""
+        return channel_args(row)
 
     def __init__(self, c_in: int, c_out: int, kernel: int = 1, stride: int = 1, padding: int | None = None,
                  groups: int = 1, act: bool = True) -> None:
@@ -144,14 +153,19 @@ class Conv(nn.Module):
         self.conv, self.bn = fused, nn.Identity()
 
 
+@register_module("Bottleneck")
 class Bottleneck(nn.Module):
-    """1x1 then 3x3 conv, with a residual connection when shapes allow."""
+    """1x1 (YOLOv5; 3x3 in the later families' blocks: ``kernels``) then 3x3 conv, with a residual connection when
+    shapes allow."""
 
-    def __init__(self, c_in: int, c_out: int, shortcut: bool = True, groups: int = 1, expansion: float = 0.5) -> None:
+    yaml_args = Conv.yaml_args
+
+    def __init__(self, c_in: int, c_out: int, shortcut: bool = True, groups: int = 1, expansion: float = 0.5,
+                 kernels: tuple[int, int] = (1, 3)) -> None:
         super().__init__()
         hidden = int(c_out * expansion)
-        self.cv1 = Conv(c_in, hidden, 1, 1)
-        self.cv2 = Conv(hidden, c_out, 3, 1, groups=groups)
+        self.cv1 = Conv(c_in, hidden, kernels[0], 1)
+        self.cv2 = Conv(hidden, c_out, kernels[1], 1, groups=groups)
         self.add = shortcut and c_in == c_out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -168,8 +182,15 @@ class Bottleneck(nn.Module):
             x.copy_(self.cv2(hidden))
 
 
+@register_module("C3")
 class C3(nn.Module):
     """CSP block with three convolutions: one branch through ``n`` bottlenecks, one bypass, then merge."""
+
+    @classmethod
+    def yaml_args(cls, row: Row) -> RowArgs:
+        """``[c_out, shortcut, ...]`` -> ``(c_in, scaled c_out, number, shortcut, ...)``: the row's number is the
+        block's own count of bottlenecks."""
+        return channel_args(row, repeats_inside=True)
 
     def __init__(self, c_in: int, c_out: int, n: int = 1, shortcut: bool = True, groups: int = 1,
                  expansion: float = 0.5) -> None:
@@ -235,8 +256,11 @@ def _pool(pool: nn.MaxPool2d, x: torch.Tensor) -> torch.Tensor:
     return max_pool_same(x, pool.kernel_size)
 
 
+@register_module("SPP")
 class SPP(nn.Module):
     """Spatial pyramid pooling: parallel max-pools of several kernel sizes, concatenated."""
+
+    yaml_args = Conv.yaml_args
 
     def __init__(self, c_in: int, c_out: int, kernels: Sequence[int] = (5, 9, 13)) -> None:
         super().__init__()
@@ -250,25 +274,41 @@ class SPP(nn.Module):
         return self.cv2(torch.cat([x] + [_pool(pool, x) for pool in self.m], dim=1))
 
 
+@register_module("SPPF")
 class SPPF(nn.Module):
-    """SPP with one 5x5 max-pool applied three times in series: same receptive fields (5, 9, 13), faster."""
+    """SPP with one 5x5 max-pool applied ``pools`` (3) times in series: same receptive fields (5, 9, 13), faster.
 
-    def __init__(self, c_in: int, c_out: int, kernel: int = 5) -> None:
+    A row that gives the pool count (YOLO26: ``[c_out, 5, 3, True]``) builds ultralytics 8.4's form: the first 1x1
+    convolution linear (no SiLU), and with ``shortcut`` the input added to the output when the channels agree; rows
+    of two arguments (YOLOv5, YOLOv8, YOLO11) keep the SiLU, as that version's builder and release files do.
+    """
+
+    yaml_args = Conv.yaml_args
+
+    def __init__(self, c_in: int, c_out: int, kernel: int = 5, pools: int | None = None,
+                 shortcut: bool = False) -> None:
         super().__init__()
         hidden = c_in // 2
-        self.cv1 = Conv(c_in, hidden, 1, 1)
-        self.cv2 = Conv(hidden * 4, c_out, 1, 1)
+        self.cv1 = Conv(c_in, hidden, 1, 1, act=pools is None)
+        pools = 3 if pools is None else pools
+        self.cv2 = Conv(hidden * (pools + 1), c_out, 1, 1)
         self.m = nn.MaxPool2d(kernel, stride=1, padding=kernel // 2)
+        self.n = pools  # the attribute names of ultralytics' SPPF, which its release files hold
+        self.add = bool(shortcut) and c_in == c_out
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.cv1(x)
-        y1 = _pool(self.m, x)
-        y2 = _pool(self.m, y1)
-        return self.cv2(torch.cat((x, y1, y2, _pool(self.m, y2)), dim=1))
+        y = [self.cv1(x)]
+        for _ in range(self.n):
+            y.append(_pool(self.m, y[-1]))
+        out = self.cv2(torch.cat(y, dim=1))
+        return x + out if self.add else out
 
 
+@register_module("Focus")
 class Focus(nn.Module):
     """Space-to-depth (every other pixel into channels, x4) then a Conv: the early YOLOv5 stem."""
+
+    yaml_args = Conv.yaml_args
 
     def __init__(self, c_in: int, c_out: int, kernel: int = 1, stride: int = 1, padding: int | None = None,
                  groups: int = 1, act: bool = True) -> None:
@@ -279,8 +319,14 @@ class Focus(nn.Module):
         return self.conv(torch.cat((x[..., ::2, ::2], x[..., 1::2, ::2], x[..., ::2, 1::2], x[..., 1::2, 1::2]), 1))
 
 
+@register_module("Concat")
 class Concat(nn.Module):
     """Concatenate a list of tensors along ``dimension``."""
+
+    @classmethod
+    def yaml_args(cls, row: Row) -> RowArgs:
+        """Arguments as written; the output has the sum of the sources' channels."""
+        return RowArgs(list(row.args), row.repeats, sum(row.channels_in))
 
     def __init__(self, dimension: int = 1) -> None:
         super().__init__()

@@ -15,9 +15,16 @@ import torch
 from torch import nn
 
 from models.common import apply_conv, autocasting, exporting, linear_rows, pixel_matrix, pixel_rows
+from models.registry import LIMITS, ModelConfigError, Row, RowArgs, is_number, register_module
 from utils.predictions import OutputContract
 
 
+def _has_anchors(cfg: Any, args: list) -> bool:
+    """A ``Detect`` row of the YOLOv5 family: it passes anchors (``[nc, anchors]``)."""
+    return len(args) >= 2
+
+
+@register_module("Detect", when=_has_anchors, table_name="models.yolo.Detect")
 class Detect(nn.Module):
     """Per-level 1x1 convolutions to ``na * (5 + nc)`` channels; decodes boxes in eval mode.
 
@@ -35,6 +42,23 @@ class Detect(nn.Module):
     task = "detect"
     anchor_based = True
 
+    @classmethod
+    def yaml_args(cls, row: Row) -> RowArgs:
+        """``[nc, anchors]`` -> ``(nc, anchors, source channels)``; anchors are per-level pixel lists, one level per
+        source."""
+        anchors = row.args[1]
+        if not (isinstance(anchors, list) and 0 < len(anchors) <= LIMITS["levels"] and all(
+                isinstance(a, list) and len(a) % 2 == 0 and 0 < len(a) <= 2 * LIMITS["anchors"] and all(
+                    is_number(v) and 0 < v <= 1e5 for v in a) for a in anchors)):
+            raise ModelConfigError(f"{row.where}: anchors must be a list of per-level [w1, h1, w2, h2, ...] pixel "
+                                   f"lists (at most {LIMITS['levels']} levels of {LIMITS['anchors']} positive sizes)")
+        if len({len(a) for a in anchors}) != 1:
+            raise ModelConfigError(f"{row.where}: every anchor level needs the same number of anchors")
+        if len(anchors) != len(row.channels_in):
+            raise ModelConfigError(f"{row.where}: Detect has {len(row.channels_in)} inputs but {len(anchors)} anchor "
+                                   "levels")
+        return RowArgs([*row.args, list(row.channels_in)], row.repeats, 0)
+
     def __init__(self, nc: int = 80, anchors: Sequence[Sequence[float]] = (), ch: Sequence[int] = ()) -> None:
         super().__init__()
         self.nc = nc
@@ -49,6 +73,12 @@ class Detect(nn.Module):
     @property
     def contract(self) -> OutputContract:
         return OutputContract("xywh_obj_cls", self.nc)
+
+    def set_strides(self, stride: torch.Tensor) -> None:
+        """The builder's dry run found the strides: keep them and order the anchors to grow with them."""
+        with torch.no_grad():
+            self.stride.copy_(stride)
+        check_anchor_order(self)
 
     def init_biases(self, class_freq: torch.Tensor | None = None) -> None:
         """Objectness prior of ~8 objects per 640 px image; class prior 0.6/nc (or class frequencies).

@@ -15,13 +15,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import cv2
 import numpy as np
 import torch
 from torch import nn
 
 from utils.boxes import scale_boxes, xyxy2xywh
 from utils.data.augment import letterbox
+from utils.data.image_io import ImageRefused, read_image
 from utils.errors import UserError
 from utils.evaluation.evaluate import model_contract
 from utils.predictions import postprocess
@@ -129,10 +129,12 @@ def batch_shape(shapes: Sequence[tuple[int, int]], size: int, stride: int) -> tu
 def read_rgb(image: Any, index: int = 0) -> tuple[np.ndarray, str]:
     """(HWC uint8 RGB array, name) from a path, an RGB numpy array or a PIL image."""
     if isinstance(image, (str, Path)):
-        exists = Path(image).is_file()
-        bgr = cv2.imread(str(image)) if exists else None
-        if bgr is None:
-            raise ImageInputError(f"cannot read image {image} ({'not an image' if exists else 'file not found'})")
+        if not Path(image).exists():
+            raise ImageInputError(f"cannot read image {image} (file not found)")
+        try:
+            bgr = read_image(image)
+        except ImageRefused as e:
+            raise ImageInputError(f"cannot read image {image} ({e})") from None
         return np.ascontiguousarray(bgr[..., ::-1]), str(image)
     if hasattr(image, "convert") and hasattr(image, "size"):  # a PIL image
         return np.asarray(image.convert("RGB")), getattr(image, "filename", "") or f"image{index}"

@@ -1,19 +1,25 @@
-"""The YAML-defined detection Model (its Detect head is in models/head.py).
+"""The YAML-defined detection Model: its blocks and head come from the open registry (models/registry.py).
 
-A model YAML has ``nc``, ``depth_multiple``, ``width_multiple``, ``anchors`` (pixels, one list
-per output level) and ``backbone`` / ``head`` rows ``[from, number, module, args]``. Module
-names are looked up in an explicit registry; nothing in the file is ever executed.
+A model YAML has ``nc``, the depth and width multiples (``depth_multiple``/``width_multiple``, or ultralytics'
+``scales`` table of ``[depth, width, max_channels]`` per scale letter with ``scale`` naming one), whatever its head
+reads (``anchors`` for YOLOv5; ``reg_max``, ``end2end`` for the anchor-free heads) and ``backbone`` / ``head`` rows
+``[from, number, module, args]``. Module names are looked up in the registry; nothing in the file is ever executed.
+``yolo11n.yaml`` and the like resolve to the family file (``yolo11.yaml``) with the scale from the name, as
+ultralytics resolves them.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import inspect
+import json
 import math
+import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,45 +29,33 @@ if __name__ == "__main__" and not __package__:  # `python models/yolo.py`: make 
 import torch
 from torch import nn
 
-from models.common import C3, SPP, SPPF, Bottleneck, Concat, Conv, Focus, exporting
+import models.blocks  # noqa: F401  (registers the YOLOv8/YOLO11/YOLO26 blocks)
+import models.head_anchor_free  # noqa: F401  (registers the YOLOv8/YOLO11 head)
+import models.head_end_to_end  # noqa: F401  (registers YOLO26's head)
+from models.common import C3, Concat, Conv, exporting
 from models.head import Detect, check_anchor_order
-from utils.errors import UserError
-from utils.safe_yaml import YamlError, load_yaml
+from models.registry import LIMITS, ModelConfigError, Row, is_number, known_names, lookup, make_divisible
+from utils.log import LOGGER
+from utils.safe_yaml import YamlError, load_yaml, shown
 
 MODELS_DIR = Path(__file__).resolve().parent
-
-
-class ModelConfigError(UserError, ValueError):
-    """A model YAML the builder cannot use; the message names the file and the row."""
-
-
-REGISTRY: dict[str, type[nn.Module]] = {
-    "Conv": Conv, "Bottleneck": Bottleneck, "C3": C3, "SPP": SPP, "SPPF": SPPF, "Focus": Focus,
-    "Concat": Concat, "Detect": Detect, "nn.Upsample": nn.Upsample, "Upsample": nn.Upsample,
-}
-
-TABLE_NAMES = {Detect: "models.yolo.Detect"}  # the name the reference's layer table shows
-_CHANNEL_MODULES = (Conv, Bottleneck, C3, SPP, SPPF, Focus)  # args start with c_out; c_in is prepended
-# Bounds of a config from a file (a stranger's checkpoint holds one): yolov5x uses 1.33/1.25, n <= 9, 1280 channels.
-LIMITS = {"multiple": 4.0, "repeats": 100, "channels": 8192, "rows": 256, "classes": 10_000, "levels": 8,
-          "anchors": 32, "upsample": 8}
-_REPEAT_INSIDE = (C3,)  # ``number`` becomes the block's own n
-
-
-def make_divisible(x: float, divisor: int = 8) -> int:
-    return int(math.ceil(x / divisor) * divisor)
+PROBE = 256  # the square input whose forward pass finds the strides
+SCALED_NAME = re.compile(r"^(yolov?\d+)([nslmx])((?:-[\w]+)*)$")  # yolo11n, yolov8s, yolo26x-seg -> family + scale
+HEAD_INTERFACE = ("contract", "set_strides", "init_biases", "export_metadata", "stride")  # what the last row offers
+__all__ = ["Detect", "LIMITS", "Model", "ModelConfigError", "check_anchor_order", "load_model_config",
+           "make_divisible", "parse_model"]
 
 
 def load_model_config(cfg: str | Path | dict) -> tuple[dict, str]:
-    """(config dict, source name) from a dict, a YAML path, or a bare name found in models/."""
+    """(config dict, source name) from a dict, a YAML path, or a bare name found in models/.
+
+    A name such as ``yolo11n.yaml`` with no file of its own is the family file ``yolo11.yaml`` (beside it, or in
+    models/) at scale ``n``; the config then records ``scale`` and the name it was asked by (``yaml_file``).
+    """
     if isinstance(cfg, dict):
         return copy.deepcopy(cfg), str(cfg.get("yaml_file", "<dict>"))
-    path = Path(cfg)
-    for candidate in (path, MODELS_DIR / path.name, MODELS_DIR / f"{path.name}.yaml"):
-        if candidate.is_file():
-            path = candidate
-            break
-    if not path.is_file():
+    path, scale = _find_config(Path(cfg))
+    if path is None:
         raise ModelConfigError(f"model config {cfg} not found (looked here and in {MODELS_DIR})")
     try:
         data = load_yaml(path)
@@ -69,15 +63,33 @@ def load_model_config(cfg: str | Path | dict) -> tuple[dict, str]:
         raise ModelConfigError(str(e)) from None
     if not isinstance(data, dict):
         raise ModelConfigError(f"{path}: expected a mapping with backbone/head rows")
-    data["yaml_file"] = path.name
+    if scale and isinstance(data.get("scales"), dict) and "scale" not in data:
+        data["scale"] = scale
+    data["yaml_file"] = f"{Path(cfg).stem}.yaml" if scale else path.name
     return data, str(path)
 
 
-def _resolve_arg(value: Any, cfg: dict) -> Any:
-    if value == "nc":
-        return cfg["nc"]
-    if value == "anchors":
-        return cfg["anchors"]
+def _find_config(path: Path) -> tuple[Path | None, str]:
+    """(the file to read, the scale letter when it is a family file found by a scaled name)."""
+    for candidate in (path, MODELS_DIR / path.name, MODELS_DIR / f"{path.name}.yaml"):
+        if candidate.is_file():
+            return candidate, ""
+    stem = path.name[:-5] if path.name.endswith(".yaml") else path.name
+    match = SCALED_NAME.match(stem)
+    if match:
+        family = f"{match.group(1)}{match.group(3)}.yaml"
+        for folder in (path.parent, MODELS_DIR):
+            if (folder / family).is_file():
+                return folder / family, match.group(2)
+    return None, ""
+
+
+def _resolve_arg(value: Any, cfg: dict, source: str) -> Any:
+    """A YAML argument: ``nc`` / ``anchors`` name the config's values, ``None`` is None, the rest as written."""
+    if value in ("nc", "anchors"):
+        if value not in cfg:
+            raise ModelConfigError(f"{source}: missing key '{value}'")
+        return cfg[value]
     if value == "None":
         return None
     return value
@@ -98,108 +110,173 @@ def _check_from(f: Any, index: int, where: str) -> list[int]:
 
 
 def _check_top_level(cfg: dict, source: str) -> None:
-    for key in ("nc", "anchors", "backbone", "head"):
+    for key in ("nc", "backbone", "head"):
         if key not in cfg:
             raise ModelConfigError(f"{source}: missing key '{key}'")
-    anchors, nc = cfg["anchors"], cfg["nc"]
-    if not isinstance(nc, int) or not 1 <= nc <= LIMITS["classes"]:
-        raise ModelConfigError(f"{source}: nc must be an integer in 1..{LIMITS['classes']}, got {str(nc)[:40]}")
-    if not (isinstance(anchors, list) and 0 < len(anchors) <= LIMITS["levels"] and all(
-            isinstance(a, list) and len(a) % 2 == 0 and 0 < len(a) <= 2 * LIMITS["anchors"] and all(
-                _is_number(v) and 0 < v <= 1e5 for v in a) for a in anchors)):
-        raise ModelConfigError(f"{source}: anchors must be a list of per-level [w1, h1, w2, h2, ...] pixel lists (at "
-                               f"most {LIMITS['levels']} levels of {LIMITS['anchors']} positive sizes)")
+    nc = cfg["nc"]
+    if not isinstance(nc, int) or isinstance(nc, bool) or not 1 <= nc <= LIMITS["classes"]:
+        raise ModelConfigError(f"{source}: nc must be an integer in 1..{LIMITS['classes']}, got {shown(nc)}")
     for section in ("backbone", "head"):
         if not isinstance(cfg[section], list) or not cfg[section]:
             raise ModelConfigError(f"{source}: '{section}' must be a list of [from, number, module, args] rows")
     if len(cfg["backbone"]) + len(cfg["head"]) > LIMITS["rows"]:
         raise ModelConfigError(f"{source}: more than {LIMITS['rows']} rows")
-    for key in ("depth_multiple", "width_multiple"):
-        value = cfg.get(key, 1.0)
-        if not (_is_number(value) and 0 < value <= LIMITS["multiple"]):
-            raise ModelConfigError(f"{source}: {key} must be a number in (0, {LIMITS['multiple']}], got "
-                                   f"{str(value)[:40]}")
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+def _multiples(cfg: dict, source: str) -> tuple[float, float, float, str]:
+    """(depth, width, max channels, scale letter): from ``scales`` and ``scale`` when the config has a scales table
+    (the first scale, with a warning, when it names none), else from ``depth_multiple``/``width_multiple``."""
+    scales = cfg.get("scales")
+    if scales is None:
+        values = (cfg.get("depth_multiple", 1.0), cfg.get("width_multiple", 1.0), math.inf)
+        names, scale = ("depth_multiple", "width_multiple"), ""
+    else:
+        if not isinstance(scales, dict) or not scales or len(scales) > 16:
+            raise ModelConfigError(f"{source}: scales must map scale letters to [depth, width, max_channels]")
+        scale = cfg.get("scale") or next(iter(scales))
+        if not cfg.get("scale"):
+            LOGGER.warning(f"WARNING: {source}: no model scale given (a name such as yolo11n.yaml gives one); "
+                           f"using scale '{scale}'")
+        values = scales.get(scale)
+        if not (isinstance(values, list) and len(values) == 3):
+            raise ModelConfigError(f"{source}: scale {shown(scale)} is not one of {sorted(map(str, scales))} "
+                                   "with [depth, width, max_channels]")
+        names = ("depth", "width")
+    for name, value in zip(names, values[:2]):
+        if not (is_number(value) and 0 < value <= LIMITS["multiple"]):
+            raise ModelConfigError(f"{source}: {name} must be a number in (0, {LIMITS['multiple']}], got "
+                                   f"{shown(value)}")
+    max_channels = values[2]
+    if not (is_number(max_channels) or max_channels == math.inf) or max_channels < 8:
+        raise ModelConfigError(f"{source}: max_channels must be a number of at least 8, got {shown(max_channels)}")
+    return float(values[0]), float(values[1]), max_channels, str(scale)
 
 
-def _check_row_size(module_cls: type[nn.Module], args: list, n: int, where: str) -> None:
-    """Repeats, channels and upsampling within LIMITS (a config from a file may ask for anything)."""
+def _build_row(i: int, row: Any, section: str, cfg: dict, ctx: dict, channels: list[int], source: str) -> tuple:
+    """One row -> (block, sources, output channels, table line)."""
+    where = f"{source}: row {i} ({section})"
+    if not (isinstance(row, list) and len(row) == 4):
+        raise ModelConfigError(f"{where}: expected [from, number, module, args], got {shown(row)}")
+    f, n, name, args = row
+    sources = _check_from(f, i, where)
+    args = [_resolve_arg(a, cfg, source) for a in (args if isinstance(args, list) else [args])]
+    entry = lookup(name, cfg, args)
+    if entry is None:
+        raise ModelConfigError(f"{where}: unknown module {shown(name)} (known: {', '.join(known_names())})")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ModelConfigError(f"{where}: number must be a positive integer, got {shown(n)}")
     if n > LIMITS["repeats"]:
         raise ModelConfigError(f"{where}: number {n} is more than {LIMITS['repeats']} repeats")
-    if module_cls in _CHANNEL_MODULES and args and _is_number(args[0]) and args[0] > LIMITS["channels"]:
-        raise ModelConfigError(f"{where}: {args[0]} channels is more than {LIMITS['channels']}")
-    if module_cls is nn.Upsample and (len(args) < 2 or args[0] is not None or not _is_number(args[1])
-                                      or not 0 < args[1] <= LIMITS["upsample"]):
-        raise ModelConfigError(f"{where}: Upsample takes [None, scale (at most {LIMITS['upsample']}), mode]")
-
-
-def _module_args(module_cls: type[nn.Module], args: list, n: int, width: float, channels: list[int],
-                 f: int | list[int], sources: list[int], where: str) -> tuple[list, int, int]:
-    """(constructor args, repeats, output channels) for one row, with channels scaled by ``width``."""
-    name = module_cls.__name__
-    c_in = channels[f] if isinstance(f, int) else None
-    if module_cls in _CHANNEL_MODULES:
-        if not args or isinstance(args[0], bool) or not isinstance(args[0], (int, float)) or args[0] <= 0:
-            raise ModelConfigError(f"{where}: {name} needs a positive number of output channels as its first "
-                                   f"argument, got {args[:1]}")
-        c_out = make_divisible(args[0] * width, 8)
-        args = [c_in, c_out, *args[1:]]
-        if module_cls in _REPEAT_INSIDE:
-            args.insert(2, n)
-            n = 1
-        return args, n, c_out
-    if module_cls is Concat:
-        return args, n, sum(channels[j] for j in sources)
-    if module_cls is Detect:
-        if len(args) > 1 and isinstance(args[1], list) and len(args[1]) != len(sources):
-            raise ModelConfigError(f"{where}: Detect has {len(sources)} inputs but {len(args[1])} anchor levels")
-        return [*args, [channels[j] for j in sources]], n, 0
-    return args, n, c_in
+    n = max(round(n * ctx["depth"]), 1) if n > 1 else n
+    spec_row = Row(name, i, where, args, n, [channels[j] for j in sources], cfg, ctx["width"], ctx["max_channels"],
+                   ctx["scale"], ctx["notes"])
+    args, n, c_out = entry.spec(spec_row)
+    if max(n, spec_row.repeats) > LIMITS["repeats"] or c_out > LIMITS["channels"]:
+        raise ModelConfigError(f"{where}: {c_out} channels x {n} repeats after scaling by depth {ctx['depth']} and "
+                               f"width {ctx['width']} exceed {LIMITS['channels']} channels or {LIMITS['repeats']} "
+                               "repeats")
+    try:
+        inspect.signature(entry.cls).bind(*args)
+        block = nn.Sequential(*(entry.cls(*args) for _ in range(n))) if n > 1 else entry.cls(*args)
+    except (TypeError, ValueError, IndexError, RuntimeError, ZeroDivisionError) as e:
+        raise ModelConfigError(f"{where}: {name}{shown(args)} is not valid: {e}") from None
+    block.i, block.f, block.type = i, f, entry.table_name  # per-instance wiring, read by Model.forward
+    params = sum(p.numel() for p in block.parameters())
+    line = f"{i:>3}{str(f):>18}{n:>3}{params:>10}  {entry.table_name + ' ':<40}{str(args):<30}"
+    return block, sources, c_out, line
 
 
 def parse_model(cfg: dict, ch: int, source: str = "<dict>") -> tuple[nn.Sequential, list[int], list[str]]:
     """Build the layers of ``cfg``; returns (layers, indices whose outputs are kept, table rows)."""
     _check_top_level(cfg, source)
-    depth, width = cfg.get("depth_multiple", 1.0), cfg.get("width_multiple", 1.0)
+    depth, width, max_channels, scale = _multiples(cfg, source)
+    ctx = {"depth": depth, "width": width, "max_channels": max_channels, "scale": scale, "notes": {}}
     rows = [("backbone", r) for r in cfg["backbone"]] + [("head", r) for r in cfg["head"]]
     channels, layers, save, table = [ch], [], [], []
     for i, (section, row) in enumerate(rows):
-        where = f"{source}: row {i} ({section})"
-        if not (isinstance(row, list) and len(row) == 4):
-            raise ModelConfigError(f"{where}: expected [from, number, module, args], got {str(row)[:80]}")
-        f, n, name, args = row
-        sources = _check_from(f, i, where)
-        if not isinstance(name, str) or name not in REGISTRY:
-            raise ModelConfigError(f"{where}: unknown module '{str(name)[:40]}' (known: {', '.join(sorted(REGISTRY))})")
-        if not isinstance(n, int) or n < 1:
-            raise ModelConfigError(f"{where}: number must be a positive integer, got {str(n)[:40]}")
-        module_cls = REGISTRY[name]
-        args = [_resolve_arg(a, cfg) for a in (args if isinstance(args, list) else [args])]
-        _check_row_size(module_cls, args, n, where)
-        n = max(round(n * depth), 1) if n > 1 else n
-        args, n, c_out = _module_args(module_cls, args, n, width, channels, f, sources, where)
-        if max([n, *(a for a in args[2:3] if module_cls in _REPEAT_INSIDE)]) > LIMITS["repeats"] or \
-                (c_out or 0) > LIMITS["channels"]:
-            raise ModelConfigError(f"{where}: {c_out} channels x {n} repeats after scaling by depth {depth} and width "
-                                   f"{width} exceed {LIMITS['channels']} channels or {LIMITS['repeats']} repeats")
-        try:
-            inspect.signature(module_cls).bind(*args)
-            block = nn.Sequential(*(module_cls(*args) for _ in range(n))) if n > 1 else module_cls(*args)
-        except (TypeError, ValueError, IndexError, RuntimeError) as e:
-            raise ModelConfigError(f"{where}: {name}{args} is not valid: {e}") from None
-        qualname = TABLE_NAMES.get(module_cls, f"{module_cls.__module__}.{module_cls.__name__}")
-        block.i, block.f, block.type = i, f, qualname  # per-instance wiring, read by Model.forward
-        params = sum(p.numel() for p in block.parameters())
-        table.append(f"{i:>3}{str(f):>18}{n:>3}{params:>10}  {qualname:<40}{str(args):<30}")
+        block, sources, c_out, line = _build_row(i, row, section, cfg, ctx, channels, source)
+        table.append(line)
         save.extend(j % i for j in sources if j != -1)
         layers.append(block)
         channels = [c_out] if i == 0 else [*channels, c_out]
-    if not isinstance(layers[-1], Detect):
-        raise ModelConfigError(f"{source}: the last head row must be Detect")
+    if not all(hasattr(layers[-1], name) for name in HEAD_INTERFACE):
+        raise ModelConfigError(f"{source}: the last head row must be a detection head (Detect)")
     return nn.Sequential(*layers), sorted(set(save)), table
+
+
+def check_build_size(cfg: dict, ch: int, source: str) -> None:
+    """ModelConfigError (one line) when ``cfg`` would hold more than LIMITS' parameters, found by building it on the
+    meta device (no memory, a few ms); a config that passed is remembered."""
+    try:
+        key = json.dumps([cfg, ch], sort_keys=True)
+    except (TypeError, ValueError):
+        key = None  # not plain data: checked every time
+    if key is not None and key in _CHECKED:
+        return
+    with torch.device("meta"):
+        layers, _, _ = parse_model(copy.deepcopy(cfg), ch, source)
+    params = sum(p.numel() for p in layers.parameters())
+    if params > LIMITS["parameters"]:
+        raise ModelConfigError(f"{source}: {params:,} parameters, more than {LIMITS['parameters']:,}")
+    if key is not None:
+        _CHECKED[key] = None
+        while len(_CHECKED) > 64:
+            _CHECKED.pop(next(iter(_CHECKED)))
+
+
+_CHECKED: dict[str, None] = {}  # configs that passed check_build_size (insertion order: oldest first)
+
+
+def _conv_out(module: nn.Conv2d, x: torch.Tensor) -> tuple[int, float]:
+    """(values, FLOPs) of a Conv2d's output for input ``x``, from the arithmetic alone."""
+    sides = []
+    for i, side in enumerate(x.shape[-2:]):
+        if isinstance(module.padding, str):
+            pad = 0 if module.padding == "valid" else module.dilation[i] * (module.kernel_size[i] - 1) // 2
+        else:
+            pad = module.padding[i]
+        span = module.dilation[i] * (module.kernel_size[i] - 1) + 1
+        sides.append(max((side + 2 * pad - span) // module.stride[i] + 1, 0))
+    values = x.shape[0] * module.out_channels * sides[0] * sides[1]
+    return values, 2.0 * values * module.in_channels // module.groups * module.kernel_size[0] * module.kernel_size[1]
+
+
+@contextlib.contextmanager
+def size_guard(model: nn.Module, source: str) -> Iterator[None]:
+    """Hooks that refuse, before it runs, a convolution, upsampling or concatenation whose output would exceed
+    LIMITS' activation values (one tensor, or all of them so far), or convolutions past LIMITS' probe FLOPs
+    (stacked x8 Upsample rows, a huge kernel: a few hundred bytes of config asking for gigabytes or minutes); the
+    stride probe runs under it, from the sizes alone."""
+    flops, total, rows = [0.0], [0.0], {}
+
+    def check(module: nn.Module, inputs: tuple) -> None:
+        x = inputs[0]
+        if isinstance(module, nn.Conv2d):
+            values, cost = _conv_out(module, x)
+            flops[0] += cost
+        elif isinstance(module, nn.Upsample):
+            scale = module.scale_factor if isinstance(module.scale_factor, tuple) else (module.scale_factor or 1,) * 2
+            values = x.numel() * math.prod(float(s) for s in scale)
+        else:  # Concat
+            values = sum(t.numel() for t in x)
+        total[0] += values
+        if values > LIMITS["activation"] or total[0] > LIMITS["probe_values"] or flops[0] > LIMITS["probe_flops"]:
+            raise ModelConfigError(f"{source}: row {rows.get(id(module), '?')} would make a tensor of {values:,.0f} "
+                                   f"values ({total[0]:,.0f} values and {flops[0]:.3g} FLOPs so far) from a "
+                                   f"{PROBE}x{PROBE} image, more than {LIMITS['activation']:,} values in one tensor, "
+                                   f"{LIMITS['probe_values']:,} in all or {LIMITS['probe_flops']:.3g} FLOPs")
+
+    handles = []
+    for layer in model.model:
+        for module in layer.modules():
+            if isinstance(module, nn.Conv2d | nn.Upsample | Concat):
+                rows[id(module)] = layer.i
+                handles.append(module.register_forward_pre_hook(check))
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 class Model(nn.Module):
@@ -215,20 +292,34 @@ class Model(nn.Module):
             self.yaml["anchors"] = anchors
         self.input_channels = ch
         self.channels_last_input = False  # set by fuse() on the CPU
+        check_build_size(self.yaml, ch, self.yaml_source)
         self.model, self.save, self._table = parse_model(copy.deepcopy(self.yaml), ch, self.yaml_source)
         self.names = [str(i) for i in range(self.yaml["nc"])]
-        detect = self.detect
-        with torch.no_grad():
-            probe = 256
-            try:
-                maps = self._forward_raw(torch.zeros(1, ch, probe, probe))
-            except (RuntimeError, TypeError, ValueError, IndexError) as e:
-                raise ModelConfigError(f"{self.yaml_source}: the rows do not fit together "
-                                       f"({str(e).splitlines()[0]})") from None
-            detect.stride.copy_(torch.tensor([probe / m.shape[-2] for m in maps]))
-        check_anchor_order(detect)
+        self.head.set_strides(self._dry_run_strides(probe=PROBE))
         self._init_weights()
         self.head.init_biases()
+
+    def _dry_run_strides(self, probe: int) -> torch.Tensor:
+        """The stride of each head input: one train-mode pass over a ``probe`` x ``probe`` image, the head's input
+        heights seen by a hook."""
+        heights: list[int] = []
+
+        def record(module: nn.Module, inputs: tuple) -> None:
+            maps = inputs[0] if isinstance(inputs[0], (list, tuple)) else [inputs[0]]
+            heights.extend(int(m.shape[-2]) for m in maps)
+
+        hook = self.head.register_forward_pre_hook(record)
+        try:
+            with torch.no_grad(), size_guard(self, self.yaml_source):
+                self._forward_raw(torch.zeros(1, self.input_channels, probe, probe))
+        except ModelConfigError:
+            raise
+        except (RuntimeError, TypeError, ValueError, IndexError) as e:
+            raise ModelConfigError(f"{self.yaml_source}: the rows do not fit together "
+                                   f"({str(e).splitlines()[0]})") from None
+        finally:
+            hook.remove()
+        return torch.tensor([probe / h for h in heights])
 
     @property
     def head(self) -> nn.Module:
@@ -236,18 +327,19 @@ class Model(nn.Module):
         return self.model[-1]
 
     @property
-    def detect(self) -> Detect:
+    def detect(self) -> nn.Module:
+        """The head (its older name, from when YOLOv5's Detect was the only one)."""
         return self.model[-1]
 
     @property
     def stride(self) -> torch.Tensor:
-        return self.detect.stride
+        return self.head.stride
 
     @property
     def nc(self) -> int:
-        return self.detect.nc
+        return self.head.nc
 
-    def forward(self, x: torch.Tensor) -> list[torch.Tensor] | torch.Tensor:
+    def forward(self, x: torch.Tensor) -> Any:
         if self.channels_last_input and x.dim() == 4 and x.device.type == "cpu" and not exporting():
             x = x.contiguous(memory_format=torch.channels_last)
         outputs: list[torch.Tensor | None] = []
@@ -258,7 +350,7 @@ class Model(nn.Module):
             outputs.append(x if layer.i in self.save else None)
         return x
 
-    def _forward_raw(self, x: torch.Tensor) -> list[torch.Tensor]:
+    def _forward_raw(self, x: torch.Tensor) -> Any:
         was_training = self.training
         self.train()
         try:
@@ -389,7 +481,8 @@ def main(opt: argparse.Namespace) -> None:
     gflops = model.flops(opt.img_size)
     print(f"{'':>3}{'from':>18}{'n':>3}{'params':>10}  {'module':<40}{'arguments':<30}")  # as Model.info prints it
     print("\n".join(model._table))
-    print(f"{Path(model.yaml_source).stem} summary: {len(list(model.modules()))} layers, {n_params:,} parameters, "
+    name = Path(model.yaml.get("yaml_file") or model.yaml_source).stem  # yolo11n, not the family file's yolo11
+    print(f"{name} summary: {len(list(model.modules()))} layers, {n_params:,} parameters, "
           f"{n_grads:,} gradients, {gflops:.{1 if gflops >= 1 else 3}f} GFLOPs at {opt.img_size}x{opt.img_size}")
     if not (opt.profile or opt.line_profile):
         return

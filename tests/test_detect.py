@@ -247,7 +247,9 @@ def test_augment_boxes_land_on_the_object_in_the_original_image(weights: Path, t
     from models.yolo import Model
     from tests.helpers import bright_box_predict
 
-    monkeypatch.setattr(Model, "forward", lambda self, x: bright_box_predict(x))  # a detector that finds the box
+    built = Model.forward  # the builder's train-mode stride probe still runs the real layers
+    monkeypatch.setattr(Model, "forward",  # a detector that finds the box
+                        lambda self, x: built(self, x) if self.training else bright_box_predict(x))
     image = tmp_path / "box.png"
     truth = torch.tensor([white_box_image(image)], dtype=torch.float32)
     args = ["--weights", weights, "--source", image, "--img-size", 256, "--nosave", "--project", tmp_path / "runs"]

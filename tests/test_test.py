@@ -225,7 +225,9 @@ def white_boxes(tmp_path_factory) -> Path:
 def test_augment_boxes_score_as_the_plain_ones(checkpoint, white_boxes, tmp_path, monkeypatch, no_curve_plots):
     from tests.helpers import bright_box_predict
 
-    monkeypatch.setattr(Model, "forward", lambda self, x: bright_box_predict(x))  # a detector that finds the boxes
+    built = Model.forward  # the builder's train-mode stride probe still runs the real layers
+    monkeypatch.setattr(Model, "forward",  # a detector that finds the boxes
+                        lambda self, x: built(self, x) if self.training else bright_box_predict(x))
     args = _args(checkpoint, white_boxes, tmp_path, "--img", "160", "--save-txt", "--save-conf")
     plain = test_script.main(test_script.parse_opt(args))
     augmented = test_script.main(test_script.parse_opt([*args, "--augment"]))
@@ -240,7 +242,7 @@ def test_release_name_weights_validate(release_server, tiny_dataset, tmp_path, n
     from utils.deploy.runtime import InferenceModel
 
     names = InferenceModel(ROOT / "tests" / "fixtures" / "yolov5n-v7.0.pt").names
-    data = tmp_path / "coco-like.yaml"
+    data = tiny_dataset.with_name(f"coco-like-{tmp_path.name}.yaml")  # beside the data: a YAML's path stays near it
     data.write_text(yaml.safe_dump({**yaml.safe_load(tiny_dataset.read_text()), "nc": 80, "names": names}))
     result = test_script.main(test_script.parse_opt(_args("yolov5s.pt", data, tmp_path, "--conf-thres", "0.01")))
     assert (release_server / "yolov5s.pt").is_file() and result.seen == 12

@@ -82,7 +82,7 @@ def two_rank_run(odd_val_set, tmp_path_factory, tiny_cfg_file) -> tuple[Path, li
     out = tmp_path_factory.mktemp("two_ranks")
     torch.manual_seed(0)
     weights = save_checkpoint(new_checkpoint(Model(str(tiny_cfg_file))), out / "tiny.pt")
-    data = out / "odd.yaml"
+    data = odd_val_set.parent / "odd.yaml"  # beside the data set: a data YAML's path stays in its folder
     data.write_text(yaml.safe_dump({"path": str(odd_val_set), "train": "images/train", "val": "images/val",
                                     "nc": len(SYNTHETIC_NAMES), "names": SYNTHETIC_NAMES}))
     args = ["--weights", str(weights), "--data", str(data), "--img", "64", "--batch-size", "4", "--device", "cpu",

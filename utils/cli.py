@@ -34,8 +34,8 @@ FLAGS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
                                  "(.torchscript, .onnx, *_openvino_model/, *_ncnn_model/); '' = train.py: from "
                                  "scratch, others: the newest runs/train/*/weights/best.pt"}),
     "trust_weights": (("--trust-weights",), {"action": "store_true",
-                                             "help": "allow full unpickling of --weights and TorchScript "
-                                             "files, which hold code (only for files you trust)"}),
+                                             "help": "allow full unpickling of --weights, and TorchScript "
+                                             "files and TF SavedModels, which hold code (only for files you trust)"}),
     "data": (("--data",), {"default": str(ROOT / "data" / "synthetic.yaml"), "help": "dataset YAML"}),
     "img_size": (("--img-size", "--imgsz", "--img"), {"dest": "img_size", "nargs": "+", "type": int,
                                                       "default": [640], "help": "image size in pixels: one value "

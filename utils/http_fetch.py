@@ -3,7 +3,9 @@
 A URL's body is read in chunks and refused once the server announces or sends more than the caller's cap, or
 closes before the length it announced. Failures raise :class:`FetchError` whose message is the bare reason
 (``HTTP 404 Not Found``, ``more than the cap of N bytes; refused``); each caller turns it into its own one-line
-error with the URL or file it was fetching.
+error with the URL or file it was fetching. Redirects are followed only to http(s) URLs (never ftp://, file://,
+data: ...), never from https:// down to http://, and at most MAX_REDIRECTS times; the body after them meets the
+same cap.
 """
 
 from __future__ import annotations
@@ -20,10 +22,40 @@ from tqdm import tqdm
 
 CHUNK = 1 << 16
 USER_AGENT = "yolo-ddp"
+MAX_REDIRECTS = 10
 
 
 class FetchError(Exception):
     """A fetch that failed; the message is the reason, without the URL."""
+
+
+class _HttpOnlyRedirects(urllib.request.HTTPRedirectHandler):
+    """Follows a redirect only to an http(s) URL, and not from https:// to http://."""
+
+    max_redirections = MAX_REDIRECTS
+
+    def http_error_302(self, req: urllib.request.Request, fp: object, code: int, msg: str,
+                       headers: http.client.HTTPMessage) -> object:
+        target = headers.get("location") or headers.get("uri") or ""
+        scheme = urllib.parse.urlsplit(urllib.parse.urljoin(req.full_url, target)).scheme.lower()
+        if scheme not in ("http", "https"):
+            raise FetchError(f"redirected to a {scheme or 'scheme-less'}:// URL; only http:// and https:// are "
+                             "fetched")
+        if scheme == "http" and urllib.parse.urlsplit(req.full_url).scheme.lower() == "https":
+            raise FetchError("redirected from https:// to http://; refused")
+        return super().http_error_302(req, fp, code, msg, headers)
+
+    http_error_301 = http_error_303 = http_error_307 = http_error_308 = http_error_302
+
+
+def _opener() -> urllib.request.OpenerDirector:
+    """urllib's opener with the redirect rule above and no ftp:// or file:// handlers at all."""
+    opener = urllib.request.OpenerDirector()
+    handlers = (urllib.request.ProxyHandler(), urllib.request.HTTPHandler(), urllib.request.HTTPSHandler(),
+                urllib.request.HTTPDefaultErrorHandler(), _HttpOnlyRedirects(), urllib.request.HTTPErrorProcessor())
+    for handler in handlers:
+        opener.add_handler(handler)
+    return opener
 
 
 def open_url(url: str, timeout: float) -> http.client.HTTPResponse:
@@ -32,7 +64,7 @@ def open_url(url: str, timeout: float) -> http.client.HTTPResponse:
         raise FetchError("only http:// and https:// URLs are fetched")
     request = urllib.request.Request(url, headers={"User-Agent": USER_AGENT})
     try:
-        return urllib.request.urlopen(request, timeout=timeout)
+        return _opener().open(request, timeout=timeout)
     except urllib.error.HTTPError as e:
         raise FetchError(f"HTTP {e.code} {e.reason}") from None
     except (urllib.error.URLError, OSError, http.client.HTTPException, ValueError) as e:

@@ -15,7 +15,7 @@ from typing import Any
 
 from utils.errors import UserError
 from utils.paths import ROOT
-from utils.safe_yaml import YamlError, load_yaml
+from utils.safe_yaml import YamlError, load_yaml, shown
 
 HYPS_DIR = ROOT / "data" / "hyps"
 SCRATCH_HYP = HYPS_DIR / "hyp.scratch.yaml"
@@ -67,9 +67,11 @@ def load_hyp(source: str | Path | Mapping[str, Any] | None = None, required: Seq
     hyp: dict[str, Any] = {}
     for key, value in raw.items():
         if key in TEXT_KEYS:
-            hyp[key] = str(value)
+            if not isinstance(value, str) or len(value) > 40:
+                raise HypError(f"{where}: {shown(key)} must be a name (such as SGD), got {shown(value)}")
+            hyp[key] = value
         elif isinstance(value, bool) or not isinstance(value, int | float):
-            raise HypError(f"{where}: hyperparameter {key!r} must be a number, got {value!r}")
+            raise HypError(f"{where}: hyperparameter {shown(key)} must be a number, got {shown(value)}")
         else:
             hyp[key] = float(value)
     return hyp

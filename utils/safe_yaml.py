@@ -4,12 +4,15 @@
 the same object again, so a later ``str()`` or deep copy walks them all), nest thousands of levels (a
 RecursionError), or hold an integer of a million digits (Python's digit limit raises ValueError inside the
 constructor). Here the document's node graph is composed first and measured before anything is built: its size
-with every alias expanded, its depth and each scalar's length are bounded, recursive aliases are refused, and every
-failure is one ``YamlError`` line naming the file.
+with every alias expanded (in values and in characters), its depth and each scalar's length are bounded, recursive
+aliases are refused, and every failure is one ``YamlError`` line naming the file. Files are UTF-8 (a BOM allowed),
+or UTF-16 / UTF-32 with their BOM. ``shown(value)`` describes a value read from such a file for an error message
+without turning a large one into a string first.
 """
 
 from __future__ import annotations
 
+import reprlib
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +24,7 @@ MAX_BYTES = 16 * 2**20  # a YAML file larger than this is not a configuration
 MAX_NODES = 1_000_000  # values in the document with every alias expanded (COCO's 80 names: ~200)
 MAX_DEPTH = 64  # nesting of mappings and lists
 MAX_SCALAR = 65_536  # characters of one scalar (a class name, a path, a number)
+MAX_CHARS = 32 * 2**20  # characters of all scalars with every alias expanded (what a str() of it all would hold)
 MAX_DIGITS = 100  # an integer or float written with more digits is refused before int()/float() sees it
 
 
@@ -48,9 +52,9 @@ for _kind in ("int", "float"):
 
 
 def _measure(root: yaml.Node, source: str) -> None:
-    """Refuse a node graph whose alias-expanded size, depth or scalar length is over the bounds (iterative: a
-    deeply nested file cannot overflow the stack here)."""
-    expanded: dict[int, int] = {}  # id(node) -> values below it with aliases expanded
+    """Refuse a node graph whose alias-expanded size (values and characters), depth or scalar length is over the
+    bounds (iterative: a deeply nested file cannot overflow the stack here)."""
+    expanded: dict[int, tuple[int, int]] = {}  # id(node) -> (values, characters) below it with aliases expanded
     on_path: set[int] = set()
     stack: list[tuple[yaml.Node, int, bool]] = [(root, 1, False)]
     while stack:
@@ -58,10 +62,9 @@ def _measure(root: yaml.Node, source: str) -> None:
         key = id(node)
         if children_done:
             on_path.discard(key)
-            children = _children(node)
-            expanded[key] = 1 + sum(expanded[id(c)] for c in children)
-            if expanded[key] > MAX_NODES:
-                raise YamlError(f"{source}: more than {MAX_NODES:,} values once its aliases are expanded; refused")
+            sizes = [expanded[id(c)] for c in _children(node)]
+            expanded[key] = (1 + sum(n for n, _ in sizes), sum(c for _, c in sizes))
+            _check_expanded(*expanded[key], source)
             continue
         if key in expanded:
             continue  # an alias to a node already measured: its size is known
@@ -72,11 +75,18 @@ def _measure(root: yaml.Node, source: str) -> None:
         if isinstance(node, yaml.ScalarNode):
             if len(node.value) > MAX_SCALAR:
                 raise YamlError(f"{source}: a value of more than {MAX_SCALAR:,} characters; refused")
-            expanded[key] = 1
+            expanded[key] = (1, len(node.value))
             continue
         on_path.add(key)
         stack.append((node, depth, True))
         stack.extend((child, depth + 1, False) for child in _children(node))
+
+
+def _check_expanded(values: int, chars: int, source: str) -> None:
+    if values > MAX_NODES:
+        raise YamlError(f"{source}: more than {MAX_NODES:,} values once its aliases are expanded; refused")
+    if chars > MAX_CHARS:
+        raise YamlError(f"{source}: more than {MAX_CHARS:,} characters once its aliases are expanded; refused")
 
 
 def _children(node: yaml.Node) -> list[yaml.Node]:
@@ -91,8 +101,9 @@ def load_yaml_text(text: str, source: str = "<yaml>") -> Any:
     """The single document in ``text`` as Python values (None when empty), within the bounds above."""
     if len(text) > MAX_BYTES:
         raise YamlError(f"{source}: larger than {MAX_BYTES // 2**20} MB; not a configuration file")
-    loader = _BoundedLoader(text)
+    loader = None
     try:
+        loader = _BoundedLoader(text)  # checks the characters: a control character is a ReaderError here
         node = loader.get_single_node()
         if node is None:
             return None
@@ -107,7 +118,8 @@ def load_yaml_text(text: str, source: str = "<yaml>") -> Any:
         # TypeError: an unhashable mapping key such as a list; ValueError: numbers Python refuses
         raise YamlError(f"{source}: cannot be read ({type(e).__name__}: {str(e)[:120]})") from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def load_yaml(path: str | Path) -> Any:
@@ -121,8 +133,32 @@ def load_yaml(path: str | Path) -> Any:
         raw = path.read_bytes()
     except OSError as e:
         raise YamlError(f"{path}: cannot be read ({e.strerror or type(e).__name__})") from None
-    try:
-        text = raw.decode("utf-8-sig") if not raw.startswith((b"\xff\xfe", b"\xfe\xff")) else raw.decode("utf-16")
-    except UnicodeDecodeError:
-        raise YamlError(f"{path}: not UTF-8 or UTF-16 text") from None
+    text = decode_text(raw)
+    if text is None:
+        raise YamlError(f"{path}: not UTF-8, UTF-16 or UTF-32 text")
     return load_yaml_text(text, str(path))
+
+
+BOMS = ((b"\x00\x00\xfe\xff", "utf-32-be"), (b"\xff\xfe\x00\x00", "utf-32-le"), (b"\xfe\xff", "utf-16-be"),
+        (b"\xff\xfe", "utf-16-le"), (b"\xef\xbb\xbf", "utf-8"))
+
+
+def decode_text(raw: bytes) -> str | None:
+    """A YAML file's bytes as text: the encoding its BOM names (UTF-32 before UTF-16, whose BOM begins UTF-32 LE's),
+    else UTF-8; None when they do not decode."""
+    bom, encoding = next(((b, e) for b, e in BOMS if raw.startswith(b)), (b"", "utf-8"))
+    try:
+        return raw[len(bom):].decode(encoding)
+    except UnicodeDecodeError:
+        return None
+
+
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxlist, _SHOWN.maxtuple, _SHOWN.maxdict, _SHOWN.maxset = 2, 3, 3, 3, 3
+_SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlong = 40, 40, 40
+
+
+def shown(value: Any) -> str:
+    """A short description of a value read from a file, for a one-line error: bounded text, built from the first
+    few items only (never a str() of a whole list or mapping an alias may have multiplied)."""
+    return _SHOWN.repr(value).replace("\n", " ")[:80]

@@ -375,3 +375,19 @@ def test_detect_buffers_follow_the_instance(tiny_cfg: dict) -> None:
     with torch.no_grad():
         a.detect.anchors.zero_()
     assert b.detect.anchors.abs().sum() > 0
+
+
+def test_configs_that_would_take_gigabytes_are_refused_before_any_memory(tiny_cfg: dict, tmp_path: Path) -> None:
+    """A few hundred bytes of YAML: stacked Upsample rows (64x the pixels each) or a huge kernel; refused from the
+    meta device's shapes, so nothing is allocated (issue 31: every YAML read is bounded)."""
+    upsample = [-1, 1, "nn.Upsample", [None, 8, "nearest"]]
+    cases = {"upsample": {**tiny_cfg, "backbone": [[-1, 1, "Conv", [16, 3, 2]], upsample, upsample, upsample,
+                                                   *tiny_cfg["backbone"][1:]]},
+             "kernel": {**tiny_cfg, "backbone": [[-1, 1, "Conv", [8192, 201, 1]], *tiny_cfg["backbone"][1:]]}}
+    for name, cfg in cases.items():
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+        assert path.stat().st_size < 3000
+        with pytest.raises(ModelConfigError, match="more than") as info:
+            Model(path)
+        assert "\n" not in str(info.value) and str(path) in str(info.value)

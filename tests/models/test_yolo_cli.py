@@ -58,3 +58,18 @@ def test_line_profile_adds_gflops_per_layer(capsys: pytest.CaptureFixture) -> No
 def test_bad_config_is_a_user_error() -> None:
     with pytest.raises(ModelConfigError, match="model config nope.yaml not found"):
         yolo.main(parse_opt(["--cfg", "nope.yaml"]))
+
+
+@pytest.mark.parametrize("cfg, params, gflops, head", [("yolov8n.yaml", "3,157,200", 8.8, "AnchorFreeDetect"),
+                                                       ("yolo11n.yaml", "2,624,080", 6.5, "AnchorFreeDetect"),
+                                                       ("yolo26n.yaml", "2,572,280", 5.4, "EndToEndDetect")])
+def test_family_summaries_name_the_scaled_model(capsys: pytest.CaptureFixture, cfg: str, params: str, gflops: float,
+                                                head: str) -> None:
+    """``--cfg yolo11n.yaml`` builds scale n of models/yolo11.yaml; the summary names yolo11n and its GFLOPs."""
+    yolo.main(parse_opt(["--cfg", cfg]))
+    out = capsys.readouterr().out
+    rows = [ln for ln in out.splitlines() if re.match(r"\s*\d+\s", ln)]
+    assert re.search(rf"\.{head}\s", rows[-1]), rows[-1]
+    summary = out.splitlines()[-1]
+    assert summary.startswith(f"{cfg[:-5]} summary: ") and f"{params} parameters" in summary, summary
+    assert float(re.search(r"([\d.]+) GFLOPs at 640x640", summary).group(1)) == pytest.approx(gflops, abs=0.05)

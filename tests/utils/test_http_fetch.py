@@ -18,6 +18,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:  # noqa: N802 (the http.server API)
         body = bytes(range(250)) * 20
+        if self.path.startswith("/to/"):  # /to/<url>: a 302 redirect to <url>
+            self.send_response(302)
+            self.send_header("Location", self.path[len("/to/"):])
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if self.path == "/missing":
             self.send_error(404)
             return
@@ -69,3 +75,24 @@ def test_other_schemes_and_dead_servers_are_refused_in_one_line(tmp_path: Path) 
         http_fetch.read_url(f"file://{tmp_path}", 10, timeout=1)
     with pytest.raises(FetchError, match="cannot download it"):
         http_fetch.read_url("http://127.0.0.1:9/x", 10, timeout=2)  # the discard port: nothing listens
+
+
+def test_redirects_stay_on_http_and_under_the_cap(base_url: str, tmp_path: Path) -> None:
+    """Finding 10 of issue 31: a 302 to ftp:// (or file://) is refused in one line, and the other server is never
+    contacted; a redirect within http(s) is followed and its body capped as any other."""
+    import socket
+
+    with socket.socket() as listener:  # stands for an FTP server: it must see no connection
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        listener.settimeout(0.5)
+        port = listener.getsockname()[1]
+        for target in (f"ftp://127.0.0.1:{port}/x", "file:///etc/hostname", f"gopher://127.0.0.1:{port}/x"):
+            with pytest.raises(FetchError, match="redirected to a .* URL; only http") as info:
+                http_fetch.read_url(f"{base_url}/to/{target}", 10_000, timeout=3)
+            assert "\n" not in str(info.value)
+        with pytest.raises(TimeoutError):
+            listener.accept()
+    assert http_fetch.read_url(f"{base_url}/to/{base_url}/ok", 5000, timeout=10) == bytes(range(250)) * 20
+    with pytest.raises(FetchError, match="more than the cap of 4999"):
+        http_fetch.fetch_to_file(f"{base_url}/to/{base_url}/nolength", tmp_path / "f", 4999, timeout=10)

@@ -44,3 +44,33 @@ def test_confined_keeps_paths_from_files_inside_their_folder(tmp_path: Path) -> 
     (tmp_path / "data" / "link").symlink_to(tmp_path)  # a symlink out of the folder is outside too
     with pytest.raises(UserError, match="leads outside"):
         confined("link/x", tmp_path / "data")
+
+
+def test_confined_refuses_values_that_are_not_paths_in_one_line(tmp_path: Path) -> None:
+    from utils.errors import UserError
+    from utils.paths import confined
+
+    class Mine(UserError):
+        pass
+
+    (tmp_path / "loop").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop")
+    for value in ("a\x00b", "", 7, ["x"], None, "loop/x"):
+        with pytest.raises(Mine, match="is not a usable path|leads outside") as info:
+            confined(value, tmp_path, "split", Mine)  # type: ignore[arg-type]
+        assert "\n" not in str(info.value) and str(info.value).startswith("split ")
+
+
+def test_confined_to_any_accepts_one_of_several_folders(tmp_path: Path) -> None:
+    from utils.errors import UserError
+    from utils.paths import confined_to_any
+
+    beside, home = tmp_path / "cfg", tmp_path / "home"
+    beside.mkdir()
+    home.mkdir()
+    assert confined_to_any("set", [beside, home]) == (beside / "set").resolve()  # relative: to the first
+    assert confined_to_any(home / "coco", [beside, home]) == (home / "coco").resolve()
+    assert confined_to_any("../home/x", [beside, home]) == (home / "x").resolve()
+    for escape in ("..", "../elsewhere", "/etc", str(tmp_path)):
+        with pytest.raises(UserError, match=f"leads outside {beside} and {home}"):
+            confined_to_any(escape, [beside, home], "path")

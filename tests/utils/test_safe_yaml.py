@@ -69,3 +69,53 @@ def test_files_fifos_encodings_and_sizes(tmp_path: Path, monkeypatch: pytest.Mon
     (tmp_path / "big.yaml").write_text("a: 123456789012\n")
     with pytest.raises(YamlError, match="larger than"):
         load_yaml(tmp_path / "big.yaml")
+
+
+def test_aliases_of_a_long_value_are_bounded_in_characters() -> None:
+    """A 64 KB string aliased 200k times is 13 GB once str()'d: refused on the node graph."""
+    text = f"a: &a {'y' * 60_000}\nb: [{', '.join(['*a'] * 200_000)}]\n"
+    assert len(text) < 2 * 2**20
+    with pytest.raises(YamlError, match="characters once its aliases are expanded"):
+        load_yaml_text(text, "chars.yaml")
+
+
+def test_utf32_and_boms(tmp_path: Path) -> None:
+    expected = {"nc": 1, "names": ["chat"]}
+    for encoding, bom in (("utf-32-le", b"\xff\xfe\x00\x00"), ("utf-32-be", b"\x00\x00\xfe\xff"),
+                          ("utf-16-be", b"\xfe\xff"), ("utf-8", b"\xef\xbb\xbf")):
+        path = tmp_path / f"{encoding}.yaml"
+        path.write_bytes(bom + "nc: 1\nnames: [chat]\n".encode(encoding))
+        assert load_yaml(path) == expected, encoding
+    (tmp_path / "latin1.yaml").write_bytes("names: [caf\xe9]\n".encode("latin-1"))
+    with pytest.raises(YamlError, match="not UTF-8, UTF-16 or UTF-32 text"):
+        load_yaml(tmp_path / "latin1.yaml")
+
+
+def test_shown_describes_large_values_without_stringifying_them() -> None:
+    from utils.safe_yaml import shown
+
+    huge = [["x" * 1000] * 1000] * 1000  # a billion characters if str()'d
+    assert len(shown(huge)) <= 80 and "\n" not in shown("a\nb")
+    assert shown({i: i for i in range(10)}).startswith("{0: 0, 1: 1, 2: 2") and shown(None) == "None"
+
+
+def test_no_other_module_parses_yaml() -> None:
+    """Every YAML read goes through this reader: no call of yaml's loaders (or its Loader classes) elsewhere in the
+    product (issue 31, finding 6)."""
+    import ast
+
+    from utils.paths import ROOT
+
+    loaders = {"load", "safe_load", "full_load", "unsafe_load", "load_all", "safe_load_all", "compose", "parse",
+               "scan", "Loader", "SafeLoader", "FullLoader", "UnsafeLoader", "BaseLoader", "CLoader", "CSafeLoader"}
+    found = []
+    for path in [*ROOT.glob("*.py"), *(ROOT / "utils").rglob("*.py"), *(ROOT / "models").rglob("*.py")]:
+        if path == ROOT / "utils" / "safe_yaml.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "yaml" \
+                    and node.attr in loaders:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} yaml.{node.attr}")
+            if isinstance(node, ast.ImportFrom) and node.module == "yaml" and {a.name for a in node.names} & loaders:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno} from yaml import ...")
+    assert found == []

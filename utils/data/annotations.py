@@ -9,6 +9,8 @@ class indices. ``scan_annotations`` checks every image and its boxes on the scan
 from __future__ import annotations
 
 import hashlib
+import math
+import reprlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +20,7 @@ import numpy as np
 
 from utils.data.label_cache import (
     ScanResult,
+    cache_arrays,
     check_image,
     check_label_rows,
     files_hash,
@@ -27,7 +30,9 @@ from utils.data.label_cache import (
     scan_files,
 )
 from utils.distributed import comm as dist
+from utils.errors import UserError
 from utils.log import LOGGER
+from utils.paths import confined
 
 ANNOTATION_CACHE_VERSION = 1
 
@@ -111,7 +116,7 @@ def check_entry(args: tuple[str, ImageEntry, int | None, Path | None]) -> tuple[
         if len(entry.boxes):
             labels, duplicates, label_note = check_label_rows(corner_rows(entry.boxes, entry.classes, shape), nc)
             state, note = "found", "; ".join(n for n in (note, label_note) if n)
-    except ValueError as e:
+    except (ValueError, OverflowError, TypeError) as e:
         return np.zeros((0, 5), np.float32), (0, 0), "corrupt", 0, f"{im_file}: ignoring corrupt image/label: {e}", ""
     return labels, shape, state, duplicates, f"{im_file}: {note}" if note else "", repaired
 
@@ -126,7 +131,7 @@ def annotation_hash(split: AnnotationSplit, im_files: Sequence[str], annotation_
 def _cached_files(path: Path) -> list[str]:
     """The image list a cache holds (to compute its expected hash); [] when there is no readable cache."""
     try:
-        with np.load(path, allow_pickle=False) as z:
+        with cache_arrays(path) as z:
             return [str(f) for f in z["im_files"]]
     except Exception:  # missing or damaged: rebuild
         return []
@@ -180,7 +185,43 @@ def crowd_note(excluded: int, what: str) -> str:
 
 
 def path_inside(folder: Path, name: Any) -> Path | None:
-    """``folder / name`` when ``name`` is a relative path that stays inside ``folder``; None otherwise."""
-    if not isinstance(name, str) or not name or Path(name).is_absolute() or ".." in Path(name).parts:
+    """``folder / name`` when ``name`` (read from a file) is a relative path that stays inside ``folder``, symbolic
+    links resolved (utils.paths.confined); None otherwise."""
+    if not isinstance(name, str) or not name or "\0" in name or Path(name).is_absolute() or ".." in Path(name).parts:
+        return None
+    try:
+        confined(name, folder)
+    except (UserError, OSError, ValueError):
         return None
     return folder / name
+
+
+def short(value: Any) -> str:
+    """A value read from a file, for a message: its repr cut to a few dozen characters and nesting levels."""
+    return SHORT.repr(value)
+
+
+def _short_repr() -> reprlib.Repr:
+    """reprlib's Repr with small limits (Python 3.10 has no keyword arguments for them)."""
+    limits = reprlib.Repr()
+    limits.maxlevel, limits.maxstring, limits.maxother, limits.maxlong = 2, 60, 60, 40
+    limits.maxlist = limits.maxtuple = limits.maxdict = limits.maxset = 4
+    return limits
+
+
+SHORT = _short_repr()
+MAX_SIDE = 1 << 20  # pixels a side an annotation may declare (larger sizes cannot pass the pixel limit anyway)
+
+
+def dimension(value: Any) -> int:
+    """An annotation's declared width or height (an integer, or a number or text holding one) as an int in
+    1..MAX_SIDE; ValueError naming the value otherwise (never OverflowError or TypeError)."""
+    number = float("nan")
+    if isinstance(value, int | float | str) and not isinstance(value, bool):
+        try:
+            number = float(value)
+        except (ValueError, OverflowError):
+            pass
+    if not (math.isfinite(number) and 1 <= number <= MAX_SIDE):
+        raise ValueError(f"size {short(value)} is not a pixel count in 1..{MAX_SIDE}")
+    return int(number)

@@ -11,6 +11,7 @@ annotation is a background image (counted 'empty').
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,19 +19,47 @@ from typing import Any
 
 import numpy as np
 
-from utils.data.annotations import IGNORE_COLUMNS, AnnotationSplit, ImageEntry, crowd_note, path_inside
-from utils.data.config import DataError
+from utils.data.annotations import (
+    IGNORE_COLUMNS,
+    AnnotationSplit,
+    ImageEntry,
+    crowd_note,
+    dimension,
+    path_inside,
+    short,
+)
+from utils.data.config import MAX_NAME_LENGTH, DataError
+from utils.data.regular_files import read_regular
+
+MAX_COCO_BYTES = 16 << 30  # an annotation file (COCO train2017: 448 MB); larger ones are refused from their size
+MAX_DIGITS = 64  # an integer written with more digits is refused before int() sees it (Python stops at 4300)
+
+
+def _bounded_int(text: str) -> int:
+    if len(text) > MAX_DIGITS:
+        raise ValueError(f"a number of more than {MAX_DIGITS} digits")
+    return int(text)
 
 
 def read_coco(path: Path) -> dict:
-    """The parsed file, checked to be a COCO annotation file; one DataError line otherwise."""
+    """The parsed file, checked to be a COCO annotation file; one DataError line otherwise (not a regular file,
+    not UTF-8 JSON, nested deeper than Python's recursion limit, integers of more than MAX_DIGITS digits)."""
     try:
-        data = json.loads(Path(path).read_bytes())
+        text = read_regular(path, MAX_COCO_BYTES).decode("utf-8-sig")
+    except (OSError, ValueError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else \
+            f"not UTF-8 text ({e.reason} at byte {e.start})" if isinstance(e, UnicodeDecodeError) else str(e)
+        raise DataError(f"{path}: cannot read the annotation file: {reason}") from None
+    try:
+        data = json.loads(text, parse_int=_bounded_int)
     except json.JSONDecodeError as e:
         raise DataError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno}); fix or re-export "
                         "the annotation file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: cannot read the annotation file ({type(e).__name__})") from None
+    except RecursionError:
+        raise DataError(f"{path}: not valid JSON for this reader (nested deeper than Python's recursion limit)") \
+            from None
+    except ValueError as e:  # from _bounded_int
+        raise DataError(f"{path}: not valid JSON for this reader ({e})") from None
     if not isinstance(data, dict) or not isinstance(data.get("images"), list) \
             or not isinstance(data.get("categories"), list):
         raise DataError(f"{path}: not a COCO annotation file (needs 'images' and 'categories' lists)")
@@ -43,9 +72,10 @@ def category_order(data: dict, path: Path, names: Sequence[str] = ()) -> tuple[l
     """(category ids, names) in ascending id order: class i is category ids[i]. With ``names`` (the data
     YAML's), they must agree with the file's."""
     try:
-        categories = sorted((int(c["id"]), str(c["name"])) for c in data["categories"])
+        categories = sorted((_category_id(c["id"]), _category_name(c["name"])) for c in data["categories"])
     except (KeyError, TypeError, ValueError):
-        raise DataError(f"{path}: every category needs an integer 'id' and a 'name'") from None
+        raise DataError(f"{path}: every category needs an integer 'id' and a 'name' (a line of at most "
+                        f"{MAX_NAME_LENGTH} characters)") from None
     ids, file_names = [c[0] for c in categories], [c[1] for c in categories]
     if len(set(ids)) != len(ids):
         raise DataError(f"{path}: category ids repeat")
@@ -59,20 +89,39 @@ def category_order(data: dict, path: Path, names: Sequence[str] = ()) -> tuple[l
     return ids, file_names
 
 
+def _category_id(value: Any) -> int:
+    """An integer category id (an integral float too, as some exporters write); TypeError/ValueError otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) \
+            or value != int(value):
+        raise ValueError("not an integer")
+    return int(value)
+
+
+def _category_name(value: Any) -> str:
+    if not isinstance(value, str) or not value or len(value) > MAX_NAME_LENGTH or "\n" in value:
+        raise ValueError("not a name")
+    return value
+
+
+def _key(value: Any) -> int | str | None:
+    """An image id, category id or image reference usable as a key (int or str, not bool); None otherwise."""
+    return value if isinstance(value, int | str) and not isinstance(value, bool) else None
+
+
 def _image_entries(data: dict, locate: Callable[[Any], Path | None]) -> dict[Any, ImageEntry]:
     entries: dict[Any, ImageEntry] = {}
     for index, image in enumerate(data["images"]):
         image = image if isinstance(image, dict) else {}
         path, problem = locate(image.get("file_name")), ""
         try:
-            size = (int(image["width"]), int(image["height"]))
-        except (KeyError, TypeError, ValueError):
+            size = (dimension(image.get("width")), dimension(image.get("height")))
+        except ValueError:
             size, problem = None, "image entry without integer 'width' and 'height'"
         if path is None:
-            path, problem = Path(f"<images[{index}]>"), f"bad file_name {image.get('file_name')!r}"
-        key = image.get("id")
-        if key in entries or not isinstance(key, int | str):
-            problem = f"image id {key!r} missing or repeated"
+            path, problem = Path(f"<images[{index}]>"), f"bad file_name {short(image.get('file_name'))}"
+        key = _key(image.get("id"))
+        if key is None or key in entries:
+            problem = f"image id {short(image.get('id'))} missing or repeated"
             key = ("bad", index)
         entries[key] = ImageEntry(str(path), size=size, problem=problem)
     return entries
@@ -82,7 +131,10 @@ def _box(annotation: dict) -> list[float] | None:
     box = annotation.get("bbox")
     if not isinstance(box, list) or len(box) != 4 or not all(isinstance(v, int | float) for v in box):
         return None
-    x, y, w, h = (float(v) for v in box)
+    try:
+        x, y, w, h = (float(v) for v in box)
+    except OverflowError:  # an integer too large for a float
+        return None
     return [x, y, x + w, y + h]
 
 
@@ -98,19 +150,22 @@ def coco_entries(data: dict, path: Path, images: Path, names: Sequence[str] = ()
     orphans = 0
     for annotation in data.get("annotations", []):
         annotation = annotation if isinstance(annotation, dict) else {}
-        entry = entries.get(annotation.get("image_id"))
+        image_id = _key(annotation.get("image_id"))
+        entry = entries.get(image_id) if image_id is not None else None
         if entry is None:
             orphans += 1
             continue
-        box, cls = _box(annotation), class_of.get(annotation.get("category_id"))
-        if annotation.get("iscrowd", 0) and not keep_crowd:  # an ignore region; a bad one is dropped, not fatal
-            crowds[annotation["image_id"]].append([cls, *box, 1.0] if box is not None and cls is not None else None)
-            continue
-        if box is None or cls is None:
-            what = "bbox" if box is None else f"category_id {annotation.get('category_id')!r}"
-            entry.problem = entry.problem or f"annotation {annotation.get('id')!r} has a bad {what}"
-            continue
-        boxes[annotation["image_id"]].append((cls, box))
+        box, cls, crowd = _box(annotation), class_of.get(_key(annotation.get("category_id"))), \
+            annotation.get("iscrowd", 0)
+        if crowd not in (0, 1):
+            entry.problem = entry.problem or f"annotation {short(annotation.get('id'))} has a bad iscrowd"
+        elif crowd and not keep_crowd:  # an ignore region; a bad one is dropped, not fatal
+            crowds[image_id].append([cls, *box, 1.0] if box is not None and cls is not None else None)
+        elif box is None or cls is None:
+            what = "bbox" if box is None else f"category_id {short(annotation.get('category_id'))}"
+            entry.problem = entry.problem or f"annotation {short(annotation.get('id'))} has a bad {what}"
+        else:
+            boxes[image_id].append((cls, box))
     for key, entry in entries.items():
         if boxes[key]:
             entry.classes = np.array([c for c, _ in boxes[key]], np.int64)
@@ -155,8 +210,8 @@ def coco_ids(split: AnnotationSplit) -> CocoIds:
     image_ids = {}
     for image in data["images"]:
         path = path_inside(split.images, image.get("file_name")) if isinstance(image, dict) else None
-        if path is not None:
-            image_ids[str(path)] = image.get("id")
+        if path is not None and _key(image.get("id")) is not None:
+            image_ids[str(path)] = image["id"]
     return CocoIds(split.annotations, image_ids, ids)
 
 

@@ -18,12 +18,13 @@ from typing import Any
 from utils.distributed import comm as dist
 from utils.errors import UserError
 from utils.log import LOGGER
-from utils.paths import ROOT, data_home
-from utils.safe_yaml import YamlError, load_yaml
+from utils.paths import ROOT, confined, confined_to_any, data_home
+from utils.safe_yaml import YamlError, load_yaml, shown
 
 DEFAULT_DATA = ROOT / "data" / "synthetic.yaml"
 MAX_NAME_LENGTH = 128
 MAX_CLASSES = 10_000
+MAX_SPLIT_ENTRIES = 1000
 
 
 class DataError(UserError):
@@ -77,7 +78,7 @@ def _parse_names(data: dict, yaml_file: Path) -> tuple[int, list[str]]:
         raise DataError(f"{yaml_file}: 'names' must be a list or a mapping of class index to name")
     nc = data.get("nc", len(names) if names else None)
     if not isinstance(nc, int) or isinstance(nc, bool) or not 1 <= nc <= MAX_CLASSES:
-        raise DataError(f"{yaml_file}: 'nc' must be a class count in 1..{MAX_CLASSES} (got {str(nc)[:40]})")
+        raise DataError(f"{yaml_file}: 'nc' must be a class count in 1..{MAX_CLASSES} (got {shown(nc)})")
     names = [_plain_name(n, yaml_file) for n in names] if names else [f"class{i}" for i in range(nc)]
     if len(names) != nc:
         raise DataError(f"{yaml_file}: nc is {nc} but 'names' lists {len(names)} classes; make them agree")
@@ -96,43 +97,58 @@ def _plain_name(name: Any, yaml_file: Path) -> str:
 
 
 def _dataset_root(data: dict, yaml_file: Path) -> Path:
-    """``synthetic:`` generates the built-in set; relative ``path`` is tried beside the YAML, then in data_home()."""
+    """The data set's folder: ``path`` beside the YAML (relative paths), else in data_home() when it is to be
+    downloaded; ``synthetic:`` generates the built-in set there (or in its default folder). A ``path`` must lie in
+    the YAML's folder, the data home or the project's ``datasets/`` (confined_to_any), so a YAML cannot aim reads,
+    downloads or generation at ``..`` or ``/``."""
+    homes = list(dict.fromkeys([yaml_file.parent, data_home(), ROOT / "datasets"]))  # also the default data home
     if "synthetic" in data:
         params = data["synthetic"] or {}
         if not isinstance(params, dict):
             raise DataError(f"{yaml_file}: 'synthetic' must be a mapping (n_train, n_val, img_size, seed)")
-        from utils.data.synthetic import ensure_synthetic  # local: synthetic imports nothing from here
+        from utils.data.synthetic import SyntheticError, ensure_synthetic  # local: synthetic imports nothing here
 
+        root = None if data.get("path") in (None, "") else confined_to_any(data["path"], homes, f"{yaml_file}: path",
+                                                                      DataError)
         try:
-            return ensure_synthetic(root=data.get("path"), **params)
+            return ensure_synthetic(root=root, **params)
         except (TypeError, ValueError) as e:
-            raise DataError(f"{yaml_file}: bad 'synthetic' parameters: {e}") from None
-    if not data.get("path"):
+            raise DataError(f"{yaml_file}: bad 'synthetic' parameters: {str(e)[:200]}") from None
+        except SyntheticError as e:
+            raise DataError(f"{yaml_file}: {e}") from None
+    if data.get("path") in (None, ""):
         return yaml_file.parent
-    path = Path(str(data["path"])).expanduser()
-    if path.is_absolute():
-        return path
-    beside = (yaml_file.parent / path).resolve()
-    return beside if beside.exists() or not data.get("download") else data_home() / path
+    value, what = data["path"], f"{yaml_file}: path"
+    if isinstance(value, str) and not Path(value).expanduser().is_absolute() and data.get("download"):
+        try:
+            beside = (yaml_file.parent / value).resolve()
+        except (OSError, RuntimeError, ValueError):  # not a usable path: confined_to_any says so below
+            beside = None
+        if beside is None or not beside.exists():  # a data set to download goes to the data home
+            return confined_to_any(value, [data_home()], what, DataError)
+    return confined_to_any(value, homes, what, DataError)
 
 
 def _split_paths(value: Any, root: Path, names: list[str], yaml_file: Path, key: str = "split") -> list[Any]:
-    """A split's entries: YOLO folders and lists as paths, mappings as annotation splits (utils.data.formats)."""
+    """A split's entries: YOLO folders and lists as paths, mappings as annotation splits (utils.data.formats); each
+    path resolved and confined to the data set's folder ``root``."""
     from utils.data.formats import split_from_mapping  # local: formats imports this module
 
     values = value if isinstance(value, list | tuple) else [value]
-    if not all((isinstance(v, str) and v) or isinstance(v, dict) for v in values):
-        raise DataError(f"{yaml_file}: '{key}' must be a path or a list of paths (or an annotation mapping)")
+    if len(values) > MAX_SPLIT_ENTRIES or not all((isinstance(v, str) and v) or isinstance(v, dict) for v in values):
+        raise DataError(f"{yaml_file}: '{key}' must be a path or a list of paths (or an annotation mapping), at "
+                        f"most {MAX_SPLIT_ENTRIES} entries")
     return [split_from_mapping(v, root, names, yaml_file) if isinstance(v, dict) else
-            p if (p := Path(str(v)).expanduser()).is_absolute() else root / p for v in values]
+            confined(v, root, f"{yaml_file}: '{key}' entry", DataError) for v in values]
 
 
 def check_converter(name: Any, yaml_file: Path) -> None:
     """A YAML's ``convert`` must name a registered converter (utils.data.zoo); None means none."""
     from utils.data.zoo import CONVERTERS  # local: the converters import this module
 
-    if name is not None and name not in CONVERTERS:
-        raise DataError(f"{yaml_file}: convert: {name!r} is not a known converter ({', '.join(sorted(CONVERTERS))})")
+    if name is not None and (not isinstance(name, str) or name not in CONVERTERS):
+        raise DataError(f"{yaml_file}: convert: {shown(name)} is not a known converter "
+                        f"({', '.join(sorted(CONVERTERS))})")
 
 
 def run_converter(name: Any, root: Path, names: list[str], yaml_file: Path) -> None:

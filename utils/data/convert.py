@@ -8,7 +8,9 @@ the same counted warnings).
     python -m utils.data.convert --from yolo --images set/images/train --names cat dog --out instances_train.json
 
 ``--to yolo`` writes ``OUT/images/`` (hard links, or copies across file systems) and ``OUT/labels/`` in the
-layout a data YAML's YOLO split reads; ``--to coco`` writes one annotation file (category ids 1..nc).
+layout a data YAML's YOLO split reads; ``--to coco`` writes one annotation file (category ids 1..nc). Nothing is
+written outside ``--out``, and no file is replaced that this command did not write (its list, ``.yolo-convert``,
+is kept beside what it wrote): a run that would replace one stops with one line before writing anything.
 """
 
 from __future__ import annotations
@@ -28,8 +30,10 @@ from utils.data.coco_json import coco_document, read_coco
 from utils.data.config import DataError
 from utils.data.formats import scan_sources
 from utils.data.label_cache import STATES, ScanResult
+from utils.data.regular_files import read_regular
 from utils.errors import UserError
 from utils.log import LOGGER, setup_logging
+from utils.paths import confined
 
 
 def label_text(rows: np.ndarray) -> str:
@@ -56,21 +60,61 @@ def place_file(source: Path, target: Path, move: bool = False) -> None:
         shutil.copy2(source, target)
 
 
+MANIFEST = ".yolo-convert"  # in a folder this command writes to: the files it wrote there, one relative path a line
+MAX_MANIFEST_BYTES = 256 << 20
+
+
+class Written:
+    """The files this command wrote in ``folder`` (its manifest there): a file in the way that is not listed is
+    someone else's and is never replaced. The manifest is updated before the files are written, so a run that
+    stops midway can be repeated."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.manifest = folder, folder / MANIFEST
+        self.names: set[str] = set()
+        if self.manifest.exists():
+            try:
+                self.names = set(read_regular(self.manifest, MAX_MANIFEST_BYTES).decode().splitlines())
+            except (OSError, ValueError) as e:
+                raise DataError(f"{self.manifest}: cannot read this command's list of the files it wrote ({e}); "
+                                "choose another --out") from None
+
+    def claim(self, targets: Sequence[Path]) -> None:
+        """Refuse (one DataError line, nothing written) when a target exists and was not written here; else record
+        every target as this command's."""
+        names = [target.relative_to(self.folder).as_posix() for target in targets]
+        for target, name in zip(targets, names):
+            if (target.exists() or target.is_symlink()) and name not in self.names:
+                raise DataError(f"{target} exists and was not written by python -m utils.data.convert; choose "
+                                "another --out, or move it away (nothing was written)")
+        self.names.update(names)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        tmp = self.manifest.with_name(f"{MANIFEST}.tmp{os.getpid()}")
+        tmp.write_text("".join(f"{name}\n" for name in sorted(self.names)))
+        os.replace(tmp, self.manifest)
+
+
 def export_yolo(result: ScanResult, images: Path, out: Path) -> int:
     """Images of a checked scan (paths relative to ``images``) into ``out/images`` and their labels into
-    ``out/labels``; corrupt images are left out. Returns the images written."""
-    written = 0
+    ``out/labels``; corrupt images are left out. Every target is checked to lie inside ``out`` and not to replace a
+    file this command did not write there before anything is written. Returns the images written."""
+    out = out.resolve()
+    plan = []
     for i, (file, state) in enumerate(zip(result.im_files, result.states)):
         if STATES[state] == "corrupt":
             continue
-        relative = Path(file).relative_to(images)
-        place_file(Path(file), out / "images" / relative)
-        if STATES[state] != "missing":
-            label = (out / "labels" / relative).with_suffix(".txt")
+        relative = Path(file).relative_to(images).as_posix()
+        image = confined(relative, out / "images", "an image path")
+        label = None if STATES[state] == "missing" else \
+            confined(Path(relative).with_suffix(".txt"), out / "labels", "a label path")
+        plan.append((Path(file), image, label, result.labels[i]))
+    Written(out).claim([t for _, image, label, _ in plan for t in (image, label) if t is not None])
+    for source, image, label, rows in plan:
+        place_file(source, image)
+        if label is not None:
             label.parent.mkdir(parents=True, exist_ok=True)
-            label.write_text(label_text(result.labels[i]))
-        written += 1
-    return written
+            label.write_text(label_text(rows))
+    return len(plan)
 
 
 def _names(opt: argparse.Namespace) -> list[str]:
@@ -91,8 +135,9 @@ def convert(opt: argparse.Namespace) -> Path:
         keep = [i for i, s in enumerate(result.states) if STATES[s] != "corrupt"]
         doc = coco_document([result.im_files[i] for i in keep], [result.labels[i] for i in keep],
                             result.shapes[keep], names, opt.images)
-        opt.out.parent.mkdir(parents=True, exist_ok=True)
-        opt.out.write_text(json.dumps(doc))
+        out = opt.out.resolve()
+        Written(out.parent).claim([out])
+        out.write_text(json.dumps(doc))
         LOGGER.info(f"Wrote {len(doc['images'])} images and {len(doc['annotations'])} boxes to {opt.out}")
         return opt.out
     if opt.annotations is None:

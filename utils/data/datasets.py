@@ -35,6 +35,7 @@ from utils.data.augment import (
 )
 from utils.data.config import DataError
 from utils.data.formats import ignore_regions, scan_sources
+from utils.data.image_io import ImageRefused, read_cached_array, read_image
 from utils.data.label_cache import STATES, copy_name, img2label_paths
 from utils.data.ram_cache import SharedImages, build_shared
 from utils.device import available_cores
@@ -157,6 +158,16 @@ class YoloDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.im_files)
 
+    def batch_nbytes(self, batch_size: int) -> int:
+        """Bytes of the largest batch of ``batch_size`` samples the collate builds: uint8 images of the largest
+        letterbox (or mosaic) shape, and float32 targets for the most boxes a sample can carry (a mosaic with mixup
+        holds eight images' boxes), plus a page per tensor."""
+        h = w = self.img_size
+        if self.rect:
+            h, w = (int(v) for v in self.batch_shapes[np.argmax(self.batch_shapes.prod(1))])
+        boxes = max((len(lab) for lab in self.labels), default=0) * (8 if self.mosaic else 1)
+        return batch_size * (3 * h * w + 6 * 4 * boxes) + 2 * 4096
+
     def ignore_regions(self, path: str) -> np.ndarray:
         """Image ``path``'s crowd boxes / difficult objects, which evaluation ignores and training never sees:
         (r, 6) [cls, x1, y1, x2, y2, crowd] in the image's original pixels; parsed from the annotations on the
@@ -201,15 +212,20 @@ class YoloDataset(torch.utils.data.Dataset):
         looked for once: without it no image pays for the path and its stat)."""
         if self.npy_cached:
             npy = self._npy_path(i)
-            with contextlib.suppress(OSError, ValueError):  # missing, damaged or older than the image: decode it
+            with contextlib.suppress(OSError):  # missing or older than the image: decode it
                 if npy.stat().st_mtime_ns >= os.stat(self.im_files[i]).st_mtime_ns:
-                    return np.load(npy, allow_pickle=False)
-        img = cv2.imread(self.read_files[i], cv2.IMREAD_COLOR)
-        if img is None and self.read_files[i] != self.im_files[i]:  # the repaired copy is gone: the original
-            img = cv2.imread(self.im_files[i], cv2.IMREAD_COLOR)
-        if img is None:
-            raise DataError(f"{self.im_files[i]}: image could not be read (was it changed after the scan?)")
-        return img
+                    w, h = (int(v) for v in self.shapes[i])
+                    if (cached := read_cached_array(npy, (h, w, 3))) is not None:  # else another array: decode
+                        return cached
+        try:
+            return read_image(self.read_files[i])
+        except ImageRefused as e:
+            if self.read_files[i] == self.im_files[i]:
+                raise DataError(f"{self.im_files[i]}: {e}") from None
+        try:  # the repaired copy is gone: the original
+            return read_image(self.im_files[i])
+        except ImageRefused as e:
+            raise DataError(f"{self.im_files[i]}: {e}") from None
 
     def load_image(self, i: int) -> tuple[np.ndarray, tuple[int, int], tuple[int, int]]:
         """Image i resized so its long side is ``img_size`` -> (img, (h0, w0), (h, w)); read-only when it comes

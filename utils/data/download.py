@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 import urllib.parse
 import zipfile
 from collections.abc import Sequence
@@ -22,7 +23,8 @@ from typing import Any
 from utils import http_fetch
 from utils.data.config import DataError
 from utils.log import LOGGER
-from utils.paths import data_home
+from utils.paths import confined, data_home
+from utils.safe_yaml import shown
 
 MAX_DOWNLOAD_BYTES = 64 << 30  # COCO's train2017.zip is 19 GB
 MAX_EXPANSION = 200  # an archive may expand to this many times its size (label text compresses about 10:1)
@@ -49,15 +51,19 @@ def download_dataset(spec: Any, root: Path, max_bytes: int = MAX_DOWNLOAD_BYTES,
         raise DataError(f"download lists {len(entries)} entries (at most {MAX_ENTRIES})")
     plans = [plan_entry(entry, root) for entry in entries]
     for url, dest, only in plans:
-        dest.mkdir(parents=True, exist_ok=True)
-        target = dest / file_name(url)
-        LOGGER.info(f"Downloading {url} to {target} ...")
-        fetch_to_file(url, target, max_bytes)
-        if target.suffix == ".zip":
+        folder = root if only is not None else dest  # where the fetched file itself goes: never root's parent
+        folder.mkdir(parents=True, exist_ok=True)
+        name = file_name(url)
+        if name.endswith(".zip"):
+            LOGGER.info(f"Downloading {url} into {dest} ...")
+            archive = fetch_to_temporary(url, folder, name, max_bytes)
             try:
-                safe_extract(target, dest, only=only)
+                safe_extract(archive, dest, only=only)
             finally:
-                target.unlink(missing_ok=True)
+                archive.unlink(missing_ok=True)
+        else:
+            LOGGER.info(f"Downloading {url} to {folder / name} ...")
+            fetch_to_file(url, folder / name, max_bytes)
     return [dest for _, dest, _ in plans]
 
 
@@ -68,13 +74,12 @@ def plan_entry(entry: Any, root: Path) -> tuple[str, Path, str | None]:
     else:
         url, where = entry, None
     check_url(url)
-    if where is None or str(where) == "..":
+    if where is None or where == "..":
         return url, root.parent, root.name  # the archive holds the data set's folder itself
-    relative = PurePosixPath(str(where))
-    if not isinstance(where, str) or relative.is_absolute() or ".." in relative.parts:
-        raise DataError(f"download 'dir' {str(where)[:80]!r} must be a folder inside the data set (relative, "
-                        "without '..'), or '..' for an archive that holds the data set's folder")
-    return url, root / relative, None
+    if not isinstance(where, str) or PurePosixPath(where).is_absolute():
+        raise DataError(f"download 'dir' {shown(where)} must be a folder inside the data set (relative), or "
+                        "'..' for an archive that holds the data set's folder")
+    return url, confined(where, root, "download 'dir'", DataError), None
 
 
 def check_url(url: Any) -> None:
@@ -104,40 +109,75 @@ def read_url(url: str, max_bytes: int, timeout: float = TIMEOUT_S) -> bytes:
         raise DataError(f"{url[:120]}: {e}") from None
 
 
-def fetch_to_file(url: str, target: Path, max_bytes: int = MAX_DOWNLOAD_BYTES) -> Path:
-    """Download ``url`` into ``target`` atomically (a temporary name beside it, renamed when complete)."""
-    tmp = target.with_name(f".{target.name}.part{os.getpid()}")
+def fetch_to_temporary(url: str, folder: Path, name: str, max_bytes: int = MAX_DOWNLOAD_BYTES) -> Path:
+    """Download ``url`` into a new temporary file in ``folder`` (nobody else's file is opened); its path."""
+    handle, tmp_name = tempfile.mkstemp(prefix=f".{name}.", suffix=".part", dir=folder)
+    os.close(handle)
+    tmp = Path(tmp_name)
     try:
-        http_fetch.fetch_to_file(url, tmp, max_bytes, TIMEOUT_S, progress=target.name)
-        os.replace(tmp, target)
+        http_fetch.fetch_to_file(url, tmp, max_bytes, TIMEOUT_S, progress=name)
     except http_fetch.FetchError as e:
+        tmp.unlink(missing_ok=True)
         raise DataError(f"{url[:120]}: {e}") from None
     except OSError as e:
-        raise DataError(f"download of {url[:120]} failed ({e.strerror or e}); fetch it by hand into "
-                        f"{target.parent}") from None
+        tmp.unlink(missing_ok=True)
+        raise DataError(f"download of {url[:120]} failed ({e.strerror or e}); fetch it by hand into {folder}") from None
+    return tmp
+
+
+def fetch_to_file(url: str, target: Path, max_bytes: int = MAX_DOWNLOAD_BYTES) -> Path:
+    """Download ``url`` into ``target`` atomically (a new temporary file beside it, then linked to the name); a
+    file already at ``target`` is never replaced (one DataError line instead)."""
+    if target.exists() or target.is_symlink():
+        raise DataError(f"{target} already exists and a download never replaces a file; remove it to fetch "
+                        f"{url[:120]} again")
+    tmp = fetch_to_temporary(url, target.parent, target.name, max_bytes)
+    try:
+        os.link(tmp, target)  # fails when the name exists: never replaces
+    except FileExistsError:
+        raise DataError(f"{target} already exists and a download never replaces a file") from None
+    except OSError as e:  # a file system without hard links: the name was checked free above
+        if target.exists() or target.is_symlink():
+            raise DataError(f"{target} already exists and a download never replaces a file") from None
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            raise DataError(f"download of {url[:120]} failed ({e.strerror or e}); fetch it by hand into "
+                            f"{target.parent}") from None
     finally:
         tmp.unlink(missing_ok=True)
     return target
 
 
 def safe_extract(zip_path: str | Path, dest: str | Path, only: str | None = None) -> list[Path]:
-    """Extract a zip into ``dest``, refusing members that would land outside it (``../``, absolute paths), outside
-    ``dest/only`` when given, or an archive that expands out of proportion to its size."""
+    """Extract a zip into ``dest``, refusing members that would land outside it (``../``, absolute paths, through
+    symlinks), outside ``dest/only`` when given, or an archive that expands out of proportion to its size. A member
+    whose file is already there is not written (the file is kept; one warning counts them)."""
     dest = Path(dest).resolve()
+    inside = dest / only if only else dest
+    kept = 0
     try:
         with zipfile.ZipFile(zip_path) as archive:
             members = archive.infolist()
+            targets = []
             for member in members:
                 target = (dest / member.filename).resolve()
-                inside = dest / only if only else dest
                 if target != inside and inside not in target.parents:
                     raise DataError(f"{zip_path}: member {member.filename[:120]!r} would be written outside "
                                     f"{inside}; refusing to extract")
+                targets.append(target)
             expanded = sum(m.file_size for m in members)
             if expanded > MAX_EXPANSION * max(Path(zip_path).stat().st_size, 1 << 20):
                 raise DataError(f"{zip_path}: expands to {expanded} bytes, over {MAX_EXPANSION} times its size; "
                                 "refusing to extract")
-            archive.extractall(dest)
+            for member, target in zip(members, targets):
+                if not member.is_dir() and (target.exists() or target.is_symlink()):
+                    kept += 1  # never replaced
+                    continue
+                archive.extract(member, dest)
     except (zipfile.BadZipFile, OSError, EOFError, RuntimeError) as e:
-        raise DataError(f"{zip_path}: cannot extract into {dest} ({type(e).__name__}: {e})") from None
+        raise DataError(f"{zip_path}: cannot extract into {dest} ({type(e).__name__}: {str(e)[:200]})") from None
+    if kept:
+        LOGGER.warning(f"WARNING: {kept} file(s) of {Path(zip_path).name} were already in {dest} and were kept, "
+                       "not replaced")
     return [dest / m.filename for m in members]

@@ -23,6 +23,8 @@ from utils.data.coco_json import coco_files, parse_coco
 from utils.data.config import DataError
 from utils.data.label_cache import ScanResult, cache_dir_for, cached_scan, img2label_paths, list_image_files
 from utils.data.voc import parse_voc, voc_files
+from utils.paths import confined
+from utils.safe_yaml import shown
 
 FORMATS: dict[str, AnnotationFormat] = {
     "coco": AnnotationFormat(parse=parse_coco, files=coco_files),
@@ -32,10 +34,10 @@ SPLIT_KEYS = {"images", "list", "keep_crowd"}
 
 
 def _resolve(value: Any, root: Path, where: str) -> Path:
+    """A path of a split mapping, resolved and confined to the data set's folder ``root``."""
     if not isinstance(value, str) or not value:
-        raise DataError(f"{where}: expected a path, got {value!r}")
-    path = Path(value).expanduser()
-    return path if path.is_absolute() else root / path
+        raise DataError(f"{where}: expected a path, got {shown(value)}")
+    return confined(value, root, where, DataError)
 
 
 def split_from_mapping(value: dict, root: Path, names: Sequence[str], yaml_file: Path) -> AnnotationSplit:
@@ -44,8 +46,8 @@ def split_from_mapping(value: dict, root: Path, names: Sequence[str], yaml_file:
     kinds = [k for k in value if k in FORMATS]
     unknown = sorted(set(value) - set(FORMATS) - SPLIT_KEYS, key=str)
     if len(kinds) != 1 or unknown:
-        what = f"unknown key '{unknown[0]}'" if unknown else f"{len(kinds)} formats"
-        raise DataError(f"{yaml_file}: split {value}: {what}; a split mapping names one format "
+        what = f"unknown key {shown(unknown[0])}" if unknown else f"{len(kinds)} formats"
+        raise DataError(f"{yaml_file}: split {shown(value)}: {what}; a split mapping names one format "
                         f"({', '.join(FORMATS)}) and 'images', optionally 'list' and 'keep_crowd'")
     kind, where = kinds[0], f"{yaml_file}: split '{kinds[0]}'"
     if "images" not in value:

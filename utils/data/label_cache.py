@@ -13,8 +13,8 @@ import contextlib
 import hashlib
 import multiprocessing
 import os
-import warnings
-from collections.abc import Sequence
+import zipfile
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.pool import ThreadPool
 from pathlib import Path
@@ -22,10 +22,11 @@ from typing import Any
 
 import cv2
 import numpy as np
-from PIL import Image
 from tqdm import tqdm
 
 from utils.data.config import DataError
+from utils.data.image_io import ImageHeader, ImageRefused, exif_size, opened_image, read_image, size_refusal
+from utils.data.regular_files import FileRefused, open_regular, read_regular
 from utils.device import available_cores
 from utils.distributed import comm as dist
 from utils.log import LOGGER
@@ -36,6 +37,7 @@ COORD_TOLERANCE = 1e-3  # a normalised coordinate up to this far outside [0, 1] 
 MIN_IMAGE_SIDE = 10
 PROCESS_POOL_MIN = 128  # scans of fewer images use threads
 STATES = ("found", "missing", "empty", "corrupt")  # index = state code stored in the cache
+MAX_LABEL_BYTES = 8 << 20  # one image's label file (about 250 000 rows)
 
 
 def list_image_files(sources: str | Path | Sequence[str | Path]) -> list[str]:
@@ -70,14 +72,6 @@ def img2label_paths(im_files: Sequence[str]) -> list[str]:
     return out
 
 
-def exif_size(img: Image.Image) -> tuple[int, int]:
-    """(w, h) after the EXIF orientation is applied (rotations by 90 degrees swap the sides)."""
-    with contextlib.suppress(Exception):
-        if img.getexif().get(0x0112) in (5, 6, 7, 8):
-            return img.size[1], img.size[0]
-    return img.size
-
-
 def copy_name(path: str | Path, suffix: str) -> str:
     """A file name for a cached copy of ``path``: its stem and a hash of its full path (names repeat across
     folders), e.g. ``0001-3f2a9c1b.jpg``."""
@@ -88,9 +82,10 @@ def copy_name(path: str | Path, suffix: str) -> str:
 def repair_jpeg(path: str, repair_dir: Path) -> Path:
     """A re-encoded copy, in ``repair_dir``, of a JPEG whose end marker is missing (the decoder fills the lost
     tail); the user's file is left as it is. Atomic write. Raises ValueError when it cannot be decoded."""
-    img = cv2.imread(path, cv2.IMREAD_COLOR)
-    if img is None:
-        raise ValueError("truncated JPEG that cannot be decoded")
+    try:
+        img = read_image(path)
+    except ImageRefused:
+        raise ValueError("truncated JPEG that cannot be decoded") from None
     _, encoded = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 100])
     target = repair_dir / copy_name(path, ".jpg")
     tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
@@ -100,47 +95,37 @@ def repair_jpeg(path: str, repair_dir: Path) -> Path:
     return target
 
 
-def pixel_limit_refusal(width: int, height: int) -> str:
-    """Why an image of ``width`` x ``height`` is refused (more pixels than Pillow's ``Image.MAX_IMAGE_PIXELS``, the
-    decompression-bomb limit: a 20 kB PNG may decode to gigabytes), or '' when it is within the limit."""
-    limit = Image.MAX_IMAGE_PIXELS
-    if limit is not None and width * height > limit:
-        return f"{width}x{height} is more pixels than the decompression-bomb limit of {limit}"
-    return ""
-
-
 def check_image(path: str, repair_dir: Path | None = None) -> tuple[tuple[int, int], str, str]:
-    """(size (w, h), note, path of a repaired copy or '') of a decodable image of a known format; raises
-    ValueError with the reason otherwise. A truncated JPEG is repaired into ``repair_dir`` when given."""
-    refusal = ""
+    """(size (w, h), note, path of a repaired copy or '') of a regular file holding a decodable image of a listed
+    format (decided from its content, utils.data.image_io); raises ValueError with the reason otherwise. A truncated
+    JPEG is repaired into ``repair_dir`` when given."""
     try:
-        with warnings.catch_warnings():  # Pillow only warns between its limit and twice it; refused here
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(path) as img:  # the header only: the size is known before anything is decoded
+        with open_regular(path) as f:
+            with opened_image(f) as img:  # the header only: the size is known before anything is decoded
                 fmt, size = (img.format or "").lower(), exif_size(img)
-            if not (refusal := pixel_limit_refusal(*img.size)):
-                with Image.open(path) as img:
-                    img.verify()
-    except Image.DecompressionBombError:
-        raise ValueError(f"more pixels than the decompression-bomb limit of {Image.MAX_IMAGE_PIXELS}") from None
+                too_large = size_refusal(os.fstat(f.fileno()).st_size, ImageHeader(img.format or "", img.size))
+            if too_large:
+                raise ValueError(too_large)
+            f.seek(0)
+            with opened_image(f) as img:
+                img.verify()
+            if fmt in ("jpeg", "mpo"):
+                f.seek(-2, os.SEEK_END)
+                truncated = f.read() != b"\xff\xd9"
+    except ValueError:  # ImageRefused, FileRefused: their reason as it is
+        raise
+    except OSError as e:
+        raise ValueError(f"cannot read the file ({e.strerror or type(e).__name__})") from None
     except Exception as e:  # PIL raises many types for bad files
         raise ValueError(f"cannot decode image ({type(e).__name__})") from None
-    if refusal:
-        raise ValueError(refusal)
-    if f".{fmt}" not in IMG_SUFFIXES:
-        raise ValueError(f"unsupported image format {fmt!r}")
     if min(size) < MIN_IMAGE_SIDE:
         raise ValueError(f"image size {size[0]}x{size[1]} < {MIN_IMAGE_SIDE} pixels")
-    if fmt in ("jpeg", "mpo"):
-        with open(path, "rb") as f:
-            f.seek(-2, os.SEEK_END)
-            truncated = f.read() != b"\xff\xd9"
-        if truncated and repair_dir is not None:
+    if fmt in ("jpeg", "mpo") and truncated:
+        if repair_dir is not None:
             with contextlib.suppress(OSError):  # an unwritable cache folder: train on the original as it is
                 return size, f"corrupt JPEG repaired into {repair_dir.name}/ (the original is unchanged)", \
                     str(repair_jpeg(path, repair_dir))
-        if truncated:
-            return size, "corrupt JPEG (missing end marker), read as it is", ""
+        return size, "corrupt JPEG (missing end marker), read as it is", ""
     return size, "", ""
 
 
@@ -149,10 +134,15 @@ def read_label_file(path: str, nc: int | None) -> tuple[np.ndarray, str, int, st
 
     State is 'found', 'missing' or 'empty'; invalid content raises ValueError with the reason.
     """
-    if not os.path.isfile(path):
+    if not os.path.isfile(path):  # a FIFO or a folder is no label file: missing, never opened
         return np.zeros((0, 5), np.float32), "missing", 0, ""
-    with open(path, encoding="utf-8", errors="replace") as f:
-        rows = [line.split() for line in f.read().splitlines() if line.strip()]
+    try:
+        text = read_regular(path, MAX_LABEL_BYTES).decode("utf-8", errors="replace")
+    except OSError as e:
+        raise ValueError(f"cannot read the label file ({e.strerror or type(e).__name__})") from None
+    except FileRefused as e:
+        raise ValueError(f"label file: {e}") from None
+    rows = [line.split() for line in text.splitlines() if line.strip()]
     if not rows:
         return np.zeros((0, 5), np.float32), "empty", 0, ""
     bad_width = next((len(r) for r in rows if len(r) != 5), None)
@@ -201,7 +191,7 @@ def check_sample(args: tuple[str, str, int | None, Path | None]) -> tuple[np.nda
     try:
         shape, image_note, repaired = check_image(im_file, repair_dir)
         labels, state, duplicates, label_note = read_label_file(label_file, nc)
-    except ValueError as e:
+    except (ValueError, OverflowError, TypeError) as e:
         return np.zeros((0, 5), np.float32), (0, 0), "corrupt", 0, f"{im_file}: ignoring corrupt image/label: {e}", ""
     notes = "; ".join(n for n in (image_note, label_note) if n)
     return labels, shape, state, duplicates, f"{im_file}: {notes}" if notes else "", repaired
@@ -335,10 +325,24 @@ def save_cache(path: Path, result: ScanResult, file_hash: str) -> bool:
         return False
 
 
+@contextlib.contextmanager
+def cache_arrays(path: Path) -> Iterator[Any]:
+    """A cache file's arrays (numpy's lazy NpzFile). A cache may come with a data set from a stranger: it must be a
+    regular file whose zip members are stored, as numpy writes them (a compressed member could inflate a small file
+    to gigabytes), and are loaded without unpickling. ValueError or OSError otherwise."""
+    with open_regular(path) as f:
+        with zipfile.ZipFile(f) as archive:
+            if any(i.compress_type != zipfile.ZIP_STORED for i in archive.infolist()):
+                raise ValueError("compressed cache members")
+        f.seek(0)
+        with np.load(f, allow_pickle=False) as z:
+            yield z
+
+
 def load_cache(path: Path, file_hash: str) -> ScanResult | None:
     """The cached scan when its version and hash match; None when missing, stale or unreadable."""
     try:
-        with np.load(path, allow_pickle=False) as z:
+        with cache_arrays(path) as z:
             if int(z["version"]) != CACHE_VERSION or str(z["hash"]) != file_hash:
                 return None
             counts = z["counts"]

@@ -9,6 +9,7 @@ samples the interrupted run had not reached.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
 from utils.data.datasets import DatasetOptions, YoloDataset
+from utils.data.ram_cache import plan_shared_memory, shm_free, size_text
 from utils.device import available_cores
 from utils.distributed import comm as dist
 from utils.distributed.signals import protect_worker
@@ -117,12 +119,13 @@ def _seed_worker(worker_id: int) -> None:
 
 def build_dataloader(dataset: Dataset, batch_size: int, *, shuffle: bool, workers: int, seed: int = 0,
                      shard_eval: bool = False, resumable: bool | None = None, collate: Any = None,
-                     reserved_cores: int = 0) -> DataLoader:
+                     reserved_cores: int = 0, prefix: str = "") -> DataLoader:
     """A DataLoader for this rank; ``batch_size`` is the per-rank batch.
 
     ``resumable`` (default: ``shuffle`` or world > 1) uses ResumableSampler, the training sampler;
     ``shard_eval`` shards without padding; otherwise a plain sequential order. Augmentation seeds
-    differ per rank (the generator) and per worker (torch adds the worker id). ``reserved_cores``: see worker_count.
+    differ per rank (the generator) and per worker (torch adds the worker id). ``reserved_cores``: see worker_count;
+    the workers are fewer where /dev/shm has no room for their batches (shm_workers).
     """
     rank, world = dist.get_rank(), dist.get_world_size()
     if resumable is None:
@@ -134,15 +137,53 @@ def build_dataloader(dataset: Dataset, batch_size: int, *, shuffle: bool, worker
                                    sample_seeds=hasattr(dataset, "seed_sample"))
     else:
         sampler = torch.utils.data.SequentialSampler(dataset)
-    num_workers = worker_count(workers, batch_size, reserved_cores)
+    batch_nbytes = dataset.batch_nbytes(batch_size) if hasattr(dataset, "batch_nbytes") else 0
+    num_workers = shm_workers(worker_count(workers, batch_size, reserved_cores), batch_nbytes, prefix)
     generator = torch.Generator().manual_seed(seed * 1000 + rank)
     if num_workers == 0 and hasattr(dataset, "reseed"):
         dataset.reseed(seed * 1000 + rank)
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
-                      pin_memory=torch.cuda.is_available(),
-                      collate_fn=collate or getattr(dataset, "collate_fn", None),
-                      worker_init_fn=_seed_worker, generator=generator, persistent_workers=num_workers > 0,
-                      prefetch_factor=4 if num_workers > 0 else None)
+    loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
+                        pin_memory=torch.cuda.is_available(),
+                        collate_fn=collate or getattr(dataset, "collate_fn", None),
+                        worker_init_fn=_seed_worker, generator=generator, persistent_workers=num_workers > 0,
+                        prefetch_factor=PREFETCH if num_workers > 0 else None)
+    plan_shared_memory(loader, in_flight_bytes(num_workers, batch_nbytes))
+    return loader
+
+
+PREFETCH = 4  # batches each worker prepares ahead
+_SHM_WARNED: set[str] = set()  # the shared-memory warning is shown once per process, not once per loader
+
+
+def in_flight_bytes(workers: int, batch_nbytes: int) -> int:
+    """Shared memory the batches of ``workers`` workers take at most: each worker's prefetched batches and the
+    one the rank is using (0 without workers: batches are then made in the rank's own memory)."""
+    return (workers * PREFETCH + 1) * batch_nbytes if workers else 0
+
+
+def shm_workers(workers: int, batch_nbytes: int, prefix: str = "") -> int:
+    """At most ``workers``: as many as /dev/shm has room for. DataLoader workers hand every batch to the rank
+    through shared memory, and a full /dev/shm (Docker's and Kubernetes' default is 64 MB) ends the run in the
+    collate; so the free space the machine reports (less what this process's other loaders and the ranks of the
+    machine will take) decides, with one warning when it is fewer."""
+    free = shm_free()
+    if not workers or not batch_nbytes or free is None:
+        return workers
+    ranks = max(dist.get_local_world_size(), 1)
+    fitting = workers
+    while fitting and in_flight_bytes(fitting, batch_nbytes) > free // ranks:
+        fitting -= 1
+    if fitting < workers and "shm" not in _SHM_WARNED:
+        _SHM_WARNED.add("shm")
+        stats = os.statvfs("/dev/shm")
+        needed = in_flight_bytes(workers, batch_nbytes) * ranks
+        size = stats.f_blocks * stats.f_frsize + max(needed - free, 0)
+        instead = f"{fitting} worker{'s' if fitting > 1 else ''}" if fitting else \
+            "no workers (batches made in the training process)"
+        LOGGER.warning(f"{prefix}WARNING: /dev/shm has {size_text(max(free, 0))} free and the batches of {workers} "
+                       f"dataloader workers per rank need about {size_text(needed)} of it; using {instead}. Start "
+                       f"the container with --ipc=host or --shm-size larger than {size_text(size)}")
+    return fitting
 
 
 def set_epoch(loader: DataLoader, epoch: int) -> None:
@@ -209,5 +250,6 @@ def create_dataloader(sources: str | Path | Sequence[str | Path], options: Datas
     training = shuffle or options.augment  # a training loader resumes exactly, even with --rect (kept order)
     loader = build_dataloader(dataset, batch_size, shuffle=shuffle and not options.rect, workers=workers,
                               seed=options.seed, shard_eval=shard_eval, resumable=training and not shard_eval,
-                              collate=dataset.collate_quad if quad else None, reserved_cores=reserved_cores)
+                              collate=dataset.collate_quad if quad else None, reserved_cores=reserved_cores,
+                              prefix=options.prefix)
     return loader, dataset

@@ -17,6 +17,7 @@ import contextlib
 import errno
 import os
 import tempfile
+import weakref
 from collections.abc import Callable
 from multiprocessing.pool import ThreadPool
 from pathlib import Path
@@ -35,6 +36,30 @@ RAM_MARGIN = 0.1  # leave this share of the machine's available memory to everyt
 def shm_dir() -> Path:
     """Where shared-memory files live: /dev/shm on Linux, the temp folder elsewhere."""
     return Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+
+
+# Shared memory this process's dataloaders will take once their workers run (they start with the first batch, so
+# the file system does not show it yet), by loader; kept for as long as each loader lives.
+_PLANNED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def plan_shared_memory(owner: object, nbytes: int) -> None:
+    """Record that ``owner`` (a dataloader) will take ``nbytes`` of /dev/shm while it lives."""
+    _PLANNED[owner] = int(nbytes)
+
+
+def planned_shared_memory() -> int:
+    """Bytes of /dev/shm this process's live dataloaders will take (recorded by plan_shared_memory)."""
+    return sum(_PLANNED.values())
+
+
+def shm_free() -> int | None:
+    """Free bytes in /dev/shm as the file system reports them, less what this process's dataloaders will take;
+    None where there is no /dev/shm (batches and caches then live in ordinary files)."""
+    if not Path("/dev/shm").is_dir():
+        return None
+    stats = os.statvfs("/dev/shm")
+    return stats.f_bavail * stats.f_frsize - planned_shared_memory() * max(dist.get_local_world_size(), 1)
 
 
 class SharedImages:
@@ -92,6 +117,8 @@ def reserve(path: Path, nbytes: int) -> str:
                 "available; use --cache disk (or fewer, smaller images)")
     stats = os.statvfs(path.parent)
     free = stats.f_bavail * stats.f_frsize
+    if path.parent == Path("/dev/shm"):  # leave the dataloaders of this machine's ranks what they will need
+        free -= planned_shared_memory() * max(dist.get_local_world_size(), 1)
     advice = (f"{path.parent} has {size_text(free)} free (Docker's and Kubernetes' default is 64 MB): start the "
               f"container with --ipc=host or --shm-size larger than {size_text(nbytes)}, or use --cache disk")
     if nbytes > free:

@@ -2,35 +2,35 @@
 video URL, a live stream (rtsp://, rtmp://, http(s)://) or a ``.streams`` file listing streams, one a line.
 
 Every source yields ``Frame``s: the letterboxed network input (3, h, w) RGB uint8, the original
-BGR image (outputs keep its size) and where it came from. Unreadable images, and images whose header declares
-more pixels than Pillow's decompression-bomb limit (checked before decoding), are skipped with a warning and
-counted; an image URL is read up to MAX_IMAGE_BYTES. A video or stream with frames over the limit, a missing
-source, an empty folder, a video or stream that cannot be opened, or a ``.streams`` file without streams raise a
-one-line ``SourceError``. A live stream is read by a background
-thread that keeps only its newest frame, so a slow model skips frames instead of falling behind.
+BGR image (outputs keep its size) and where it came from. Images are decoded by utils.data.image_io (a listed
+format decided from the content, the pixel count from the header, regular files only): an image it refuses, or
+that does not decode, is skipped with a warning and counted; an image URL is read up to MAX_IMAGE_BYTES. A video
+or stream with frames over the limit, a missing source, an empty folder, a video or stream that cannot be opened,
+a video path that is not a regular file, or a ``.streams`` file without streams raise a one-line ``SourceError``.
+A live stream is read by a background thread that keeps only its newest frame, so a slow model skips frames
+instead of falling behind.
 """
 
 from __future__ import annotations
 
 import contextlib
 import glob
-import io
 import os
+import stat
 import threading
 import urllib.parse
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import cv2
 import numpy as np
-from PIL import Image
 
 from utils.data.augment import letterbox
 from utils.data.config import DataError
 from utils.data.download import read_url
-from utils.data.label_cache import pixel_limit_refusal
+from utils.data.image_io import ImageRefused, decode_image, pixel_limit_refusal, read_image
+from utils.data.regular_files import kind_of
 from utils.errors import UserError
 from utils.log import LOGGER
 from utils.paths import IMG_SUFFIXES, VID_SUFFIXES
@@ -152,7 +152,11 @@ def _quiet_video_backends() -> Iterator[None]:
 
 
 def open_video(path: str | int) -> cv2.VideoCapture:
-    """An opened capture, or a SourceError naming the video, webcam or URL (network ones time out)."""
+    """An opened capture, or a SourceError naming the video, webcam or URL (network ones time out). A path must be a
+    regular file: a FIFO would block the capture for ever."""
+    if isinstance(path, str) and not is_url(path) and os.path.exists(path):
+        if not stat.S_ISREG(mode := os.stat(path).st_mode):
+            raise SourceError(f"--source: {path} is not a regular file ({kind_of(mode)})")
     with _quiet_video_backends():
         if is_url(path):
             timeout_ms = int(NETWORK_TIMEOUT_S * 1000)
@@ -173,36 +177,14 @@ def open_video(path: str | int) -> cv2.VideoCapture:
     return capture
 
 
-def fetch_image(url: str, max_bytes: int = MAX_IMAGE_BYTES) -> np.ndarray | None:
-    """An image URL read into memory (at most ``max_bytes``) and decoded; None when the bytes are not an image.
-
-    Raises ImageRefused when its header declares more pixels than the decompression-bomb limit."""
+def fetch_image(url: str, max_bytes: int = MAX_IMAGE_BYTES) -> np.ndarray:
+    """An image URL read into memory (at most ``max_bytes``) and decoded as a local file is (utils.data.image_io:
+    a listed format decided from the content, the pixel count from the header); ImageRefused otherwise."""
     try:
         data = read_url(url, max_bytes, NETWORK_TIMEOUT_S)
     except DataError as e:
         raise SourceError(f"--source {e}") from None
-    check_pixels(io.BytesIO(data), url)
-    return cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
-
-
-class ImageRefused(ValueError):
-    """An image skipped before decoding (over the decompression-bomb limit); counted like an unreadable one."""
-
-
-def check_pixels(file: str | Path | io.BytesIO, name: str | Path) -> None:
-    """Read only the image header and refuse more pixels than Pillow's limit (formats Pillow cannot read pass)."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-            with Image.open(file) as img:
-                size = img.size
-    except Image.DecompressionBombError:
-        raise ImageRefused(f"{name}: more pixels than the decompression-bomb limit of {Image.MAX_IMAGE_PIXELS}") \
-            from None
-    except (OSError, ValueError, SyntaxError):  # not an image Pillow knows: OpenCV's own limit applies
-        return
-    if refusal := pixel_limit_refusal(*size):
-        raise ImageRefused(f"{name}: {refusal}")
+    return decode_image(data)
 
 
 def read_frames(capture: cv2.VideoCapture, vid_stride: int = 1) -> Iterator[tuple[int, np.ndarray]]:
@@ -240,27 +222,13 @@ class LoadImages:
                 yield from self._video_frames(str(path), index)
                 continue
             try:
-                original = self._read_image(path)
+                original = fetch_image(str(path)) if is_url(path) else read_image(path)
             except ImageRefused as e:
                 self.skipped += 1
-                LOGGER.warning(f"WARNING: skipping image {e}")
-                continue
-            if original is None:
-                self.skipped += 1
-                missing = not is_url(path) and not Path(path).is_file()
-                LOGGER.warning(f"WARNING: skipping unreadable image {path}{' (file not found)' if missing else ''}")
+                LOGGER.warning(f"WARNING: skipping unreadable image {path}: {e}")
                 continue
             image, ratio_pad = letterbox_image(original, self.img_size, self.stride, self.auto)
             yield Frame(str(path), image, original, ratio_pad, "image", index, len(self.files))
-
-    @staticmethod
-    def _read_image(path: Path | str) -> np.ndarray | None:
-        if is_url(path):
-            return fetch_image(str(path))
-        if not Path(path).is_file():
-            return None
-        check_pixels(path, path)
-        return cv2.imread(str(path))
 
     def _video_frames(self, path: str, index: int) -> Iterator[Frame]:
         capture = open_video(path)

@@ -3,17 +3,25 @@
 It makes ``python train.py`` work offline. The set is written in YOLO format
 (``images/{train,val}/*.jpg`` + ``labels/{train,val}/*.txt``) into
 ``data_home()/synthetic-v<version>-<params hash>`` on first use, zero-first under DDP, and is
-skipped when already present and valid. Generation happens in a temporary folder that is
+skipped when already present and valid. Generation happens in a new temporary folder that is
 renamed into place, so a crash never leaves a half-written set that looks valid.
+
+Nothing a user has is ever removed: the set is generated only into a folder that does not exist yet, an empty
+one, or one holding an earlier set of this generator. Its manifest lists every file it wrote with a hash; an
+earlier set is cleared of exactly those files (when unchanged) and of the label caches made for them, and when
+anything else is left there, generation is refused with one line naming it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import math
 import os
+import re
 import shutil
+import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,13 +30,25 @@ import cv2
 import numpy as np
 
 from utils.distributed import comm as dist
+from utils.errors import UserError
 from utils.log import LOGGER, colorstr
 from utils.paths import data_home
+from utils.safe_yaml import shown
 
 SYNTHETIC_NAMES = ["circle", "square", "triangle"]
 SYNTHETIC_VERSION = 1
 MANIFEST = "synthetic.json"
 SPLITS = ("train", "val")
+OWN_FILE = re.compile(r"(images/(train|val)/\d{5}\.jpg|labels/(train|val)/\d{5}\.txt)")  # what it writes
+OWN_CACHES = ("labels/train.cache", "labels/val.cache", "labels/train.cache.d", "labels/val.cache.d")  # the scan's
+MAX_OWN_FILE = 16 << 20  # a file named as one of ours but larger was not written by the generator
+MAX_MANIFEST = 4 << 20
+MAX_IMAGES = 100_000  # train + val images of one set (the default set has 640)
+MAX_SIDE = 4096
+
+
+class SyntheticError(UserError):
+    """The synthetic set cannot be generated where it was asked for (a folder holding other files)."""
 
 
 @dataclass(frozen=True)
@@ -51,14 +71,25 @@ class SyntheticSpec:
 
 def make_spec(n_train: int = 512, n_val: int = 128, img_size: int | Sequence[int] = (128, 160), seed: int = 0,
               max_objects: int = 4, min_object: float = 0.2, max_object: float = 0.5) -> SyntheticSpec:
-    """A validated SyntheticSpec; ``img_size`` is one side or a [min, max] range."""
-    sizes = (int(img_size), int(img_size)) if isinstance(img_size, int | float) else tuple(int(s) for s in img_size)
-    if len(sizes) != 2 or not 32 <= sizes[0] <= sizes[1]:
-        raise ValueError(f"synthetic img_size {img_size!r} must be a side >= 32 or a [min, max] range")
-    if n_train < 1 or n_val < 1 or max_objects < 1 or not 0 < min_object <= max_object <= 0.9:
-        raise ValueError("synthetic n_train, n_val, max_objects must be >= 1 and 0 < min_object <= max_object <= 0.9")
-    return SyntheticSpec(int(n_train), int(n_val), sizes, int(seed), int(max_objects), float(min_object),
-                         float(max_object))
+    """A validated SyntheticSpec; ``img_size`` is one side or a [min, max] range. The parameters may come from a
+    data YAML, so each is bounded (MAX_IMAGES images of at most MAX_SIDE pixels a side): ValueError otherwise."""
+    sides = [img_size] * 2 if _is_number(img_size) else list(img_size) if isinstance(img_size, list | tuple) else []
+    if len(sides) != 2 or not all(_is_number(s) and 32 <= s <= MAX_SIDE for s in sides) or sides[0] > sides[1]:
+        raise ValueError(f"synthetic img_size {shown(img_size)} must be a side or a [min, max] range in "
+                         f"32..{MAX_SIDE}")
+    counts = (n_train, n_val, max_objects, seed)
+    if not all(_is_number(v) and float(v).is_integer() for v in counts) or n_train < 1 or n_val < 1 or \
+            n_train + n_val > MAX_IMAGES or not 1 <= max_objects <= 64 or not 0 <= seed < 2**63:
+        raise ValueError(f"synthetic n_train, n_val must be >= 1 and at most {MAX_IMAGES} together, max_objects "
+                         "1..64, seed a whole number >= 0")
+    if not (_is_number(min_object) and _is_number(max_object) and 0 < min_object <= max_object <= 0.9):
+        raise ValueError("synthetic min_object, max_object must satisfy 0 < min_object <= max_object <= 0.9")
+    return SyntheticSpec(int(n_train), int(n_val), (int(sides[0]), int(sides[1])), int(seed), int(max_objects),
+                         float(min_object), float(max_object))
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def _background(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
@@ -165,16 +196,22 @@ def draw_sample(rng: np.random.Generator, spec: SyntheticSpec) -> tuple[np.ndarr
     return img, np.array(labels, np.float32).reshape(-1, 5)
 
 
-def _write_split(folder: Path, split: str, count: int, spec: SyntheticSpec) -> None:
+def _write_split(folder: Path, split: str, count: int, spec: SyntheticSpec) -> dict[str, str]:
+    """Write one split's images and labels; {relative path: sha1 of the bytes written} for the manifest."""
     image_dir, label_dir = folder / "images" / split, folder / "labels" / split
     image_dir.mkdir(parents=True)
     label_dir.mkdir(parents=True)
+    written = {}
     for i in range(count):
         rng = np.random.default_rng([spec.seed, SPLITS.index(split), i])  # independent of order
         img, labels = draw_sample(rng, spec)
-        cv2.imwrite(str(image_dir / f"{i:05d}.jpg"), img, [cv2.IMWRITE_JPEG_QUALITY, 95])
+        jpg = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 95])[1].tobytes()
         rows = [f"{int(c)} {x:.6f} {y:.6f} {w:.6f} {h:.6f}" for c, x, y, w, h in labels]
-        (label_dir / f"{i:05d}.txt").write_text("\n".join(rows) + ("\n" if rows else ""))
+        txt = ("\n".join(rows) + ("\n" if rows else "")).encode()
+        for path, content in ((image_dir / f"{i:05d}.jpg", jpg), (label_dir / f"{i:05d}.txt", txt)):
+            path.write_bytes(content)
+            written[path.relative_to(folder).as_posix()] = hashlib.sha1(content).hexdigest()
+    return written
 
 
 def _manifest(spec: SyntheticSpec) -> dict:
@@ -182,34 +219,106 @@ def _manifest(spec: SyntheticSpec) -> dict:
             "names": SYNTHETIC_NAMES}
 
 
+def _read_manifest(root: Path) -> dict:
+    """The manifest in ``root`` ({} when there is none or it is not one: too large, not JSON, not a mapping)."""
+    path = root / MANIFEST
+    try:
+        if path.is_symlink() or not path.is_file() or path.stat().st_size > MAX_MANIFEST:
+            return {}
+        found = json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return found if isinstance(found, dict) else {}
+
+
 def is_valid(root: Path, spec: SyntheticSpec) -> bool:
     """True when ``root`` holds a complete set made from ``spec`` (manifest matches, files all there)."""
+    manifest = _read_manifest(root)
+    if {key: manifest.get(key) for key in ("version", "spec", "names")} != _manifest(spec):
+        return False
+    counts = {"train": spec.n_train, "val": spec.n_val}
     try:
-        if json.loads((root / MANIFEST).read_text()) != _manifest(spec):
-            return False
-        counts = {"train": spec.n_train, "val": spec.n_val}
         return all(len(os.listdir(root / kind / split)) == counts[split]
                    for split in SPLITS for kind in ("images", "labels"))
-    except (OSError, ValueError):
+    except OSError:
         return False
 
 
-def generate(root: Path, spec: SyntheticSpec) -> Path:
-    """Write the set into a temporary sibling folder, then rename it to ``root`` (atomic on one disk)."""
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = root.with_name(f".{root.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    _write_split(tmp, "train", spec.n_train, spec)
-    _write_split(tmp, "val", spec.n_val, spec)
-    (tmp / MANIFEST).write_text(json.dumps(_manifest(spec), indent=1))
-    if root.exists():  # an invalid leftover (older or damaged set) is replaced
-        shutil.rmtree(root, ignore_errors=True)
+def _unchanged(path: Path, digest: object) -> bool:
+    """Whether ``path`` is a plain file still holding what the generator wrote (its sha1 is ``digest``)."""
     try:
-        tmp.rename(root)
-    except OSError:  # another process (not in our group) finished first
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not is_valid(root, spec):
-            raise
+        return (not path.is_symlink() and path.is_file() and path.stat().st_size <= MAX_OWN_FILE
+                and hashlib.sha1(path.read_bytes()).hexdigest() == digest)
+    except OSError:
+        return False
+
+
+def _clear_own_set(root: Path) -> None:
+    """Remove from ``root`` what the generator wrote there before (listed in its manifest, unchanged), the label
+    caches made for it, then the folders left empty; nothing else is touched."""
+    files = _read_manifest(root).get("files")
+    if not isinstance(files, dict):
+        return  # no list of its own files (not a set of this generator, or one from before the list): keep all
+    for name, digest in files.items():
+        if isinstance(name, str) and OWN_FILE.fullmatch(name) and _unchanged(root / name, digest):
+            (root / name).unlink()
+    for name in OWN_CACHES:
+        cache = root / name
+        if cache.is_symlink():
+            continue
+        if cache.is_file():
+            cache.unlink()
+        elif cache.is_dir():
+            shutil.rmtree(cache)
+    (root / MANIFEST).unlink()
+    for folder in sorted((p for p in root.rglob("*") if p.is_dir() and not p.is_symlink()), reverse=True):
+        with contextlib.suppress(OSError):
+            folder.rmdir()  # only an empty folder goes
+
+
+def check_target(root: Path, spec: SyntheticSpec) -> None:
+    """SyntheticError (one line) unless ``root`` may receive a new set: missing, empty, or holding only an earlier
+    set of this generator (with its list of files). Reads only; all ranks may call it."""
+    if root.is_symlink() or (root.exists() and not root.is_dir()):
+        raise SyntheticError(f"synthetic set: {root} exists and is not a folder; choose another path")
+    if not root.exists() or is_valid(root, spec):
+        return
+    files = _read_manifest(root).get("files")
+    own = isinstance(files, dict)  # an earlier set that lists its files (with their hashes)
+    allowed = {name for name, digest in files.items() if isinstance(name, str) and OWN_FILE.fullmatch(name)
+               and _unchanged(root / name, digest)} | {MANIFEST} if own else set()
+    for path in sorted(root.rglob("*")):
+        name = path.relative_to(root).as_posix()
+        if name in allowed or (own and any(name == c or name.startswith(c + "/") for c in OWN_CACHES)):
+            continue
+        if path.is_symlink() or not path.is_dir():
+            raise SyntheticError(f"synthetic set: {root} is not empty and holds files the generator did not make "
+                                 f"or that changed since it made them ({name!r}); it generates only into a new or "
+                                 "empty folder or its own earlier set: choose another path or move them away")
+
+
+def generate(root: Path, spec: SyntheticSpec) -> Path:
+    """Write the set into a new temporary sibling folder, then rename it to ``root`` (atomic on one disk); an
+    earlier set of this generator at ``root`` is cleared first (check_target says when that is refused)."""
+    check_target(root, spec)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp", dir=root.parent))  # new: nobody else's
+    try:
+        written = _write_split(tmp, "train", spec.n_train, spec)
+        written.update(_write_split(tmp, "val", spec.n_val, spec))
+        (tmp / MANIFEST).write_text(json.dumps(_manifest(spec) | {"files": written}, indent=1))
+        if root.exists():
+            _clear_own_set(root)
+            with contextlib.suppress(OSError):
+                root.rmdir()  # empty now; if not (another writer), the rename below fails and nothing is lost
+        try:
+            tmp.rename(root)
+        except OSError:  # another process (not in our group) finished first, or something appeared there
+            if not is_valid(root, spec):
+                raise SyntheticError(f"synthetic set: could not move the new set into {root} (something else is "
+                                     "writing there); try again") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # made by mkdtemp above: only this call's own files
     return root
 
 
@@ -223,10 +332,12 @@ def ensure_synthetic(root: str | Path | None = None, n_train: int = 512, n_val: 
                      min_object: float = 0.2, max_object: float = 0.5) -> Path:
     """The folder of the synthetic set for these parameters, generated first when missing or invalid.
 
-    Generation runs on local rank 0 while the other ranks wait (zero-first). All ranks must call it.
+    Generation runs on local rank 0 while the other ranks wait (zero-first). All ranks must call it. A folder
+    holding anything but an earlier set of this generator is refused (SyntheticError), never cleared.
     """
     spec = make_spec(n_train, n_val, img_size, seed, max_objects, min_object, max_object)
     folder = Path(root) if root is not None else default_root(spec)
+    check_target(folder, spec)  # on every rank, so a refusal is the same line everywhere
     with dist.zero_first(local=True):
         if dist.is_local_main_process() and not is_valid(folder, spec):
             LOGGER.info(f"{colorstr('synthetic:')} generating {spec.n_train} train + {spec.n_val} val images "

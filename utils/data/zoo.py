@@ -10,18 +10,19 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import tarfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 
-from utils.data.annotations import AnnotationSplit, ImageEntry, corner_rows
+from utils.data.annotations import AnnotationSplit, ImageEntry, corner_rows, path_inside
 from utils.data.coco_json import coco_entries, read_coco
 from utils.data.config import DataError
 from utils.data.convert import label_text, place_file
-from utils.data.label_cache import exif_size
+from utils.data.image_io import exif_size, opened_image
+from utils.data.regular_files import open_regular
 from utils.data.voc import parse_voc
 from utils.log import LOGGER
 
@@ -30,12 +31,24 @@ Converter = Callable[[Path, Sequence[str]], None]
 
 def safe_untar(archive: Path, dest: Path) -> None:
     """Extract a tar archive with tarfile's 'data' filter (nothing outside ``dest``, no devices, no links out),
-    then delete it."""
+    never replacing a file already there (kept, and counted in a warning), then delete it."""
+    kept = []
+
+    def keep_existing(member: tarfile.TarInfo, path: str) -> tarfile.TarInfo | None:
+        member = tarfile.data_filter(member, path)
+        if not member.isdir() and os.path.lexists(os.path.join(path, member.name)):
+            kept.append(member.name)
+            return None  # an existing file is never replaced
+        return member
+
     try:
         with tarfile.open(archive) as tar:
-            tar.extractall(dest, filter="data")
+            tar.extractall(dest, filter=keep_existing)
     except (tarfile.TarError, OSError) as e:
-        raise DataError(f"{archive}: cannot extract ({e}); delete it and download again") from None
+        raise DataError(f"{archive}: cannot extract ({str(e)[:200]}); delete it and download again") from None
+    if kept:
+        LOGGER.warning(f"WARNING: {len(kept)} file(s) of {archive.name} were already in {dest} and were kept, not "
+                       "replaced")
     archive.unlink()
 
 
@@ -47,9 +60,13 @@ def untar_all(folder: Path) -> None:
 
 
 def image_size(path: Path) -> tuple[int, int]:
-    """(w, h) as the data set reads it (EXIF orientation applied), from the header only."""
-    with Image.open(path) as img:
-        return exif_size(img)
+    """(w, h) as the data set reads it (EXIF orientation applied), from the header only; one DataError line for a
+    file that is not a regular file holding an image of a listed format within the pixel limit."""
+    try:
+        with open_regular(path) as f, opened_image(f) as img:
+            return exif_size(img)
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path}: {getattr(e, 'strerror', None) or e}") from None
 
 
 def write_yolo_label(path: Path, boxes: np.ndarray, classes: np.ndarray, size: tuple[int, int]) -> int:
@@ -72,7 +89,11 @@ def write_entries(entries: Sequence[ImageEntry], images: Path, labels: Path) -> 
         if entry.problem or not source.is_file():
             skipped.append(f"{source.name}: {entry.problem or 'image not found'}")
             continue
-        size = entry.size or image_size(source)
+        try:
+            size = entry.size or image_size(source)
+        except DataError as e:
+            skipped.append(str(e))
+            continue
         place_file(source, images / source.name, move=True)
         write_yolo_label(labels / f"{source.stem}.txt", entry.boxes, entry.classes, size)
         done += 1
@@ -210,7 +231,7 @@ def convert_objects365(root: Path, names: Sequence[str]) -> None:
                 place_file(file, images / file.name, move=True)
         annotations = root / f"zhiyuan_objv2_{split}.json"
         entries, _, _ = coco_entries(read_coco(annotations), annotations, images,
-                                     locate=lambda name, folder=images: folder / Path(str(name)).name)
+                                     locate=lambda name, folder=images: path_inside(folder, Path(str(name)).name))
         done = write_entries(entries, images, root / "labels" / split)
         LOGGER.info(f"Objects365 {split}: {done} images converted")
 

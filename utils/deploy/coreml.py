@@ -12,7 +12,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from utils.deploy.formats import ExportFormat, ExportOptions, FormatError, quiet_jit_warnings, require
+from utils.deploy.formats import (
+    ExportFormat,
+    ExportOptions,
+    FormatError,
+    parse_json_metadata,
+    quiet_jit_warnings,
+    require,
+)
 
 
 class CoreMLFormat(ExportFormat):
@@ -54,7 +61,8 @@ class CoreMLFormat(ExportFormat):
         user = dict(description.metadata.userDefined)
         return {"inputs": {i.name: list(i.type.multiArrayType.shape) for i in description.input},
                 "outputs": [o.name for o in description.output],
-                "meta": {k: json.loads(v) for k, v in user.items() if not k.startswith("com.github.apple")}}
+                "meta": {k: parse_json_metadata(v, file) for k, v in user.items()
+                         if not k.startswith("com.github.apple")}}
 
 
 FORMAT = CoreMLFormat()

@@ -11,6 +11,9 @@ import contextlib
 import functools
 import importlib
 import importlib.util
+import json
+import math
+import re
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -21,6 +24,7 @@ import torch
 from torch import nn
 
 from utils.errors import UserError
+from utils.safe_yaml import YamlError, load_yaml, shown
 
 FORMAT_MODULES = ("utils.deploy.pytorch", "utils.deploy.torchscript", "utils.deploy.onnx", "utils.deploy.openvino",
                   "utils.deploy.ncnn", "utils.deploy.coreml", "utils.deploy.saved_model", "utils.deploy.tflite")
@@ -172,6 +176,164 @@ def export_metadata(model: nn.Module, img_size: tuple[int, int], batch_size: int
             "img_size": [int(img_size[0]), int(img_size[1])], "batch_size": int(batch_size), "dynamic": bool(dynamic),
             "device": next(model.parameters()).device.type, "strides": [float(s) for s in model.stride.tolist()],
             "num_anchors": len(anchors[0]), "half": bool(half), "head": head}
+
+
+MAX_METADATA_TEXT = 1 << 20  # bytes of an exported file's metadata text (80 class names: ~1 KB)
+METADATA_BOUNDS = {"stride": 1024, "classes": 10_000, "name": 128, "side": 16_384, "batch": 1024, "levels": 8,
+                   "anchors": 32, "anchor": 1e5}
+
+
+def parse_json_metadata(text: str | bytes, source: object) -> Any:
+    """Metadata text stored as JSON in an exported file, within MAX_METADATA_TEXT; one FormatError line otherwise
+    (too long, not JSON, nested deep enough to exhaust the stack, a number over Python's digit limit)."""
+    if len(text) > MAX_METADATA_TEXT:
+        raise FormatError(f"{source}: its metadata is larger than {MAX_METADATA_TEXT} bytes; re-export it")
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError) as e:
+        raise FormatError(f"{source}: its metadata is not valid JSON ({type(e).__name__}); re-export it") from None
+
+
+def read_metadata_yaml(path: Path, source: object) -> Any:
+    """The YAML metadata file of an exported folder (OpenVINO, NCNN) through the bounded reader: {} when there is
+    none, one FormatError line when it cannot be read."""
+    if not path.is_file():
+        return {}
+    try:
+        return load_yaml(path)
+    except YamlError as e:
+        raise FormatError(f"{source}: its metadata cannot be read ({e}); re-export it with export.py") from None
+
+
+def _whole(value: Any, low: float, high: float) -> int | None:
+    """``value`` as an int when it is a finite whole number (not a bool) in [low, high], else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    if isinstance(value, float) and not (math.isfinite(value) and value.is_integer()):
+        return None
+    return int(value) if low <= value <= high else None
+
+
+def _positive(value: Any, high: float) -> float | None:
+    """``value`` as a float when it is a finite number (not a bool) in (0, high], else None."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value) if 0 < value <= high else None
+
+
+def _names(value: Any) -> list[str] | None:
+    """Class names as a list of plain one-line strings, from a list or a {0: name, ...} mapping; None if not."""
+    if isinstance(value, dict):
+        keys = {k: int(k) for k in value if (isinstance(k, int) and not isinstance(k, bool)) or
+                (isinstance(k, str) and re.fullmatch(r"\d{1,6}", k))}
+        if len(keys) != len(value) or sorted(keys.values()) != list(range(len(value))):
+            return None
+        value = [value[k] for k in sorted(keys, key=keys.get)]
+    if not isinstance(value, list) or not 1 <= len(value) <= METADATA_BOUNDS["classes"]:
+        return None
+    names = [str(n) for n in value if isinstance(n, str | int | float) and not isinstance(n, bool)]
+    ok = len(names) == len(value) and all(0 < len(n) <= METADATA_BOUNDS["name"] and n.isprintable() for n in names)
+    return names if ok else None
+
+
+def _anchors(value: Any) -> list[list[list[float]]] | None:
+    """Anchors as levels of [w, h] pairs (the head's (nl, na, 2)), each a finite positive size; None if not."""
+    if not isinstance(value, list) or not 1 <= len(value) <= METADATA_BOUNDS["levels"]:
+        return None
+    levels = []
+    for level in value:
+        if not isinstance(level, list) or not 1 <= len(level) <= METADATA_BOUNDS["anchors"]:
+            return None
+        pairs = [[_positive(v, METADATA_BOUNDS["anchor"]) for v in pair] if isinstance(pair, list) else [None]
+                 for pair in level]
+        if any(len(pair) != 2 or None in pair for pair in pairs):
+            return None
+        levels.append(pairs)
+    return levels if len({len(level) for level in levels}) == 1 else None
+
+
+def _plain_value(value: Any) -> Any:
+    """A plain scalar of a head's metadata (a bool, a finite number, a short one-line string), else None."""
+    if isinstance(value, bool) or (isinstance(value, int | float) and math.isfinite(value)):
+        return value
+    return value if isinstance(value, str) and len(value) <= 64 and value.isprintable() else None
+
+
+def _head(value: Any) -> dict[str, Any] | None:
+    """The head's own export metadata: at most 16 named fields; its ``contract`` a mapping of plain values (the
+    runtime reads it through OutputContract.from_metadata), ``stride`` the strides, ``anchors`` as the top-level
+    field, anything else a plain value. None if not."""
+    if not isinstance(value, dict) or len(value) > 16 or not all(isinstance(k, str) and len(k) <= 32 for k in value):
+        return None
+    checked: dict[str, Any] = {}
+    for key, field in value.items():
+        if key == "contract":
+            plain = isinstance(field, dict) and len(field) <= 3 and \
+                all(_plain_value(v) is not None for v in field.values())
+            used = dict(field) if plain else None
+        elif key == "stride":
+            used = [_positive(s, METADATA_BOUNDS["stride"]) for s in field] if isinstance(field, list) and \
+                1 <= len(field) <= METADATA_BOUNDS["levels"] else None
+            used = None if used is None or None in used else used
+        elif key == "anchors":
+            used = _anchors(field)
+        else:
+            used = _plain_value(field)
+        if used is None:
+            return None
+        checked[key] = used
+    return checked
+
+
+def _check_field(key: str, value: Any) -> tuple[bool, Any, str]:
+    """(valid, the value as used, what it must be) for one metadata field."""
+    bounds = METADATA_BOUNDS
+    checks: dict[str, tuple[Callable[[Any], Any], str]] = {
+        "stride": (lambda v: _whole(v, 1, bounds["stride"]), f"a whole number in 1..{bounds['stride']}"),
+        "names": (_names, f"1..{bounds['classes']} plain names of 1..{bounds['name']} printable characters"),
+        "img_size": (lambda v: [_whole(s, 0, bounds["side"]) for s in v] if isinstance(v, list) and len(v) == 2
+                     else None, f"[height, width], each in 0..{bounds['side']} (0: not fixed)"),
+        "batch_size": (lambda v: _whole(v, 1, bounds["batch"]), f"a whole number in 1..{bounds['batch']}"),
+        "strides": (lambda v: [_positive(s, bounds["stride"]) for s in v] if isinstance(v, list) and
+                    1 <= len(v) <= bounds["levels"] else None, f"1..{bounds['levels']} numbers in (0, 1024]"),
+        "num_anchors": (lambda v: _whole(v, 1, bounds["anchors"]), f"a whole number in 1..{bounds['anchors']}"),
+        "anchors": (_anchors, f"1..{bounds['levels']} levels of the same number of [w, h] sizes in (0, 1e5]"),
+        "dynamic": (lambda v: v if isinstance(v, bool) else None, "true or false"),
+        "half": (lambda v: v if isinstance(v, bool) else None, "true or false"),
+        "device": (lambda v: v if isinstance(v, str) and re.fullmatch(r"[a-z]{1,16}", v) else None, "a device type"),
+        "weights": (lambda v: v if isinstance(v, str) and len(v) <= 16 else None, "a precision name"),
+        "head": (_head, "a mapping of the head's fields (contract, stride, anchors, plain values)"),
+    }
+    check, expected = checks[key]
+    used = check(value)
+    return used is not None and (not isinstance(used, list) or None not in used), used, expected
+
+
+def check_metadata(meta: Any, source: object) -> dict[str, Any]:
+    """The metadata an exported file carries (export_metadata's keys, plus anchors), each field checked against
+    METADATA_BOUNDS before anything uses it: one FormatError line naming the file and the field otherwise (stride 0,
+    NaN, a huge or wrongly typed value). Unknown keys are dropped; ``nc``, when present, must match the names."""
+    if not isinstance(meta, dict):
+        raise FormatError(f"{source}: its metadata is not a mapping; re-export it with export.py")
+    checked: dict[str, Any] = {}
+    for key, value in meta.items():
+        if key == "nc" or not isinstance(key, str) or key not in METADATA_FIELDS:
+            continue
+        valid, used, expected = _check_field(key, value)
+        if not valid:
+            raise FormatError(f"{source}: metadata '{key}' {shown(value)} must be {expected}; re-export it with "
+                              "export.py")
+        checked[key] = used
+    if "nc" in meta and ("names" not in checked or _whole(meta["nc"], 1, 1e9) != len(checked["names"])):
+        raise FormatError(f"{source}: metadata 'nc' {shown(meta['nc'])} does not match its class names")
+    if "anchors" in checked and "strides" in checked and len(checked["anchors"]) != len(checked["strides"]):
+        raise FormatError(f"{source}: metadata 'anchors' has {len(checked['anchors'])} levels but 'strides' "
+                          f"{len(checked['strides'])}; re-export it with export.py")
+    return checked
+
+
+METADATA_FIELDS = ("stride", "names", "img_size", "batch_size", "strides", "num_anchors", "anchors", "dynamic",
+                   "half", "device", "weights", "head")
 
 
 @contextlib.contextmanager

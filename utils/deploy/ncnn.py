@@ -19,11 +19,12 @@ from utils.deploy.formats import (
     FormatError,
     LoadedModel,
     LoadOptions,
+    check_metadata,
     first_line,
     quiet_jit_warnings,
+    read_metadata_yaml,
     require,
 )
-from utils.safe_yaml import load_yaml
 
 PARAM, BIN, METADATA = "model.ncnn.param", "model.ncnn.bin", "metadata.yaml"
 
@@ -43,11 +44,16 @@ class RawMaps(nn.Module):
             self.model.head.eval()
 
 
-def head_from_metadata(meta: dict) -> nn.Module:
+def head_from_metadata(meta: dict, source: object = "metadata") -> nn.Module:
     """The Detect head (anchors and strides from the metadata, no convolutions) whose decode() turns raw maps into
-    (b, n, 5 + nc) (YOLOv5's row layout)."""
+    (b, n, 5 + nc) (YOLOv5's row layout); the fields are checked first (check_metadata), one FormatError line
+    otherwise."""
     from models.yolo import Detect
 
+    meta = check_metadata(meta, source)
+    missing = [key for key in ("names", "anchors", "strides") if key not in meta]
+    if missing:
+        raise FormatError(f"{source}: its metadata lacks {', '.join(missing)}; re-export it with export.py")
     anchors = [[v for pair in level for v in pair] for level in meta["anchors"]]
     head = Detect(len(meta["names"]), anchors, ())
     head.stride.copy_(torch.tensor(meta["strides"]))
@@ -92,9 +98,12 @@ class NcnnFormat(ExportFormat):
         require(self.runtime_packages, f"running {file.name}")
         import ncnn
 
-        meta = load_yaml(file / METADATA) if (file / METADATA).is_file() else {}
+        meta = read_metadata_yaml(file / METADATA, file)
         if not isinstance(meta, dict) or not meta:
             raise FormatError(f"{file} has no {METADATA}; re-export it with export.py --include ncnn")
+        meta = check_metadata(meta, file)  # before the runtime reads anything
+        # an anchor-based head's graph ends at its raw maps, decoded here; other heads' graphs end decoded
+        head = head_from_metadata(meta, file) if "anchors" in meta else None
         net = ncnn.Net()
         net.opt.use_fp16_storage = net.opt.use_fp16_arithmetic = net.opt.use_fp16_packed = False
         net.opt.num_threads = options.threads or net.opt.num_threads
@@ -103,7 +112,6 @@ class NcnnFormat(ExportFormat):
                 raise RuntimeError("ncnn could not read the files")
         except RuntimeError as e:
             raise FormatError(f"{file} is not a readable NCNN model ({first_line(e)})") from None
-        head = head_from_metadata(meta) if meta.get("anchors") else None  # None: the graph's output is decoded
         inputs, outputs = net.input_names(), sorted(net.output_names())
 
         def run_one(image: np.ndarray) -> list[torch.Tensor]:

@@ -1,10 +1,19 @@
 """ONNX: torch.onnx.export (optionally simplified), stride/names as metadata_props, run by onnxruntime; --int8 is
-ONNX Runtime's static quantization (QDQ, per-channel weights) calibrated on images of --data."""
+ONNX Runtime's static quantization (QDQ, per-channel weights) calibrated on images of --data.
+
+ONNX Runtime has no memory cap of its own for the CPU, and it computes a graph's constant expressions while it
+creates the session: a 410-byte file whose ConstantOfShape asks for 2^31 floats takes gigabytes before anything
+runs. So before a session is made, check_onnx_graph sizes the graph with ONNX's own shape inference (constants
+propagated) and refuses, in one line, what is out of proportion: external data (other files), tensors computed
+from constants alone larger together than CONSTANT_BUDGET x the file (+ CONSTANT_SLACK), and any tensor of known
+shape above MAX_TENSOR_BYTES. Tensors whose size depends on the image fed in (a dynamic export) or on data values
+stay unchecked: running a stranger's graph can still take memory (docs/security-paths.md)."""
 
 from __future__ import annotations
 
 import inspect
 import json
+import math
 from collections.abc import Callable, Collection
 from pathlib import Path
 
@@ -19,11 +28,15 @@ from utils.deploy.formats import (
     LoadedModel,
     LoadOptions,
     first_line,
+    parse_json_metadata,
     quiet_jit_warnings,
     require,
 )
 
 SIMPLIFIERS = (("onnxslim", "onnxslim"), ("onnxsim", "onnxsim"))  # --simplify uses the first one installed
+CONSTANT_BUDGET = 16  # tensors computed from constants alone: at most this many times the file's size ...
+CONSTANT_SLACK = 16 << 20  # ... plus this (a yolov5n export at 640 px: 0.4 MB of them in a 7.5 MB file)
+MAX_TENSOR_BYTES = 2 << 30  # any one tensor of known shape (yolov5s at 640 px: 13 MB at most)
 METADATA_KEYS = ("stride", "names", "img_size", "batch_size", "dynamic", "device", "strides", "num_anchors", "half",
                  "head")  # "head": the head's export metadata (output contract, ...)
 
@@ -130,6 +143,102 @@ def head_decoding_nodes(proto: object) -> list[str]:
     return [node.name for node in proto.graph.node if node.name.startswith(head + "/") and node.op_type != "Conv"]
 
 
+def _itemsize(elem_type: int) -> int:
+    import onnx
+
+    try:
+        return max(int(onnx.helper.tensor_dtype_to_np_dtype(elem_type).itemsize), 1)
+    except (KeyError, TypeError, ValueError):
+        return 8
+
+
+def _subgraphs(graph: object) -> list:
+    """``graph`` and every graph nested in its nodes' attributes (If, Loop, Scan bodies)."""
+    import onnx
+
+    found, pending = [], [graph]
+    while pending:
+        current = pending.pop()
+        found.append(current)
+        for node in current.node:
+            for attribute in node.attribute:
+                if attribute.type == onnx.AttributeProto.GRAPH:
+                    pending.append(attribute.g)
+                elif attribute.type == onnx.AttributeProto.GRAPHS:
+                    pending.extend(attribute.graphs)
+    return found
+
+
+def _refuse_external_and_sparse(proto: object, file: Path, budget: int) -> None:
+    """FormatError for tensors stored in other files, or sparse constants whose dense size is over ``budget``."""
+    import onnx
+
+    for graph in _subgraphs(proto.graph):
+        tensors = list(graph.initializer) + [a.t for n in graph.node for a in n.attribute if a.type == a.TENSOR]
+        if any(t.data_location == onnx.TensorProto.EXTERNAL for t in tensors):
+            raise FormatError(f"{file} refers to tensor data in other files (external data); refused")
+        sparse = list(graph.sparse_initializer) + [a.sparse_tensor for n in graph.node for a in n.attribute
+                                                   if a.type == a.SPARSE_TENSOR]
+        for tensor in sparse:
+            dense = math.prod(tensor.dims) * _itemsize(tensor.values.data_type)
+            if dense > budget:
+                raise FormatError(f"{file}: a sparse constant of {dense:,} bytes when dense, out of proportion to "
+                                  f"the file's {file.stat().st_size:,}; refused")
+
+
+def _constant_names(graph: object) -> set[str]:
+    """Names of the tensors computed from the graph's constants alone (what a runtime folds while loading)."""
+    constant = {t.name for t in graph.initializer} | {t.values.name for t in graph.sparse_initializer}
+    for node in graph.node:
+        inputs = [name for name in node.input if name]
+        if all(name in constant for name in inputs) and not node.op_type.startswith("Random") and \
+                node.domain in ("", "ai.onnx"):
+            constant.update(name for name in node.output if name)
+    return constant
+
+
+def check_onnx_graph(file: Path) -> None:
+    """Refuse (one FormatError line) an ONNX file whose graph would take memory out of proportion to its size
+    before it runs: see this module's docstring. Reads the file once; never creates a session."""
+    import onnx
+
+    size = file.stat().st_size
+    budget = CONSTANT_BUDGET * size + CONSTANT_SLACK
+    try:
+        proto = onnx.load(str(file), load_external_data=False)
+        _refuse_external_and_sparse(proto, file, budget)
+        inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=False, data_prop=True)
+    except FormatError:
+        raise
+    except Exception as e:  # onnx raises its own types (DecodeError, InferenceError, ...) for bad files
+        raise FormatError(f"{file} is not a readable ONNX file ({first_line(e)})") from None
+    graph = inferred.graph
+    constant = _constant_names(graph)
+    known = {t.name: (list(t.dims), t.data_type) for t in graph.initializer}
+    for info in list(graph.value_info) + list(graph.output):
+        dims = info.type.tensor_type.shape.dim
+        if dims and all(d.HasField("dim_value") for d in dims) or info.type.tensor_type.HasField("shape") and not dims:
+            known[info.name] = ([d.dim_value for d in dims], info.type.tensor_type.elem_type)
+    folded = 0
+    for name, (dims, elem_type) in known.items():
+        nbytes = math.prod(max(d, 0) for d in dims) * _itemsize(elem_type)
+        if nbytes > MAX_TENSOR_BYTES:
+            raise FormatError(f"{file}: tensor {name[:60]!r} would hold {nbytes:,} bytes, more than "
+                              f"{MAX_TENSOR_BYTES:,}; refused")
+        folded += nbytes if name in constant else 0
+    if folded > budget:
+        raise FormatError(f"{file}: its constant expressions would take {folded:,} bytes, out of proportion to the "
+                          f"file's {size:,} (at most {CONSTANT_BUDGET}x + {CONSTANT_SLACK >> 20} MB); refused")
+    unsized = [n for n in graph.node if n.op_type in SIZED_BY_CONSTANTS and n.output and n.output[0] in constant
+               and n.output[0] not in known]
+    if unsized:
+        raise FormatError(f"{file}: a constant {unsized[0].op_type} whose size cannot be found before running it; "
+                          "refused")
+
+
+SIZED_BY_CONSTANTS = ("ConstantOfShape", "Expand", "Tile", "Range", "Resize", "Upsample", "OneHot", "Pad")
+
+
 class OnnxFormat(ExportFormat):
     """``best.onnx`` (``best-int8.onnx`` with --int8), run by onnxruntime on the CPU or CUDA."""
 
@@ -160,6 +269,7 @@ class OnnxFormat(ExportFormat):
         require(self.runtime_packages, f"running {file.name}")
         import onnxruntime
 
+        check_onnx_graph(file)  # before ONNX Runtime folds its constants
         providers: list = ["CPUExecutionProvider"]
         if options.device.type == "cuda" and "CUDAExecutionProvider" in onnxruntime.get_available_providers():
             providers.insert(0, ("CUDAExecutionProvider", {"device_id": options.device.index or 0}))
@@ -171,10 +281,7 @@ class OnnxFormat(ExportFormat):
             raise FormatError(f"{file} is not a readable ONNX file ({first_line(e)})") from None
         model_input = session.get_inputs()[0]
         raw = dict(session.get_modelmeta().custom_metadata_map)
-        try:
-            meta = {k: json.loads(v) for k, v in raw.items() if k in METADATA_KEYS}
-        except ValueError:
-            meta = {}
+        meta = {k: parse_json_metadata(v, file) for k, v in raw.items() if k in METADATA_KEYS}
         half = model_input.type == "tensor(float16)"
 
         def run(images: torch.Tensor) -> torch.Tensor:

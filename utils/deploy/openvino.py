@@ -3,6 +3,7 @@ holding the metadata (YOLOv5's layout); --half stores FP16 weights, --int8 is NN
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,11 +18,12 @@ from utils.deploy.formats import (
     FormatError,
     LoadedModel,
     LoadOptions,
+    check_metadata,
     first_line,
+    read_metadata_yaml,
     require,
 )
-from utils.deploy.onnx import head_decoding_nodes, onnx_export_kwargs, write_onnx
-from utils.safe_yaml import load_yaml
+from utils.deploy.onnx import MAX_TENSOR_BYTES, head_decoding_nodes, onnx_export_kwargs, write_onnx
 
 
 def openvino_xml(weights: Path) -> Path:
@@ -49,6 +51,20 @@ def quantize_openvino(converted: object, batches: list[torch.Tensor], float_name
     dataset = nncf.Dataset([b.cpu().numpy().astype(np.float32) for b in batches])
     return nncf.quantize(converted, dataset, preset=nncf.QuantizationPreset.PERFORMANCE, subset_size=len(batches),
                          fast_bias_correction=True, ignored_scope=nncf.IgnoredScope(names=float_names, validate=False))
+
+
+def check_openvino_sizes(model: object, xml: Path) -> None:
+    """FormatError (one line) when any output of the model's ops has a static shape over MAX_TENSOR_BYTES (a
+    Broadcast of a constant to 2^31 values in a 2 KB file, folded by compile_model), read from OpenVINO's own shape
+    inference before anything is compiled; shapes that depend on the image stay unchecked."""
+    for op in model.get_ordered_ops():
+        for i in range(op.get_output_size()):
+            shape = op.get_output_partial_shape(i)
+            if shape.is_static:
+                nbytes = math.prod(shape.to_shape()) * max(op.get_output_element_type(i).size, 1)
+                if nbytes > MAX_TENSOR_BYTES:
+                    raise FormatError(f"{xml}: {op.get_type_name()} {op.get_friendly_name()[:60]!r} would hold "
+                                      f"{nbytes:,} bytes, more than {MAX_TENSOR_BYTES:,}; refused")
 
 
 class OpenVinoFormat(ExportFormat):
@@ -96,8 +112,9 @@ class OpenVinoFormat(ExportFormat):
         import openvino
 
         xml = openvino_xml(file)
-        meta_file = xml.with_suffix(".yaml")
-        meta = load_yaml(meta_file) if meta_file.is_file() else {}
+        meta = read_metadata_yaml(xml.with_suffix(".yaml"), file)
+        if isinstance(meta, dict) and meta:
+            meta = check_metadata(meta, file)  # before the runtime compiles anything
         core = openvino.Core()
         # f32: on CPUs with AMX/AVX512-BF16 OpenVINO otherwise computes float models in bfloat16 (measured 2.3e-4 x
         # image size box error at 160 px, beyond FLOAT_TOLERANCE); INT8 layers stay INT8 under this hint
@@ -105,7 +122,9 @@ class OpenVinoFormat(ExportFormat):
         if options.threads:
             config["INFERENCE_NUM_THREADS"] = options.threads
         try:
-            compiled = core.compile_model(core.read_model(str(xml)), "CPU", config)  # OpenVINO runs on the CPU
+            model = core.read_model(str(xml))
+            check_openvino_sizes(model, xml)  # before compile_model folds its constants
+            compiled = core.compile_model(model, "CPU", config)  # OpenVINO runs on the CPU
         except RuntimeError as e:
             raise FormatError(f"{xml} is not a readable OpenVINO model ({first_line(e)})") from None
         model_input = compiled.input(0)

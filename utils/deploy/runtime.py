@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from utils import paths
-from utils.deploy.formats import ExportFormat, LoadOptions, all_formats, format_for
+from utils.deploy.formats import ExportFormat, LoadOptions, all_formats, check_metadata, format_for
 from utils.errors import UserError
 from utils.evaluation.tta import DetectLayout
 from utils.log import LOGGER
@@ -117,23 +117,21 @@ class InferenceModel:
         self.img_size = None if self.dynamic else (int(shape[2]), int(shape[3]))
 
     def _apply_metadata(self, meta: dict[str, Any]) -> dict[str, Any]:
-        """Read the metadata export.py wrote (names as a list, or as YOLOv5's {index: name})."""
+        """Read the metadata export.py wrote (names as a list, or as YOLOv5's {index: name}), every field checked
+        first (check_metadata: stride, names, sizes, anchors within bounds, one line naming the field)."""
         if not isinstance(meta, dict) or "stride" not in meta or "names" not in meta:
             raise InferenceModelError(f"{self.weights} carries no stride/class-name metadata; re-export it with "
                                       "export.py")
-        names = meta["names"]
-        if isinstance(names, dict):
-            names = [names[k] for k in sorted(names, key=int)]
-        self.stride = int(meta["stride"])
-        self.names = [str(n) for n in names]
-        self.dynamic = bool(meta.get("dynamic", False))
-        self.batch_size = None if self.dynamic else int(meta.get("batch_size", 1))
-        if not self.dynamic and meta.get("img_size"):
-            self.img_size = (int(meta["img_size"][0]), int(meta["img_size"][1]))
+        meta = check_metadata(meta, self.weights)
+        self.stride = meta["stride"]
+        self.names = meta["names"]
+        self.dynamic = meta.get("dynamic", False)
+        self.batch_size = None if self.dynamic else meta.get("batch_size", 1)
+        if not self.dynamic and meta.get("img_size") and min(meta["img_size"]) > 0:
+            self.img_size = (meta["img_size"][0], meta["img_size"][1])
         levels = int(math.log2(self.stride // 8)) + 1 if self.stride >= 8 else 1  # older exports: P3 and up
-        self.strides = tuple(float(s) for s in meta.get("strides") or [self.stride / 2 ** k
-                                                                        for k in reversed(range(levels))])
-        self.num_anchors = int(meta.get("num_anchors", 3))
+        self.strides = tuple(meta.get("strides") or [self.stride / 2 ** k for k in reversed(range(levels))])
+        self.num_anchors = meta.get("num_anchors", 3)
         self.contract = self._contract(meta)
         return meta
 
@@ -176,7 +174,15 @@ class InferenceModel:
         return torch.cat(outputs, 0)
 
     def _forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self._run(images).to(self.device)
+        output = self._run(images)
+        columns = self.contract.columns  # the row width its metadata's output contract promises
+        if not isinstance(output, torch.Tensor) or output.dim() != 3 or output.shape[0] != images.shape[0] or \
+                output.shape[2] != columns or not output.is_floating_point():
+            found = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
+            raise InferenceModelError(f"{self.weights} returned a {found} tensor, not (batch, boxes, {columns}) "
+                                      f"floats for {len(self.names)} classes ({self.contract.layout}); it is not a "
+                                      "detection model of this project's layout (re-export it with export.py)")
+        return output.to(self.device)
 
     def warmup(self, img_size: tuple[int, int] = (640, 640)) -> None:
         """One forward pass on zeros, so the first timed image does not pay for lazy initialisation."""

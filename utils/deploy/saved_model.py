@@ -1,6 +1,10 @@
 """TensorFlow SavedModel: ``<stem>_saved_model/`` written by tf.saved_model.save from our own translation of the
 model (utils/deploy/tf_graph.py), NHWC input, the metadata as a saved asset (assets/metadata.json); run by
-TensorFlow itself (the LiteRT runtime runs .tflite files only)."""
+TensorFlow itself (the LiteRT runtime runs .tflite files only).
+
+A SavedModel's graph may hold any TensorFlow op, file I/O included (``tf.io.write_file`` in its serving function
+writes wherever the user can), so running one is running its code: like TorchScript, it loads only with
+``--trust-weights`` (``trusted``). Its metadata asset must lie inside its folder."""
 
 from __future__ import annotations
 
@@ -14,16 +18,20 @@ import torch
 from torch import nn
 
 from utils.deploy.formats import (
+    MAX_METADATA_TEXT,
     ExportFormat,
     ExportOptions,
     FormatError,
     LoadedModel,
     LoadOptions,
     first_line,
+    parse_json_metadata,
     require,
 )
 from utils.deploy.tf_graph import TENSORFLOW, import_tensorflow, nhwc_array, tf_module
 from utils.log import LOGGER
+from utils.paths import confined
+from utils.weights.untrusted import UntrustedFileError
 
 METADATA_ASSET = "metadata.json"
 
@@ -61,13 +69,20 @@ class SavedModelFormat(ExportFormat):
         return file
 
     def load(self, file: Path, options: LoadOptions) -> LoadedModel:
+        if not options.trusted:
+            raise UntrustedFileError(f"{file} is a TensorFlow SavedModel, and running one runs its graph, whose ops "
+                                     "can read and write any file; pass --trust-weights only for a file you trust, or "
+                                     "use the .tflite or .onnx export")
         require(self.runtime_packages, f"running {file.name}")
         tf = import_tensorflow()
         set_tf_threads(tf, options.threads)
         try:
             loaded = tf.saved_model.load(str(file))
             serve = loaded.signatures["serving_default"]
-            meta = json.loads(Path(loaded.metadata_file.asset_path.numpy().decode()).read_text())
+            asset = confined(loaded.metadata_file.asset_path.numpy().decode(), file, "its metadata asset", FormatError)
+            if not asset.is_file() or asset.stat().st_size > MAX_METADATA_TEXT:
+                raise FormatError(f"its metadata asset {asset.name} is not a file of at most {MAX_METADATA_TEXT} bytes")
+            meta = parse_json_metadata(asset.read_bytes(), file)
         except (OSError, ValueError, KeyError, AttributeError, RuntimeError) as e:
             raise FormatError(f"{file} is not a readable SavedModel of this project ({first_line(e)}); re-export "
                               "it with export.py --include saved_model") from None

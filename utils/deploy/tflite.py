@@ -28,6 +28,7 @@ from utils.deploy.formats import (
     LoadedModel,
     LoadOptions,
     first_line,
+    parse_json_metadata,
     require,
 )
 from utils.deploy.ncnn import head_from_metadata
@@ -54,15 +55,15 @@ def with_metadata(flatbuffer: bytes, meta: dict) -> bytes:
     return bytes(builder.Output())
 
 
-def read_metadata(flatbuffer: bytes) -> dict:
-    """The ``yolo_metadata`` JSON of a TFLite flatbuffer ({} when it has none)."""
+def read_metadata(flatbuffer: bytes, source: object = "the TFLite model") -> dict:
+    """The ``yolo_metadata`` JSON of a TFLite flatbuffer ({} when it has none; FormatError when it is not JSON)."""
     from ai_edge_litert import schema_py_generated as schema
 
     model = schema.Model.GetRootAs(flatbuffer, 0)
     for i in range(model.MetadataLength()):
         entry = model.Metadata(i)
         if entry.Name() == METADATA_NAME.encode():
-            found = json.loads(bytes(model.Buffers(entry.Buffer()).DataAsNumpy()).decode())
+            found = parse_json_metadata(bytes(model.Buffers(entry.Buffer()).DataAsNumpy()), source)
             return found if isinstance(found, dict) else {}
     return {}
 
@@ -117,12 +118,12 @@ class TfliteFormat(ExportFormat):
             content = file.read_bytes()
             interpreter = Interpreter(model_content=content, num_threads=options.threads or None)
             interpreter.allocate_tensors()
-            meta = read_metadata(content)
+            meta = read_metadata(content, file)
         except (ValueError, RuntimeError, IndexError, UnicodeDecodeError) as e:
             raise FormatError(f"{file} is not a readable TFLite model ({first_line(e)})") from None
         model_input = interpreter.get_input_details()[0]
         outputs = sorted(interpreter.get_output_details(), key=lambda d: -int(np.prod(d["shape"])))  # P3 first
-        head = head_from_metadata(meta) if len(outputs) > 1 and "anchors" in meta else None
+        head = head_from_metadata(meta, file) if len(outputs) > 1 and "anchors" in meta else None
         if len(outputs) > 1 and head is None:
             raise FormatError(f"{file} returns head maps but carries no anchors; re-export it with export.py")
         b, h, w, _ = (int(d) for d in model_input["shape"])

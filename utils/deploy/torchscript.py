@@ -16,6 +16,7 @@ from utils.deploy.formats import (
     LoadedModel,
     LoadOptions,
     first_line,
+    parse_json_metadata,
     quiet_jit_warnings,
 )
 from utils.weights.untrusted import check_torchscript_trusted
@@ -46,10 +47,7 @@ class TorchScriptFormat(ExportFormat):
                 model = torch.jit.load(str(file), map_location="cpu", _extra_files=extra)
         except (RuntimeError, ValueError) as e:
             raise FormatError(f"{file} is not a readable TorchScript file ({first_line(e)})") from None
-        try:
-            meta = json.loads(extra[CONFIG_FILE] or "{}")
-        except ValueError:
-            meta = {}
+        meta = parse_json_metadata(extra[CONFIG_FILE] or "{}", file)
         traced_on = meta.get("device", "cpu") if isinstance(meta, dict) else "cpu"
         if traced_on != options.device.type:  # a trace keeps the device of the tensors it created
             raise FormatError(f"{file} was exported on {traced_on} and runs only there; use --device "

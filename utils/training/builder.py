@@ -170,8 +170,8 @@ def new_trainer(config: RunConfig, hyp: dict, device: torch.device, model: nn.Mo
                              accumulate=updater.schedule.accumulate)
     return Trainer(config=config, hyp=hyp, device=device, save_dir=Path(config.save_dir), model=model,
                    updater=updater, ema=ema, family=family, compute_loss=loss, loss_names=tuple(loss.names),
-                   train_loader=data.train_loader, val_loader=data.val_loader, names=data.names, hooks=Hooks(),
-                   state=TrainState(position, maps=np.zeros(len(data.names))), amp=amp,
+                   loss=loss, train_loader=data.train_loader, val_loader=data.val_loader, names=data.names,
+                   hooks=Hooks(), state=TrainState(position, maps=np.zeros(len(data.names))), amp=amp,
                    stopper=EarlyStopping(config.patience), stop=GracefulStop(),
                    save_interval=SaveInterval(config.save_interval_steps, config.save_interval_minutes),
                    background=BackgroundTasks(main_process), grid=grid, is_coco=data.is_coco,

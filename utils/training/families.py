@@ -6,7 +6,9 @@ A loss object (``LossFn``) has ``names`` (its terms, in the order of ``items``) 
 ``__call__(preds, targets) -> (total, items)``: ``total`` a scalar tensor to backpropagate (scaled by the batch size,
 as YOLOv5's loss does), ``items`` a detached (len(names),) tensor of the terms to log. ``targets`` is (n, 6)
 [image, class, cx, cy, w, h] normalised to [0, 1]. The factory gets the de-paralleled model and the run's
-hyperparameters plus the two run options a loss may read, ``img_size`` and ``label_smoothing``.
+hyperparameters plus the two run options a loss may read, ``img_size`` and ``label_smoothing``. A loss whose
+weights change over the run (YOLO26's one-to-many / one-to-one balance) defines ``set_epoch(epoch, epochs)``, which
+the Trainer calls before every epoch (a resumed run's too).
 """
 
 from __future__ import annotations
@@ -89,7 +91,8 @@ def family_names() -> list[str]:
 
 def lazy_loss(module: str, attribute: str, family: str) -> LossFactory:
     """A loss factory that imports ``module`` and calls its ``attribute`` only when a run needs it, so a family's
-    loss is one file that may arrive later; until then the family fails with one line."""
+    loss is one file that may arrive later; until then the family fails with one line. The loss class is called
+    with (model, hyp) and, where the hyp carries them, ``img_size`` and ``label_smoothing`` as keywords."""
 
     def build(model: nn.Module, hyp: dict) -> LossFn:
         try:
@@ -97,7 +100,8 @@ def lazy_loss(module: str, attribute: str, family: str) -> LossFactory:
         except (ImportError, AttributeError) as e:
             raise FamilyError(f"the {family} family's loss ({module}.{attribute}) is not available in this "
                               f"installation ({str(e).splitlines()[0][:120]})") from None
-        return factory(model, hyp)
+        run_options = {k: hyp[k] for k in ("img_size", "label_smoothing") if k in hyp}
+        return factory(model, hyp, **run_options)
 
     return build
 

@@ -75,6 +75,7 @@ class Trainer:
     hooks: Hooks
     state: TrainState
     amp: bool = False
+    loss: Any = None  # the family's LossFn itself (compute_loss unwrapped by hooks), asked for set_epoch
     stopper: EarlyStopping = field(default_factory=EarlyStopping)
     stop: GracefulStop = field(default_factory=GracefulStop)
     save_interval: SaveInterval = field(default_factory=SaveInterval)
@@ -176,6 +177,9 @@ class Trainer:
         of a mid-epoch resume, skip the batches already done and restore the RNG states saved with them. Returns the
         multi-scale sizes of the batches that remain (None without --multi-scale). All ranks must call it."""
         set_epoch(self.train_loader, epoch)
+        loss_epoch = getattr(self.loss, "set_epoch", None)  # a loss whose weights follow the epoch (YOLO26's)
+        if callable(loss_epoch):
+            loss_epoch(epoch, self.config.epochs)
         if self.mosaic_closed(epoch) and close_mosaic(self.train_loader):
             LOGGER.info(f"Closing mosaic from epoch {epoch}: the last {int(self.hyp['close_mosaic'])} epochs train "
                         "on single images (hyp close_mosaic)")

@@ -1,10 +1,13 @@
-"""Resolve ``--weights``: a file on disk as it is, or an official YOLOv5 release name fetched once into a cache.
+"""Resolve ``--weights``: a file on disk as it is, or an official release name fetched once into a cache.
+
+Release names: YOLOv5's ``yolov5{n,s,m,l,x}{,6}.pt`` (its v7.0 GitHub release) and ultralytics'
+``yolov8{n,s,m,l,x}.pt``, ``yolo11{n,s,m,l,x}.pt`` (its assets release v8.3.0) and ``yolo26{n,s,m,l,x}.pt`` (v8.4.0).
 
 User-facing settings (environment variables, read when a name is resolved, never at import):
 
     YOLO_WEIGHTS_DIR   where release weights are cached (default ``~/.cache/yolo-ddp/weights``)
-    YOLO_WEIGHTS_URL   the base URL release names are fetched from
-                       (default https://github.com/ultralytics/yolov5/releases/download/v7.0)
+    YOLO_WEIGHTS_URL   the base URL every release name is fetched from, a mirror (default: each name's release,
+                       e.g. https://github.com/ultralytics/yolov5/releases/download/v7.0)
 
 A URL as ``--weights`` is refused (only release names are fetched). Downloads are capped at MAX_WEIGHTS_BYTES and
 go to a temporary name in the cache folder, are checked (length, zip structure), flushed to disk and
@@ -27,7 +30,13 @@ from utils.errors import UserError
 from utils.log import LOGGER
 
 DEFAULT_URL = "https://github.com/ultralytics/yolov5/releases/download/v7.0"
-RELEASE_NAMES = tuple(f"yolov5{size}{p6}.pt" for p6 in ("", "6") for size in "nsmlx")
+ASSETS_URL = "https://github.com/ultralytics/assets/releases/download"  # ultralytics' release files, by tag
+RELEASE_URLS = {  # release file name -> the folder URL it is fetched from when YOLO_WEIGHTS_URL is not set
+    **{f"yolov5{size}{p6}.pt": DEFAULT_URL for p6 in ("", "6") for size in "nsmlx"},
+    **{f"{family}{size}.pt": f"{ASSETS_URL}/v8.3.0" for family in ("yolov8", "yolo11") for size in "nsmlx"},
+    **{f"yolo26{size}.pt": f"{ASSETS_URL}/v8.4.0" for size in "nsmlx"},
+}
+RELEASE_NAMES = tuple(RELEASE_URLS)
 MAX_WEIGHTS_BYTES = 2 << 30  # the largest release file (yolov5x6.pt) is 270 MB
 URL_PREFIX = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+:/")  # https://host/x.pt (a Path keeps it as https:/host/x.pt)
 
@@ -42,12 +51,12 @@ def weights_dir() -> Path:
 
 
 def release_url(name: str) -> str:
-    """Where release file ``name`` is fetched from: $YOLO_WEIGHTS_URL (a base URL) or the v7.0 GitHub release."""
-    return f"{(os.environ.get('YOLO_WEIGHTS_URL') or DEFAULT_URL).rstrip('/')}/{name}"
+    """Where release file ``name`` is fetched from: $YOLO_WEIGHTS_URL (a base URL) or the name's GitHub release."""
+    return f"{(os.environ.get('YOLO_WEIGHTS_URL') or RELEASE_URLS.get(name, DEFAULT_URL)).rstrip('/')}/{name}"
 
 
 def is_release_name(weights: str | Path) -> bool:
-    """True for the official file names (``yolov5s.pt``, ``yolov5x6.pt``, ...), wherever the path points."""
+    """True for the official file names (``yolov5s.pt``, ``yolo11n.pt``, ...), wherever the path points."""
     return Path(weights).name in RELEASE_NAMES
 
 

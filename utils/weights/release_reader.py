@@ -41,7 +41,7 @@ from utils.weights.untrusted import (
 
 RELEASE_SOURCE = "yolov5-release"
 MODEL_CLASSES = ("models.yolo.Model", "models.yolo.DetectionModel")  # v5.0/v6.x and v7.0 detection models
-RELEASE_MARKERS = ("models.yolo.", "models.common.")  # globals that make a file a reference-format pickle
+RELEASE_MARKERS = ("models.yolo.", "models.common.", "ultralytics.")  # globals of YOLOv5's and ultralytics' pickles
 __all__ = ["Record", "UnsafeGlobalError", "load_release_checkpoint", "read_records", "is_release_file"]
 
 
@@ -82,7 +82,8 @@ def _normalise_global(name: str) -> str:
 
 
 def is_release_file(path: str | Path) -> bool:
-    """True when ``path`` pickles classes of the reference YOLOv5 (``models.yolo.*`` / ``models.common.*``)."""
+    """True when ``path`` pickles classes of the reference YOLOv5 (``models.yolo.*`` / ``models.common.*``) or of
+    ultralytics (``ultralytics.*``: read by :mod:`utils.weights.ultralytics_reader`)."""
     return any(g.startswith(RELEASE_MARKERS) for g in pickle_globals(path))
 
 
@@ -106,7 +107,7 @@ def read_records(path: str | Path) -> Any:
     except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError, TypeError, AttributeError,
             KeyError, IndexError, RecursionError, MemoryError, OverflowError, zipfile.BadZipFile) as e:
         reason = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
-        raise CheckpointError(f"{path} cannot be read as a YOLOv5 release file ({reason})") from None
+        raise CheckpointError(f"{path} cannot be read as a release file ({reason})") from None
 
 
 def _arrays(raw: Any) -> Any:
@@ -143,12 +144,19 @@ _CLASS_ALIASES = {"DetectionModel": "Model"}  # v7.0's name for the same detecti
 
 
 def load_release_checkpoint(path: str | Path) -> dict:
-    """Read an official YOLOv5 release file safely and return it as a checkpoint of this project (float32).
+    """Read an official YOLOv5 (or ultralytics) release file safely and return it as a checkpoint of this project
+    (float32).
 
     The result is what :func:`utils.weights.checkpoint.new_checkpoint` makes, with the file's class ``names``,
-    ``source: "yolov5-release"`` and ``release`` (model class, date, git, epoch, the reference's options).
+    ``source: "yolov5-release"`` and ``release`` (model class, date, git, epoch, the reference's options); an
+    ultralytics file gets :func:`utils.weights.ultralytics_reader.convert_records`' checkpoint instead.
     """
-    return convert_records(read_records(path), path)
+    raw = read_records(path)
+    from utils.weights import ultralytics_reader  # imports this module: resolved at call time
+
+    if ultralytics_reader.is_ultralytics_model(raw):
+        return ultralytics_reader.convert_records(raw, path)
+    return convert_records(raw, path)
 
 
 def convert_records(raw: Any, path: str | Path = "<records>") -> dict:

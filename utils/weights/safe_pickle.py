@@ -27,7 +27,7 @@ import torch
 from utils.weights.untrusted import UntrustedFileError, check_view, check_zip_members, tensor_budget
 
 # Classes of these namespaces become inert records; globals anywhere else are refused unless allowed below.
-RECORD_NAMESPACES = ("models.", "utils.", "torch.nn.modules.", "argparse.Namespace")
+RECORD_NAMESPACES = ("models.", "utils.", "ultralytics.", "torch.nn.modules.", "argparse.Namespace")
 _LEGACY_MODULES = {"__builtin__": "builtins", "copy_reg": "copyreg"}  # protocol-2 names of Python 2 modules
 STORAGE_DTYPES = {f"{name}Storage": dtype for name, dtype in (
     ("Half", torch.float16), ("Float", torch.float32), ("Double", torch.float64), ("BFloat16", torch.bfloat16),

@@ -87,8 +87,8 @@ def test_missing_data_is_downloaded_and_extracted(tmp_path: Path, monkeypatch: p
 
 @pytest.mark.parametrize("spec, words", [
     ({"url": "https://host/x.zip", "dir": "/abs/elsewhere"}, "must be a folder inside the data set"),
-    ({"url": "https://host/x.zip", "dir": "../../x"}, "must be a folder inside the data set"),
-    ({"url": "https://host/x.zip", "dir": "images/../../x"}, "must be a folder inside the data set"),
+    ({"url": "https://host/x.zip", "dir": "../../x"}, "download 'dir' '../../x' leads outside"),
+    ({"url": "https://host/x.zip", "dir": "images/../../x"}, "leads outside"),
     ("file:///etc/passwd", "only http:// and https://"),
     ("ftp://host/x.zip", "only http:// and https://"),
     ("https://host/.bashrc", "not a plain name"),
@@ -145,3 +145,66 @@ def test_yaml_aliases_and_odd_splits_are_one_line(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="'test' must be a path or a list of paths") as info:
         load_data_config(tmp_path / "test.yaml")
     assert "\n" not in str(info.value)
+
+
+def test_a_download_never_lands_beside_the_data_set_or_replaces_a_file(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding 2 of issue 31: a YAML without ``path`` in a project's data folder, a missing split and a download
+    of ``train.py`` must not replace the project's train.py (the root's parent) nor any file in the root."""
+    monkeypatch.setenv("YOLO_DATA_DIR", str(tmp_path / "home"))
+    served = tmp_path / "served"
+    served.mkdir()
+    (served / "train.py").write_text("print('replaced')")
+    mini_zip(served / "mini.zip", extra={"mini/keep.txt": "from the archive"})
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    (project / "train.py").write_text("the user's train.py")
+    data = project / "data" / "d.yaml"
+    with serve_folder(served) as url:
+        data.write_text(f"train: images/train\nval: images/train\nnc: 1\ndownload: {url}/train.py\n")
+        with pytest.raises(DataError, match="does not exist"):  # fetched into the root, where no split appears
+            load_data_config(data)
+        assert (project / "data" / "train.py").read_text() == "print('replaced')"
+        (project / "data" / "train.py").write_text("the user's data/train.py")
+        with pytest.raises(DataError, match="already exists") as info:
+            load_data_config(data)
+        assert "\n" not in str(info.value)
+        with pytest.raises(DataError, match="already exists"):
+            download_dataset({"url": f"{url}/train.py", "dir": "."}, project / "data", homes=[project])
+        root = tmp_path / "home" / "mini"
+        (root / "images" / "train").mkdir(parents=True)
+        (root / "images" / "train" / "a.jpg").write_bytes(b"the user's image")
+        (root / "keep.txt").write_text("the user's file")
+        download_dataset(f"{url}/mini.zip", root, homes=[tmp_path / "home"])
+        assert (root / "labels" / "train" / "a.txt").is_file()  # what was missing is extracted ...
+    assert (project / "train.py").read_text() == "the user's train.py"
+    assert (project / "data" / "train.py").read_text() == "the user's data/train.py"
+    assert (root / "images" / "train" / "a.jpg").read_bytes() == b"the user's image"  # ... nothing replaced
+    assert (root / "keep.txt").read_text() == "the user's file"
+    assert not [p for p in tmp_path.rglob(".*part*")]
+
+
+def test_every_path_of_a_data_yaml_stays_in_its_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("YOLO_DATA_DIR", str(tmp_path / "home"))
+    make_set(tmp_path / "cfg" / "set", {"a.jpg": (write_jpg, GOOD_LABEL)})
+    make_set(tmp_path / "private", {"b.jpg": (write_jpg, GOOD_LABEL)})
+    (tmp_path / "cfg" / "set" / "out").symlink_to(tmp_path / "private")
+    data = tmp_path / "cfg" / "d.yaml"
+    cases = {
+        "path: ../private\ntrain: images/train\nval: images/train\n": "path '../private' leads outside",
+        f"path: {tmp_path / 'private'}\ntrain: images/train\nval: images/train\n": "leads outside",
+        "path: set\ntrain: ../../private/images/train\nval: images/train\n": "'train' entry .* leads outside",
+        f"path: set\ntrain: images/train\nval: {tmp_path / 'private' / 'images' / 'train'}\n": "'val' entry",
+        "path: set\ntrain: images/train\nval: out/images/train\n": "leads outside",  # a symlink out
+        "path: set\ntrain: images/train\nval: {coco: ../../x.json, images: images/train}\n": "leads outside",
+        "path: set\ntrain: images/train\nval: images/train\ndownload: {url: 'http://127.0.0.1:9/x.zip', dir: out}\n"
+        "test: images/missing\n": "leads outside",
+        "path: \"a\\0b\"\ntrain: images/train\nval: images/train\n": "not a usable path",
+    }
+    for text, words in cases.items():
+        data.write_text(text + "nc: 1\n")
+        with pytest.raises(DataError, match=words) as info:
+            load_data_config(data)
+        assert "\n" not in str(info.value)
+    data.write_text(f"path: {tmp_path / 'cfg' / 'set'}\ntrain: images/train\nval: [images/train]\nnc: 1\n")
+    assert load_data_config(data).val == [(tmp_path / "cfg" / "set" / "images" / "train").resolve()]

@@ -119,6 +119,32 @@ def test_unreadable_cache_is_rebuilt(tmp_path: Path) -> None:
     assert not list((tmp_path / "labels").glob("*.tmp*"))
 
 
+def test_a_compressed_cache_from_elsewhere_is_not_inflated_but_rebuilt(tmp_path: Path) -> None:
+    """A cache shipped with a data set: numpy writes stored members, so a deflated one (a 200 kB file may inflate
+    to gigabytes) is someone else's and is rebuilt, even when its hash matches."""
+    images = make_set(tmp_path, {"a.jpg": (write_jpg, GOOD_LABEL)})
+    ds = YoloDataset(images, img_size=64, nc=3)
+    cache = tmp_path / "labels" / "train.cache"
+    with np.load(cache, allow_pickle=False) as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays["labels"] = np.array([[2, 0.1, 0.1, 0.1, 0.1]], np.float32)  # what a planted cache would claim
+    with open(cache, "wb") as f:
+        np.savez_compressed(f, **arrays)
+    file_hash = label_cache.files_hash(ds.im_files, ds.label_files, 3)
+    assert label_cache.load_cache(cache, file_hash) is None
+    assert YoloDataset(images, img_size=64, nc=3).labels[0].tolist() == [[0, 0.5, 0.5, 0.25, 0.25]]
+
+
+@pytest.mark.timeout(60)
+def test_a_fifo_as_cache_or_label_file_is_not_waited_on(tmp_path: Path) -> None:
+    from tests.utils.data.special_files import fifos
+
+    images = make_set(tmp_path, {"a.jpg": (write_jpg, None), "b.jpg": (write_jpg, GOOD_LABEL)})
+    with fifos(tmp_path / "labels" / "train.cache", tmp_path / "labels" / "train" / "a.txt"):
+        ds = YoloDataset(images, img_size=64, nc=3)
+        assert ds.scan.line() == "1 found, 1 missing, 0 empty, 0 corrupt"
+
+
 def test_img2label_paths_replaces_the_last_images_folder() -> None:
     assert img2label_paths(["/d/images/x/images/a.b.jpg"]) == ["/d/images/x/labels/a.b.txt"]
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from utils.data import synthetic
-from utils.data.config import load_data_config
+from utils.data.config import DataError, load_data_config
 from utils.data.synthetic import SYNTHETIC_NAMES, ensure_synthetic, is_valid, make_spec
 
 SMALL = {"n_train": 6, "n_val": 3, "img_size": (64, 80), "seed": 3}
@@ -78,8 +78,106 @@ def test_bad_params_are_rejected() -> None:
         make_spec(img_size=(100, 50))
     with pytest.raises(ValueError):
         make_spec(n_train=0)
+    # a data YAML's parameters: a billion images, 10^6-pixel sides, inf, NaN, strings (issue 31: bounded input)
+    for bad in ({"n_train": 10**9}, {"img_size": [32, 10**6]}, {"img_size": float("inf")}, {"img_size": "abc"},
+                {"seed": -1}, {"n_train": True}, {"max_object": float("nan")}, {"max_objects": 10**6}):
+        with pytest.raises(ValueError):
+            make_spec(**bad)
+
+
+def test_a_yaml_asking_for_a_huge_set_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("YOLO_DATA_DIR", str(tmp_path / "home"))
+    data = tmp_path / "big.yaml"
+    for params in ("{n_train: 1000000000}", "{img_size: .inf}", "{img_size: [32, 100000]}", "{1: 2}"):
+        data.write_text(f"synthetic: {params}\ntrain: images/train\nval: images/val\nnc: 3\n")
+        with pytest.raises(DataError, match="bad 'synthetic' parameters") as info:
+            load_data_config(data)
+        assert "\n" not in str(info.value)
+    assert not (tmp_path / "home").exists()
 
 
 def test_tiny_dataset_fixture(tiny_dataset: Path) -> None:
     config = load_data_config(tiny_dataset)
     assert len(list(config.train[0].glob("*.jpg"))) == 24 and len(list(config.val[0].glob("*.jpg"))) == 12
+
+
+def _user_files(folder: Path) -> dict[str, bytes]:
+    """A folder holding someone's files, some named as the generator names its own."""
+    files = {"notes.txt": b"my notes", "images/train/00000.jpg": b"my photo",
+             "labels/train/00000.txt": b"0 .5 .5 .1 .1\n"}
+    for name, content in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(content)
+    return files
+
+
+def test_a_data_yaml_never_deletes_a_folder_it_points_at(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Finding 1 of issue 31: ``synthetic:`` with ``path:`` at a user's folder must not regenerate the set there."""
+    monkeypatch.setenv("YOLO_DATA_DIR", str(tmp_path / "home"))
+    project = tmp_path / "project"
+    files = _user_files(project / "mine")
+    yaml_text = ("synthetic: {n_train: 2, n_val: 1, img_size: 64, seed: 1}\ntrain: images/train\nval: images/val\n"
+                 "nc: 3\n")
+    data = project / "syn.yaml"
+    for path in (project / "mine", "mine", "."):  # absolute, relative, and the YAML's own folder
+        data.write_text(f"path: {path}\n" + yaml_text)
+        with pytest.raises(DataError, match="not empty|did not make") as info:
+            load_data_config(data)
+        assert "\n" not in str(info.value)
+    outside = tmp_path / "elsewhere"
+    outside_files = _user_files(outside)
+    for path in (outside, "../elsewhere", "../.."):  # out of the YAML's folder and the data home
+        data.write_text(f"path: {path}\n" + yaml_text)
+        with pytest.raises(DataError, match="leads outside"):
+            load_data_config(data)
+    assert _files(project / "mine") == files and _files(outside) == outside_files
+    assert sorted(p.name for p in project.iterdir()) == ["mine", "syn.yaml"]  # no temporary folder left
+
+
+def test_generation_goes_only_into_new_empty_or_its_own_folders(tmp_path: Path) -> None:
+    from utils.errors import UserError
+
+    (tmp_path / "empty").mkdir()
+    assert is_valid(ensure_synthetic(tmp_path / "empty", **SMALL), make_spec(**SMALL))
+    user = tmp_path / "user"
+    files = _user_files(user)
+    (user / synthetic.MANIFEST).write_text('{"version": 1, "spec": {}, "names": []}')  # a manifest is not proof
+    files[synthetic.MANIFEST] = (user / synthetic.MANIFEST).read_bytes()
+    with pytest.raises(UserError, match="did not make") as info:
+        ensure_synthetic(user, **SMALL)
+    assert "\n" not in str(info.value) and _files(user) == files
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(UserError, match="not a folder"):
+        ensure_synthetic(tmp_path / "a-file", **SMALL)
+    assert (tmp_path / "a-file").read_text() == "x"
+
+
+def test_its_own_set_is_regenerated_but_files_added_or_changed_there_are_kept(tmp_path: Path) -> None:
+    """Only files the generator wrote (still as written) and the label caches made for them are removed."""
+    from utils.errors import UserError
+
+    root = ensure_synthetic(tmp_path / "s", **SMALL)
+    (root / "labels" / "train.cache").write_bytes(b"cache")  # what the label scan writes beside the set
+    (root / "labels" / "train.cache.d" / "npy").mkdir(parents=True)
+    (root / "labels" / "train.cache.d" / "npy" / "00000.npy").write_bytes(b"array")
+    other = {**SMALL, "n_train": 4}
+    assert is_valid(ensure_synthetic(root, **other), make_spec(**other))  # other parameters: regenerated in place
+    assert not (root / "labels" / "train.cache").exists() and not (root / "labels" / "train.cache.d").exists()
+    (root / "mine.txt").write_text("kept")
+    (root / "images" / "val" / "00000.jpg").write_bytes(b"edited by the user")
+    with pytest.raises(UserError, match="did not make or that changed") as info:
+        ensure_synthetic(root, **SMALL)
+    assert "mine.txt" in str(info.value) or "00000.jpg" in str(info.value)
+    assert (root / "mine.txt").read_text() == "kept"
+    assert (root / "images" / "val" / "00000.jpg").read_bytes() == b"edited by the user"
+    assert not list(tmp_path.glob(".*"))  # no temporary folder left behind
+
+
+def test_a_leftover_with_the_temporary_name_is_not_removed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    mine = tmp_path / f".s.tmp{os.getpid()}"  # the name the generator once used for its own temporary folder
+    mine.mkdir()
+    (mine / "keep.txt").write_text("mine")
+    ensure_synthetic(tmp_path / "s", **SMALL)
+    assert (mine / "keep.txt").read_text() == "mine"

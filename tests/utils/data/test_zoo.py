@@ -193,3 +193,19 @@ def test_an_unknown_converter_is_one_line(tmp_path):
     data.write_text("train: a\nval: a\nnc: 1\nconvert: voc2\n")
     with pytest.raises(DataError, match="convert: 'voc2' is not a known converter"):
         load_data_config(data)
+
+
+def test_untar_never_replaces_a_file(tmp_path: Path) -> None:
+    from utils.data.zoo import safe_untar
+
+    archive = tmp_path / "set.tar"
+    with tarfile.open(archive, "w") as tar:
+        for name, content in (("set/a.txt", b"from the archive"), ("set/b.txt", b"new")):
+            info = tarfile.TarInfo(name)
+            info.size = len(content)
+            tar.addfile(info, io.BytesIO(content))
+    (tmp_path / "set").mkdir()
+    (tmp_path / "set" / "a.txt").write_text("the user's")
+    safe_untar(archive, tmp_path)
+    assert (tmp_path / "set" / "a.txt").read_text() == "the user's"
+    assert (tmp_path / "set" / "b.txt").read_text() == "new"

@@ -13,8 +13,9 @@ import pytest
 import torch
 
 from utils.deploy.formats import export_metadata
-from utils.deploy.runtime import InferenceModel, InferenceModelError
+from utils.deploy.runtime import InferenceModel
 from utils.deploy.verify import VerificationError, output_errors
+from utils.errors import UserError
 from utils.predictions import OutputContract
 
 
@@ -52,12 +53,12 @@ def test_the_runtime_reads_the_recorded_contract_and_old_files_are_yolov5(tmp_pa
 @pytest.mark.parametrize("head, message", [
     ({"contract": {"layout": "xywh_mystery", "nc": 4}}, "output layout 'xywh_mystery' is not one of"),
     ({"contract": {"layout": "xywh_cls", "nc": 3}}, "its output contract has 3 classes but it names 4"),
-    ({"contract": "xywh_cls"}, "output contract must be a mapping"),
+    ({"contract": "xywh_cls"}, "metadata 'head' .* must be a mapping of the head's fields"),
 ])
 def test_a_contract_that_cannot_be_honoured_is_refused_in_one_line(tmp_path: Path, head: dict, message: str) -> None:
     pytest.importorskip("onnxruntime")
     file = reshaping_onnx(tmp_path / "bad.onnx", {**BASE, "names": list("abcd"), "head": head})
-    with pytest.raises(InferenceModelError, match=message):
+    with pytest.raises(UserError, match=message):  # the metadata check's FormatError or the runtime's error
         InferenceModel(file)
 
 
@@ -82,8 +83,9 @@ def test_output_errors_read_the_rows_as_the_contract_lays_them_out() -> None:
 
 def test_end_to_end_rows_are_compared_pairwise_whatever_their_order() -> None:
     contract = OutputContract("xyxy_score_cls", 3)
-    reference = torch.tensor([[[10.0, 10, 20, 20, 0.9, 1], [30, 30, 40, 40, 0.5001, 2], [50, 50, 60, 60, 0.5, 0]]])
-    swapped = reference[:, [0, 2, 1]].clone()  # two rows of near-equal scores came out the other way round
+    reference = torch.tensor([[[10.0, 10, 20, 20, 0.9, 1], [30, 30, 40, 40, 0.5001, 2], [50, 50, 60, 60, 0.5, 0],
+                               [70, 70, 80, 80, 0.1, 0]]])
+    swapped = reference[:, [0, 2, 1, 3]].clone()  # two rows of near-equal scores came out the other way round
     swapped[0, 2, 4] += 1e-4
     swapped[0, 0, 0] += 0.01
     box, score = output_errors(reference, swapped, contract)
@@ -93,6 +95,20 @@ def test_end_to_end_rows_are_compared_pairwise_whatever_their_order() -> None:
     with pytest.raises(VerificationError, match="another class"):
         output_errors(reference, other_class, contract)
     assert np.isfinite(output_errors(torch.zeros(1, 0, 6), torch.zeros(1, 0, 6), contract)).all()
+
+
+def test_a_candidate_that_ties_the_cut_off_may_differ() -> None:
+    """The last kept row of an end-to-end output (the lowest score) ties with candidates left out: another runtime
+    may keep another one. Rows within the margin of the lowest score are not compared; the others are."""
+    contract = OutputContract("xyxy_score_cls", 3)
+    reference = torch.tensor([[[10.0, 10, 20, 20, 0.9, 1], [30, 30, 40, 40, 0.004151, 2]]])
+    other_tie = reference.clone()
+    other_tie[0, 1, :4] = torch.tensor([50.0, 50, 60, 60])  # a different candidate of the same score
+    assert output_errors(reference, other_tie, contract) == (0.0, 0.0)
+    assert output_errors(reference, other_tie, contract, margin=-1.0)[0] == 20.0  # every row compared: it differs
+    moved = reference.clone()
+    moved[0, 0, 2] += 3.0  # a row well inside the top k is always compared
+    assert output_errors(reference, moved, contract)[0] == pytest.approx(3.0)
 
 
 class AnchorFreeHead(torch.nn.Module):

@@ -69,7 +69,7 @@ def test_float_files_give_the_pt_boxes_and_carry_their_metadata(tf_exports) -> N
     images = scenes(3)  # a batch-1 export: three calls
     reference = pytorch_output(weights, images)
     for result in tf_exports:
-        model = InferenceModel(result.file)
+        model = InferenceModel(result.file, trusted=True)  # a SavedModel's graph may hold file I/O: trusted only
         assert (model.kind, model.names, model.stride, model.img_size, model.batch_size) == (
             result.format, NAMES, 32, (64, 64), 1)
         box_px, score = output_errors(reference, model(images))
@@ -86,14 +86,15 @@ def test_detect_test_and_hubconf_run_the_files_without_data(tf_exports, tiny_dat
     saved, lite = tf_exports
     weights = lite.file.with_name("best.pt")
     for result in tf_exports:
-        detect.main(detect.parse_opt(["--weights", str(result.file), "--source", str(IMAGES),
+        detect.main(detect.parse_opt(["--weights", str(result.file), "--source", str(IMAGES), "--trust-weights",
                                       "--img-size", "64", "--conf-thres", "0.001", "--project", str(tmp_path)]))
         out = capsys.readouterr().out
         assert "64x64" in out and any(name in out for name in ("circle", "square", "triangle")), result.format
     maps = {}
     for file in (weights, saved.file, lite.file):
         opt = test_script.parse_opt(["--weights", str(file), "--data", str(tiny_dataset), "--img", "64",
-                                     "--batch-size", "2", "--workers", "0", "--project", str(tmp_path)])
+                                     "--batch-size", "2", "--workers", "0", "--project", str(tmp_path),
+                                     "--trust-weights"])
         maps[file.name] = test_script.main(opt).map
     assert abs(maps["best_saved_model"] - maps["best.pt"]) < 1e-3 and abs(maps["best.tflite"] - maps["best.pt"]) < 1e-3
     detector = hubconf.custom(lite.file)
@@ -105,10 +106,12 @@ def test_bad_files_are_one_line_errors(tmp_path: Path, capsys) -> None:
     garbled.write_bytes(b"TFL3" + bytes(range(256)) * 4)
     empty_folder = tmp_path / "x_saved_model"
     empty_folder.mkdir()
-    for file, expected in ((garbled, "is not a readable TFLite model"),
-                           (empty_folder, "is not a readable SavedModel of this project")):
+    for file, expected, trusted in ((garbled, "is not a readable TFLite model", False),
+                                    (empty_folder, "is not a readable SavedModel of this project", True)):
         with pytest.raises(FormatError, match=expected):
-            InferenceModel(file)
+            InferenceModel(file, trusted=trusted)
+    with pytest.raises(UserError, match="TensorFlow SavedModel, and running one runs its graph"):
+        InferenceModel(empty_folder)  # its ops may write files: --trust-weights only
     detect = load_script("detect")
     code = run_main(detect.main, detect.parse_opt(["--weights", str(garbled), "--source", str(IMAGES)]), "detect")
     err = capsys.readouterr().err

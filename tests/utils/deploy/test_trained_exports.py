@@ -81,35 +81,78 @@ def test_int8_onnx_and_openvino_within_the_map_drop(int8_exports, trained: Path)
 
     ops = {node.op_type for node in onnx.load(str(onnx_result.file)).graph.node}
     assert {"QuantizeLinear", "DequantizeLinear"} <= ops  # really quantized
-    import openvino
-
-    core = openvino.Core()  # compiled as InferenceModel compiles it: the f32 hint leaves the INT8 layers INT8
-    xml = next(openvino_result.file.glob("*.xml"))
-    compiled = core.compile_model(core.read_model(str(xml)), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
-    infos = [op.get_rt_info() for op in compiled.get_runtime_model().get_ops()]
-    precisions = {i["runtimePrecision"].astype(str) for i in infos if i["layerType"].astype(str) == "Convolution"}
-    assert precisions and precisions <= {"i8", "u8"}
+    precisions = openvino_conv_precisions(next(openvino_result.file.glob("*.xml")))
+    assert precisions is None or (precisions and set(precisions) <= {"i8", "u8"})
     inference = InferenceModel(onnx_result.file)
     assert inference.names == InferenceModel(trained).names and inference.img_size == (64, 64)
 
 
+def openvino_conv_precisions(xml: Path) -> list[str] | None:
+    """The precisions OpenVINO's CPU plugin runs the IR's convolutions in, compiled as InferenceModel compiles it
+    (the f32 hint leaves INT8 layers INT8); None where the CPU plugin reports no INT8 support. Which 8-bit kind it
+    picks (u8 or i8) is the plugin's choice for this CPU, so callers assert only that it is 8-bit."""
+    import openvino
+
+    core = openvino.Core()
+    if "INT8" not in core.get_property("CPU", "OPTIMIZATION_CAPABILITIES"):
+        return None
+    compiled = core.compile_model(core.read_model(str(xml)), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    infos = [op.get_rt_info() for op in compiled.get_runtime_model().get_ops()]
+    return [i["runtimePrecision"].astype(str) for i in infos if i["layerType"].astype(str) == "Convolution"]
+
+
+def fake_quantized(node) -> bool:
+    """Whether a node's output is 8-bit data in the IR: a FakeQuantize, or a Concat/MaxPool of such outputs."""
+    if node.get_type_name() == "FakeQuantize":
+        return True
+    if node.get_type_name() in ("Concat", "MaxPool"):
+        return all(fake_quantized(i.get_source_output().get_node()) for i in node.inputs())
+    return False
+
+
+def int8_weights(node) -> bool:
+    """Whether a convolution's weights are stored as int8 constants, dequantized in float (Constant i8 -> Convert
+    -> [Subtract] -> Multiply)."""
+    while node.get_type_name() in ("Multiply", "Subtract", "Convert"):
+        node = node.input(0).get_source_output().get_node()
+    return node.get_type_name() == "Constant" and node.get_output_element_type(0).get_type_name() == "i8"
+
+
+def zero_point(fake_quantize) -> float:
+    """The grid index (0..levels-1) of the value 0 of a FakeQuantize's input range: 0 for an unsigned range, 128
+    of 256 levels for a symmetric signed one; anything else is an asymmetric zero point."""
+    low, high = (float(np.asarray(fake_quantize.input(i).get_source_output().get_node().get_data()).ravel()[0])
+                 for i in (1, 2))
+    return -low / (high - low) * (fake_quantize.get_attributes()["levels"] - 1)
+
+
 @pytest.mark.slow
 def test_int8_openvino_is_symmetric_int8_with_the_head_decoding_left_float(int8_exports) -> None:
+    """What the IR file holds, whatever the CPU: int8 weights, 8-bit symmetric activations into every convolution,
+    and no 8-bit step in the head's decoding. What the runtime does with it depends on the CPU (an AVX-512 BF16
+    EPYC runs every layer in u8): asserted only as far as the plugin's reported INT8 support implies it."""
     openvino = pytest.importorskip("openvino")
-    core = openvino.Core()
-    model = core.read_model(str(next(int8_exports[1].file.glob("*.xml"))))
-    convs = [op.get_friendly_name() for op in model.get_ordered_ops() if op.get_type_name() == "Convolution"]
-    head = convs[-1].split("/")[1]  # '/model.N/m.2/Conv...': the Detect head's module
-    quantized = [target.get_node() for op in model.get_ordered_ops() if op.get_type_name() == "FakeQuantize"
-                 for target in op.output(0).get_target_inputs()]
+    xml = next(int8_exports[1].file.glob("*.xml"))
+    model = openvino.Core().read_model(str(xml))
+    ops = model.get_ordered_ops()
+    convs = [op for op in ops if op.get_type_name() == "Convolution"]
+    head = convs[-1].get_friendly_name().split("/")[1]  # '/model.N/m.2/Conv...': the Detect head's module
+    assert convs and all(int8_weights(c.input(1).get_source_output().get_node()) for c in convs)
+    assert all(fake_quantized(c.input(0).get_source_output().get_node()) for c in convs)
+    fake_quantizes = [op for op in ops if op.get_type_name() == "FakeQuantize"]
+    assert {fq.get_attributes()["levels"] for fq in fake_quantizes} == {256}
+    points = [zero_point(fq) for fq in fake_quantizes]
+    assert all(min(abs(p), abs(p - 128)) < 1e-3 for p in points)  # symmetric (or unsigned): no other zero point
+    assert any(abs(p - 128) < 1e-3 for p in points) and abs(zero_point(fake_quantizes[0])) < 1e-3  # image: u8
+    quantized = [target.get_node() for fq in fake_quantizes for target in fq.output(0).get_target_inputs()]
     into_head = [n.get_friendly_name() for n in quantized
                  if n.get_friendly_name().startswith(f"/{head}/") and n.get_type_name() != "Convolution"]
-    assert quantized and not into_head  # the box decoding (sigmoid, grid, anchors) gets no 8-bit step
-    assert any(n.get_type_name() == "Convolution" for n in quantized)
-    compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
-    infos = [op.get_rt_info() for op in compiled.get_runtime_model().get_ops()]
-    precisions = [i["runtimePrecision"].astype(str) for i in infos if i["layerType"].astype(str) == "Convolution"]
-    assert precisions.count("i8") >= len(precisions) - 1  # symmetric activations; the image input is unsigned
+    assert not into_head  # the box decoding (sigmoid, grid, anchors, strides) gets no 8-bit step
+    decode = [op for op in ops if op.get_friendly_name().startswith(f"/{head}/") and
+              op.get_type_name() in ("Sigmoid", "Power", "Multiply", "Add", "Subtract")]
+    assert decode and all(op.get_output_element_type(0).get_type_name() == "f32" for op in decode)
+    precisions = openvino_conv_precisions(xml)
+    assert precisions is None or (len(precisions) == len(convs) and set(precisions) <= {"i8", "u8"})
 
 
 @pytest.mark.slow

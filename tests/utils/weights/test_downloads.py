@@ -25,6 +25,7 @@ from utils.weights.downloads import (
     DownloadError,
     attempt_download,
     attempt_download_once_per_node,
+    is_release_name,
     release_url,
     resolve_weights,
     weights_dir,
@@ -291,3 +292,28 @@ def test_two_ranks_of_a_node_download_once(server: tuple[str, Routes], tmp_path:
         assert results[0].read_bytes() == payload
     else:  # every rank fails with one line; only rank 0 asked the server
         assert "HTTP 404" in str(results[0]) and "local rank 0 could not download it" in str(results[1])
+
+
+def test_ultralytics_names_are_release_names_with_their_own_release(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("YOLO_WEIGHTS_URL", raising=False)
+    assert release_url("yolo11n.pt") == "https://github.com/ultralytics/assets/releases/download/v8.3.0/yolo11n.pt"
+    assert release_url("yolov8x.pt") == "https://github.com/ultralytics/assets/releases/download/v8.3.0/yolov8x.pt"
+    assert release_url("yolo26s.pt") == "https://github.com/ultralytics/assets/releases/download/v8.4.0/yolo26s.pt"
+    assert all(is_release_name(f"{f}{s}.pt") for f in ("yolov8", "yolo11", "yolo26") for s in "nsmlx")
+    assert not is_release_name("yolo11q.pt") and not is_release_name("yolov8n-seg.pt")
+    monkeypatch.setenv("YOLO_WEIGHTS_URL", "http://mirror.local/w/")
+    assert release_url("yolo26n.pt") == "http://mirror.local/w/yolo26n.pt"
+    with pytest.raises(DownloadError, match=r"not an official release name \(yolov5n.pt, .*yolo11x.pt, .*yolo26x.pt\)"):
+        resolve_weights("yolo12n.pt")
+
+
+def test_an_ultralytics_release_downloaded_by_name_loads_safely(server: tuple[str, Routes], tmp_path: Path) -> None:
+    """``--weights yolo26n.pt``: fetched by name (from the loopback mirror), then read by the restricted reader."""
+    from utils.weights.checkpoint import load_checkpoint
+
+    routes = server[1]
+    routes.files["yolo26n.pt"] = (ROOT / "tests" / "fixtures" / "ultralytics" / "yolo26n.pt").read_bytes()
+    path = attempt_download("yolo26n.pt", progress=False)
+    assert path == tmp_path / "cache" / "yolo26n.pt" and routes.hits["yolo26n.pt"] == 1
+    ckpt = load_checkpoint(path)
+    assert ckpt["source"] == "ultralytics-release" and ckpt["model_yaml"]["yaml_file"] == "yolo26n.yaml"
