@@ -3,6 +3,8 @@ loss imported by name only when a run needs it; --optimizer auto's rule."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -162,3 +164,44 @@ def test_a_new_familys_named_losses_reach_the_step_the_csv_the_bar_and_the_check
     assert seen == [("toy", ("box", "rest"), ["train/box_loss", "train/rest_loss"])]
     assert any(message.split()[:5] == ["Epoch", "gpu_mem", "box", "rest", "total"] for message in yolo_log)
     assert load_checkpoint(tmp_path / "weights" / "last.pt")["family"] == "toy"
+
+
+@pytest.mark.parametrize("family, terms", [("yolov8", ("box", "cls", "dfl")), ("yolo26", ("box", "cls", "l1"))])
+def test_the_new_families_train_through_the_seam(family: str, terms: tuple[str, ...], tiny_dataset, tmp_path,
+                                                 monkeypatch) -> None:
+    """A tiny YOLOv8 / YOLO26 (the families' YAMLs at 1/16 width): the head names the family, which brings its
+    hyp file and loss; the loss's terms are results.csv's columns; YOLO26's loss is told every epoch; last.pt
+    records the family and loads back through the builder."""
+    import csv
+
+    import yaml
+
+    from utils.training.builder import build_trainer, prepare_run
+    from utils.training.config import RunConfig
+    from utils.weights.checkpoint import load_checkpoint, model_from_checkpoint
+
+    cfg = yaml.safe_load((Path(__file__).resolve().parents[3] / "models" / f"{family}.yaml").read_text())
+    cfg.update(nc=3, scale="n", scales={"n": [0.33, 0.0625, 1024]})
+    cfg_file = tmp_path / f"{family}-tiny.yaml"
+    cfg_file.write_text(yaml.safe_dump(cfg))
+    config = RunConfig(cfg=str(cfg_file), data=str(tiny_dataset), epochs=2, batch_size=8, img_size=64, workers=0,
+                       noplots=True, loggers=("csv",), project=str(tmp_path / "runs"))
+    config, hyp = prepare_run(config, RunConfig())
+    assert Path(config.hyp).name == "hyp.anchor-free.yaml" and hyp["dfl"] == 1.5 and "anchor_t" not in hyp
+    epochs_told = []
+    trainer = build_trainer(config, hyp, torch.device("cpu"))
+    told = getattr(trainer.loss, "set_epoch", None)
+    if told is not None:
+        monkeypatch.setattr(trainer.loss, "set_epoch", lambda epoch, epochs: epochs_told.append((epoch, epochs)) or
+                            told(epoch, epochs))
+    try:
+        trainer.fit()
+    finally:
+        trainer.hooks.close(trainer.view, cancelled=False)
+    with open(Path(config.save_dir) / "results.csv") as f:
+        header = next(csv.reader(f))
+    assert header[1:4] == [f"train/{t}_loss" for t in terms] and trainer.loss_names == terms
+    assert epochs_told == ([(0, 2), (1, 2)] if family == "yolo26" else [])
+    ckpt = load_checkpoint(Path(config.save_dir) / "weights" / "last.pt")
+    assert (ckpt["family"], ckpt["task"]) == (family, "detect")
+    assert model_from_checkpoint(ckpt).head.family == family
