@@ -358,12 +358,12 @@ class RawMapDecoder:
     contract, stride, reg_max, max_det), its convolutions unused. Metadata from a file is checked first: a value
     out of range is a one-line FormatError."""
 
-    def __init__(self, head_meta: dict) -> None:
-        contract, strides, reg_max, max_det = checked_head_metadata(head_meta)
+    def __init__(self, head_meta: Any, source: object = "the file") -> None:
+        contract, strides, reg_max, max_det = checked_head_metadata(head_meta, source)
         if contract.layout not in ("xywh_cls", "xyxy_score_cls") or contract.nm:
-            raise FormatError(f"raw maps of a {contract.layout} head with {contract.nm} mask coefficients are not "
-                              "decoded here (anchor-free detection heads only)")
-        self.contract, self.end_to_end = contract, contract.end_to_end
+            raise FormatError(f"{source}: raw maps of a {contract.layout} head with {contract.nm} mask coefficients "
+                              "are not decoded here (anchor-free detection heads only)")
+        self.contract, self.end_to_end, self.source = contract, contract.end_to_end, source
         channels = [4] * len(strides)  # the convolutions are never run: the smallest that builds
         self.head = (EndToEndDetect(contract.nc, reg_max, False, channels, max_det) if self.end_to_end
                      else AnchorFreeDetect(contract.nc, reg_max, False, channels)).eval()
@@ -372,8 +372,8 @@ class RawMapDecoder:
     def __call__(self, maps: Sequence[torch.Tensor]) -> torch.Tensor:
         head, box_channels = self.head, 4 * self.head.reg_max
         if len(maps) != head.nl or any(m.dim() != 4 or m.shape[-1] != box_channels + head.nc for m in maps):
-            raise FormatError(f"expected {head.nl} maps of (b, ny, nx, {box_channels + head.nc}), got "
-                              f"{[tuple(m.shape) for m in maps]}")
+            raise FormatError(f"{self.source}: expected {head.nl} maps of (b, ny, nx, {box_channels + head.nc}), "
+                              f"got {[tuple(m.shape) for m in maps]}")
         b = maps[0].shape[0]
         rows = [m.float().reshape(b, -1, box_channels + head.nc) for m in maps]  # (b, ny * nx, 4 reg_max + nc)
         boxes = torch.cat([r[..., :box_channels] for r in rows], 1).transpose(1, 2)  # (b, 4 reg_max, n)
@@ -385,21 +385,21 @@ class RawMapDecoder:
             return head.select(decoded) if self.end_to_end else decoded
 
 
-def checked_head_metadata(meta: Any) -> tuple[OutputContract, list[float], int, int]:
-    """(contract, strides, reg_max, max_det) from a file's head metadata, each checked (one-line FormatError)."""
+def checked_head_metadata(meta: Any, source: object) -> tuple[OutputContract, list[float], int, int]:
+    """(contract, strides, reg_max, max_det) from ``source``'s head metadata, each checked (one-line FormatError)."""
     if not isinstance(meta, dict):
-        raise FormatError("its head metadata is missing; re-export it with export.py")
+        raise FormatError(f"{source} returns head maps but carries no head metadata; re-export it with export.py")
     try:
         contract = OutputContract.from_metadata(meta.get("contract"))
     except ContractError as e:
-        raise FormatError(str(e)) from None
+        raise FormatError(f"{source}: {e}") from None
     strides, reg_max, max_det = meta.get("stride"), meta.get("reg_max", 16), meta.get("max_det", 300)
     if not (isinstance(strides, list) and 1 <= len(strides) <= LIMITS["levels"]
             and all(is_count(s, 1024) for s in strides)):
-        raise FormatError(f"its head metadata's stride must be 1..{LIMITS['levels']} numbers in 1..1024")
+        raise FormatError(f"{source}: its head metadata's stride must be 1..{LIMITS['levels']} numbers in 1..1024")
     if not is_count(reg_max, LIMITS["reg_max"]) or not is_count(max_det, 100_000):
-        raise FormatError(f"its head metadata's reg_max (1..{LIMITS['reg_max']}) or max_det (1..100000) is out "
-                          "of range")
+        raise FormatError(f"{source}: its head metadata's reg_max (1..{LIMITS['reg_max']}) or max_det (1..100000) is "
+                          "out of range")
     return contract, [float(s) for s in strides], int(reg_max), int(max_det)
 
 

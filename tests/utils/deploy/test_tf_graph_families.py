@@ -244,6 +244,7 @@ def test_a_layer_without_translation_is_refused_in_one_line(tf: Any, fused: dict
     (lambda m: m.update(reg_max=10**6), "reg_max"),
     (lambda m: m.update(contract={"layout": "boxes"}), "output layout 'boxes' is not one of"),
     (lambda m: m.pop("contract"), "no output contract recorded"),
+    (lambda m: m.clear(), "no output contract recorded"),
 ])
 def test_raw_map_decoder_refuses_bad_metadata_in_one_line(fused: dict[str, nn.Module], edit, message: str) -> None:
     from utils.deploy.tf_graph import RawMapDecoder
@@ -251,8 +252,10 @@ def test_raw_map_decoder_refuses_bad_metadata_in_one_line(fused: dict[str, nn.Mo
     meta = fused["yolo26n"].head.export_metadata()
     edit(meta)
     with pytest.raises(FormatError, match=message) as info:
-        RawMapDecoder(meta)
-    assert "\n" not in str(info.value)
+        RawMapDecoder(meta, "best-int8.tflite")
+    assert str(info.value).startswith("best-int8.tflite") and "\n" not in str(info.value)
+    with pytest.raises(FormatError, match="best-int8.tflite returns head maps but carries no head metadata"):
+        RawMapDecoder(None, "best-int8.tflite")
     decoder = RawMapDecoder(fused["yolo26n"].head.export_metadata())
     with pytest.raises(FormatError, match=r"expected 3 maps of \(b, ny, nx, 84\)"):
         decoder([torch.zeros(1, 8, 8, 84), torch.zeros(1, 4, 4, 85), torch.zeros(1, 2, 2, 84)])
