@@ -251,7 +251,6 @@ class Translator:
             return tf.concat([decode(i, x) for i, x in enumerate(maps)], 1)
         return run
 
-
     def anchor_free_detect(self, module: AnchorFreeDetect) -> Layer:
         """YOLOv8/YOLO11: the box and class branches, then the DFL decode to (b, n, 4 + nc), xywh."""
         return self.anchor_free_branches(module, module.cv2, module.cv3, xywh=True, final=None)
