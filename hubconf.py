@@ -1,14 +1,18 @@
-"""torch.hub entry points: ``torch.hub.load(REPO_DIR, "yolov5s", source="local", pretrained=True, classes=80)``.
+"""torch.hub entry points: ``torch.hub.load(REPO_DIR, "yolov5s", source="local", pretrained=True, classes=80)``;
+``yolov5n`` ... ``yolov5x``, ``yolov8n`` ... ``yolov8x``, ``yolo11n`` ... ``yolo11x`` and ``yolo26n`` ... ``yolo26x``.
 
 Each returns a :class:`models.hub.Detector` (images in, detections in original pixels out; see models/hub.py).
-``pretrained=True`` fetches the official YOLOv5 release file (``yolov5s.pt``; cached, see utils/weights/downloads.py for
-``YOLO_WEIGHTS_DIR`` / ``YOLO_WEIGHTS_URL``) and reads it without running pickled code. ``classes`` other than the
-file's 80 re-initialise the head and transfer every other tensor. ``custom(path=...)`` loads a checkpoint of ours or
-any export with a runtime here (.torchscript, .onnx, *_openvino_model/, ...; see utils/deploy/formats.py).
+``pretrained=True`` fetches the official release file (``yolov5s.pt``, ``yolo11n.pt``, ...; cached, see
+utils/weights/downloads.py for ``YOLO_WEIGHTS_DIR`` / ``YOLO_WEIGHTS_URL``) and reads it without running pickled
+code; ``pretrained=False`` builds the model from its YAML (``yolo11n.yaml``: the family file at scale n).
+``classes`` other than the file's 80 re-initialise the head and transfer every other tensor. ``custom(path=...)``
+loads a checkpoint of ours or any export with a runtime here (.torchscript, .onnx, *_openvino_model/, ...; see
+utils/deploy/formats.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -87,3 +91,32 @@ def yolov5x(pretrained: bool = True, classes: int = 80, device: Device = None,
             autoshape: bool = True) -> Detector | Model:
     """YOLOv5x: 86.7 M parameters, 206.3 GFLOPs at 640 px (the reference's figures)."""
     return _create("yolov5x", pretrained, classes, device, autoshape)
+
+
+def _entry(name: str, summary: str) -> Callable[..., Detector | Model]:
+    """The entry point ``name`` (a scaled YAML name such as ``yolo11n``), built by ``_create`` as the YOLOv5 ones."""
+
+    def entry(pretrained: bool = True, classes: int = 80, device: Device = None,
+              autoshape: bool = True) -> Detector | Model:
+        return _create(name, pretrained, classes, device, autoshape)
+
+    entry.__name__ = entry.__qualname__ = name
+    entry.__doc__ = f"{summary} (nc 80); ``pretrained``: ultralytics' release file {name}.pt."
+    return entry
+
+
+yolov8n = _entry("yolov8n", "YOLOv8n: 3,157,200 parameters")
+yolov8s = _entry("yolov8s", "YOLOv8s: 11,166,560 parameters")
+yolov8m = _entry("yolov8m", "YOLOv8m: 25,902,640 parameters")
+yolov8l = _entry("yolov8l", "YOLOv8l: 43,691,520 parameters")
+yolov8x = _entry("yolov8x", "YOLOv8x: 68,229,648 parameters")
+yolo11n = _entry("yolo11n", "YOLO11n: 2,624,080 parameters")
+yolo11s = _entry("yolo11s", "YOLO11s: 9,458,752 parameters")
+yolo11m = _entry("yolo11m", "YOLO11m: 20,114,688 parameters")
+yolo11l = _entry("yolo11l", "YOLO11l: 25,372,160 parameters")
+yolo11x = _entry("yolo11x", "YOLO11x: 56,966,176 parameters")
+yolo26n = _entry("yolo26n", "YOLO26n: 2,572,280 parameters")
+yolo26s = _entry("yolo26s", "YOLO26s: 10,009,784 parameters")
+yolo26m = _entry("yolo26m", "YOLO26m: 21,896,248 parameters")
+yolo26l = _entry("yolo26l", "YOLO26l: 26,299,704 parameters")
+yolo26x = _entry("yolo26x", "YOLO26x: 58,993,368 parameters")

@@ -1,32 +1,50 @@
 """Our own translation of a fused detector into TensorFlow (NHWC), for SavedModel and TFLite: each block of
-models/common.py and the Detect head becomes the same arithmetic on tf.nn ops, with the PyTorch weights copied in
-(convolutions OIHW -> HWIO). A layer without a translation is refused with one line naming it.
+models/common.py and models/blocks.py and each detection head becomes the same arithmetic on tf.nn ops, with the
+PyTorch weights copied in (convolutions OIHW -> HWIO; depthwise ones as tf.nn.depthwise_conv2d). A layer without a
+translation is refused with one line naming it.
 
-The graph takes (b, h, w, 3) float images in [0, 1] and returns what the .pt returns, (b, n, 5 + nc) decoded boxes;
-with ``raw_maps`` it stops at the head's convolutions (one (b, ny, nx, na * no) map per level), which --int8 uses
-so the box decoding stays float outside the integer graph.
+The graph takes (b, h, w, 3) float images in [0, 1] and returns what the .pt returns in eval mode, the head's
+decoded (b, n, columns) rows as its output contract lays them out: YOLOv5 (b, n, 5 + nc); YOLOv8/YOLO11 (b, n,
+4 + nc) after the DFL decode; YOLO26 its final (b, k, 6) rows, top-k included (TFLite has TOPK_V2 and GATHER as
+builtins). With ``raw_maps`` it stops at the head's convolutions, one NHWC map per level, which --int8 uses so
+the decode stays float outside the integer graph: (b, ny, nx, na * (5 + nc)) for YOLOv5, the box and class
+branches concatenated, (b, ny, nx, 4 * reg_max + nc), for the anchor-free heads (YOLO26: its one-to-one branches);
+``RawMapDecoder`` turns the latter back into the decoded rows.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
+from models.blocks import C2PSA, Attention, C2f, C3k, C3k2, DWConv, PSABlock
 from models.common import C3, SPP, SPPF, Bottleneck, Concat, Conv, Focus
 from models.head import Detect
+from models.head_anchor_free import AnchorFreeDetect, make_anchors
+from models.head_end_to_end import EndToEndDetect
+from models.registry import LIMITS
 from utils.deploy.formats import FormatError
+from utils.predictions import ContractError, OutputContract
 
 TENSORFLOW = (("tensorflow", "tensorflow-cpu"),)  # (module, pip package) the TensorFlow formats export with
 
-Layer = Callable[[Any], Any]  # a translated block: a function of one tf tensor (or a list, for Concat/Detect)
+Layer = Callable[[Any], Any]  # a translated block: a function of one tf tensor (or a list, for Concat and heads)
 
 
 class Translator:
     """Translates torch modules into functions of tf tensors, keeping the copied weights as tf.Variables."""
+
+    # module class (exactly: a subclass may compute something else) -> the method translating it
+    METHODS: dict[type, str] = {
+        nn.Sequential: "sequential", Conv: "conv_block", DWConv: "conv_block", nn.Conv2d: "conv2d",
+        Bottleneck: "bottleneck", C3: "c3", C3k: "c3", C2f: "c2f", C3k2: "c2f", SPPF: "sppf", SPP: "spp",
+        Focus: "focus", Concat: "concat", nn.Upsample: "upsample", Attention: "attention",
+        PSABlock: "psa_block", C2PSA: "c2psa", Detect: "detect", AnchorFreeDetect: "anchor_free_detect",
+        EndToEndDetect: "end_to_end_detect", nn.Identity: "identity"}
 
     def __init__(self, tf: Any, raw_maps: bool = False) -> None:
         self.tf, self.raw_maps = tf, raw_maps
@@ -39,14 +57,14 @@ class Translator:
 
     def translate(self, module: nn.Module) -> Layer:
         """The function computing ``module``; FormatError naming the module when there is no translation."""
-        for kind, method in ((nn.Sequential, self.sequential), (Conv, self.conv_block), (nn.Conv2d, self.conv2d),
-                             (Bottleneck, self.bottleneck), (C3, self.c3), (SPPF, self.sppf), (SPP, self.spp),
-                             (Focus, self.focus), (Concat, self.concat), (nn.Upsample, self.upsample),
-                             (Detect, self.detect), (nn.Identity, lambda m: lambda x: x)):
-            if type(module) is kind:
-                return method(module)
-        raise FormatError(f"the TensorFlow export has no translation for layer {type(module).__name__} "
-                          f"({type(module).__module__}); export onnx or openvino instead")
+        method = self.METHODS.get(type(module))
+        if method is None:
+            raise FormatError(f"the TensorFlow export has no translation for layer {type(module).__name__} "
+                              f"({type(module).__module__}); export onnx or openvino instead")
+        return getattr(self, method)(module)
+
+    def identity(self, module: nn.Identity) -> Layer:
+        return lambda x: x
 
     def sequential(self, module: nn.Sequential) -> Layer:
         layers = [self.translate(m) for m in module]
@@ -58,28 +76,37 @@ class Translator:
         return run
 
     def conv2d(self, conv: nn.Conv2d, bn: nn.Module | None = None) -> Layer:
-        """A convolution (with an unfused BatchNorm folded in), padded as PyTorch pads (symmetrically)."""
-        if conv.groups != 1 or conv.dilation != (1, 1) or conv.padding_mode != "zeros" or isinstance(conv.padding,
-                                                                                                      str):
-            raise FormatError(f"the TensorFlow export translates plain convolutions only, not {conv}")
-        weight = conv.weight.detach().float().cpu()
-        bias = conv.bias.detach().float().cpu() if conv.bias is not None else torch.zeros(conv.out_channels)
-        if isinstance(bn, nn.BatchNorm2d):
-            scale = bn.weight.detach().float().cpu() / torch.sqrt(bn.running_var.float().cpu() + bn.eps)
-            weight = weight * scale.view(-1, 1, 1, 1)
-            bias = (bias - bn.running_mean.float().cpu()) * scale + bn.bias.detach().float().cpu()
-        kernel = self.constant(weight.permute(2, 3, 1, 0).numpy())  # OIHW -> HWIO
-        bias_var = self.constant(bias.numpy())
+        """A convolution (with an unfused BatchNorm folded in) and its bias."""
+        convolve, bias = self.convolution(conv, bn)
+        tf = self.tf
+        return lambda x: tf.nn.bias_add(convolve(x), bias)
+
+    def convolution(self, conv: nn.Conv2d, bn: nn.Module | None = None) -> tuple[Layer, Any]:
+        """(the convolution without its bias, the bias variable), padded as PyTorch pads (symmetrically): plain,
+        depthwise (one group per input channel, any channel multiplier) or grouped (a plain one per group)."""
+        if conv.dilation != (1, 1) or conv.padding_mode != "zeros" or isinstance(conv.padding, str):
+            raise FormatError(f"the TensorFlow export translates undilated zero-padded convolutions only, not {conv}")
+        weight, bias = folded_weights(conv, bn)
         (ph, pw), (sh, sw), (kh, kw) = conv.padding, conv.stride, conv.kernel_size
         same = (sh, sw) == (1, 1) and (ph, pw) == (kh // 2, kw // 2) and kh % 2 == kw % 2 == 1
-        padding = "SAME" if same else "VALID"
-        tf = self.tf
+        padding, groups, tf = "SAME" if same else "VALID", conv.groups, self.tf
+        if groups == 1:
+            kernels = [self.constant(weight.permute(2, 3, 1, 0).numpy())]  # OIHW -> HWIO
+        elif groups == conv.in_channels and sh == sw:  # (c_in * m, 1, kh, kw) -> (kh, kw, c_in, m)
+            kernels = [self.constant(weight.view(groups, -1, kh, kw).permute(2, 3, 0, 1).numpy())]
+        else:
+            kernels = [self.constant(w.permute(2, 3, 1, 0).numpy()) for w in weight.chunk(groups, 0)]
+        depthwise = groups > 1 and len(kernels) == 1
 
         def run(x: Any) -> Any:
             if not same and (ph or pw):
                 x = tf.pad(x, [[0, 0], [ph, ph], [pw, pw], [0, 0]])
-            return tf.nn.bias_add(tf.nn.conv2d(x, kernel, (sh, sw), padding), bias_var)
-        return run
+            if depthwise:
+                return tf.nn.depthwise_conv2d(x, kernels[0], (1, sh, sw, 1), padding)
+            parts = tf.split(x, groups, -1) if groups > 1 else [x]
+            outs = [tf.nn.conv2d(part, kernel, (sh, sw), padding) for part, kernel in zip(parts, kernels)]
+            return outs[0] if len(outs) == 1 else tf.concat(outs, -1)
+        return run, self.constant(bias.numpy())
 
     def conv_block(self, module: Conv) -> Layer:
         conv = self.conv2d(module.conv, module.bn)
@@ -99,6 +126,18 @@ class Translator:
         tf = self.tf
         return lambda x: cv3(tf.concat([m(cv1(x)), cv2(x)], -1))
 
+    def c2f(self, module: C2f) -> Layer:
+        """cv1's output in two halves, each inner block on the last output, all of them into cv2 (C2f, C3k2)."""
+        cv1, cv2, tf = self.translate(module.cv1), self.translate(module.cv2), self.tf
+        inner = [self.translate(block) for block in module.m]
+
+        def run(x: Any) -> Any:
+            y = tf.split(cv1(x), 2, -1)
+            for block in inner:
+                y.append(block(y[-1]))
+            return cv2(tf.concat(y, -1))
+        return run
+
     def max_pool(self, pool: nn.MaxPool2d) -> Layer:
         """A stride-1 'same' max-pool: TF's SAME padding ignores the border as PyTorch's -inf padding does."""
         k, s, p = pool.kernel_size, pool.stride, pool.padding
@@ -108,14 +147,17 @@ class Translator:
         return lambda x: tf.nn.max_pool2d(x, k, 1, "SAME")
 
     def sppf(self, module: SPPF) -> Layer:
+        """cv1 (with or without its SiLU), ``n`` max-pools in series, cv2 over all of them; with ``add`` the input
+        added to the output (YOLO26)."""
         cv1, cv2, pool = self.translate(module.cv1), self.translate(module.cv2), self.max_pool(module.m)
-        tf = self.tf
+        pools, add, tf = module.n, module.add, self.tf
 
         def run(x: Any) -> Any:
-            x = cv1(x)
-            y1 = pool(x)
-            y2 = pool(y1)
-            return cv2(tf.concat([x, y1, y2, pool(y2)], -1))
+            y = [cv1(x)]
+            for _ in range(pools):
+                y.append(pool(y[-1]))
+            out = cv2(tf.concat(y, -1))
+            return x + out if add else out
         return run
 
     def spp(self, module: SPP) -> Layer:
@@ -146,6 +188,47 @@ class Translator:
         tf, factor = self.tf, int(scale)
         return lambda x: tf.image.resize(x, (x.shape[1] * factor, x.shape[2] * factor), "nearest")
 
+    def attention(self, module: Attention) -> Layer:
+        """Multi-head self-attention over the pixels (plain products and a softmax: TFLite's BATCH_MATMUL and
+        SOFTMAX), the depthwise positional term on the values, the output projection."""
+        qkv, proj = self.translate(module.qkv), self.translate(module.proj)
+        if not isinstance(module.pe.act, nn.Identity):
+            raise FormatError(f"the TensorFlow export translates Attention with a linear pe only, not "
+                              f"{type(module.pe.act).__name__}")
+        # TF 2.21's oneDNN graph rewrite fails on depthwise conv + BiasAdd + Add (logging errors at every run):
+        # pe's bias is added after the sum
+        pe, pe_bias = self.convolution(module.pe.conv, module.pe.bn)
+        heads, kd, hd, scale, tf = module.num_heads, module.key_dim, module.head_dim, float(module.scale), self.tf
+
+        def run(x: Any) -> Any:
+            batch, h, w, c = (-1 if x.shape[0] is None else x.shape[0]), x.shape[1], x.shape[2], x.shape[3]
+            # channel = head * (2 kd + hd) + d, as PyTorch's reshape of NCHW reads it
+            per_head = tf.transpose(tf.reshape(qkv(x), (batch, h * w, heads, 2 * kd + hd)), (0, 2, 1, 3))
+            q, k, v = tf.split(per_head, [kd, kd, hd], -1)  # (b, heads, hw, d)
+            weights = tf.nn.softmax(tf.matmul(q, k, transpose_b=True) * scale, -1)  # (b, heads, hw, hw)
+            values = as_map(tf, v, batch, h, w, c)
+            return proj(tf.nn.bias_add(as_map(tf, tf.matmul(weights, v), batch, h, w, c) + pe(values), pe_bias))
+        return run
+
+    def psa_block(self, module: PSABlock) -> Layer:
+        attn, ffn = self.translate(module.attn), self.translate(module.ffn)
+        if not module.add:
+            return lambda x: ffn(attn(x))
+
+        def run(x: Any) -> Any:
+            x = x + attn(x)
+            return x + ffn(x)
+        return run
+
+    def c2psa(self, module: C2PSA) -> Layer:
+        cv1, cv2, m, c, tf = (self.translate(module.cv1), self.translate(module.cv2), self.translate(module.m),
+                              module.c, self.tf)
+
+        def run(x: Any) -> Any:
+            a, b = tf.split(cv1(x), [c, c], -1)
+            return cv2(tf.concat([a, m(b)], -1))
+        return run
+
     def detect(self, module: Detect) -> Layer:
         convs = [self.conv2d(conv) for conv in module.m]
         anchors, strides = module.anchors.float().cpu().numpy(), module.stride.float().cpu().numpy()
@@ -167,6 +250,162 @@ class Translator:
                 return maps
             return tf.concat([decode(i, x) for i, x in enumerate(maps)], 1)
         return run
+
+    def anchor_free_detect(self, module: AnchorFreeDetect) -> Layer:
+        """YOLOv8/YOLO11: the box and class branches, then the DFL decode to (b, n, 4 + nc), xywh."""
+        return self.anchor_free_branches(module, module.cv2, module.cv3, xywh=True, final=None)
+
+    def end_to_end_detect(self, module: EndToEndDetect) -> Layer:
+        """YOLO26: the one-to-one branches decoded to xyxy, then its top-k selection to (b, k, 6); with
+        ``end_to_end`` off, the one-to-many decode (b, n, 4 + nc) as the anchor-free head's."""
+        if not module.end_to_end:
+            return self.anchor_free_branches(module, module.cv2, module.cv3, xywh=True, final=None)
+        return self.anchor_free_branches(module, module.one2one_cv2, module.one2one_cv3, xywh=False,
+                                         final=top_rows(self.tf, module.nc, module.max_det))
+
+    def anchor_free_branches(self, module: AnchorFreeDetect, box_branches: nn.ModuleList,
+                             cls_branches: nn.ModuleList, xywh: bool, final: Layer | None) -> Layer:
+        """Per level the box branch (4 * reg_max) and the class branch (nc); with ``raw_maps`` the two maps
+        concatenated per level, else the decoded rows (and ``final`` of them)."""
+        boxes = [self.translate(branch) for branch in box_branches]
+        classes = [self.translate(branch) for branch in cls_branches]
+        decode = AnchorFreeDecode(self.tf, module.nc, module.reg_max, module.stride.tolist(), xywh,
+                                  dfl_bins(module))
+        tf = self.tf
+
+        def run(xs: list) -> Any:
+            box_maps = [branch(x) for branch, x in zip(boxes, xs)]
+            cls_maps = [branch(x) for branch, x in zip(classes, xs)]
+            if self.raw_maps:
+                return [tf.concat([b, c], -1) for b, c in zip(box_maps, cls_maps)]
+            decoded = decode(box_maps, cls_maps)
+            return decoded if final is None else final(decoded)
+        return run
+
+
+def folded_weights(conv: nn.Conv2d, bn: nn.Module | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight OIHW, bias) of ``conv`` in float32 on the CPU, an unfused BatchNorm after it folded in."""
+    weight = conv.weight.detach().float().cpu()
+    bias = conv.bias.detach().float().cpu() if conv.bias is not None else torch.zeros(conv.out_channels)
+    if isinstance(bn, nn.BatchNorm2d):
+        scale = bn.weight.detach().float().cpu() / torch.sqrt(bn.running_var.float().cpu() + bn.eps)
+        weight = weight * scale.view(-1, 1, 1, 1)
+        bias = (bias - bn.running_mean.float().cpu()) * scale + bn.bias.detach().float().cpu()
+    return weight, bias
+
+
+def as_map(tf: Any, rows: Any, batch: int, h: int, w: int, c: int) -> Any:
+    """(b, heads, hw, d) -> the (b, h, w, heads * d) map, channel = head * d + i (PyTorch's reshape to NCHW)."""
+    return tf.reshape(tf.transpose(rows, (0, 2, 1, 3)), (batch, h, w, c))
+
+
+def dfl_bins(module: AnchorFreeDetect) -> np.ndarray | None:
+    """The DFL's fixed bin values (its 1x1 convolution's weights, as the file holds them); None without a DFL
+    (reg_max 1: the box branch gives the sides directly)."""
+    if module.reg_max == 1:
+        return None
+    return module.dfl.conv.weight.detach().float().cpu().view(-1).numpy()
+
+
+class AnchorFreeDecode:
+    """The anchor-free heads' decode on NHWC maps: box sides from the DFL's expectation over ``reg_max`` bins (or
+    directly), measured from each cell centre, in input pixels; sigmoid class scores. (b, n, 4 + nc), P3 first."""
+
+    def __init__(self, tf: Any, nc: int, reg_max: int, strides: Sequence[float], xywh: bool,
+                 bins: np.ndarray | None) -> None:
+        self.tf, self.nc, self.reg_max, self.strides, self.xywh, self.bins = tf, nc, reg_max, strides, xywh, bins
+
+    def __call__(self, box_maps: list, cls_maps: list) -> Any:
+        tf, reg_max = self.tf, self.reg_max
+        batch = -1 if box_maps[0].shape[0] is None else box_maps[0].shape[0]
+        sizes = [(int(m.shape[1]), int(m.shape[2])) for m in box_maps]  # static: the export's input size
+        points, strides = (t.numpy() for t in make_anchors(sizes, self.strides))  # (n, 2), (n, 1)
+        n = points.shape[0]
+        box = tf.concat([tf.reshape(m, (batch, h * w, 4 * reg_max)) for m, (h, w) in zip(box_maps, sizes)], 1)
+        cls = tf.concat([tf.reshape(m, (batch, h * w, self.nc)) for m, (h, w) in zip(cls_maps, sizes)], 1)
+        if self.bins is not None:  # channel = side * reg_max + bin, as the DFL reads it
+            box = tf.reduce_sum(tf.nn.softmax(tf.reshape(box, (batch, n, 4, reg_max)), -1) * self.bins, -1)
+        top_left, bottom_right = points - box[..., :2], points + box[..., 2:]
+        if self.xywh:
+            corners = tf.concat([(top_left + bottom_right) / 2, bottom_right - top_left], -1)
+        else:
+            corners = tf.concat([top_left, bottom_right], -1)
+        return tf.concat([corners * strides, tf.sigmoid(cls)], -1)
+
+
+def top_rows(tf: Any, nc: int, max_det: int) -> Layer:
+    """YOLO26's selection (models/head_end_to_end.py, EndToEndDetect.select) on (b, n, 4 + nc) xyxy rows: the k
+    cells with the highest class score, then the k highest (cell, class) scores among them -> (b, k, 6) rows
+    [x1, y1, x2, y2, score, class], best first, k = min(max_det, n). TOPK_V2, GATHER, FLOOR_DIV and FLOOR_MOD
+    are TFLite builtins, so the selection stays inside the file."""
+    def run(decoded: Any) -> Any:
+        batch, n = (-1 if decoded.shape[0] is None else decoded.shape[0]), int(decoded.shape[1])
+        k = min(max_det, n)
+        boxes, scores = decoded[..., :4], decoded[..., 4:]
+        cells = tf.math.top_k(tf.reduce_max(scores, -1), k).indices  # (b, k)
+        scores = tf.gather(scores, cells, batch_dims=1)  # (b, k, nc)
+        top, flat = tf.math.top_k(tf.reshape(scores, (batch, k * nc)), k)  # (b, k)
+        boxes = tf.gather(boxes, tf.gather(cells, flat // nc, batch_dims=1), batch_dims=1)
+        return tf.concat([boxes, top[..., None], tf.cast(flat % nc, boxes.dtype)[..., None]], -1)
+    return run
+
+
+class RawMapDecoder:
+    """An anchor-free head's raw maps (``raw_maps``: NHWC, one (b, ny, nx, 4 * reg_max + nc) per level, P3 first,
+    as an INT8 .tflite returns them) -> the rows the head's recorded contract lays out, in float, by the head's own
+    decode (and YOLO26's selection): the head class rebuilt from its export metadata (``head.export_metadata()``:
+    contract, stride, reg_max, max_det), its convolutions unused. Metadata from a file is checked first: a value
+    out of range is a one-line FormatError."""
+
+    def __init__(self, head_meta: Any, source: object = "the file") -> None:
+        contract, strides, reg_max, max_det = checked_head_metadata(head_meta, source)
+        if contract.layout not in ("xywh_cls", "xyxy_score_cls") or contract.nm:
+            raise FormatError(f"{source}: raw maps of a {contract.layout} head with {contract.nm} mask coefficients "
+                              "are not decoded here (anchor-free detection heads only)")
+        self.contract, self.end_to_end, self.source = contract, contract.end_to_end, source
+        channels = [4] * len(strides)  # the convolutions are never run: the smallest that builds
+        self.head = (EndToEndDetect(contract.nc, reg_max, False, channels, max_det) if self.end_to_end
+                     else AnchorFreeDetect(contract.nc, reg_max, False, channels)).eval()
+        self.head.set_strides(torch.tensor(strides, dtype=torch.float32))
+
+    def __call__(self, maps: Sequence[torch.Tensor]) -> torch.Tensor:
+        head, box_channels = self.head, 4 * self.head.reg_max
+        if len(maps) != head.nl or any(m.dim() != 4 or m.shape[-1] != box_channels + head.nc for m in maps):
+            raise FormatError(f"{self.source}: expected {head.nl} maps of (b, ny, nx, {box_channels + head.nc}), "
+                              f"got {[tuple(m.shape) for m in maps]}")
+        b = maps[0].shape[0]
+        rows = [m.float().reshape(b, -1, box_channels + head.nc) for m in maps]  # (b, ny * nx, 4 reg_max + nc)
+        boxes = torch.cat([r[..., :box_channels] for r in rows], 1).transpose(1, 2)  # (b, 4 reg_max, n)
+        scores = torch.cat([r[..., box_channels:] for r in rows], 1).transpose(1, 2)  # (b, nc, n)
+        points, strides = head.anchors([(int(m.shape[1]), int(m.shape[2])) for m in maps], boxes)
+        with torch.no_grad():
+            decoded = head.decode({"boxes": boxes, "scores": scores, "anchor_points": points,
+                                   "stride_tensor": strides}, xywh=not self.end_to_end)
+            return head.select(decoded) if self.end_to_end else decoded
+
+
+def checked_head_metadata(meta: Any, source: object) -> tuple[OutputContract, list[float], int, int]:
+    """(contract, strides, reg_max, max_det) from ``source``'s head metadata, each checked (one-line FormatError)."""
+    if not isinstance(meta, dict):
+        raise FormatError(f"{source} returns head maps but carries no head metadata; re-export it with export.py")
+    try:
+        contract = OutputContract.from_metadata(meta.get("contract"))
+    except ContractError as e:
+        raise FormatError(f"{source}: {e}") from None
+    strides, reg_max, max_det = meta.get("stride"), meta.get("reg_max", 16), meta.get("max_det", 300)
+    if not (isinstance(strides, list) and 1 <= len(strides) <= LIMITS["levels"]
+            and all(is_count(s, 1024) for s in strides)):
+        raise FormatError(f"{source}: its head metadata's stride must be 1..{LIMITS['levels']} numbers in 1..1024")
+    if not is_count(reg_max, LIMITS["reg_max"]) or not is_count(max_det, 100_000):
+        raise FormatError(f"{source}: its head metadata's reg_max (1..{LIMITS['reg_max']}) or max_det (1..100000) is "
+                          "out of range")
+    return contract, [float(s) for s in strides], int(reg_max), int(max_det)
+
+
+def is_count(value: Any, top: float) -> bool:
+    """A number in 1..top that is a whole number (a stride, a bin count, a row count)."""
+    return (isinstance(value, int | float) and not isinstance(value, bool) and 1 <= value <= top
+            and float(value).is_integer())
 
 
 def silu(tf: Any, x: Any) -> Any:
