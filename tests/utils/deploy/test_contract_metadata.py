@@ -183,3 +183,19 @@ def test_an_anchor_free_heads_export_records_its_contract_and_verifies_by_it(tin
     found = postprocess(inference(images).float(), inference.contract, 0.3, 0.5)[0]
     assert len(expected) > 0 and found.shape == expected.shape
     torch.testing.assert_close(found[:, :4], expected[:, :4], atol=0.05, rtol=0)
+
+
+def test_an_int8_tflites_maps_are_decoded_by_the_anchors_or_by_the_heads_own_metadata() -> None:
+    from utils.deploy.formats import FormatError
+    from utils.deploy.tf_graph import RawMapDecoder
+    from utils.deploy.tflite import maps_decoder
+
+    anchors = [[[10.0, 13.0]], [[30.0, 61.0]]]
+    yolov5 = maps_decoder({"names": ["a"], "anchors": anchors, "strides": [8.0, 16.0]}, Path("a.tflite"))
+    maps = [torch.zeros(1, 4, 4, 6), torch.zeros(1, 2, 2, 6)]  # NHWC, one anchor of 5 + 1 channels per cell
+    rows = yolov5(maps)
+    assert rows.shape == (1, 20, 6) and torch.allclose(rows[0, 0], torch.tensor([4.0, 4.0, 10.0, 13.0, 0.5, 0.5]))
+    head = {"contract": {"layout": "xywh_cls", "nc": 2, "nm": 0}, "stride": [8.0, 16.0], "reg_max": 16}
+    assert isinstance(maps_decoder({"names": ["a", "b"], "head": head}, Path("b.tflite")), RawMapDecoder)
+    with pytest.raises(FormatError, match="carries neither anchors nor its head's metadata"):
+        maps_decoder({"names": ["a"]}, Path("c.tflite"))
