@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from utils import api, paths
-from utils.boxes import label_rows, non_max_suppression, scale_boxes
+from utils.boxes import label_rows, scale_boxes
 from utils.cli import (
     add_flags,
     add_refused_flags,
@@ -46,6 +46,7 @@ from utils.log import LOGGER, colorstr, print_options, setup_logging
 from utils.plots.annotate import class_name, draw_detections
 from utils.plots.feature_maps import capture_stages, save_feature_maps
 from utils.plots.viewer import Viewer
+from utils.predictions import postprocess
 
 
 class DetectError(UserError, ValueError):
@@ -110,7 +111,11 @@ def check_options(opt: argparse.Namespace, device: torch.device) -> None:
 
 
 def check_model_options(opt: argparse.Namespace, model: InferenceModel) -> None:
-    """Refuse flags these weights cannot serve: --visualize needs the PyTorch model, --augment a dynamic one."""
+    """Refuse flags these weights cannot serve: --visualize needs the PyTorch model, --augment a dynamic one whose
+    rows go through NMS (an end-to-end head's final rows cannot be merged)."""
+    if opt.augment and model.contract.end_to_end:
+        raise DetectError(f"--augment merges three passes before NMS; {model.weights.name} returns final rows "
+                          f"({model.contract.layout}, no NMS): drop --augment")
     if opt.visualize and model.module is None:
         raise DetectError(f"--visualize draws the stages of the PyTorch model; {model.weights.name} is an export: "
                           "pass the .pt")
@@ -226,9 +231,9 @@ def predict(model: InferenceModel, image: torch.Tensor, opt: argparse.Namespace,
             feature_dir: Path | None) -> torch.Tensor:
     """Decoded predictions for one image batch: plain, or test-time augmented; stages saved with --visualize."""
     if feature_dir is None:
-        return augmented_forward(model, image, model.layout) if opt.augment else model(image)
+        return augmented_forward(model, image, model.layout, model.contract) if opt.augment else model(image)
     with capture_stages(model.module) as stages:
-        pred = augmented_forward(model, image, model.layout) if opt.augment else model(image)
+        pred = augmented_forward(model, image, model.layout, model.contract) if opt.augment else model(image)
     save_feature_maps(stages, feature_dir)
     return pred
 
@@ -242,8 +247,8 @@ def detect_frame(model: InferenceModel, frame: Frame, opt: argparse.Namespace,
     prepared = time.perf_counter()
     pred = predict(model, image, opt, feature_dir)
     inferred = time.perf_counter()
-    det = non_max_suppression(pred.float(), opt.conf_thres, opt.iou_thres, opt.classes, opt.agnostic_nms,
-                              max_det=opt.max_det)[0]
+    det = postprocess(pred.float(), model.contract, opt.conf_thres, opt.iou_thres, opt.classes, opt.agnostic_nms,
+                      max_det=opt.max_det)[0]
     det[:, :4] = scale_boxes(image.shape[2:], det[:, :4], frame.original.shape[:2], frame.ratio_pad)
     done = time.perf_counter()
     return det.cpu().numpy(), [prepared - start, inferred - prepared, done - inferred]

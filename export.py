@@ -10,9 +10,10 @@ export gives PyTorch's output.
 
 Files are written next to the weights with the same stem (best.pt -> best.torchscript, best.onnx,
 best_openvino_model/, best-int8.onnx, best_saved_model/, best.tflite, best-fp16.tflite,
-best-int8.tflite). The model is fused and in eval mode, so the files return the decoded
-predictions (b, n, 5 + nc). Each float export is run on a real letterboxed image and compared with PyTorch within
-its format's tolerance; each --int8 export is compared by mAP on --data with the float model.
+best-int8.tflite). The model is fused and in eval mode, so the files return the decoded predictions (b, n,
+columns of the head's output contract, which each file records). Each float export is run on a real letterboxed
+image and compared with PyTorch within its format's tolerance, as the contract lays the rows out; each --int8
+export is compared by mAP on --data with the float model.
 """
 
 from __future__ import annotations

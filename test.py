@@ -123,6 +123,9 @@ def _coco_annotations(data: DataConfig, sources: list, save_json: bool) -> tuple
 
 def check_options(opt: argparse.Namespace, model: InferenceModel) -> None:
     """Refuse what cannot work with these weights; warn that --save-hybrid's mAP is not the model's."""
+    if opt.augment and model.contract.end_to_end:
+        raise TestError(f"--augment merges three passes before NMS; {model.weights.name} returns final rows "
+                        f"({model.contract.layout}, no NMS): drop --augment")
     fixed = f"{model.weights.name} is a static export (one input size)"
     if not model.dynamic and (opt.augment or opt.task == "study"):
         flag = "--augment runs 3 image sizes" if opt.augment else "--task study runs several image sizes"

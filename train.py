@@ -31,8 +31,8 @@ from utils.training.builder import DEFAULT_CFG, build_trainer, prepare_run
 from utils.training.config import RunConfig
 from utils.training.evolve import evolve
 from utils.training.fitness import fitness
-from utils.training.loop import Trainer, saved_text
-from utils.training.optim import OPTIMIZERS
+from utils.training.loop import Trainer
+from utils.training.optim import AUTO, OPTIMIZERS
 
 AMP_MODES = ("auto", "on", "off")
 
@@ -44,8 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cfg", default="", help=f"model YAML (path or name in models/); '' = the model of --weights, "
                    f"else {DEFAULT_CFG}")
     add_flags(p, "data")
-    p.add_argument("--hyp", default="", help="hyperparameter YAML (path or name in data/hyps); '' = "
-                   "hyp.synthetic.yaml for the built-in synthetic set, else hyp.scratch.yaml")
+    p.add_argument("--hyp", default="", help="hyperparameter YAML (path or name in data/hyps); '' = the model "
+                   "family's: YOLOv5 hyp.synthetic.yaml for the built-in synthetic set, else hyp.scratch.yaml; "
+                   "anchor-free families hyp.anchor-free.yaml")
     p.add_argument("--epochs", type=int, default=18, help="epochs to train")
     add_flags(p, "batch_size", "img_size", batch_size=16, img_size=[128])
     p.add_argument("--rect", action="store_true", help="rectangular training batches")
@@ -69,8 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch.compile the model (also under DDP): faster steps after minutes of compiling")
     p.add_argument("--multi-scale", action="store_true", help="vary the image size by +/- 50%% per step")
     add_flags(p, "single_cls")
-    p.add_argument("--optimizer", choices=["", *OPTIMIZERS], default="",
-                   help="'' = the hyp file's 'optimizer' entry, else SGD")
+    p.add_argument("--optimizer", choices=[AUTO, *OPTIMIZERS], default=AUTO,
+                   help="auto = the hyp file's 'optimizer' entry, else AdamW with lr0 from the class count for "
+                   "short runs and SGD for long ones (docs/training-recipe.md)")
     p.add_argument("--sync-bn", action="store_true", help="synchronised BatchNorm across ranks (DDP)")
     add_flags(p, "workers", "project", "name", "exist_ok")
     p.add_argument("--cos-lr", action="store_true", help="cosine LR schedule")
@@ -154,7 +156,7 @@ def train(hyp: dict, config: RunConfig, device: torch.device, hooks: Sequence[Ho
     except RuntimeError as e:  # a data-loader worker killed anyway (before it could ignore the signal)
         if trainer.stop.requested and "DataLoader worker" in str(e):
             raise StopRequested(trainer.stop.signum, f"stopped by {signal_name(trainer.stop.signum)}: a data-loader "
-                                f"worker ended before the step could be saved; {saved_text(trainer)}") from None
+                                f"worker ended before the step could be saved; {trainer.saved_text()}") from None
         raise
     finally:
         teardown(trainer, cancelled=trainer.stop.requested or sys.exc_info()[0] is not None)
@@ -165,7 +167,7 @@ def teardown(trainer: Trainer, cancelled: bool) -> None:
     try:
         trainer.background.close(cancel=trainer.stop.requested)
     finally:
-        trainer.hooks.close(trainer, cancelled)
+        trainer.hooks.close(trainer.view, cancelled)
 
 
 if __name__ == "__main__":

@@ -95,9 +95,13 @@ def build_step(cfg: str, img_size: int, batch: int, bf16: bool):
     from utils.device import autocast
     from utils.training.builder import build_model
     from utils.training.config import RunConfig
-    from utils.training.engine import _prepare_images
     from utils.training.loss import ComputeLoss
     from utils.training.optim import build_optimizer
+
+    try:
+        from utils.training.engine import prepare_images
+    except ImportError:  # a checkout from before the Trainer owned its loop
+        from utils.training.engine import _prepare_images as prepare_images
 
     cpu = torch.device("cpu")
     torch.manual_seed(0)
@@ -108,7 +112,7 @@ def build_step(cfg: str, img_size: int, batch: int, bf16: bool):
     imgs, targets, _, _ = make_batch(batch, img_size, 0)
 
     def step() -> None:
-        images = _prepare_images(imgs, cpu, None)
+        images = prepare_images(imgs, cpu, None)
         with autocast(cpu, bf16):
             loss, _ = loss_fn(model(images), targets)
         loss.backward()

@@ -76,7 +76,7 @@ def make_batch(batch: int, img_size: int, seed: int) -> tuple:
 
 @dataclass
 class Run:
-    """One model training on fixed batches: ``steps(n)`` runs n batches (one train_one_epoch)."""
+    """One model training on fixed batches: ``steps(n)`` runs n batches (one Trainer.train_epoch)."""
 
     trainer: Any
     batches: list
@@ -84,10 +84,8 @@ class Run:
     folder: tempfile.TemporaryDirectory  # the run folder the builder writes opt.yaml into
 
     def steps(self, n: int) -> None:
-        from utils.training.engine import train_one_epoch
-
         self.trainer.train_loader = [self.batches[i % len(self.batches)] for i in range(n)]
-        train_one_epoch(self.trainer, 0)
+        self.trainer.train_epoch(0)
 
 
 def build_run(cfg: str, batch: int, img_size: int, device: torch.device, variant: str = "fp32",

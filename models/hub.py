@@ -2,8 +2,9 @@
 
 ``Detector(model)(images)`` takes a file path (str or Path; read by OpenCV), a numpy HWC uint8 image in RGB
 order (as PIL gives it; pass ``cv2.imread(...)[..., ::-1]`` for an OpenCV image), a PIL image, or a list of these.
-It letterboxes them to one batch shape, runs the model, applies NMS and maps the boxes back to each original
-image: ``Detections.xyxy[i]`` is a (k, 6) tensor [x1, y1, x2, y2, score, class] in that image's pixels.
+It letterboxes them to one batch shape, runs the model, post-processes its output as the model's output contract
+says (utils.predictions.postprocess: NMS, or thresholds only for an end-to-end head) and maps the boxes back to each
+original image: ``Detections.xyxy[i]`` is a (k, 6) tensor [x1, y1, x2, y2, score, class] in that image's pixels.
 A float tensor batch (b, 3, h, w) in [0, 1] is passed straight to the model (raw decoded predictions).
 """
 
@@ -18,11 +19,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from models.yolo import Model
-from utils.boxes import non_max_suppression, scale_boxes, xyxy2xywh
+from utils.boxes import scale_boxes, xyxy2xywh
 from utils.data.augment import letterbox
 from utils.data.image_io import ImageRefused, read_image
 from utils.errors import UserError
+from utils.evaluation.evaluate import model_contract
+from utils.predictions import postprocess
 
 
 class ImageInputError(UserError, ValueError):
@@ -75,12 +77,14 @@ class Detections:
 
 
 class Detector(nn.Module):
-    """A detection Model with its pre- and post-processing; settings are attributes (``conf``, ``iou``, ...)."""
+    """A detection model (our Model, or an exported one) with its pre- and post-processing; settings are attributes
+    (``conf``, ``iou``, ...)."""
 
-    def __init__(self, model: Model, conf: float = 0.25, iou: float = 0.45, classes: list[int] | None = None,
+    def __init__(self, model: nn.Module, conf: float = 0.25, iou: float = 0.45, classes: list[int] | None = None,
                  agnostic: bool = False, multi_label: bool = False, max_det: int = 1000) -> None:
         super().__init__()
         self.model = model.eval()
+        self.contract = model_contract(model)  # the row layout of its output (its head's, or the file's)
         self.conf, self.iou, self.classes = conf, iou, classes
         self.agnostic, self.multi_label, self.max_det = agnostic, multi_label, max_det
 
@@ -108,8 +112,8 @@ class Detector(nn.Module):
         x = x.to(parameter.device, parameter.dtype) / 255
         predictions = self.model(x)
         predictions = predictions[0] if isinstance(predictions, (list, tuple)) else predictions
-        kept = non_max_suppression(predictions.float(), self.conf, self.iou, self.classes, self.agnostic,
-                                   self.multi_label, max_det=self.max_det)
+        kept = postprocess(predictions.float(), self.contract, self.conf, self.iou, self.classes, self.agnostic,
+                           self.multi_label, max_det=self.max_det)
         for det, array, (_, ratio, pad) in zip(kept, arrays, boxed):
             det[:, :4] = scale_boxes(shape, det[:, :4], array.shape[:2], ratio_pad=((ratio[1], ratio[0]), pad))
         return Detections([d.cpu() for d in kept], self.names, [a.shape[:2] for a in arrays], list(sources))
@@ -150,6 +154,7 @@ def transfer_weights(model: nn.Module, state: dict[str, torch.Tensor]) -> int:
     own = model.state_dict()
     matched = {k: v for k, v in state.items() if k in own and v.shape == own[k].shape}
     model.load_state_dict(matched, strict=False)
-    if hasattr(model, "detect"):
-        model.detect.clear_grid_cache()
+    clear = getattr(getattr(model, "head", None), "clear_grid_cache", None)  # decode caches of the old tensors
+    if callable(clear):
+        clear()
     return len(matched)

@@ -237,10 +237,14 @@ def oracle_batch(imgs: torch.Tensor, targets: torch.Tensor, paths: tuple, nc: in
 
 
 class OracleModel(nn.Module):
-    """Replays precomputed decoded outputs, one batch per call, in the loader's order."""
+    """Replays precomputed decoded outputs (YOLOv5's row layout, its ``contract``), one batch per call, in the
+    loader's order."""
 
-    def __init__(self, loader) -> None:
+    def __init__(self, loader, nc: int = ORACLE_CLASSES) -> None:
+        from utils.predictions import OutputContract
+
         super().__init__()
+        self.contract = OutputContract("xywh_obj_cls", nc)
         self.outputs = [oracle_batch(imgs, targets, paths) for imgs, targets, paths, _ in loader]
         self.calls = 0
 

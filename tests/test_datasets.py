@@ -26,7 +26,6 @@ from utils.evaluation.evaluate import evaluate
 from utils.hyp import load_hyp
 from utils.training.builder import TrainData, build_trainer
 from utils.training.config import RunConfig
-from utils.training.engine import train_one_epoch
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -47,7 +46,7 @@ def _first_epoch(data: Path, cfg_file: Path, save_dir: Path) -> tuple[list, torc
     config = RunConfig(cfg=str(cfg_file), epochs=1, batch_size=64, img_size=64, optimizer="SGD", amp="off",
                        save_dir=str(save_dir), noplots=True, noautoanchor=True, seed=0)
     trainer = build_trainer(config, hyp, torch.device("cpu"), data=TrainData(loader, None, dataset, list(NAMES)))
-    loss = train_one_epoch(trainer, 0)
+    loss = trainer.train_epoch(0)
     labels = [[Path(f).name for f in dataset.im_files], [lab.tobytes() for lab in dataset.labels]]
     return labels, loss, [v.numpy().tobytes() for v in trainer.model_without_ddp.state_dict().values()]
 

@@ -160,11 +160,10 @@ def _frozen_bn(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def _step(cfg_file: str, batch: tuple, save_dir: Path) -> torch.Tensor:
-    """The builder's trainer (DDP-wrapped when the group has 2 ranks) through one train_one_epoch over one batch;
+    """The builder's trainer (DDP-wrapped when the group has 2 ranks) through one train_epoch over one batch;
     the flattened parameters after it."""
     from utils.training.builder import TrainData, build_trainer
     from utils.training.config import RunConfig
-    from utils.training.engine import train_one_epoch
 
     hyp = {"lr0": 0.01, "lrf": 1.0, "momentum": 0.9, "weight_decay": 5e-4, "warmup_epochs": 0.0, "box": 0.05,
            "cls": 0.5, "obj": 1.0, "anchor_t": 4.0}
@@ -173,8 +172,8 @@ def _step(cfg_file: str, batch: tuple, save_dir: Path) -> torch.Tensor:
                        save_dir=str(save_dir))
     trainer = build_trainer(config, hyp, torch.device("cpu"), data=TrainData([batch], None, None, ["a", "b", "c"]))
     _frozen_bn(trainer.model_without_ddp)
-    trainer.model.train = lambda mode=True: trainer.model  # keep the frozen BN through train_one_epoch's .train()
-    train_one_epoch(trainer, 0)
+    trainer.model.train = lambda mode=True: trainer.model  # keep the frozen BN through train_epoch's .train()
+    trainer.train_epoch(0)
     assert trainer.updater.steps == 1
     return torch.cat([p.detach().flatten() for p in trainer.model_without_ddp.parameters()])
 
@@ -215,11 +214,11 @@ def _broadcast_decisions(rank: int) -> dict:
     import utils.distributed.comm as dist
     from utils.training.amp import decide_amp
     from utils.training.early_stop import EarlyStopping
-    from utils.training.loop import step_sizes
+    from utils.training.loop import Trainer
 
     run = SimpleNamespace(config=SimpleNamespace(multi_scale=True, seed=rank, img_size=64), grid=32,
                           train_loader=[None] * 20)
-    sizes = step_sizes(run, epoch=3)  # each rank has its own seed; rank 0's draw wins
+    sizes = Trainer.step_sizes(run, epoch=3)  # each rank has its own seed; rank 0's draw wins
     stopper = EarlyStopping(patience=1)
     stopper(0, 0.5)
     stop = dist.main_decides(lambda: stopper(1 if rank == 0 else 0, 0.1))  # only rank 0 would stop

@@ -434,3 +434,17 @@ def test_a_memory_bomb_weights_file_is_one_line(tmp_path: Path, capsys: pytest.C
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("detect: error: ") and "overlapping view" in err and err.count("\n") == 1
     assert not (tmp_path / "runs").exists()
+
+
+def test_augment_is_refused_for_an_end_to_end_models_final_rows() -> None:
+    from types import SimpleNamespace
+
+    from utils.predictions import OutputContract
+
+    opt = detect.parse_opt(["--augment"])
+    final = SimpleNamespace(contract=OutputContract("xyxy_score_cls", 80), weights=Path("yolo26n.onnx"),
+                            module=None, dynamic=True)
+    with pytest.raises(detect.DetectError, match=r"^--augment merges three passes before NMS; yolo26n.onnx returns "
+                                                 r"final rows \(xyxy_score_cls, no NMS\): drop --augment$"):
+        detect.check_model_options(opt, final)
+    detect.check_model_options(opt, SimpleNamespace(**{**vars(final), "contract": OutputContract("xywh_cls", 80)}))

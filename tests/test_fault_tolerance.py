@@ -196,14 +196,14 @@ def test_signal_during_the_final_validation_stops_at_once_and_keeps_last_pt(
 
     from utils.training import loop
 
-    real_validate = loop.validate
+    real_validate = loop.Trainer.validate
 
     def signalled_in_final_validation(trainer, final):  # noqa: ANN001, ANN202
         if final:
             os.kill(os.getpid(), signal.SIGTERM)  # arrives while validating (and plotting) the last epoch
         return real_validate(trainer, final)
 
-    monkeypatch.setattr(loop, "validate", signalled_in_final_validation)
+    monkeypatch.setattr(loop.Trainer, "validate", signalled_in_final_validation)
     run_dir = tmp_path / "runs" / "exp"
     args = train_args(tiny_dataset, tiny_cfg_file, tmp_path / "runs", "--name", "exp", epochs=2, plots=True)
     assert in_process(args) == 143
@@ -215,7 +215,7 @@ def test_signal_during_the_final_validation_stops_at_once_and_keeps_last_pt(
     position = load_checkpoint(run_dir / "weights" / "last.pt")["train_state"]["position"]  # whole, loads
     assert (position["epoch"], position["samples_seen"]) == (1, 0)
     assert not list((run_dir / "weights").glob(".*tmp*")) and not (run_dir / "PR_curve.png").exists()
-    monkeypatch.setattr(loop, "validate", real_validate)
+    monkeypatch.setattr(loop.Trainer, "validate", real_validate)
     assert in_process([str(ROOT / "train.py"), "--resume", str(run_dir)]) == 0  # redoes epoch 1, to the end
     assert csv_epochs(run_dir) == ["0", "1"] and (run_dir / "PR_curve.png").is_file()
 

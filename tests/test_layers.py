@@ -1,7 +1,9 @@
-"""The declared layers of the code: a module imports only from its own component or from lower layers.
+"""The declared layers of the code: a module imports only from its own component or from lower layers, and inside
+a package only from the package's lower modules.
 
-Every ``import``/``from ... import`` of the project's own modules is read with ``ast``, at module level and
-inside functions alike (a lazy import is still a dependency). The entry-point block of a module
+Every ``import``/``from ... import`` of the project's own modules is read with ``ast``, at module level, inside
+functions (a lazy import is still a dependency) and under ``if TYPE_CHECKING:`` (an import for annotations is a
+dependency of the design, and a cycle hidden there is still a cycle). The entry-point block of a module
 (``if __name__ == "__main__":``) is the script layer and is not counted. The layers, lowest first, are the
 Architecture page's layer table in code (docs/architecture.md; tests/test_docs.py
 compares the two).
@@ -42,6 +44,37 @@ LAYERS: list[list[str]] = [
 ]
 
 
+# Inside each package, its modules lowest first; modules on one line are one layer and may not import each other.
+# A declared module may be absent (a file another branch adds); a present one must be declared.
+MODULE_LAYERS: dict[str, list[list[str]]] = {
+    "utils.distributed": [["launcher", "signals", "watchdog"], ["comm"]],
+    "utils.data": [["augment", "ram_cache", "regular_files", "synthetic"], ["augment_masks", "config", "image_io"],
+                   ["download", "label_cache"],
+                   ["annotations", "segments"], ["sources", "synthetic_seg", "voc", "coco_json"], ["formats"],
+                   ["convert", "datasets"], ["zoo", "loader"]],
+    "utils.weights": [["downloads", "untrusted"], ["safe_pickle"], ["checkpoint"], ["release_reader"],
+                      ["ultralytics_reader"]],
+    "utils.plots": [["annotate", "feature_maps", "viewer"], ["figures"]],
+    "utils.evaluation": [["metrics", "outputs", "tta"], ["evaluate", "mask_metrics"]],
+    "utils.deploy": [["formats"], ["coreml", "ncnn", "onnx", "pytorch", "runtime", "tf_graph", "torchscript"],
+                     ["openvino", "saved_model", "tflite", "verify"]],
+    "utils.loggers": [["background", "progress", "tracker_queue"], ["batch_plots", "registry"],
+                      ["results_csv", "tensorboard", "tracking"],
+                      ["clearml_logger", "comet_logger", "mlflow_logger", "wandb_logger"]],
+    "utils.training": [["amp", "autoanchor", "config", "early_stop", "fingerprint", "fitness", "loss", "loss_mask",
+                        "optim", "tal", "train_state"], ["loss_anchor_free", "resume"], ["families", "run_plan"],
+                       ["checkpointer", "engine"], ["loop"], ["builder"], ["evolve"]],
+}
+# Imports that go up inside a package today: each is a lazy import closing a cycle, which its package's owner is to
+# break (utils.data's config holds DataError for the modules it also orchestrates; a checkpoint falls back to the
+# release reader, which writes checkpoints and hands ultralytics' files to their reader, which builds on it). The list
+# may only shrink: a new upward import fails the test.
+KNOWN_UPWARD: set[tuple[str, str]] = {
+    ("utils.data.config", "utils.data.download"), ("utils.data.config", "utils.data.formats"),
+    ("utils.data.config", "utils.data.zoo"), ("utils.weights.checkpoint", "utils.weights.release_reader"),
+    ("utils.weights.release_reader", "utils.weights.ultralytics_reader"),
+}
+
 def component_of(module: str) -> tuple[int, str] | None:
     """(layer index, component) of a project module, or None for a module outside the declared tree."""
     for level, components in enumerate(LAYERS):
@@ -74,17 +107,13 @@ def _is_main_block(node: ast.AST) -> bool:
             and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__")
 
 
-def _is_type_checking_block(node: ast.AST) -> bool:
-    return isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
-
-
 def imports_of(path: Path) -> list[tuple[int, str]]:
-    """(line, imported module) for every import of the project's own modules outside the entry-point block.
-    Imports only for type annotations (``if TYPE_CHECKING:``) are not dependencies at run time, and not counted."""
+    """(line, imported module) for every import of the project's own modules outside the entry-point block,
+    imports for type annotations only (``if TYPE_CHECKING:``) included."""
     tree = ast.parse(path.read_text(), filename=str(path))
     skipped: set[int] = set()
     for node in ast.walk(tree):
-        if _is_main_block(node) or _is_type_checking_block(node):
+        if _is_main_block(node):
             skipped |= {id(n) for n in ast.walk(node)}
     found = []
     for node in ast.walk(tree):
@@ -168,3 +197,96 @@ def test_no_cycles_between_components():
 
     for node in list(edges):
         visit(node)
+
+
+# ------------------------------------------------------------------------------------------ inside each package
+def package_of(module: str) -> tuple[str, str] | None:
+    """(package, module's name in it) for a module of a package MODULE_LAYERS declares, else None."""
+    package, _, name = module.rpartition(".")
+    return (package, name) if package in MODULE_LAYERS else None
+
+
+def module_layer(package: str, name: str) -> int | None:
+    return next((i for i, names in enumerate(MODULE_LAYERS[package]) if name in names), None)
+
+
+def package_edges() -> list[tuple[str, int, str, str]]:
+    """(importing file, line, importing module, imported module) for every import between two modules of one
+    declared package."""
+    edges = []
+    for path in project_files():
+        own = module_name(path)
+        if package_of(own) is None:
+            continue
+        for line, name in imports_of(path):
+            target = package_of(name)
+            if target is not None and target[0] == package_of(own)[0] and name != own:
+                edges.append((str(path.relative_to(ROOT)), line, own, name))
+    return edges
+
+
+def package_violations() -> list[str]:
+    """Undeclared modules, and imports that do not go down their package's declared layers (KNOWN_UPWARD aside)."""
+    problems = [f"{path.relative_to(ROOT)}: not declared in MODULE_LAYERS[{package_of(module_name(path))[0]!r}]"
+                for path in project_files() if package_of(module_name(path)) is not None
+                and module_layer(*package_of(module_name(path))) is None and path.name != "__init__.py"]
+    for file, line, own, name in package_edges():
+        (package, low), high = package_of(own), package_of(name)[1]
+        own_layer, target_layer = module_layer(package, low), module_layer(package, high)
+        if None in (own_layer, target_layer) or (own, name) in KNOWN_UPWARD:
+            continue
+        if target_layer >= own_layer:
+            problems.append(f"{file}:{line}: {own} (layer {own_layer} of {package}) imports {name} "
+                            f"(layer {target_layer})")
+    return problems
+
+
+def test_modules_inside_each_package_import_only_lower_ones():
+    assert package_violations() == []
+
+
+def test_the_known_upward_imports_are_still_there_to_be_broken():
+    """KNOWN_UPWARD only lists imports that exist (one that was broken leaves the list)."""
+    found = {(own, name) for _, _, own, name in package_edges()}
+    assert KNOWN_UPWARD <= found, f"no longer imported, remove from KNOWN_UPWARD: {sorted(KNOWN_UPWARD - found)}"
+
+
+def test_no_cycles_between_the_modules_of_a_package_outside_the_known_ones():
+    """The module graph of every package, without the known upward imports, is acyclic (checked directly, so a
+    cycle would show even between modules of one declared layer)."""
+    graph: dict[str, set[str]] = {}
+    for _, _, own, name in package_edges():
+        if (own, name) not in KNOWN_UPWARD:
+            graph.setdefault(own, set()).add(name)
+    done: set[str] = set()
+
+    def visit(node: str, path: tuple[str, ...]) -> None:
+        assert node not in path, f"import cycle: {' -> '.join((*path[path.index(node):], node))}"
+        if node in done:
+            return
+        for nxt in sorted(graph.get(node, ())):
+            visit(nxt, (*path, node))
+        done.add(node)
+
+    for node in sorted(graph):
+        visit(node, ())
+
+
+def test_the_package_checker_sees_a_cycle_and_an_import_for_annotations_only(tmp_path, monkeypatch):
+    """Two modules of one package importing each other, one of them only under TYPE_CHECKING: both edges count."""
+    folder = tmp_path / "utils" / "evaluation"
+    folder.mkdir(parents=True)
+    (folder / "metrics.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                       "    from utils.evaluation.evaluate import EvalResult\n"
+                                       "    from utils.training.loop import Trainer\n")
+    (folder / "evaluate.py").write_text("from utils.evaluation.metrics import ap_per_class\n")
+    files = [folder / "metrics.py", folder / "evaluate.py"]
+    monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
+    monkeypatch.setattr(f"{__name__}.project_files", lambda: files)
+    assert package_violations() == ["utils/evaluation/metrics.py:3: utils.evaluation.metrics (layer 0 of "
+                                    "utils.evaluation) imports utils.evaluation.evaluate (layer 1)"]
+    low, high = component_of("utils.evaluation")[0], component_of("utils.training")[0]
+    assert [v.split(": ", 1)[1] for v in violations()] == [
+        f"utils.evaluation (layer {low}) imports utils.training.loop (utils.training, layer {high})"]
+    with pytest.raises(AssertionError, match="import cycle: utils.evaluation.evaluate -> utils.evaluation.metrics"):
+        test_no_cycles_between_the_modules_of_a_package_outside_the_known_ones()

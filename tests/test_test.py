@@ -300,3 +300,16 @@ def test_half_on_the_cpu_is_refused_as_detect_refuses_it(checkpoint, tiny_datase
     assert code == 2 and err == "test: error: --half needs a CUDA device (this run uses cpu); drop --half or pass " \
         "--device 0\n", err
     assert not (tmp_path / "exp").exists()  # refused before anything was written
+
+
+def test_augment_is_refused_for_an_end_to_end_models_final_rows() -> None:
+    from types import SimpleNamespace
+
+    from utils.predictions import OutputContract
+
+    opt = test_script.parse_opt(["--augment"])
+    final = SimpleNamespace(contract=OutputContract("xyxy_score_cls", 80), weights=Path("yolo26n.pt"), dynamic=True,
+                            img_size=None)
+    with pytest.raises(test_script.TestError, match="returns final rows .xyxy_score_cls, no NMS.: drop --augment"):
+        test_script.check_options(opt, final)
+    test_script.check_options(opt, SimpleNamespace(**{**vars(final), "contract": OutputContract("xywh_cls", 80)}))

@@ -202,7 +202,7 @@ class StopWhenTrackersCaughtUp(HookBase):
     def before_step(self, trainer: Any, epoch: int, batch: int) -> None:
         if (epoch, batch) != (1, 0):
             return
-        for hook in trainer.hooks.hooks:
+        for hook in trainer.hooks:  # the run's hooks, as the TrainerView lists them
             if isinstance(hook, TrackerHook):
                 caught_up = threading.Event()
                 hook.queue.submit(caught_up.set)  # in order: set once the calls before it ran

@@ -17,11 +17,11 @@ from utils.hyp import REQUIRED, default_hyp_file
 from utils.loggers.results_csv import results_columns
 from utils.training.builder import TrainData, build_trainer, prepare_run
 from utils.training.config import RunConfig
-from utils.training.engine import train_one_epoch
 from utils.weights.checkpoint import load_checkpoint
 
 HYP = {"lr0": 0.01, "lrf": 0.01, "momentum": 0.937, "weight_decay": 5e-4, "warmup_epochs": 0.0,
        "box": 0.05, "cls": 0.5, "obj": 1.0, "anchor_t": 4.0}
+YOLOV5_LOSS = ("box", "obj", "cls")  # the YOLOv5 family's loss terms: results.csv's loss columns
 
 
 @pytest.fixture(autouse=True)
@@ -76,7 +76,8 @@ def test_one_process_run_writes_a_complete_run_folder(tiny_cfg_file, tiny_datase
     class Rows(HookBase):  # after_epoch's metrics: the epoch's results.csv row by column name
         def after_epoch(self, trainer, epoch, metrics):  # noqa: ANN001
             rows.append([str(epoch), *(f"{v:.6g}" for v in metrics.values())])
-            assert list(metrics) == results_columns()[1:] and (trainer.save_dir / "weights" / "last.pt").is_file()
+            assert list(metrics) == results_columns(YOLOV5_LOSS)[1:]
+            assert (trainer.save_dir / "weights" / "last.pt").is_file()
 
     opt = train.parse_opt(tiny_args(tiny_cfg_file, tiny_dataset, tmp_path, "--epochs", "2", "--noautoanchor"))
     assert run_main(lambda o: train.main(o, [Rows()]), opt, "train") == 0
@@ -89,7 +90,7 @@ def test_one_process_run_writes_a_complete_run_folder(tiny_cfg_file, tiny_datase
     hooked = rows
     with open(run_dir / "results.csv") as f:
         rows = list(csv.reader(f))
-    assert rows[0] == results_columns() and [r[0] for r in rows[1:]] == ["0", "1"]
+    assert rows[0] == results_columns(YOLOV5_LOSS) and [r[0] for r in rows[1:]] == ["0", "1"]
     assert all(len(r) == len(rows[0]) and all(v != "" for v in r) for r in rows[1:])
     assert rows[1:] == hooked
     last = load_checkpoint(run_dir / "weights" / "last.pt")
@@ -146,7 +147,7 @@ def test_loss_falls_by_half_when_overfitting_one_batch(tiny_cfg_file, tiny_datas
                        save_dir=str(tmp_path), noplots=True)
     trainer = build_trainer(config, {**HYP, "lrf": 1.0, "momentum": 0.9}, torch.device("cpu"),
                             data=TrainData([batch] * 10, None, None, ["a", "b", "c"]))
-    losses = [train_one_epoch(trainer, epoch).sum().item() for epoch in range(6)]
+    losses = [trainer.train_epoch(epoch).sum().item() for epoch in range(6)]
     assert trainer.updater.steps == 60 and trainer.updater.ema.updates == 60
     assert losses[-1] < 0.5 * losses[0], losses
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hyp.yaml", "opt.yaml", "weights"]  # no logger wrote

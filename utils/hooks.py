@@ -1,15 +1,18 @@
 """Training events and the hooks that listen to them.
 
 The epoch loop announces a small set of events; checkpoints, loggers, plots and anything a user adds plug into
-them instead of into the loop. A hook overrides the events it needs (``trainer`` is the run's Trainer of
-utils/training/loop.py: ``trainer.config`` its RunConfig, ``trainer.state`` its TrainState):
+them instead of into the loop. A hook overrides the events it needs. ``trainer`` is a TrainerView: what a hook may
+read of the run (its RunConfig, hyperparameters, TrainState, the model without DDP, the EMA model, the loaders, the
+loss's term names, ...), not the Trainer itself; the one thing a hook may replace is the loss function
+(``trainer.compute_loss``, to wrap it):
 
     before_train(trainer)                          after set-up (and after a resume restored the state)
     before_epoch(trainer, epoch)
     before_step(trainer, epoch, batch)             before the batch's forward pass
     after_step(trainer, step)                      after the batch's backward/step (``step``: a StepInfo)
     after_epoch(trainer, epoch, metrics)           after validation; ``metrics``: the epoch's results.csv row by
-                                                   column name ("train/box_loss", "metrics/mAP_0.5", "x/lr0", ...)
+                                                   column name ("train/<loss term>_loss" for each of the loss's
+                                                   names, "metrics/mAP_0.5", "x/lr0", ...)
     on_checkpoint(trainer, epoch, samples_seen)    after last.pt was written; it holds the position (epoch,
                                                    samples of that epoch already seen)
     after_train(trainer)                           after the last epoch (not after a failure)
@@ -38,16 +41,15 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 import torch
+from torch import nn
 
 from utils.errors import UserError
-
-if TYPE_CHECKING:  # annotations only: the training package is built on this module
-    from utils.training.loop import Trainer
 
 CHECKPOINT_PRIORITY = 0  # the Checkpointer: files exist before anything reads or uploads them
 LOGGER_PRIORITY = 50  # results.csv, TensorBoard, trackers
@@ -73,34 +75,131 @@ class StepInfo:
     save_due: bool = False  # rank 0's clock asked for a timed checkpoint (--save-interval-minutes)
 
 
+class TrainerView:
+    """What hooks see of a run (the Trainer of utils/training/loop.py builds one for its hooks). Every attribute is
+    read-only and live (it follows the run), except ``compute_loss``, which a hook may replace with a wrapper of
+    the same interface (``(preds, targets) -> (total, items)``)."""
+
+    __slots__ = ("_trainer",)
+
+    def __init__(self, trainer: Any) -> None:
+        object.__setattr__(self, "_trainer", trainer)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name != "compute_loss":
+            raise AttributeError(f"a hook may not set {name!r} on the run (only compute_loss, to wrap the loss)")
+        self._trainer.compute_loss = value
+
+    @property
+    def config(self) -> Any:
+        """The run's RunConfig (utils/training/config.py)."""
+        return self._trainer.config
+
+    @property
+    def hyp(self) -> Mapping[str, Any]:
+        """The run's hyperparameters."""
+        return self._trainer.hyp
+
+    @property
+    def device(self) -> torch.device:
+        return self._trainer.device
+
+    @property
+    def save_dir(self) -> Path:
+        """The run folder."""
+        return self._trainer.save_dir
+
+    @property
+    def names(self) -> list[str]:
+        """The class names."""
+        return self._trainer.names
+
+    @property
+    def family(self) -> str:
+        """The model's family (utils/training/families.py)."""
+        return self._trainer.family.name
+
+    @property
+    def loss_names(self) -> tuple[str, ...]:
+        """The names of the loss's terms (results.csv's train/<name>_loss)."""
+        return self._trainer.loss_names
+
+    @property
+    def state(self) -> Any:
+        """The TrainState: position, best fitness, resumed, ... (utils/training/train_state.py)."""
+        return self._trainer.state
+
+    @property
+    def iteration(self) -> int:
+        """Batches backpropagated since the run began."""
+        return self._trainer.updater.iteration
+
+    @property
+    def model_without_ddp(self) -> nn.Module:
+        """The model being trained, without DDP's wrapper."""
+        return self._trainer.model_without_ddp
+
+    @property
+    def ema_model(self) -> nn.Module:
+        """The EMA of the weights: what is validated and saved."""
+        return self._trainer.ema.ema
+
+    @property
+    def train_loader(self) -> Any:
+        return self._trainer.train_loader
+
+    @property
+    def val_loader(self) -> Any:
+        return self._trainer.val_loader
+
+    @property
+    def background(self) -> Any:
+        """The plots' BackgroundTasks (utils/loggers/background.py)."""
+        return self._trainer.background
+
+    @property
+    def stop(self) -> Any:
+        """The GracefulStop: ``requested``, ``agreed``, ``signum``."""
+        return self._trainer.stop
+
+    @property
+    def hooks(self) -> tuple[HookBase, ...]:
+        """The run's hooks, in the order they run."""
+        return tuple(self._trainer.hooks.hooks)
+
+    @property
+    def compute_loss(self) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+        return self._trainer.compute_loss
+
+
 class HookBase:
     """Does nothing at every event; subclass it and override the events you need."""
 
     priority: int = DEFAULT_PRIORITY
     state_key: str | None = None  # set to keep state in checkpoints (see the module docstring)
 
-    def before_train(self, trainer: Trainer) -> None:
+    def before_train(self, trainer: TrainerView) -> None:
         pass
 
-    def before_epoch(self, trainer: Trainer, epoch: int) -> None:
+    def before_epoch(self, trainer: TrainerView, epoch: int) -> None:
         pass
 
-    def before_step(self, trainer: Trainer, epoch: int, batch: int) -> None:
+    def before_step(self, trainer: TrainerView, epoch: int, batch: int) -> None:
         pass
 
-    def after_step(self, trainer: Trainer, step: StepInfo) -> None:
+    def after_step(self, trainer: TrainerView, step: StepInfo) -> None:
         pass
 
-    def after_epoch(self, trainer: Trainer, epoch: int, metrics: dict[str, float]) -> None:
+    def after_epoch(self, trainer: TrainerView, epoch: int, metrics: dict[str, float]) -> None:
         pass
 
-    def on_checkpoint(self, trainer: Trainer, epoch: int, samples_seen: int) -> None:
+    def on_checkpoint(self, trainer: TrainerView, epoch: int, samples_seen: int) -> None:
         pass
 
-    def after_train(self, trainer: Trainer) -> None:
+    def after_train(self, trainer: TrainerView) -> None:
         pass
 
-    def close(self, trainer: Trainer, cancelled: bool) -> None:
+    def close(self, trainer: TrainerView, cancelled: bool) -> None:
         pass
 
     def state_dict(self) -> dict[str, Any]:
@@ -122,35 +221,35 @@ class Hooks(HookBase):
         self.hooks.append(hook)
         self.hooks.sort(key=lambda h: h.priority)  # stable: registration order within a priority
 
-    def before_train(self, trainer: Trainer) -> None:
+    def before_train(self, trainer: TrainerView) -> None:
         for hook in self.hooks:
             hook.before_train(trainer)
 
-    def before_epoch(self, trainer: Trainer, epoch: int) -> None:
+    def before_epoch(self, trainer: TrainerView, epoch: int) -> None:
         for hook in self.hooks:
             hook.before_epoch(trainer, epoch)
 
-    def before_step(self, trainer: Trainer, epoch: int, batch: int) -> None:
+    def before_step(self, trainer: TrainerView, epoch: int, batch: int) -> None:
         for hook in self.hooks:
             hook.before_step(trainer, epoch, batch)
 
-    def after_step(self, trainer: Trainer, step: StepInfo) -> None:
+    def after_step(self, trainer: TrainerView, step: StepInfo) -> None:
         for hook in self.hooks:
             hook.after_step(trainer, step)
 
-    def after_epoch(self, trainer: Trainer, epoch: int, metrics: dict[str, float]) -> None:
+    def after_epoch(self, trainer: TrainerView, epoch: int, metrics: dict[str, float]) -> None:
         for hook in self.hooks:
             hook.after_epoch(trainer, epoch, metrics)
 
-    def on_checkpoint(self, trainer: Trainer, epoch: int, samples_seen: int) -> None:
+    def on_checkpoint(self, trainer: TrainerView, epoch: int, samples_seen: int) -> None:
         for hook in self.hooks:
             hook.on_checkpoint(trainer, epoch, samples_seen)
 
-    def after_train(self, trainer: Trainer) -> None:
+    def after_train(self, trainer: TrainerView) -> None:
         for hook in self.hooks:
             hook.after_train(trainer)
 
-    def close(self, trainer: Trainer, cancelled: bool) -> None:
+    def close(self, trainer: TrainerView, cancelled: bool) -> None:
         """Every hook's close, even when one of them fails (the first error is raised after the rest ran)."""
         error: BaseException | None = None
         for hook in self.hooks:

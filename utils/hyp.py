@@ -1,12 +1,15 @@
 """Hyperparameter files (``data/hyps/*.yaml``): where they are found, what they must hold.
 
 One loader for every caller (training, the dataset's augmentation defaults, evolution), so a file that
-trains also augments, and ``--hyp hyp.finetune.yaml`` finds the bundled file by its name.
+trains also augments, and ``--hyp hyp.finetune.yaml`` finds the bundled file by its name. Files are per family:
+YOLOv5's (hyp.scratch.yaml, ...) hold box, obj, cls and anchor_t; the anchor-free families' (hyp.anchor-free.yaml)
+box, cls and dfl. Which keys a run needs is its family's (utils/training/families.py ``required_hyp``); this
+module checks every file for the keys all families need (REQUIRED) and, when told, the family's.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +20,7 @@ from utils.safe_yaml import YamlError, load_yaml, shown
 HYPS_DIR = ROOT / "data" / "hyps"
 SCRATCH_HYP = HYPS_DIR / "hyp.scratch.yaml"
 SYNTHETIC_HYP = HYPS_DIR / "hyp.synthetic.yaml"  # tuned so the no-argument run converges in minutes
-REQUIRED = ("lr0", "lrf", "momentum", "weight_decay", "box", "cls", "obj", "anchor_t")
+REQUIRED = ("lr0", "lrf", "momentum", "weight_decay")  # every family's optimizer and schedule read these
 TEXT_KEYS = ("optimizer",)  # the only entries that are not numbers
 
 
@@ -35,14 +38,17 @@ def find_hyp_file(path: str | Path) -> Path:
 
 
 def default_hyp_file(data: str | Path | None) -> Path:
-    """The hyp file used without --hyp: the synthetic set's tuned one for the built-in data, else the scratch one."""
+    """YOLOv5's hyp file without --hyp: the synthetic set's tuned one for the built-in data, else the scratch one
+    (a run's default is its family's: utils.training.families.Family.default_hyp_file)."""
     synthetic = data is not None and Path(str(data)).name == "synthetic.yaml" and SYNTHETIC_HYP.is_file()
     return SYNTHETIC_HYP if synthetic else SCRATCH_HYP
 
 
-def load_hyp(source: str | Path | Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Hyperparameters from a file (or a mapping; None: the scratch file), checked: the keys training needs are
-    there, every value is a number (floats), except ``optimizer``, a name."""
+def load_hyp(source: str | Path | Mapping[str, Any] | None = None, required: Sequence[str] = REQUIRED,
+             family: str = "") -> dict[str, Any]:
+    """Hyperparameters from a file (or a mapping; None: the scratch file), checked: the ``required`` keys are there
+    (``family`` names whose they are, for the message), every value is a number (floats), except ``optimizer``, a
+    name."""
     if isinstance(source, Mapping):
         raw, where = dict(source), "hyperparameters"
     else:
@@ -54,9 +60,10 @@ def load_hyp(source: str | Path | Mapping[str, Any] | None = None) -> dict[str, 
         where = str(path)
     if not isinstance(raw, dict):
         raise HypError(f"{where}: expected a mapping of hyperparameter names to values")
-    missing = [k for k in REQUIRED if k not in raw]
+    missing = [k for k in dict.fromkeys((*REQUIRED, *required)) if k not in raw]
     if missing:
-        raise HypError(f"{where} lacks {', '.join(missing)}")
+        needs = f" (the {family} family needs {', '.join(required)})" if family else ""
+        raise HypError(f"{where} lacks {', '.join(missing)}{needs}")
     hyp: dict[str, Any] = {}
     for key, value in raw.items():
         if key in TEXT_KEYS:

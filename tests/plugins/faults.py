@@ -11,15 +11,12 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from utils.distributed import comm as dist
-from utils.hooks import HookBase, StepInfo
-
-if TYPE_CHECKING:
-    from utils.training.loop import Trainer
+from utils.hooks import HookBase, StepInfo, TrainerView
 
 
 def _armed(rank: int) -> bool:
@@ -38,7 +35,7 @@ class FailAt(HookBase):
             raise ValueError(f"action {action!r} is not raise or one of {', '.join(self.SIGNALS)}")
         self.rank, self.epoch, self.batch, self.action = rank, epoch, batch, action
 
-    def before_step(self, trainer: Trainer, epoch: int, batch: int) -> None:
+    def before_step(self, trainer: TrainerView, epoch: int, batch: int) -> None:
         if (epoch, batch) != (self.epoch, self.batch) or not _armed(self.rank):
             return
         if self.action == "raise":
@@ -53,7 +50,7 @@ class NanLoss(HookBase):
         self.rank, self.epoch, self.first, self.count = rank, epoch, batch, count
         self.current: tuple[int, int] = (-1, -1)
 
-    def before_train(self, trainer: Trainer) -> None:
+    def before_train(self, trainer: TrainerView) -> None:
         if not _armed(self.rank):
             return
         real = trainer.compute_loss
@@ -66,7 +63,7 @@ class NanLoss(HookBase):
 
         trainer.compute_loss = poisoned
 
-    def before_step(self, trainer: Trainer, epoch: int, batch: int) -> None:
+    def before_step(self, trainer: TrainerView, epoch: int, batch: int) -> None:
         self.current = (epoch, batch)
 
 
@@ -77,7 +74,7 @@ class ResidentMemory(HookBase):
     def __init__(self, path: str) -> None:
         self.path = Path(path)
 
-    def after_epoch(self, trainer: Trainer, epoch: int, metrics: dict[str, float]) -> None:
+    def after_epoch(self, trainer: TrainerView, epoch: int, metrics: dict[str, float]) -> None:
         if "metrics/mAP_0.5:0.95" not in metrics or "train/box_loss" not in metrics:
             raise AssertionError(f"after_epoch metrics are not a results.csv row: {sorted(metrics)}")
         if dist.is_main_process():
@@ -95,7 +92,7 @@ class Beacon(HookBase):
     def __init__(self, path: str, seconds: float = 0.0) -> None:
         self.path, self.seconds = Path(path), seconds
 
-    def after_step(self, trainer: Trainer, step: StepInfo) -> None:
+    def after_step(self, trainer: TrainerView, step: StepInfo) -> None:
         with open(self.path, "a") as f:
             f.write(f"{dist.get_rank()} {step.epoch} {step.batch}\n")
         if self.seconds:
@@ -109,7 +106,7 @@ class Checksum(HookBase):
     def __init__(self, folder: str) -> None:
         self.folder = Path(folder)
 
-    def after_train(self, trainer: Trainer) -> None:
+    def after_train(self, trainer: TrainerView) -> None:
         import hashlib
 
         params = [p.detach().cpu() for p in trainer.model_without_ddp.parameters()]

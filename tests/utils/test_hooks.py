@@ -69,8 +69,34 @@ def test_the_checkpointer_runs_first_whatever_the_registration_order():
     from utils.hooks import HookBase, Hooks
     from utils.training.checkpointer import Checkpointer
 
-    hooks = Hooks([HookBase(), Checkpointer(enabled=False)])
+    hooks = Hooks([HookBase(), Checkpointer(save=lambda *args, **kwargs: None)])
     assert isinstance(hooks.hooks[0], Checkpointer)
+
+
+def test_hooks_see_a_view_that_follows_the_run_and_may_only_wrap_the_loss():
+    from types import SimpleNamespace
+
+    from utils.hooks import HookBase, Hooks, TrainerView
+
+    def loss(preds, targets):  # noqa: ANN001, ANN202
+        return preds, targets
+
+    hook = HookBase()
+    run = SimpleNamespace(config="config", hyp={"lr0": 0.01}, state=SimpleNamespace(epoch=0), compute_loss=loss,
+                          updater=SimpleNamespace(iteration=7), loss_names=("box", "cls", "dfl"),
+                          family=SimpleNamespace(name="yolov8"), hooks=Hooks([hook]), ema=SimpleNamespace(ema="ema"))
+    view = TrainerView(run)
+    assert (view.config, view.hyp["lr0"], view.iteration, view.loss_names, view.family) == \
+        ("config", 0.01, 7, ("box", "cls", "dfl"), "yolov8")
+    assert view.hooks == (hook,) and view.ema_model == "ema"
+    run.updater.iteration, run.state = 8, SimpleNamespace(epoch=3)  # live: the view follows the run
+    assert view.iteration == 8 and view.state.epoch == 3
+    for name in ("hyp", "state", "updater", "model"):
+        with pytest.raises(AttributeError, match="may not set"):
+            setattr(view, name, None)
+    assert not hasattr(view, "updater") and not hasattr(view, "__dict__")  # the view offers what it declares only
+    view.compute_loss = lambda preds, targets: loss(preds, targets)[::-1]  # wrapping the loss is allowed
+    assert run.compute_loss(1, 2) == (2, 1) and view.compute_loss is run.compute_loss
 
 
 def test_hook_state_round_trips_and_close_runs_every_hook():

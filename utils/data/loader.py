@@ -192,6 +192,21 @@ def set_epoch(loader: DataLoader, epoch: int) -> None:
         loader.sampler.set_epoch(epoch)
 
 
+def close_mosaic(loader: DataLoader) -> bool:
+    """Train on single images from now on (the last epochs of a recipe's ``close_mosaic``): the dataset's mosaic is
+    switched off and persistent workers, which hold their own copy of the dataset, are restarted with the next
+    epoch. True when mosaic was on (a no-op otherwise, and for batches given in code)."""
+    dataset = getattr(loader, "dataset", None)
+    if not getattr(dataset, "mosaic", False):
+        return False
+    dataset.mosaic = False
+    workers = getattr(loader, "_iterator", None)  # torch keeps persistent workers' iterator here
+    if workers is not None:
+        workers._shutdown_workers()
+        loader._iterator = None
+    return True
+
+
 def set_weights(loader: DataLoader, weights: np.ndarray | None) -> None:
     """--image-weights: draw the epoch's order in proportion to per-image ``weights`` (no-op for other samplers)."""
     if hasattr(loader.sampler, "set_weights"):

@@ -69,7 +69,8 @@ class LoadOptions:
 
 @dataclass
 class LoadedModel:
-    """A format's opened file: ``run`` maps a float batch (b, 3, h, w) to the decoded predictions (b, n, 5 + nc)."""
+    """A format's opened file: ``run`` maps a float batch (b, 3, h, w) to the decoded predictions (b, n, columns of
+    the output contract its metadata records)."""
 
     run: Callable[[torch.Tensor], torch.Tensor]
     meta: dict[str, Any]  # what export_metadata wrote (stride, names, img_size, ...)
@@ -166,11 +167,15 @@ class ExportFormat:
 def export_metadata(model: nn.Module, img_size: tuple[int, int], batch_size: int, dynamic: bool,
                     half: bool = False) -> dict:
     """What an exported file must carry for detect.py and test.py: stride, class names, input size, dynamic or
-    not, device, input precision, and the head's layout (strides per level, anchors per cell: --augment)."""
+    not, device, input precision, the head's layout (strides per level, anchors per cell: --augment) and the head's
+    own export metadata under ``head`` (its output contract, strides, anchors where it has them, ...), from which
+    the runtime post-processes (a file without it is a YOLOv5 detector's)."""
+    head = model.head.export_metadata()
+    anchors = head.get("anchors") or [[None]]  # per level, (anchors per cell) pairs; anchor-free: one row per cell
     return {"stride": int(model.stride.max()), "names": [str(n) for n in model.names],
             "img_size": [int(img_size[0]), int(img_size[1])], "batch_size": int(batch_size), "dynamic": bool(dynamic),
             "device": next(model.parameters()).device.type, "strides": [float(s) for s in model.stride.tolist()],
-            "num_anchors": int(model.detect.na), "half": bool(half)}
+            "num_anchors": len(anchors[0]), "half": bool(half), "head": head}
 
 
 MAX_METADATA_TEXT = 1 << 20  # bytes of an exported file's metadata text (80 class names: ~1 KB)
@@ -247,6 +252,39 @@ def _anchors(value: Any) -> list[list[list[float]]] | None:
     return levels if len({len(level) for level in levels}) == 1 else None
 
 
+def _plain_value(value: Any) -> Any:
+    """A plain scalar of a head's metadata (a bool, a finite number, a short one-line string), else None."""
+    if isinstance(value, bool) or (isinstance(value, int | float) and math.isfinite(value)):
+        return value
+    return value if isinstance(value, str) and len(value) <= 64 and value.isprintable() else None
+
+
+def _head(value: Any) -> dict[str, Any] | None:
+    """The head's own export metadata: at most 16 named fields; its ``contract`` a mapping of plain values (the
+    runtime reads it through OutputContract.from_metadata), ``stride`` the strides, ``anchors`` as the top-level
+    field, anything else a plain value. None if not."""
+    if not isinstance(value, dict) or len(value) > 16 or not all(isinstance(k, str) and len(k) <= 32 for k in value):
+        return None
+    checked: dict[str, Any] = {}
+    for key, field in value.items():
+        if key == "contract":
+            plain = isinstance(field, dict) and len(field) <= 3 and \
+                all(_plain_value(v) is not None for v in field.values())
+            used = dict(field) if plain else None
+        elif key == "stride":
+            used = [_positive(s, METADATA_BOUNDS["stride"]) for s in field] if isinstance(field, list) and \
+                1 <= len(field) <= METADATA_BOUNDS["levels"] else None
+            used = None if used is None or None in used else used
+        elif key == "anchors":
+            used = _anchors(field)
+        else:
+            used = _plain_value(field)
+        if used is None:
+            return None
+        checked[key] = used
+    return checked
+
+
 def _check_field(key: str, value: Any) -> tuple[bool, Any, str]:
     """(valid, the value as used, what it must be) for one metadata field."""
     bounds = METADATA_BOUNDS
@@ -264,6 +302,7 @@ def _check_field(key: str, value: Any) -> tuple[bool, Any, str]:
         "half": (lambda v: v if isinstance(v, bool) else None, "true or false"),
         "device": (lambda v: v if isinstance(v, str) and re.fullmatch(r"[a-z]{1,16}", v) else None, "a device type"),
         "weights": (lambda v: v if isinstance(v, str) and len(v) <= 16 else None, "a precision name"),
+        "head": (_head, "a mapping of the head's fields (contract, stride, anchors, plain values)"),
     }
     check, expected = checks[key]
     used = check(value)
@@ -294,7 +333,7 @@ def check_metadata(meta: Any, source: object) -> dict[str, Any]:
 
 
 METADATA_FIELDS = ("stride", "names", "img_size", "batch_size", "strides", "num_anchors", "anchors", "dynamic",
-                   "half", "device", "weights")
+                   "half", "device", "weights", "head")
 
 
 @contextlib.contextmanager

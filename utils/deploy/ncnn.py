@@ -1,6 +1,7 @@
 """NCNN (Tencent's mobile inference library): ``<stem>_ncnn_model/`` with model.ncnn.param/.bin written by pnnx
-from a TorchScript trace, and metadata.yaml. The graph ends at the head's raw maps and the boxes are decoded here
-with the head's own code (the Detect module rebuilt from the metadata), as pnnx does not keep the decoding exact."""
+from a TorchScript trace, and metadata.yaml. For an anchor-based head (its export metadata has anchors) the graph
+ends at the head's raw maps and the boxes are decoded here with the head's own code (the Detect module rebuilt
+from the metadata), as pnnx does not keep that decoding exact; other heads' graphs end at their decoded output."""
 
 from __future__ import annotations
 
@@ -36,16 +37,17 @@ class RawMaps(nn.Module):
         self.model = model
 
     def forward(self, images: torch.Tensor) -> list[torch.Tensor]:
-        self.model.detect.train()
+        self.model.head.train()
         try:
             return self.model(images)
         finally:
-            self.model.detect.eval()
+            self.model.head.eval()
 
 
 def head_from_metadata(meta: dict, source: object = "metadata") -> nn.Module:
     """The Detect head (anchors and strides from the metadata, no convolutions) whose decode() turns raw maps into
-    (b, n, 5 + nc); the fields are checked first (check_metadata), one FormatError line otherwise."""
+    (b, n, 5 + nc) (YOLOv5's row layout); the fields are checked first (check_metadata), one FormatError line
+    otherwise."""
     from models.yolo import Detect
 
     meta = check_metadata(meta, source)
@@ -72,13 +74,15 @@ class NcnnFormat(ExportFormat):
         import pnnx
 
         file.mkdir(parents=True, exist_ok=True)
+        anchors = meta.get("head", {}).get("anchors") or model.head.export_metadata().get("anchors")
         traced_file = file / "traced.pt"
         scratch = {key: str(file / name) for key, name in (("pnnxparam", "p.param"), ("pnnxbin", "p.bin"),
                                                            ("pnnxpy", "p.py"), ("pnnxonnx", "p.onnx"),
                                                            ("ncnnpy", "n.py"))}
         try:
             with quiet_jit_warnings():
-                torch.jit.trace(RawMaps(model), images[:1], strict=False, check_trace=False).save(str(traced_file))
+                graph = RawMaps(model) if anchors else model  # anchors: the boxes are decoded at load time
+                torch.jit.trace(graph, images[:1], strict=False, check_trace=False).save(str(traced_file))
             pnnx.convert(str(traced_file), images[:1], ncnnparam=str(file / PARAM), ncnnbin=str(file / BIN),
                          fp16=False, **scratch)
         finally:
@@ -86,8 +90,8 @@ class NcnnFormat(ExportFormat):
                 path.unlink(missing_ok=True)
         if not (file / PARAM).is_file():
             raise RuntimeError("pnnx wrote no model.ncnn.param (see its output above)")
-        anchors = model.detect.anchors.tolist()
-        (file / METADATA).write_text(yaml.safe_dump({**meta, "batch_size": 1, "anchors": anchors}, sort_keys=False))
+        extra = {"anchors": anchors} if anchors else {}
+        (file / METADATA).write_text(yaml.safe_dump({**meta, "batch_size": 1, **extra}, sort_keys=False))
         return file
 
     def load(self, file: Path, options: LoadOptions) -> LoadedModel:
@@ -95,10 +99,11 @@ class NcnnFormat(ExportFormat):
         import ncnn
 
         meta = read_metadata_yaml(file / METADATA, file)
-        if not isinstance(meta, dict) or "anchors" not in meta:
-            raise FormatError(f"{file} has no {METADATA} with anchors; re-export it with export.py --include ncnn")
+        if not isinstance(meta, dict) or not meta:
+            raise FormatError(f"{file} has no {METADATA}; re-export it with export.py --include ncnn")
         meta = check_metadata(meta, file)  # before the runtime reads anything
-        head = head_from_metadata(meta, file)
+        # an anchor-based head's graph ends at its raw maps, decoded here; other heads' graphs end decoded
+        head = head_from_metadata(meta, file) if "anchors" in meta else None
         net = ncnn.Net()
         net.opt.use_fp16_storage = net.opt.use_fp16_arithmetic = net.opt.use_fp16_packed = False
         net.opt.num_threads = options.threads or net.opt.num_threads
@@ -118,7 +123,7 @@ class NcnnFormat(ExportFormat):
             array = images.detach().cpu().float().numpy()
             per_image = [run_one(image) for image in array]
             maps = [torch.cat(level) for level in zip(*per_image)]
-            return head.decode(maps)
+            return head.decode(maps) if head is not None else maps[0]
 
         img_size = meta.get("img_size")
         return LoadedModel(run, {**meta, "dynamic": False}, [1, 3, *img_size] if img_size else None)

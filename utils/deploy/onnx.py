@@ -37,7 +37,8 @@ SIMPLIFIERS = (("onnxslim", "onnxslim"), ("onnxsim", "onnxsim"))  # --simplify u
 CONSTANT_BUDGET = 16  # tensors computed from constants alone: at most this many times the file's size ...
 CONSTANT_SLACK = 16 << 20  # ... plus this (a yolov5n export at 640 px: 0.4 MB of them in a 7.5 MB file)
 MAX_TENSOR_BYTES = 2 << 30  # any one tensor of known shape (yolov5s at 640 px: 13 MB at most)
-METADATA_KEYS = ("stride", "names", "img_size", "batch_size", "dynamic", "device", "strides", "num_anchors", "half")
+METADATA_KEYS = ("stride", "names", "img_size", "batch_size", "dynamic", "device", "strides", "num_anchors", "half",
+                 "head")  # "head": the head's export metadata (output contract, ...)
 
 
 def onnx_export_parameters() -> Collection[str]:

@@ -3,7 +3,9 @@
 ``InferenceModel(weights)`` finds the file's format in the registry (utils/deploy/formats.py), opens it there and
 reads the metadata it carries (stride, class names, export image size, dynamic shapes), so ``detect.py``,
 ``test.py`` and ``hubconf.py`` treat them alike: call it with a float image batch (b, 3, h, w) in [0, 1] and get
-the decoded predictions (b, n, 5 + nc) = [cx, cy, w, h (input pixels), obj, cls...] as a torch tensor.
+the decoded predictions (b, n, columns) as a torch tensor, laid out as its ``contract`` says (the output contract the
+file's metadata records; a file from before contracts were recorded is a YOLOv5 detector's: [cx, cy, w, h (input
+pixels), obj, cls...]). ``utils.predictions.postprocess(pred, model.contract, ...)`` turns them into detections.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from utils.deploy.formats import ExportFormat, LoadOptions, all_formats, check_m
 from utils.errors import UserError
 from utils.evaluation.tta import DetectLayout
 from utils.log import LOGGER
+from utils.predictions import ContractError, OutputContract
 from utils.weights.downloads import attempt_download_once_per_node, check_not_url, is_release_name
 
 
@@ -71,7 +74,8 @@ def weights_format(weights: Path) -> ExportFormat:
 
 class InferenceModel:
     """A .pt checkpoint or any registered export, opened by its format (utils/deploy/formats.py); exposes
-    ``stride``, ``names``, ``img_size``, ``dynamic``, ``format`` and the head's ``layout`` (for --augment)."""
+    ``stride``, ``names``, ``img_size``, ``dynamic``, ``format``, the output ``contract`` and the head's ``layout``
+    (for --augment)."""
 
     def __init__(self, weights: str | Path, device: torch.device | str = "cpu", half: bool = False,
                  trusted: bool = False, runtime_threads: int = 0) -> None:
@@ -128,7 +132,21 @@ class InferenceModel:
         levels = int(math.log2(self.stride // 8)) + 1 if self.stride >= 8 else 1  # older exports: P3 and up
         self.strides = tuple(meta.get("strides") or [self.stride / 2 ** k for k in reversed(range(levels))])
         self.num_anchors = meta.get("num_anchors", 3)
+        self.contract = self._contract(meta)
         return meta
+
+    def _contract(self, meta: dict[str, Any]) -> OutputContract:
+        """The output contract the file records (under ``head``); YOLOv5's for a file from before contracts."""
+        head = meta.get("head")
+        recorded = head.get("contract") if isinstance(head, dict) else None
+        try:
+            contract = OutputContract.from_metadata(recorded, nc=len(self.names))
+        except ContractError as e:
+            raise InferenceModelError(f"{self.weights}: {e}") from None
+        if contract.nc != len(self.names):
+            raise InferenceModelError(f"{self.weights}: its output contract has {contract.nc} classes but it names "
+                                      f"{len(self.names)}")
+        return contract
 
     @property
     def dtype(self) -> torch.dtype:
@@ -146,7 +164,7 @@ class InferenceModel:
 
     @torch.no_grad()
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        """Decoded predictions (b, n, 5 + nc) for a float image batch (b, 3, h, w) in [0, 1]."""
+        """Decoded predictions (b, n, contract columns) for a float image batch (b, 3, h, w) in [0, 1]."""
         if self.batch_size is None or images.shape[0] == self.batch_size:
             return self._forward(images)
         outputs = []  # a static export takes exactly batch_size images: run chunks, zero-padding the last
@@ -157,13 +175,13 @@ class InferenceModel:
 
     def _forward(self, images: torch.Tensor) -> torch.Tensor:
         output = self._run(images)
-        columns = 5 + len(self.names)
+        columns = self.contract.columns  # the row width its metadata's output contract promises
         if not isinstance(output, torch.Tensor) or output.dim() != 3 or output.shape[0] != images.shape[0] or \
                 output.shape[2] != columns or not output.is_floating_point():
             found = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
             raise InferenceModelError(f"{self.weights} returned a {found} tensor, not (batch, boxes, {columns}) "
-                                      f"floats for {len(self.names)} classes; it is not a detection model of this "
-                                      "project's layout (re-export it with export.py)")
+                                      f"floats for {len(self.names)} classes ({self.contract.layout}); it is not a "
+                                      "detection model of this project's layout (re-export it with export.py)")
         return output.to(self.device)
 
     def warmup(self, img_size: tuple[int, int] = (640, 640)) -> None:
@@ -181,6 +199,7 @@ class ExportedModule(nn.Module):
         self.inference = model
         self.strides, self.num_anchors = model.strides, model.num_anchors
         self.names, self.img_size = model.names, model.img_size  # img_size: a static export's fixed input (h, w)
+        self.contract = model.contract  # the row layout of its output, from the file's metadata
         self.register_buffer("stride", torch.tensor(model.strides, device=model.device), persistent=False)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:

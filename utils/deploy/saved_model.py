@@ -49,7 +49,7 @@ def set_tf_threads(tf: object, threads: int) -> None:
 
 
 class SavedModelFormat(ExportFormat):
-    """``best_saved_model/``: FP32, fixed input shape (b, h, w, 3), output (b, n, 5 + nc) as the .pt's."""
+    """``best_saved_model/``: FP32, fixed input shape (b, h, w, 3), output (b, n, columns) as the .pt's."""
 
     name = "saved_model"
     suffix = "_saved_model"

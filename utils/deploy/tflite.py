@@ -3,8 +3,9 @@ arithmetic) and ``<stem>-int8.tflite`` (--int8: full-integer, calibrated on imag
 tf.lite.TFLiteConverter from our own translation (utils/deploy/tf_graph.py) and run by LiteRT (ai-edge-litert).
 
 Input (b, h, w, 3) float32 in [0, 1] for all three: the INT8 file quantizes it in its first op and dequantizes its
-outputs, so callers feed the same images. The float files return the decoded (b, n, 5 + nc) as the .pt does; the
-INT8 file returns the head's three maps (float32) and the boxes are decoded here in float, because one 8-bit tensor
+outputs, so callers feed the same images. The float files return the decoded (b, n, columns) as the .pt does; the
+INT8 file returns the head's maps (float32) and the boxes are decoded here in float (by the anchors for YOLOv5's
+head, by the head's own decode rebuilt from its metadata for the others), because one 8-bit tensor
 holding pixels (0..640) and probabilities (0..1) would step boxes by 2.5 px or scores by 0.4. The metadata
 (stride, names, image size, anchors) is a JSON buffer in the flatbuffer's own metadata table, named
 ``yolo_metadata``.
@@ -32,7 +33,7 @@ from utils.deploy.formats import (
     require,
 )
 from utils.deploy.ncnn import head_from_metadata
-from utils.deploy.tf_graph import TENSORFLOW, import_tensorflow, nhwc_array, tf_module
+from utils.deploy.tf_graph import TENSORFLOW, RawMapDecoder, import_tensorflow, nhwc_array, tf_module
 
 METADATA_NAME = "yolo_metadata"
 TFLITE_IDENTIFIER = b"TFL3"
@@ -85,6 +86,19 @@ def convert(tf: Any, module: Any, options: ExportOptions,
     return converter.convert()
 
 
+def maps_decoder(meta: dict, file: Path) -> Callable[[list[torch.Tensor]], torch.Tensor]:
+    """How an INT8 file's head maps (NHWC, P3 first) become the rows of its contract, in float: an anchor-based
+    head's by its anchors (the YOLOv5 Detect rebuilt from the metadata), any other head's by its own decode rebuilt
+    from its export metadata (tf_graph.RawMapDecoder); a one-line FormatError for a file that carries neither."""
+    if "anchors" in meta:
+        detect = head_from_metadata(meta, file)
+        return lambda maps: detect.decode_into([x.permute(0, 3, 1, 2) for x in maps])  # seen as (b, na*no, ny, nx)
+    if isinstance(meta.get("head"), dict):
+        return RawMapDecoder(meta["head"], file)
+    raise FormatError(f"{file} returns head maps but carries neither anchors nor its head's metadata; re-export it "
+                      "with export.py")
+
+
 class TfliteFormat(ExportFormat):
     """``best.tflite``, ``best-fp16.tflite``, ``best-int8.tflite``: fixed input shape, run by LiteRT on the CPU."""
 
@@ -103,8 +117,9 @@ class TfliteFormat(ExportFormat):
                calibration: Callable[[], list[torch.Tensor]] | None = None) -> Path:
         tf = import_tensorflow()
         b, _, h, w = images.shape
+        anchors = model.head.export_metadata().get("anchors")  # an anchor-based head's maps decode by its anchors
         module = tf_module(tf, model, (b, h, w, 3), raw_maps=options.int8)
-        meta = {**meta, "half": False, "anchors": model.detect.anchors.tolist(),
+        meta = {**meta, "half": False, **({"anchors": anchors} if anchors else {}),
                 "weights": "int8" if options.int8 else "float16" if options.half else "float32"}
         file.write_bytes(with_metadata(convert(tf, module, options, calibration), meta))
         return file
@@ -122,18 +137,14 @@ class TfliteFormat(ExportFormat):
             raise FormatError(f"{file} is not a readable TFLite model ({first_line(e)})") from None
         model_input = interpreter.get_input_details()[0]
         outputs = sorted(interpreter.get_output_details(), key=lambda d: -int(np.prod(d["shape"])))  # P3 first
-        head = head_from_metadata(meta, file) if len(outputs) > 1 and "anchors" in meta else None
-        if len(outputs) > 1 and head is None:
-            raise FormatError(f"{file} returns head maps but carries no anchors; re-export it with export.py")
+        decode = maps_decoder(meta, file) if len(outputs) > 1 else None
         b, h, w, _ = (int(d) for d in model_input["shape"])
 
         def run(images: torch.Tensor) -> torch.Tensor:
             interpreter.set_tensor(model_input["index"], nhwc_array(images))
             interpreter.invoke()
             found = [torch.from_numpy(interpreter.get_tensor(d["index"]).copy()) for d in outputs]
-            if head is None:
-                return found[0]
-            return head.decode_into([x.permute(0, 3, 1, 2) for x in found])  # NHWC maps seen as (b, na * no, ny, nx)
+            return found[0] if decode is None else decode(found)
 
         return LoadedModel(run, meta, [b, 3, h, w])
 

@@ -1,5 +1,6 @@
 """Proof that an export computes what the .pt computes: float formats against PyTorch on the same letterboxed
-batches (each output component on its own scale), INT8 formats by mAP on --data against the float model."""
+batches (each output component on its own scale, read as the output contract lays the rows out), INT8 formats by
+mAP on --data against the float model."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from torch import nn
 from utils.deploy.formats import MAX_INT8_MAP_DROP, ExportFormat, ExportOptions, FormatError, Tolerance
 from utils.deploy.runtime import InferenceModel
 from utils.log import LOGGER
+from utils.predictions import OutputContract
 
 
 class VerificationError(RuntimeError):
@@ -38,26 +40,56 @@ class Verification:
         return f"max error boxes {self.box_error:.1e} x size, scores {self.score_error:.1e}"
 
 
-def output_errors(reference: torch.Tensor, output: torch.Tensor) -> tuple[float, float]:
-    """The largest differences between two decoded outputs (b, n, 5 + nc): of the boxes (xywh, input pixels) and
-    of the objectness and class scores (probabilities)."""
+def output_errors(reference: torch.Tensor, output: torch.Tensor, contract: OutputContract | None = None,
+                  margin: float = 1e-3) -> tuple[float, float]:
+    """The largest differences between two decoded outputs laid out as ``contract`` says (default: YOLOv5's): of
+    the boxes (the 4 box columns, input pixels) and of the scores (objectness and class scores, or an end-to-end
+    row's score: probabilities). An end-to-end head's final rows are its top candidates: each reference row is
+    paired with the output row of its class nearest to its box (rows of near-equal scores may swap places), and
+    rows within ``margin`` of the lowest kept score are left out (a candidate that ties the cut-off may be kept by
+    one runtime and not the other); mask coefficients are not compared."""
     if reference.shape != output.shape:
         raise VerificationError(f"output shape {tuple(output.shape)} differs from PyTorch's {tuple(reference.shape)}")
-    difference = (reference.float().cpu() - output.float().cpu()).abs()
-    if difference.numel() == 0:
+    contract = contract or OutputContract("xywh_obj_cls", reference.shape[-1] - 5)
+    reference, output = reference.float().cpu(), output.float().cpu()
+    if reference.numel() == 0:
         return 0.0, 0.0
-    return float(difference[..., :4].max()), float(difference[..., 4:].max())
+    if contract.end_to_end:
+        inside = reference[..., 4] > reference[..., 4].amin(1, keepdim=True) + margin  # (b, n) surely in the top k
+        output = torch.stack([_paired_rows(r, o) for r, o in zip(reference, output)])
+        if not torch.equal(reference[..., 5][inside], output[..., 5][inside]):
+            raise VerificationError("an exported detection has another class than PyTorch's")
+        reference, output = reference[inside], output[inside]  # (k, 6 + nm)
+        if reference.numel() == 0:
+            return 0.0, 0.0
+        scores = slice(4, 5)
+    else:
+        scores = slice(4, contract.columns - contract.nm)
+    difference = (reference - output).abs()
+    return float(difference[..., :4].max()), float(difference[..., scores].max())
+
+
+def _paired_rows(reference: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+    """``output``'s rows (n, 6 + nm) reordered to pair ``reference``'s: for each reference row, the output row of
+    the same class with the nearest box (largest coordinate difference)."""
+    distance = (reference[:, None, :4] - output[None, :, :4]).abs().amax(-1)  # (n, n)
+    distance[reference[:, None, 5] != output[None, :, 5]] = float("inf")
+    return output[distance.argmin(1)]
 
 
 def verify_float(file: Path, model: nn.Module, checks: list[torch.Tensor], tolerance: Tolerance,
                  device: torch.device) -> Verification:
     """Run ``file`` through InferenceModel on each batch of ``checks``; VerificationError when a box differs by
-    more than ``tolerance.box`` of the input's longer side or a score by more than ``tolerance.score``."""
+    more than ``tolerance.box`` of the input's longer side or a score by more than ``tolerance.score``, or when
+    the file's output contract is not the model's."""
     inference = InferenceModel(file, device, trusted=True)  # the file export.py just wrote
+    if inference.contract != model.head.contract:
+        raise VerificationError(f"{file} records the output contract {inference.contract}, the model has "
+                                f"{model.head.contract}")
     worst = Verification(box_error=0.0, score_error=0.0)
     with torch.no_grad():
         for images in checks:
-            box_px, score = output_errors(model(images), inference(images))
+            box_px, score = output_errors(model(images), inference(images), inference.contract, tolerance.score)
             box = box_px / max(images.shape[-2:])
             if box > tolerance.box or score > tolerance.score:
                 raise VerificationError(f"output differs from PyTorch: boxes by {box_px:.2e} px ({box:.1e} x image "

@@ -1,8 +1,11 @@
 """The evaluation loop train.py and test.py share: ``evaluate`` and ``measure_speed``, distributed across ranks.
 
 Every rank evaluates its shard of the val set (a ``shard_eval=True`` loader), the per-image statistics are gathered,
-and every rank computes the same metrics a 1-process run gets. When the loader's dataset has ``ignore_regions``
-(crowd boxes and difficult objects of a COCO or VOC split), detections on them are ignored as COCOeval does.
+and every rank computes the same metrics a 1-process run gets. Predictions become detections through the one
+post-processing call (utils.predictions.postprocess) with the model's output contract (its head's, or an exported
+file's), whatever the family; validation losses, when asked, are named by the loss's terms. When the loader's
+dataset has ``ignore_regions`` (crowd boxes and difficult objects of a COCO or VOC split), detections on them are
+ignored as COCOeval does.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from utils.boxes import non_max_suppression, scale_boxes, xywhn2xyxy
+from utils.boxes import scale_boxes, xywhn2xyxy
 from utils.data.coco_json import CocoIds
 from utils.device import autocast
 from utils.distributed import comm as dist
@@ -34,6 +37,7 @@ from utils.evaluation.outputs import json_rows, save_label_file, with_label_boxe
 from utils.evaluation.tta import augmented_forward, layout_of
 from utils.log import LOGGER
 from utils.plots.annotate import class_name
+from utils.predictions import ContractError, OutputContract, postprocess
 
 TABLE_HEADER = ("%22s" + "%11s" * 6) % ("Class", "Images", "Labels", "P", "R", "mAP@.5", "mAP@.5:.95")
 ROW_FORMAT = "%22s" + "%11i" * 2 + "%11.3g" * 4
@@ -71,7 +75,7 @@ class EvalResult:
     map: float = 0.0
     maps: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (nc,) mAP@.5:.95 per class
     speed: tuple[float, float, float] = (0.0, 0.0, 0.0)  # pre-process, inference, NMS ms per image
-    loss: torch.Tensor | None = None  # mean (box, obj, cls) loss when compute_loss was given
+    loss: dict[str, float] | None = None  # the mean of each loss term by its name, when compute_loss was given
     seen: int = 0
     n_labels: int = 0
     metrics: DetectionMetrics | None = None  # per-class details and curves
@@ -116,18 +120,40 @@ class _Timer:
         self.totals[index] += time.perf_counter() - start
 
 
+def model_contract(model: nn.Module) -> OutputContract:
+    """The row layout of ``model``'s output: an exported model's own (``contract``, from its file's metadata), else
+    its head's (``model.head.contract``). A one-line ContractError for a model that states neither."""
+    contract = getattr(model, "contract", None)
+    if contract is None:
+        contract = getattr(getattr(model, "head", None), "contract", None)
+    if not isinstance(contract, OutputContract):
+        raise ContractError(f"{type(model).__name__} states no output contract (neither .contract nor .head.contract)")
+    return contract
+
+
 @contextlib.contextmanager
-def _head_returns_raw_maps(model: nn.Module, enabled: bool) -> Iterator[None]:
-    """Let the Detect head return raw maps (for the loss) while every BatchNorm stays in eval mode."""
-    detect = getattr(model, "detect", None)
-    if not enabled or detect is None:
-        yield
+def _head_inputs(model: nn.Module, enabled: bool) -> Iterator[list]:
+    """Catch what the model's head is called with during the forward pass (for the loss, which reads the head's
+    training-mode outputs of the same features)."""
+    caught: list = []
+    if not enabled:
+        yield caught
         return
-    detect.train()
+    handle = model.head.register_forward_pre_hook(lambda module, args: caught.append(args[0]))
     try:
-        yield
+        yield caught
     finally:
-        detect.eval()
+        handle.remove()
+
+
+def _training_outputs(head: nn.Module, features: Any) -> Any:
+    """The head's training-mode outputs (what the loss reads) for ``features``, in float32, every BatchNorm of the
+    model left in eval mode."""
+    head.train()
+    try:
+        return head([f.float() for f in features] if isinstance(features, (list, tuple)) else features.float())
+    finally:
+        head.eval()
 
 
 def model_input(imgs: torch.Tensor, device: torch.device, channels_last: bool) -> torch.Tensor:
@@ -144,17 +170,17 @@ def _input_layout(model: nn.Module, device: torch.device) -> bool:
 
 def _forward(model: nn.Module, imgs: torch.Tensor, targets: torch.Tensor, compute_loss: Any,
              half: bool, augment: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Decoded predictions (b, n, 5 + nc) and, with ``compute_loss``, the batch's loss items."""
+    """Decoded predictions (b, n, contract columns) and, with ``compute_loss``, the batch's loss items."""
     if augment and compute_loss is None:
         with autocast(imgs.device, half):
-            return augmented_forward(model, imgs, layout_of(model)).float(), None
-    with autocast(imgs.device, half), _head_returns_raw_maps(model, compute_loss is not None):
+            return augmented_forward(model, imgs, layout_of(model), model_contract(model)).float(), None
+    with autocast(imgs.device, half), _head_inputs(model, compute_loss is not None) as features:
         out = model(imgs)
+    out = out[0] if isinstance(out, (list, tuple)) else out  # a segmentation head's (detections, prototypes)
     if compute_loss is None:
         return out.float(), None
-    maps = [m.float() for m in out]
-    loss_items = compute_loss(maps, targets)[1].detach()[:3]
-    return model.detect.decode(maps), loss_items
+    loss_items = compute_loss(_training_outputs(model.head, features[-1]), targets)[1].detach()
+    return out.float(), loss_items
 
 
 def _labels_in_original(targets: torch.Tensor, image_index: int, img_hw: Sequence[int], shape: Any,
@@ -223,7 +249,7 @@ def _merge(parts: list[dict]) -> tuple[list[ImageStats], DetectionMetrics, dict]
     totals = {
         "times": np.sum([p["times"] for p in parts], 0),
         "batches": sum(p["batches"] for p in parts),
-        "loss": None if parts[0]["loss"] is None else sum(p["loss"] for p in parts),
+        "loss": sum(losses) if (losses := [p["loss"] for p in parts if p["loss"] is not None]) else None,
         "shape": max((p["shape"] for p in parts), key=lambda s: s[0]),
         "confusion": [p["confusion"] for p in parts],
     }
@@ -252,7 +278,8 @@ def _run_shard(model: nn.Module, loader: Any, device: torch.device, names: Seque
     """Evaluate this rank's batches; returns what is gathered: per-image stats, stage times, loss sums."""
     timer, confusion = _Timer(device), ConfusionMatrix(len(names))  # counted on every rank: the merge is complete
     records: list[ImageStats] = []
-    loss_sum, batches, batch_shape = torch.zeros(3), 0, (0, 3, 0, 0)
+    loss_sum, batches, batch_shape = None, 0, (0, 3, 0, 0)
+    contract = model_contract(model)
     nms = {"conf_thres": opts.conf_thres, "iou_thres": opts.iou_thres, "max_det": opts.max_det,
            "agnostic": opts.agnostic or opts.single_cls}
     ignore_of = getattr(getattr(loader, "dataset", None), "ignore_regions", lambda path: None)
@@ -265,18 +292,18 @@ def _run_shard(model: nn.Module, loader: Any, device: torch.device, names: Seque
         with timer.stage(1):
             preds, loss_items = _forward(model, x, targets, compute_loss, opts.half, opts.augment)
         if opts.save_hybrid:
-            preds = with_label_boxes(preds, targets, x.shape[2:])
+            preds = with_label_boxes(preds, targets, x.shape[2:], contract)
         with timer.stage(2):
-            dets = non_max_suppression(preds, multi_label=True, **nms)
+            dets = postprocess(preds, contract, multi_label=True, **nms)
         if loss_items is not None:
-            loss_sum += loss_items.cpu()
+            loss_sum = loss_items.cpu() if loss_sum is None else loss_sum + loss_items.cpu()
         batches, batch_shape = batches + 1, batch_shape if batches else tuple(x.shape)  # the first batch's
         img_hw = tuple(x.shape[2:])
         records += [_image_stats(det, targets, i, img_hw, paths[i], shapes[i], opts, confusion, txt_dir,
                                  ignore_of(paths[i])) for i, det in enumerate(dets)]
         if plot_dir is not None and batch_index < PLOTTED_BATCHES:
             _plot_batch(imgs, targets.cpu(), [d.cpu() for d in dets], paths, names, plot_dir, batch_index)
-    return {"records": records, "times": timer.totals, "loss": loss_sum if compute_loss is not None else None,
+    return {"records": records, "times": timer.totals, "loss": loss_sum,
             "batches": batches, "shape": batch_shape, "confusion": confusion.matrix}
 
 
@@ -284,7 +311,8 @@ def evaluate(model: nn.Module, loader: Any, device: torch.device | str, names: S
              options: EvalOptions | None = None, compute_loss: Any = None, **overrides: Any) -> EvalResult:
     """Validate ``model`` (eval mode, not DDP-wrapped) on ``loader``: P, R, mAP@.5, mAP@.5:.95, speed, outputs.
 
-    ``options`` with any field replaced by ``overrides``; ``compute_loss`` adds the mean validation loss.
+    ``options`` with any field replaced by ``overrides``; ``compute_loss`` (a family's LossFn) adds the mean of each
+    validation loss term, by the loss's ``names``.
     Under DDP pass a ``shard_eval=True`` loader; the per-image statistics are gathered and every rank returns
     the metrics a 1-process run gives. Files and the table come from rank 0. All ranks must call it.
     """
@@ -305,7 +333,7 @@ def evaluate(model: nn.Module, loader: Any, device: torch.device | str, names: S
     finally:
         model.train(was_training)
     records, metrics, totals = _merge(dist.all_gather_object(part, long=True))  # shards may end far apart
-    result = _result(records, metrics, totals, len(names))
+    result = _result(records, metrics, totals, len(names), getattr(compute_loss, "names", None))
     _log_table(records, metrics, names, opts.verbose)
     pre, inf, nms_ms = result.speed
     LOGGER.info(f"Speed: {pre:.1f}/{inf:.1f}/{nms_ms:.1f} ms pre-process/inference/NMS per image "
@@ -315,10 +343,14 @@ def evaluate(model: nn.Module, loader: Any, device: torch.device | str, names: S
     return result
 
 
-def _result(records: list[ImageStats], metrics: DetectionMetrics, totals: dict, nc: int) -> EvalResult:
+def _result(records: list[ImageStats], metrics: DetectionMetrics, totals: dict, nc: int,
+            loss_names: Sequence[str] | None) -> EvalResult:
     seen = len(records)
     speed = tuple(float(t) / max(seen, 1) * 1e3 for t in totals["times"])
-    loss = None if totals["loss"] is None else totals["loss"] / max(totals["batches"], 1)
+    loss = None
+    if totals["loss"] is not None:  # each term by the loss's name (loss0, loss1, ... for a function without names)
+        means = (totals["loss"] / max(totals["batches"], 1)).tolist()
+        loss = dict(zip(loss_names or [f"loss{i}" for i in range(len(means))], means))
     confusion = ConfusionMatrix(nc)
     confusion.merge(totals["confusion"])
     mp, mr, map50, map_ = metrics.mean_results()
@@ -333,7 +365,7 @@ def measure_speed(model: nn.Module, loader: Any, device: torch.device | str,
     """Time pre-processing, inference and NMS per image over ``loader`` (test.py --task speed): no matching, no
     metrics, no files. Every rank times its shard and the totals are gathered. All ranks must call it."""
     opts, device = options or EvalOptions(), torch.device(device)
-    timer, seen, batch_shape = _Timer(device), 0, (0, 3, 0, 0)
+    timer, seen, batch_shape, contract = _Timer(device), 0, (0, 3, 0, 0), model_contract(model)
     was_training = model.training
     model.eval()
     try:
@@ -343,8 +375,8 @@ def measure_speed(model: nn.Module, loader: Any, device: torch.device | str,
             with timer.stage(1):
                 preds, _ = _forward(model, x, targets, None, opts.half, opts.augment)
             with timer.stage(2):
-                non_max_suppression(preds, opts.conf_thres, opts.iou_thres, multi_label=True,
-                                    agnostic=opts.agnostic or opts.single_cls, max_det=opts.max_det)
+                postprocess(preds, contract, opts.conf_thres, opts.iou_thres, multi_label=True,
+                            agnostic=opts.agnostic or opts.single_cls, max_det=opts.max_det)
             seen, batch_shape = seen + len(imgs), batch_shape if seen else tuple(x.shape)
     finally:
         model.train(was_training)

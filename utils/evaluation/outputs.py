@@ -12,9 +12,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from utils.boxes import label_rows, xyxy2xywh
+from utils.boxes import label_rows, xywh2xyxy, xyxy2xywh
 from utils.data.coco_json import CocoIds
 from utils.log import LOGGER
+from utils.predictions import OutputContract
 
 # COCO's 80 training classes -> the 91 category ids of its annotation files.
 COCO80_TO_91 = (
@@ -44,20 +45,29 @@ def json_rows(path: str, det: torch.Tensor, is_coco: bool, coco_ids: CocoIds | N
     return rows
 
 
-def with_label_boxes(preds: torch.Tensor, targets: torch.Tensor, img_hw: Sequence[int]) -> torch.Tensor:
-    """--save-hybrid: each image's labels appended to its predictions (b, n, 5 + nc) as boxes of confidence 1, so
-    NMS keeps every label and the predictions that overlap none (YOLOv5's hybrid auto-labelling).
+def with_label_boxes(preds: torch.Tensor, targets: torch.Tensor, img_hw: Sequence[int],
+                     contract: OutputContract) -> torch.Tensor:
+    """--save-hybrid: each image's labels appended to its predictions (b, n, contract columns) as rows of
+    confidence 1 in the contract's layout, so post-processing keeps every label and the predictions that overlap
+    none (YOLOv5's hybrid auto-labelling).
 
     ``targets`` (m, 6) [image, class, cx, cy, w, h] normalised to the batch's ``img_hw``; rows that pad an image
-    with fewer labels have zero confidence, so NMS drops them."""
+    with fewer labels have zero confidence, so post-processing drops them."""
     b, _, width = preds.shape
     per_image = [targets[targets[:, 0] == i, 1:] for i in range(b)]
     extra = preds.new_zeros(b, max((len(t) for t in per_image), default=0), width)
     scale = torch.tensor([img_hw[1], img_hw[0], img_hw[1], img_hw[0]], device=preds.device, dtype=preds.dtype)
+    first_class = 5 if contract.layout == "xywh_obj_cls" else 4
     for i, labels in enumerate(per_image):
-        extra[i, : len(labels), :4] = labels[:, 1:5].to(preds) * scale
-        extra[i, : len(labels), 4] = 1.0
-        extra[i, torch.arange(len(labels), device=preds.device), 5 + labels[:, 0].long().to(preds.device)] = 1.0
+        rows, boxes = extra[i, : len(labels)], labels[:, 1:5].to(preds) * scale
+        classes = labels[:, 0].long().to(preds.device)
+        if contract.end_to_end:  # final rows: x1, y1, x2, y2, score, class
+            rows[:, :4], rows[:, 4], rows[:, 5] = xywh2xyxy(boxes), 1.0, classes.to(preds.dtype)
+            continue
+        rows[:, :4] = boxes
+        if first_class == 5:
+            rows[:, 4] = 1.0  # objectness
+        rows[torch.arange(len(labels), device=preds.device), first_class + classes] = 1.0
     return torch.cat((preds, extra), 1)
 
 

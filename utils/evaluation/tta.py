@@ -4,6 +4,10 @@ The batch is run at scales 1, 0.83 (flipped left-right) and 0.67 of its size; ea
 the input's frame (de-scaled, un-flipped) and the passes are concatenated before NMS. Like the reference, the
 scale-1 pass drops its coarsest level (the largest boxes: the smaller passes see those better) and the 0.67 pass
 its finest (the smallest boxes, which it resolves worst).
+
+It applies to outputs whose rows go through NMS (``xywh_*`` layouts: YOLOv5, YOLOv8, YOLO11), where the passes'
+rows can be merged before it; an end-to-end head's final rows (YOLO26) cannot be merged, and --augment is refused
+for them with one line.
 """
 
 from __future__ import annotations
@@ -15,9 +19,16 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
+from utils.errors import UserError
+from utils.predictions import OutputContract
+
 SCALES = (1.0, 0.83, 0.67)
 FLIPS = (False, True, False)  # left-right flip of each pass
 PAD_VALUE = 0.447  # the grey the reference pads scaled images with (the ImageNet mean, in [0, 1])
+
+
+class AugmentError(UserError, ValueError):
+    """--augment for a model whose output it cannot merge; one line."""
 
 
 @dataclass(frozen=True)
@@ -33,10 +44,13 @@ class DetectLayout:
 
 
 def layout_of(model: object) -> DetectLayout:
-    """The layout of our Model (its Detect head), or of anything with ``strides`` and ``num_anchors`` (backends)."""
-    detect = getattr(model, "detect", None)
-    if detect is not None:
-        return DetectLayout(tuple(float(s) for s in detect.stride.tolist()), int(detect.na))
+    """The layout of our Model (from its head's export metadata: strides, and anchors per cell where the head has
+    anchors, else one row per cell), or of anything with ``strides`` and ``num_anchors`` (backends)."""
+    head = getattr(model, "head", None)
+    if head is not None:
+        meta = head.export_metadata()
+        anchors = meta.get("anchors") or [[None]]
+        return DetectLayout(tuple(float(s) for s in meta["stride"]), len(anchors[0]))
     return DetectLayout(tuple(float(s) for s in model.strides), int(model.num_anchors))
 
 
@@ -72,8 +86,12 @@ def _drop_levels(pred: torch.Tensor, layout: DetectLayout, shape: Sequence[int],
 
 
 def augmented_forward(predict: Callable[[torch.Tensor], torch.Tensor], images: torch.Tensor,
-                      layout: DetectLayout) -> torch.Tensor:
-    """Decoded predictions (b, n', 5 + nc) of the three passes, boxes in the pixels of ``images`` (b, 3, h, w)."""
+                      layout: DetectLayout, contract: OutputContract | None = None) -> torch.Tensor:
+    """Decoded predictions (b, n', contract columns) of the three passes, boxes in the pixels of ``images``
+    (b, 3, h, w); AugmentError for an end-to-end ``contract`` (final rows: nothing to merge)."""
+    if contract is not None and contract.end_to_end:
+        raise AugmentError(f"--augment merges the rows of three passes before NMS; this model's rows are final "
+                           f"({contract.layout}, no NMS): drop --augment")
     height, width = images.shape[2:]
     stride = int(max(layout.strides))
     outputs = []

@@ -4,14 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from utils.hooks import HookBase, StepInfo
+from utils.hooks import HookBase, StepInfo, TrainerView
 from utils.loggers.background import BackgroundTasks
 from utils.plots.figures import plot_images
-
-if TYPE_CHECKING:  # annotations only: training is a higher layer
-    from utils.training.loop import Trainer
 
 
 class TrainBatchPlots(HookBase):
@@ -22,10 +18,10 @@ class TrainBatchPlots(HookBase):
         self.background, self.save_dir, self.names, self.count = background, Path(save_dir), list(names), count
         self.first_epoch: int | None = None
 
-    def before_train(self, trainer: Trainer) -> None:
+    def before_train(self, trainer: TrainerView) -> None:
         self.first_epoch = None if trainer.state.samples_seen else trainer.state.epoch  # not a resumed epoch
 
-    def after_step(self, trainer: Trainer, step: StepInfo) -> None:
+    def after_step(self, trainer: TrainerView, step: StepInfo) -> None:
         if step.epoch == self.first_epoch and step.batch < self.count:
             self.background.submit(plot_images, step.imgs.detach().cpu().clone(), step.targets.detach().cpu().clone(),
                                    step.paths, self.save_dir / f"train_batch{step.batch}.jpg", self.names)

@@ -1,4 +1,6 @@
 """results.csv: one row per epoch (losses, validation metrics, learning rates), as a logger hook (``--loggers csv``).
+The loss columns are the loss's own terms (``train/<name>_loss``: box, obj, cls for YOLOv5; box, cls, dfl for the
+anchor-free families), so a family brings its columns without a change here.
 
 A row is flushed as soon as its epoch ends, so a killed run keeps every finished epoch; a resumed run first drops
 the rows of the epochs it is about to train again (written after its checkpoint, before the crash).
@@ -7,23 +9,18 @@ the rows of the epochs it is about to train again (written after its checkpoint,
 from __future__ import annotations
 
 import csv
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from utils.hooks import LOGGER_PRIORITY, HookBase
+from utils.hooks import LOGGER_PRIORITY, HookBase, TrainerView
 from utils.log import LOGGER
 from utils.loggers.registry import LoggerContext
 
-if TYPE_CHECKING:  # annotations only: training is a higher layer
-    from utils.training.loop import Trainer
 
-LOSS_NAMES = ("box", "obj", "cls")
-
-
-def results_columns(num_lrs: int = 3) -> list[str]:
-    """results.csv header: epoch, train losses, validation metrics, learning rates."""
-    return ["epoch", *(f"train/{n}_loss" for n in LOSS_NAMES), "metrics/precision", "metrics/recall",
+def results_columns(loss_names: Sequence[str], num_lrs: int = 3) -> list[str]:
+    """results.csv header: epoch, the train losses by term (``train/<name>_loss``), validation metrics, learning
+    rates."""
+    return ["epoch", *(f"train/{n}_loss" for n in loss_names), "metrics/precision", "metrics/recall",
             "metrics/mAP_0.5", "metrics/mAP_0.5:0.95", *(f"x/lr{i}" for i in range(num_lrs))]
 
 
@@ -61,7 +58,7 @@ class ResultsCsvLogger(HookBase):
     def __init__(self, context: LoggerContext) -> None:
         self.path = Path(context.save_dir) / "results.csv"
 
-    def before_train(self, trainer: Trainer) -> None:
+    def before_train(self, trainer: TrainerView) -> None:
         """On resume: drop the rows of the epochs the run trains again, so none is repeated."""
         if trainer.state.resumed:
             dropped = drop_rows_from(self.path, trainer.state.epoch)
@@ -69,5 +66,5 @@ class ResultsCsvLogger(HookBase):
                 LOGGER.info(f"results.csv: dropped {dropped} rows of epochs from {trainer.state.epoch} on, "
                             "written after the checkpoint this run resumes")
 
-    def after_epoch(self, trainer: Trainer, epoch: int, metrics: dict[str, float]) -> None:
+    def after_epoch(self, trainer: TrainerView, epoch: int, metrics: dict[str, float]) -> None:
         append_row(self.path, epoch, metrics)

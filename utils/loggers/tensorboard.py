@@ -7,14 +7,11 @@ import logging
 import sys
 import types
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from utils.hooks import LOGGER_PRIORITY, HookBase
+from utils.hooks import LOGGER_PRIORITY, HookBase, TrainerView
 from utils.log import LOGGER, colorstr
 from utils.loggers.registry import LoggerContext
-
-if TYPE_CHECKING:  # annotations only: training is a higher layer
-    from utils.training.loop import Trainer
 
 
 class TensorBoardLogger(HookBase):
@@ -26,7 +23,7 @@ class TensorBoardLogger(HookBase):
         self.log_dir = Path(context.save_dir)
         self.writer: Any = None
 
-    def before_train(self, trainer: Trainer) -> None:
+    def before_train(self, trainer: TrainerView) -> None:
         self.open()
 
     def open(self) -> None:
@@ -40,13 +37,13 @@ class TensorBoardLogger(HookBase):
         LOGGER.info(f"{colorstr('tensorboard: ')}Start with 'tensorboard --logdir {self.log_dir.parent}', "
                     "view at http://localhost:6006/")
 
-    def after_epoch(self, trainer: Trainer, epoch: int, metrics: dict[str, float]) -> None:
+    def after_epoch(self, trainer: TrainerView, epoch: int, metrics: dict[str, float]) -> None:
         if self.writer is not None:
             for key, value in metrics.items():
                 self.writer.add_scalar(key, value, epoch)
             self.writer.flush()
 
-    def close(self, trainer: Trainer, cancelled: bool) -> None:
+    def close(self, trainer: TrainerView, cancelled: bool) -> None:
         if self.writer is not None:
             self.writer.close()
             self.writer = None

@@ -18,22 +18,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import cv2
 import numpy as np
 import torch
 
-from utils.boxes import non_max_suppression
 from utils.distributed import comm as dist
-from utils.hooks import LOGGER_PRIORITY, HookBase
+from utils.evaluation.evaluate import model_contract
+from utils.hooks import LOGGER_PRIORITY, HookBase, TrainerView
 from utils.log import LOGGER, colorstr
 from utils.loggers.registry import LoggerContext, LoggerError
 from utils.loggers.tracker_queue import CANCELLED_FLUSH_S, FLUSH_S, TrackerQueue
 from utils.plots.annotate import draw_detections
-
-if TYPE_CHECKING:
-    from utils.training.engine import Trainer
+from utils.predictions import postprocess
 
 INSTALL_HINT = "pip install -r requirements-trackers.txt"
 START_WAIT_S = 10.0  # the first checkpoint waits this long at most for a tracker's run id
@@ -146,7 +144,7 @@ class TrackerHook(HookBase):
         self.resume_id = str(state["run_id"]) if state.get("run_id") else None
 
     # -- events
-    def before_train(self, trainer: Trainer) -> None:
+    def before_train(self, trainer: TrainerView) -> None:
         self.queue.submit(self.start_run)
         if self.resume_id is None:  # a continued run keeps the parameters it was started with
             self.queue.submit(self.tracker.log_params, run_parameters(trainer))
@@ -162,7 +160,7 @@ class TrackerHook(HookBase):
         verb = "continuing" if self.resume_id == self.run_id else "logging to"
         LOGGER.info(f"{colorstr(self.tracker.name + ': ')}{verb} run {self.run_id}")
 
-    def after_epoch(self, trainer: Trainer, epoch: int, metrics: dict[str, float]) -> None:
+    def after_epoch(self, trainer: TrainerView, epoch: int, metrics: dict[str, float]) -> None:
         self.last_metrics = {k: float(v) for k, v in metrics.items()}
         self.queue.submit(self.tracker.log_metrics, dict(self.last_metrics), epoch)
         if (epoch + 1) % self.bbox_interval == 0 and not self.queue.failed:
@@ -172,14 +170,14 @@ class TrackerHook(HookBase):
         if self.save_period > 0 and (epoch + 1) % self.save_period == 0 and last.exists():
             self.queue.submit(self.tracker.log_files, [last], "weights", "model")
 
-    def after_train(self, trainer: Trainer) -> None:
+    def after_train(self, trainer: TrainerView) -> None:
         if self.last_metrics:
             self.queue.submit(self.tracker.log_summary, dict(self.last_metrics))
         best = self.run.save_dir / "weights" / "best.pt"
         if best.exists():
             self.queue.submit(self.tracker.log_files, [best], "weights", "model")
 
-    def close(self, trainer: Trainer, cancelled: bool) -> None:
+    def close(self, trainer: TrainerView, cancelled: bool) -> None:
         """End the run: this run's trackers all finish side by side (see TrackerGroup)."""
         self.group.close(trainer, cancelled)
 
@@ -211,7 +209,7 @@ class TrackerGroup:
         """The seconds the trackers get together: ``--tracker-timeout``, at most CANCELLED_FLUSH_S after a stop."""
         return min(self.timeout_s, CANCELLED_FLUSH_S) if cancelled else self.timeout_s
 
-    def close(self, trainer: Trainer, cancelled: bool) -> None:
+    def close(self, trainer: TrainerView, cancelled: bool) -> None:
         """End every tracker not yet closed: the plots that exist (after the background plotting finished)."""
         open_hooks = [hook for hook in self.hooks if not hook.closed]
         if not open_hooks:
@@ -229,7 +227,7 @@ class TrackerGroup:
             hook.queue.wait(deadline, timeout_s)
 
 
-def run_parameters(trainer: Trainer) -> dict[str, Any]:
+def run_parameters(trainer: TrainerView) -> dict[str, Any]:
     """Options, hyperparameters (``hyp/<name>``), the model summary and the environment, as plain values."""
     model = trainer.model_without_ddp
     options = run_options(trainer)
@@ -258,7 +256,7 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-def dataset_files(trainer: Trainer, which: bool | str) -> tuple[list[Path], str, str]:
+def dataset_files(trainer: TrainerView, which: bool | str) -> tuple[list[Path], str, str]:
     """--upload_dataset: the images and label files of train and val (``val``: only val's)."""
     loaders = [("val", trainer.val_loader)] if which == "val" else [("train", trainer.train_loader),
                                                                      ("val", trainer.val_loader)]
@@ -281,9 +279,11 @@ def file_folder(path: Path, folder: str, kind: str) -> str:
 
 
 @torch.no_grad()
-def draw_predictions(trainer: Trainer, folder: Path, count: int = VAL_IMAGES) -> list[Path]:
-    """The EMA model's boxes on the first ``count`` validation images, drawn and written to ``folder``."""
-    model = trainer.ema.ema
+def draw_predictions(trainer: TrainerView, folder: Path, count: int = VAL_IMAGES) -> list[Path]:
+    """The EMA model's boxes on the first ``count`` validation images (post-processed as its head's contract says),
+    drawn and written to ``folder``."""
+    model = trainer.ema_model
+    contract = model_contract(model)
     dataset = trainer.val_loader.dataset
     parameter = next(model.parameters())
     folder.mkdir(parents=True, exist_ok=True)
@@ -294,7 +294,7 @@ def draw_predictions(trainer: Trainer, folder: Path, count: int = VAL_IMAGES) ->
         for index in range(min(count, len(dataset))):
             img, _, path, _ = dataset[index]
             batch = img.to(parameter.device, parameter.dtype).unsqueeze(0) / 255
-            det = non_max_suppression(model(batch), conf_thres=0.001, iou_thres=0.6, max_det=30)[0].float().cpu()
+            det = postprocess(model(batch).float(), contract, conf_thres=0.001, iou_thres=0.6, max_det=30)[0].cpu()
             bgr = np.ascontiguousarray(img.numpy().transpose(1, 2, 0)[:, :, ::-1])
             draw_detections(bgr, det[:, :4].numpy(), det[:, 5].numpy(), det[:, 4].numpy(), trainer.names,
                             line_thickness=1)

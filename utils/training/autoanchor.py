@@ -143,7 +143,7 @@ def check_anchors(dataset: YoloDataset, model: torch.nn.Module, thr: float = 4.0
     Rank 0 decides and the result is broadcast, so every rank ends with identical anchors.
     All ranks must call it.
     """
-    detect = model.detect
+    detect = model.head  # an anchor-based head (the builder calls this only for those)
     current = detect.anchors.detach().cpu().view(-1, 2)  # pixels, P3 first
     new = _new_anchors(dataset, current, thr, img_size) if dist.is_main_process() else None
     new = dist.broadcast_object(None if new is None else new.tolist())

@@ -1,6 +1,8 @@
-"""One way to build a training run: ``prepare_run`` (run folder, checkpoint to resume, hyperparameters) and
-``build_trainer`` (data, model, optimizer, EMA, DDP wrapper, hooks, the resumed state), used alike by train.py,
-the benchmarks and the tests.
+"""One way to build a training run: ``prepare_run`` (run folder, checkpoint to resume, the model's family and its
+hyperparameters) and ``build_trainer`` (data, model, the family's loss, optimizer, EMA, DDP wrapper, hooks, the
+resumed state), used alike by train.py, the benchmarks and the tests. The model's head names its family
+(utils/training/families.py), which brings the loss, the default hyperparameters and the keys they must hold;
+anchors (autoanchor) exist only for anchor-based heads.
 
 Nothing is written into the run folder (opt.yaml, hyp.yaml, results.csv, events, plots) before the checkpoint a
 run resumes is read and restored: a resume that cannot work leaves the folder as it was.
@@ -27,7 +29,7 @@ from utils.distributed import comm as dist
 from utils.distributed.signals import GracefulStop
 from utils.errors import UserError
 from utils.hooks import HookBase, Hooks
-from utils.hyp import default_hyp_file, load_hyp
+from utils.hyp import load_hyp
 from utils.log import LOGGER, colorstr
 from utils.loggers.background import BackgroundTasks
 from utils.loggers.batch_plots import TrainBatchPlots
@@ -35,20 +37,23 @@ from utils.loggers.registry import LoggerContext, build_loggers
 from utils.plots.figures import plot_labels
 from utils.training.amp import decide_amp
 from utils.training.autoanchor import check_anchors
-from utils.training.checkpointer import Checkpointer, SaveInterval, reload_last_good, restore_training_state
+from utils.training.checkpointer import Checkpointer, SaveInterval
 from utils.training.config import RunConfig
 from utils.training.early_stop import EarlyStopping
-from utils.training.engine import NonFiniteGuard, train_memory_format
+from utils.training.engine import NonFiniteReload, train_memory_format
+from utils.training.families import Family, get_family
 from utils.training.fingerprint import fingerprint
 from utils.training.loop import Trainer
-from utils.training.loss import ComputeLoss
 from utils.training.optim import (
+    AUTO,
     OPTIMIZERS,
     LRSchedule,
     ModelEMA,
+    OptimizerChoice,
     WeightUpdater,
     accumulate_steps,
     build_optimizer,
+    choose_optimizer,
     describe_groups,
     freeze_layers,
     scaled_weight_decay,
@@ -79,10 +84,11 @@ class TrainData:
 
 
 def prepare_run(config: RunConfig, defaults: RunConfig) -> tuple[RunConfig, dict]:
-    """Run folder and checkpoint to resume (decided once on rank 0), then the hyps and optimizer. A resumed run
-    (--resume, an elastic restart, a requeued Slurm job) takes the checkpoint's options and hyps, except the
-    runtime flags given on the command line (``defaults``: the parser's, to tell them). All ranks must call it."""
-    hyp = None
+    """Run folder and checkpoint to resume (decided once on rank 0), then the model's family, its hyps and the
+    optimizer. A resumed run (--resume, an elastic restart, a requeued Slurm job) takes the checkpoint's options
+    and hyps, except the runtime flags given on the command line (``defaults``: the parser's, to tell them). All
+    ranks must call it."""
+    hyp, ckpt = None, None
     if not config.evolve:
         plan = plan_run(config)
         if plan.resume_from:
@@ -93,12 +99,26 @@ def prepare_run(config: RunConfig, defaults: RunConfig) -> tuple[RunConfig, dict
             LOGGER.info(f"Resuming ({plan.reason}) from {path}")
         config = config.replace(save_dir=str(plan.save_dir))
     dist.batch_per_rank(config.batch_size)
-    config = config.replace(hyp=config.hyp or str(default_hyp_file(config.data)))
-    hyp = load_hyp(hyp or config.hyp)
-    config = config.replace(optimizer=config.optimizer or str(hyp.get("optimizer", "SGD")))
-    if config.optimizer not in OPTIMIZERS:
-        raise TrainError(f"optimizer {config.optimizer!r} (from {config.hyp}) is not one of {', '.join(OPTIMIZERS)}")
+    family = model_family(config, ckpt)
+    config = config.replace(hyp=config.hyp or str(family.default_hyp_file(config.data)))
+    hyp = load_hyp(hyp or config.hyp, family.required_hyp, family.name)
+    config = config.replace(optimizer=config.optimizer if config.optimizer not in ("", AUTO) else
+                            str(hyp.get("optimizer", AUTO)))
+    if config.optimizer not in (AUTO, *OPTIMIZERS):
+        raise TrainError(f"optimizer {config.optimizer!r} (from {config.hyp}) is not one of "
+                         f"{', '.join((AUTO, *OPTIMIZERS))}")
     return config, hyp
+
+
+def model_family(config: RunConfig, ckpt: dict | None = None) -> Family:
+    """The family of the model a run trains, as its head names it: --cfg's, else the checkpoint's record (a
+    checkpoint from before families were recorded: YOLOv5), else the default model's. All ranks must call it
+    (rank 0 reads --weights and shares it)."""
+    if not config.cfg and ckpt is None and config.weights:
+        ckpt = shared_checkpoint([config.weights], trusted=config.trust_weights)[1]
+    if not config.cfg and ckpt is not None:
+        return get_family(str(ckpt.get("family") or "yolov5"))
+    return get_family(Model(config.cfg or DEFAULT_CFG).head.family)
 
 
 def build_trainer(config: RunConfig, hyp: dict, device: torch.device, hooks: Sequence[HookBase] = (),
@@ -112,41 +132,62 @@ def build_trainer(config: RunConfig, hyp: dict, device: torch.device, hooks: Seq
     data_cfg = load_data_config(config.data) if data is None else None
     names = data.names if data is not None else ["item"] if config.single_cls else list(data_cfg.names)
     model, ckpt = build_model(config, len(names), names, device)
+    family = get_family(model.head.family)
+    hyp = load_hyp(hyp, family.required_hyp, family.name)
     grid = max(int(model.stride.max()), 32)
     config = round_img_size(config, grid)
-    save_dir = Path(config.save_dir)
     reserved = torch.get_num_threads() if device.type == "cpu" else 0  # the cores the CPU training threads need
     data = data or load_train_data(config, hyp, data_cfg, grid, len(names), reserved)
-    if not config.noautoanchor and not config.resume and data.dataset is not None:
+    if model.head.anchor_based and not config.noautoanchor and not config.resume and data.dataset is not None:
         check_anchors(data.dataset, model, thr=hyp["anchor_t"], img_size=config.img_size)  # rank 0 decides
     dist.check_agreement(fingerprint(model, config.options(), hyp, data.dataset))
     amp = decide_amp(model, device, config.amp)
     ema = ModelEMA(model)
-    updater = build_updater(model, config, hyp, len(data.train_loader), ema, scaler=amp and device.type == "cuda")
+    choice = choose_optimizer(config.optimizer, hyp, len(names), train_images(data, config.batch_size),
+                              config.batch_size, config.epochs)
+    updater = build_updater(model, config, choice, len(data.train_loader), ema, scaler=amp and device.type == "cuda")
     model = updater.model = dist.wrap_ddp(model, device, config.sync_bn)
     model = compile_model(model, config)  # the forward only: the updater keeps the DDP module for no_sync
+    loss = family.loss(unwrap(model), {**hyp, "img_size": config.img_size, "label_smoothing": config.label_smoothing})
+    trainer = new_trainer(config, choice.hyp, device, model, updater, ema, family, loss, data, amp, grid)
+    trainer.hooks = Hooks([NonFiniteReload(trainer.reload_last_good),
+                           Checkpointer(trainer.save_checkpoint, trainer.save_interval),
+                           *run_hooks(config, names, trainer.background, trainer.plots), *hooks])
+    if config.resume and ckpt is not None:
+        trainer.restore(ckpt)
+    write_run_files(config, choice.hyp)  # only now: the resumed state is known good
+    if trainer.plots and data.dataset is not None:
+        trainer.background.submit(plot_labels, data.dataset.labels, names, trainer.save_dir)
+    return trainer
+
+
+def new_trainer(config: RunConfig, hyp: dict, device: torch.device, model: nn.Module, updater: WeightUpdater,
+                ema: ModelEMA, family: Family, loss: Any, data: TrainData, amp: bool, grid: int) -> Trainer:
+    """The Trainer of these parts, with the decisions taken once for this process (the main process shows the
+    progress, plots and writes the checkpoints); its hooks are added by build_trainer."""
     main_process = dist.is_main_process()
-    plots, background = main_process and not config.noplots, BackgroundTasks(main_process)
-    interval = SaveInterval(config.save_interval_steps, config.save_interval_minutes)
-    builtin = [Checkpointer(enabled=main_process, interval=interval),
-               *build_loggers(config.loggers, LoggerContext(save_dir, config.options(), enabled=main_process)),
-               *([TrainBatchPlots(background, save_dir, names)] if plots else [])]
     position = TrainPosition(batch_size=config.batch_size, world_size=dist.get_world_size(),
                              accumulate=updater.schedule.accumulate)
-    trainer = Trainer(config=config, hyp=hyp, device=device, save_dir=save_dir, model=model, updater=updater,
-                      ema=ema, compute_loss=ComputeLoss(unwrap(model), hyp, config.img_size, config.label_smoothing),
-                      train_loader=data.train_loader, val_loader=data.val_loader, names=names,
-                      hooks=Hooks([*builtin, *hooks]), state=TrainState(position, maps=np.zeros(len(names))), amp=amp,
-                      stopper=EarlyStopping(config.patience), stop=GracefulStop(), save_interval=interval,
-                      background=background, grid=grid, is_coco=data.is_coco, show_progress=main_process,
-                      plots=plots)
-    trainer.guard = NonFiniteGuard(lambda in_a_row: reload_last_good(trainer, in_a_row))
-    if config.resume and ckpt is not None:
-        restore_training_state(trainer, ckpt)
-    write_run_files(config, hyp)  # only now: the resumed state is known good
-    if plots and data.dataset is not None:
-        background.submit(plot_labels, data.dataset.labels, names, save_dir)
-    return trainer
+    return Trainer(config=config, hyp=hyp, device=device, save_dir=Path(config.save_dir), model=model,
+                   updater=updater, ema=ema, family=family, compute_loss=loss, loss_names=tuple(loss.names),
+                   loss=loss, train_loader=data.train_loader, val_loader=data.val_loader, names=data.names,
+                   hooks=Hooks(), state=TrainState(position, maps=np.zeros(len(data.names))), amp=amp,
+                   stopper=EarlyStopping(config.patience), stop=GracefulStop(),
+                   save_interval=SaveInterval(config.save_interval_steps, config.save_interval_minutes),
+                   background=BackgroundTasks(main_process), grid=grid, is_coco=data.is_coco,
+                   show_progress=main_process, plots=main_process and not config.noplots, saves=main_process)
+
+
+def run_hooks(config: RunConfig, names: list[str], background: BackgroundTasks, plots: bool) -> list[HookBase]:
+    """The loggers of --loggers (on the main process) and the training-batch plots."""
+    save_dir, main_process = Path(config.save_dir), dist.is_main_process()
+    loggers = build_loggers(config.loggers, LoggerContext(save_dir, config.options(), enabled=main_process))
+    return [*loggers, *([TrainBatchPlots(background, save_dir, names)] if plots else [])]
+
+
+def train_images(data: TrainData, batch_size: int) -> int:
+    """How many images an epoch trains on (the batches' count times the batch for fixed batches given in code)."""
+    return len(data.dataset) if data.dataset is not None else len(data.train_loader) * batch_size
 
 
 def round_img_size(config: RunConfig, grid: int) -> RunConfig:
@@ -182,12 +223,14 @@ def build_model(config: RunConfig, nc: int, names: list[str], device: torch.devi
     model = Model(config.cfg or (ckpt["model_yaml"] if ckpt else DEFAULT_CFG), nc=nc)
     model.names = list(names)
     if ckpt is not None:
-        skip_anchors = bool(config.cfg) and not config.resume  # a given --cfg brings its own anchors
+        skip_anchors = bool(config.cfg) and not config.resume  # a given --cfg brings its own anchors (if any)
         own = model.state_dict()
         matched = {k: v for k, v in ckpt["model"].items()
                    if k in own and v.shape == own[k].shape and not (skip_anchors and "anchors" in k)}
         model.load_state_dict(matched, strict=False)
-        model.detect.clear_grid_cache()
+        clear = getattr(model.head, "clear_grid_cache", None)  # decode caches built from the old tensors
+        if callable(clear):
+            clear()
         LOGGER.info(f"Transferred {len(matched)}/{len(own)} items from {config.weights}")
     freeze_layers(model, list(config.freeze))
     return model.to(device, memory_format=train_memory_format(device, config.channels_last)), ckpt
@@ -215,15 +258,17 @@ def load_train_data(config: RunConfig, hyp: dict, data_cfg: Any, grid: int, nc: 
     return TrainData(train_loader, val_loader, train_set, names, is_coco=bool(data_cfg.is_coco))
 
 
-def build_updater(model: Model, config: RunConfig, hyp: dict, batches_per_epoch: int, ema: ModelEMA,
-                  scaler: bool) -> WeightUpdater:
-    """Optimizer with decay scaled to the nominal batch, LR schedule with warmup, EMA, and the gradient scaler
-    with ``scaler`` (float16 needs it; bfloat16 has float32's range)."""
+def build_updater(model: Model, config: RunConfig, choice: OptimizerChoice, batches_per_epoch: int,
+                  ema: ModelEMA, scaler: bool) -> WeightUpdater:
+    """Optimizer (``choice``: --optimizer as chosen for this run) with decay scaled to the nominal batch, LR
+    schedule with warmup, EMA, and the gradient scaler with ``scaler`` (float16 needs it; bfloat16 has float32's
+    range)."""
+    hyp = choice.hyp
     accumulate = accumulate_steps(config.batch_size)
     decay = scaled_weight_decay(hyp["weight_decay"], config.batch_size, accumulate)
-    optimizer = build_optimizer(model, config.optimizer or "SGD", hyp["lr0"], hyp["momentum"], decay)
-    LOGGER.info(f"{colorstr('optimizer:')} {describe_groups(optimizer)}; accumulate {accumulate} batches, "
-                f"weight_decay {decay:g}")
+    optimizer = build_optimizer(model, choice.name, hyp["lr0"], hyp["momentum"], decay)
+    LOGGER.info(f"{colorstr('optimizer:')} {choice.reason}{describe_groups(optimizer)}; accumulate {accumulate} "
+                f"batches, weight_decay {decay:g}")
     schedule = LRSchedule(hyp, config.epochs, batches_per_epoch, cosine=config.cos_lr, accumulate=accumulate)
     return WeightUpdater(model, optimizer, schedule, ema=ema, amp=scaler)
 

@@ -43,7 +43,7 @@ class RunConfig:
     compile: bool = False
     multi_scale: bool = False
     single_cls: bool = False
-    optimizer: str = ""
+    optimizer: str = "auto"  # utils.training.optim.AUTO
     sync_bn: bool = False
     workers: int = 8
     project: str = "runs/train"

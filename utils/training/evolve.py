@@ -1,9 +1,10 @@
 """Hyperparameter evolution (``train.py --evolve N``): short runs whose hyperparameters are mutated from the
-fittest so far, a genetic search over the gains, learning rates and augmentation strengths."""
+fittest so far, a genetic search over the gains, learning rates and augmentation strengths. The bounds are
+YOLOv5's, with the model family's own where its gains differ (utils/training/families.py ``evolve_bounds``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ import yaml
 from utils.distributed import comm as dist
 from utils.log import LOGGER
 from utils.paths import increment_path
+from utils.training.builder import model_family
 from utils.training.config import RunConfig
 from utils.training.fitness import fitness
 from utils.weights.checkpoint import to_plain
@@ -29,22 +31,24 @@ EVOLVE_BOUNDS = {
 
 
 def mutate(base: dict, history: list[tuple[float, dict]], rng: np.random.Generator,
-           probability: float = 0.8, sigma: float = 0.2) -> dict:
-    """A new hyp: a parent picked among the 5 fittest (fitness-weighted), each gene scaled by ~N(1, sigma)."""
+           probability: float = 0.8, sigma: float = 0.2,
+           bounds: Mapping[str, tuple[float, float, float]] = EVOLVE_BOUNDS) -> dict:
+    """A new hyp: a parent picked among the 5 fittest (fitness-weighted), each gene scaled by ~N(1, sigma) and kept
+    within ``bounds`` (key -> (mutation gain, low, high))."""
     if not history:
         return dict(base)
     top = sorted(history, key=lambda h: h[0], reverse=True)[:5]
     weights = np.array([f for f, _ in top]) - min(f for f, _ in top) + 1e-6
     parent = top[rng.choice(len(top), p=weights / weights.sum())][1]
-    keys = [k for k in EVOLVE_BOUNDS if k in parent]
-    gains = np.array([EVOLVE_BOUNDS[k][0] for k in keys], dtype=float)
+    keys = [k for k in bounds if k in parent]
+    gains = np.array([bounds[k][0] for k in keys], dtype=float)
     factors = np.ones(len(keys))
     while len(keys) and np.all(factors == 1):  # mutate until something changes
         mask = rng.random(len(keys)) < probability
         factors = (gains * mask * rng.standard_normal(len(keys)) * rng.random() * sigma + 1).clip(0.3, 3.0)
     child = dict(parent)
     for key, factor in zip(keys, factors):
-        low, high = EVOLVE_BOUNDS[key][1:]
+        low, high = bounds[key][1:]
         child[key] = round(float(np.clip(parent[key] * factor, low, high)), 5)
     return child
 
@@ -54,11 +58,12 @@ def evolve(base_hyp: dict, config: RunConfig, device: torch.device,
     """--evolve N: N short ``train`` runs (final-epoch validation only, final checkpoint only), each with hyps
     mutated from the fittest so far; writes evolve.csv and hyp_evolve.yaml (the best). All ranks must call it."""
     config = config.replace(noval=True, nosave=True)
+    bounds = {**EVOLVE_BOUNDS, **model_family(config).evolve_bounds}
     evolve_dir = dist.main_decides(lambda: increment_path(Path(config.project) / f"{config.name}-evolve",
                                                           exist_ok=config.exist_ok, mkdir=True))
     rng, history = np.random.default_rng(config.seed), []
     for generation in range(config.evolve):
-        hyp = dist.main_decides(lambda: mutate(base_hyp, history, rng))
+        hyp = dist.main_decides(lambda: mutate(base_hyp, history, rng, bounds=bounds))
         metrics = train(hyp, config.replace(save_dir=str(evolve_dir / f"gen{generation}")), device)
         history.append((fitness(list(metrics.values())), hyp))
         if dist.is_main_process():

@@ -1,5 +1,6 @@
 """What every rank must agree on before training, so that no replica silently trains something else: the
-model, anchors, hyperparameters, the data's content, the options that change the result, and the code itself.
+model, its anchors (anchor-based heads only), hyperparameters, the data's content, the options that change the
+result, and the code itself.
 
 What may differ per machine is left out: where the data and the run folder live, the number of workers, the
 device string, the weights path (rank 0 reads it), hooks. Any other option naming a file (``--hyp``, ``--cfg``) is
@@ -43,8 +44,10 @@ def fingerprint(model: torch.nn.Module, options: Mapping[str, Any], hyp: dict, d
     3 vs 5). ``dataset`` None: fixed batches given in code (benchmarks, tests), no data to compare."""
     data = [] if dataset is None else [len(dataset), [Path(f).name for f in dataset.im_files],
                                        [round(float(np.asarray(lb).sum()), 3) for lb in dataset.labels]]
+    head = model.head
     fields = {"code": code_digest(), "model parameters": sum(p.numel() for p in model.parameters()),
-              "model config": digest(model.yaml), "anchors": digest(model.detect.anchors.tolist()),
+              "model config": digest(model.yaml),
+              **({"anchors": digest(head.anchors.tolist())} if head.anchor_based else {}),  # autoanchor changes them
               "data content": digest(data), "hyperparameters": digest(hyp)}
     options = {f"--{k.replace('_', '-')}": by_content(to_plain(v)) for k, v in sorted(options.items())
                if k not in PER_MACHINE}

@@ -1,4 +1,5 @@
-"""The YOLOv5 training loss: CIoU box loss, objectness BCE with IoU targets, class BCE.
+"""The YOLOv5 family's training loss: CIoU box loss, objectness BCE with IoU targets, class BCE; its terms are
+named ("box", "obj", "cls") for the logs (the LossFn interface of utils/training/families.py).
 
 Targets are matched to anchors whose width/height ratio to the box is under ``anchor_t``; each
 target is assigned to its own grid cell and the two neighbouring cells its centre is closest to
@@ -12,7 +13,6 @@ from dataclasses import dataclass, fields
 import torch
 import torch.nn as nn
 
-from models.yolo import Model
 from utils.boxes import bbox_iou
 
 # Per-level weight of the objectness loss: small objects (P3) count more; P3-P7 for 5-level heads.
@@ -74,15 +74,17 @@ class FocalLoss(nn.Module):
 
 
 class ComputeLoss:
-    """``loss(preds, targets) -> (total * batch_size, items (box, obj, cls) detached)``.
+    """``loss(preds, targets) -> (total * batch_size, items (box, obj, cls) detached)``, the terms named by ``names``.
 
     ``preds`` is the training-mode output (a list of (b, na, ny, nx, 5 + nc) maps); ``targets`` is
     (n, 6) [image, cls, cx, cy, w, h] normalised. The total is multiplied by the batch size, as the
     reference does, so gradients scale with the images in a step.
     """
 
-    def __init__(self, model: Model, hyp: dict, img_size: int = 640, label_smoothing: float = 0.0) -> None:
-        detect = model.detect
+    names = ("box", "obj", "cls")
+
+    def __init__(self, model: nn.Module, hyp: dict, img_size: int = 640, label_smoothing: float = 0.0) -> None:
+        detect = model.head  # an anchor-based head: anchors (nl, na, 2) in pixels, stride (nl,)
         self.num_levels, self.num_anchors, self.num_classes = detect.nl, detect.na, detect.nc
         self.gains = LossGains.from_hyp(hyp, self.num_levels, self.num_classes, img_size)
         self.anchor_t = float(hyp["anchor_t"])

@@ -10,6 +10,7 @@ import contextlib
 import copy
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,8 @@ import torch.nn as nn
 from utils.log import LOGGER
 
 OPTIMIZERS = ("SGD", "Adam", "AdamW")
+AUTO = "auto"  # --optimizer auto: the hyp file's optimizer entry if it has one, else choose_optimizer's rule
+AUTO_LONG_RUN = 10_000  # optimizer steps at the nominal batch above which auto picks SGD (ultralytics' rule)
 NOMINAL_BATCH = 64  # the batch the hyperparameters are tuned for; smaller batches accumulate up to it
 MAX_GRAD_NORM = 10.0
 MIN_WARMUP_ITERS = 100
@@ -94,6 +97,38 @@ def build_optimizer(model: nn.Module, name: str = "SGD", lr: float = 0.01, momen
     for group in optimizer.param_groups:
         group["initial_lr"] = lr
     return optimizer
+
+
+@dataclass(frozen=True)
+class OptimizerChoice:
+    """The optimizer a run uses, the hyperparameters it trains with (``hyp`` with lr0, momentum and warmup_bias_lr as
+    --optimizer auto set them) and why, for the log."""
+
+    name: str
+    hyp: dict
+    reason: str = ""
+
+
+def choose_optimizer(name: str, hyp: dict, num_classes: int, images: int, batch_size: int,
+                     epochs: int) -> OptimizerChoice:
+    """--optimizer as given, or for ``auto`` (docs/training-recipe.md): the hyp file's ``optimizer`` entry when it
+    has one; else, as ultralytics decides it, SGD (lr0 0.01, momentum 0.9) when the run takes more than
+    AUTO_LONG_RUN steps of the nominal batch (ceil(images / max(batch, 64)) * epochs), otherwise AdamW with
+    lr0 = round(0.002 * 5 / (4 + classes), 6), momentum 0.9 and warmup_bias_lr 0. The hyp's other values stay."""
+    if name not in ("", AUTO):
+        return OptimizerChoice(name, hyp)
+    if hyp.get("optimizer"):
+        return OptimizerChoice(str(hyp["optimizer"]), hyp, "auto: the hyp file's optimizer entry, ")
+    steps = math.ceil(images / max(batch_size, NOMINAL_BATCH)) * epochs
+    if steps > AUTO_LONG_RUN:
+        chosen, changes = "SGD", {"lr0": 0.01, "momentum": 0.9}
+    else:
+        chosen, changes = "AdamW", {"lr0": round(0.002 * 5 / (4 + num_classes), 6), "momentum": 0.9,
+                                    "warmup_bias_lr": 0.0}
+    values = ", ".join(f"{k}={v:g}" for k, v in changes.items())
+    reason = f"auto chose {chosen} ({values}) for {steps} steps of {max(batch_size, NOMINAL_BATCH)} images " \
+             f"({'>' if steps > AUTO_LONG_RUN else '<='} {AUTO_LONG_RUN}) and {num_classes} classes: "
+    return OptimizerChoice(chosen, {**hyp, **changes}, reason)
 
 
 def describe_groups(optimizer: torch.optim.Optimizer) -> str:

@@ -5,6 +5,8 @@ A checkpoint is a dict of tensors and plain Python types only, so it loads with
 
     format: "yolo-ddp"      version: int          date: ISO time
     model_yaml: dict        nc: int               names: list[str]
+    family: str ("yolov5", "yolov8", "yolo11", "yolo26")    task: str ("detect")    (as the model's head names them;
+                            a checkpoint without them is from before they were recorded: YOLOv5 detect)
     model: state dict of the weights to run (the EMA's when training had one), float32
     epoch: int (last completed, -1 for none)     best_fitness: float
     opt: dict of the options that made it       hyp: dict
@@ -63,6 +65,7 @@ def new_checkpoint(model: Model, *, state_dict: dict | None = None, epoch: int =
     return {
         "format": FORMAT, "version": VERSION, "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "model_yaml": to_plain(model.yaml), "nc": int(model.nc), "names": [str(n) for n in model.names],
+        "family": str(model.head.family), "task": str(model.head.task),
         "model": {k: v.detach().float().cpu().clone() if v.is_floating_point() else v.detach().cpu().clone()
                   for k, v in weights.items()},
         "epoch": int(epoch), "best_fitness": float(best_fitness),
@@ -249,8 +252,14 @@ def _load_release_file(path: Path) -> dict | None:
     return release_reader.load_release_checkpoint(path) if release_reader.is_release_file(path) else None
 
 
+def recorded_family(ckpt: dict) -> tuple[str, str]:
+    """(family, task) a checkpoint records; ("yolov5", "detect") for one from before they were recorded."""
+    return str(ckpt.get("family") or "yolov5"), str(ckpt.get("task") or "detect")
+
+
 def model_from_checkpoint(ckpt: dict, source: str = "checkpoint") -> Model:
-    """Rebuild the model from the YAML and weights a checkpoint holds (float32, train mode).
+    """Rebuild the model from the YAML and weights a checkpoint holds (float32, train mode), through the model
+    builder (its open registry of blocks and heads); the head must be of the family and task the checkpoint records.
 
     The YAML must build exactly the stored tensors (names and shapes, found on the meta device) before the real
     model is built, so a config out of proportion to the file costs no memory.
@@ -262,6 +271,10 @@ def model_from_checkpoint(ckpt: dict, source: str = "checkpoint") -> Model:
     except (ModelConfigError, UntrustedFileError, RuntimeError, KeyError, TypeError) as e:
         raise CheckpointError(f"{source}: weights do not fit the model it describes ({str(e).splitlines()[0]})") \
             from None
+    built, recorded = (str(model.head.family), str(model.head.task)), recorded_family(ckpt)
+    if built != recorded:
+        raise CheckpointError(f"{source}: records a {' '.join(recorded)[:60]} model but its YAML builds a "
+                              f"{' '.join(built)} one")
     model.names = plain_names(ckpt.get("names"), model.nc)
     return model
 

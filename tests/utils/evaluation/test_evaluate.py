@@ -132,16 +132,20 @@ def test_compute_loss_keeps_batchnorm_frozen(tiny_cfg, val_set):
     before = {k: v.clone() for k, v in model.state_dict().items()}
     calls = []
 
-    def fake_loss(maps, targets):
-        calls.append([tuple(m.shape) for m in maps])
-        items = torch.stack([m[..., 4].sigmoid().mean() for m in maps])
-        return items.sum() * len(targets), items
+    class FakeLoss:  # a family's loss: named terms, here one per level
+        names = ("p3", "p4", "p5")
 
-    result = evaluate(model, loader, device="cpu", names=SYNTHETIC_NAMES, compute_loss=fake_loss, conf_thres=0.01)
+        def __call__(self, maps, targets):  # noqa: ANN001, ANN204
+            calls.append([tuple(m.shape) for m in maps])
+            items = torch.stack([m[..., 4].sigmoid().mean() for m in maps])
+            return items.sum() * len(targets), items
+
+    result = evaluate(model, loader, device="cpu", names=SYNTHETIC_NAMES, compute_loss=FakeLoss(), conf_thres=0.01)
     assert len(calls) == 2 and len(calls[0]) == 3 and calls[0][0][-1] == 5 + NC  # raw (b, na, ny, nx, no) maps
-    assert result.loss is not None and result.loss.shape == (3,) and torch.all(result.loss > 0)
+    assert result.loss is not None and list(result.loss) == ["p3", "p4", "p5"]  # named by the loss's terms
+    assert all(0 < v < 1 for v in result.loss.values())
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())  # BN statistics untouched
-    assert not model.training and not model.detect.training
+    assert not model.training and not model.head.training
 
 
 def test_model_input_casts_to_the_layout_asked_with_the_plain_values() -> None:

@@ -9,7 +9,8 @@ from utils.hooks import LOGGER_PRIORITY
 from utils.loggers.registry import LoggerContext, build_loggers
 from utils.loggers.results_csv import ResultsCsvLogger, results_columns
 
-ROW = dict.fromkeys(results_columns()[1:], 0.5)
+ANCHOR_FREE = ("box", "cls", "dfl")  # an anchor-free family's loss terms: its own columns
+ROW = dict.fromkeys(results_columns(ANCHOR_FREE)[1:], 0.5)
 
 
 def trainer_at(epoch: int, resumed: bool) -> SimpleNamespace:
@@ -28,8 +29,9 @@ def test_rows_by_column_name_and_the_default_loggers(tmp_path: Path) -> None:
     for epoch in range(2):
         csv_logger.after_epoch(trainer_at(epoch, False), epoch, {**ROW, "metrics/recall": 0.25 * epoch})
     lines = (tmp_path / "results.csv").read_text().splitlines()
-    assert lines[0].split(",") == results_columns()
-    assert lines[2].split(",")[results_columns().index("metrics/recall")] == "0.25"
+    assert lines[0].split(",") == results_columns(ANCHOR_FREE)
+    assert lines[0].split(",")[1:4] == ["train/box_loss", "train/cls_loss", "train/dfl_loss"]
+    assert lines[2].split(",")[results_columns(ANCHOR_FREE).index("metrics/recall")] == "0.25"
     assert epochs(tmp_path / "results.csv") == ["0", "1"]
 
 
@@ -44,3 +46,11 @@ def test_a_resumed_run_drops_the_rows_it_trains_again(tmp_path: Path, caplog) ->
     assert epochs(tmp_path / "results.csv") == ["0"] and "dropped 2 rows of epochs from 1 on" in caplog.text
     ResultsCsvLogger(LoggerContext(tmp_path / "new")).before_train(trainer_at(0, resumed=True))  # no file: nothing
     assert not (tmp_path / "new").exists()
+
+
+def test_the_columns_are_the_loss_terms_by_name() -> None:
+    assert results_columns(("box", "obj", "cls"), 3) == [
+        "epoch", "train/box_loss", "train/obj_loss", "train/cls_loss", "metrics/precision", "metrics/recall",
+        "metrics/mAP_0.5", "metrics/mAP_0.5:0.95", "x/lr0", "x/lr1", "x/lr2"]
+    assert results_columns(("box", "cls", "dfl", "o2o"), 1)[1:5] == [
+        "train/box_loss", "train/cls_loss", "train/dfl_loss", "train/o2o_loss"]

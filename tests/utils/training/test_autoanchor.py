@@ -32,7 +32,7 @@ class _Detect(torch.nn.Module):
 
 
 def _model() -> SimpleNamespace:
-    return SimpleNamespace(detect=_Detect())
+    return SimpleNamespace(head=_Detect())
 
 
 def test_anchor_metric_hand_computed() -> None:
@@ -58,9 +58,9 @@ def test_kmeans_finds_separated_clusters() -> None:
 def test_bad_anchors_are_replaced_and_logged(yolo_log: list[str]) -> None:
     model = _model()
     data = _dataset([(0.9, 0.05), (0.05, 0.9), (0.3, 0.02)])  # long thin boxes no default anchor fits
-    before = model.detect.anchors.clone()
+    before = model.head.anchors.clone()
     assert check_anchors(data, model, thr=4.0, img_size=640)
-    after = model.detect.anchors
+    after = model.head.anchors
     assert not torch.equal(before, after) and after.shape == before.shape
     bpr, _ = anchor_metric(after.view(-1, 2), label_sizes(data, 640), 4.0)
     assert bpr >= 0.98
@@ -69,16 +69,16 @@ def test_bad_anchors_are_replaced_and_logged(yolo_log: list[str]) -> None:
     assert any(line.startswith("autoanchor: Analyzing anchors... anchors/target =") and "BPR" in line
                for line in yolo_log)
     assert any("New anchors saved to model" in line for line in yolo_log)
-    assert model.detect.cleared == 1  # the decoded grid is rebuilt with the new anchors
+    assert model.head.cleared == 1  # the decoded grid is rebuilt with the new anchors
 
 
 def test_good_anchors_are_kept() -> None:
     model = _model()
-    anchors = model.detect.anchors.view(-1, 2) / 640
+    anchors = model.head.anchors.view(-1, 2) / 640
     data = _dataset([tuple(a) for a in anchors.tolist()])
-    before = model.detect.anchors.clone()
+    before = model.head.anchors.clone()
     assert not check_anchors(data, model, thr=4.0, img_size=640)
-    assert torch.equal(model.detect.anchors, before) and model.detect.cleared == 0
+    assert torch.equal(model.head.anchors, before) and model.head.cleared == 0
 
 
 def test_kmean_anchors_returns_sorted_pixels() -> None:

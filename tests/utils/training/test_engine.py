@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from models.yolo import Model
-from utils.training.engine import _prepare_images, train_memory_format
+from utils.training.engine import prepare_images, train_memory_format
 from utils.training.loss import ComputeLoss
 from utils.weights.checkpoint import load_model, new_checkpoint, save_checkpoint
 
@@ -41,12 +41,12 @@ def test_the_cpu_trains_channels_last_and_other_devices_as_asked() -> None:
     assert train_memory_format(torch.device("cuda")) is torch.preserve_format  # today's behaviour on a GPU
     assert train_memory_format(torch.device("cuda"), channels_last=True) is torch.channels_last
     imgs, _ = _batch()
-    images = _prepare_images(imgs, CPU, None)
+    images = prepare_images(imgs, CPU, None)
     assert images.is_contiguous(memory_format=torch.channels_last) and images.dtype == torch.float32
     assert torch.equal(images, imgs.float() / 255)  # the same values as the plain cast
     loader_batch = imgs.contiguous(memory_format=torch.channels_last)  # as the loader collates them
-    assert torch.equal(_prepare_images(loader_batch, CPU, None), images)
-    resized = _prepare_images(imgs, CPU, 96)  # --multi-scale keeps the layout
+    assert torch.equal(prepare_images(loader_batch, CPU, None), images)
+    resized = prepare_images(imgs, CPU, 96)  # --multi-scale keeps the layout
     assert resized.shape[-1] == 96 and resized.is_contiguous(memory_format=torch.channels_last)
 
 
@@ -56,7 +56,7 @@ def test_channels_last_training_gives_the_plain_paths_loss_and_gradients(tiny_cf
     fast = copy.deepcopy(plain).to(memory_format=train_memory_format(CPU))
     imgs, targets = _batch()
     results = []
-    for model, images in ((plain, imgs.float() / 255), (fast, _prepare_images(imgs, CPU, None))):
+    for model, images in ((plain, imgs.float() / 255), (fast, prepare_images(imgs, CPU, None))):
         loss, items = ComputeLoss(model, HYP, 64)(model(images), targets)
         loss.backward()
         results.append((loss.detach(), items, {n: p.grad for n, p in model.named_parameters()}))
@@ -82,3 +82,22 @@ def test_weights_trained_channels_last_save_load_and_fuse_as_plain_ones(tiny_cfg
         expected = plain(images)[0]
         for model in (loaded.fuse(), copy.deepcopy(fast).fuse()):  # the validation copy of the EMA is fused so
             assert _close(model(images)[0], expected)
+
+
+def test_the_non_finite_reload_hook_reloads_after_three_skipped_steps_in_a_row(yolo_log) -> None:
+    from utils.hooks import CHECKPOINT_PRIORITY, Hooks, StepInfo
+    from utils.training.checkpointer import Checkpointer
+    from utils.training.engine import NONFINITE_LIMIT, NonFiniteReload
+
+    reloads: list[int] = []
+    hook = NonFiniteReload(reloads.append)
+    assert hook.priority == CHECKPOINT_PRIORITY and NONFINITE_LIMIT == 3
+    assert Hooks([Checkpointer(lambda *a, **k: None), hook]).hooks[0] is not hook  # registration order decides
+    skipped = [True, True, False, True, True, True, True, True, True, True]
+    for batch, skip in enumerate(skipped):
+        hook.after_step(None, StepInfo(0, batch, torch.zeros(0), torch.zeros(0, 6), [], not skip, skip))
+    assert reloads == [3, 3]  # a good step in between starts the count again; the 7th skip in a row is 1 again
+    hook.after_epoch(None, 0, {})
+    assert any("Epoch 0: skipped 9 steps with a non-finite loss (9 in all)" in m for m in yolo_log)
+    hook.after_epoch(None, 1, {})
+    assert sum("skipped" in m for m in yolo_log) == 1  # an epoch without skips says nothing

@@ -75,3 +75,14 @@ def test_a_path_valued_option_is_compared_by_the_file_content(tiny_cfg: dict, tm
     Path(hyp_of[there]).write_text(Path(hyp_of[there]).read_text() + "lr0: 0.02\n")
     node1 = fingerprint(model, _opt(hyp=hyp_of[there], cfg="yolov5n"), {"lr0": 0.01}, _Data("/node1"))
     assert [k for k in node0 if node0[k] != node1[k]] == ["--hyp"]
+
+
+def test_anchors_are_compared_only_for_an_anchor_based_head(tiny_cfg: dict) -> None:
+    from models.yolo import Model
+
+    model = Model(tiny_cfg)
+    with_anchors = fingerprint(model, _opt(), {"lr0": 0.01}, None)
+    model.head.anchors.mul_(2)  # what autoanchor does on one rank
+    assert fingerprint(model, _opt(), {"lr0": 0.01}, None)["anchors"] != with_anchors["anchors"]
+    model.head.anchor_based = False  # an anchor-free head (the instance says so; the buffer is not its business)
+    assert "anchors" not in fingerprint(model, _opt(), {"lr0": 0.01}, None)

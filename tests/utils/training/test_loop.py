@@ -32,3 +32,33 @@ def test_validation_runs_a_fused_copy_of_the_ema_with_the_same_outputs(tiny_cfg:
 def test_a_model_without_fuse_is_validated_as_it_is() -> None:
     plain = torch.nn.Linear(2, 2)
     assert validation_model(plain) is plain
+
+
+def test_mosaic_closes_for_the_last_close_mosaic_epochs_as_ultralytics_counts_them() -> None:
+    from types import SimpleNamespace
+
+    from utils.training.loop import Trainer
+
+    def closed(epochs: int, close: float | None) -> list[int]:
+        run = SimpleNamespace(hyp={} if close is None else {"close_mosaic": close},
+                              config=SimpleNamespace(epochs=epochs))
+        return [e for e in range(epochs) if Trainer.mosaic_closed(run, e)]
+
+    assert closed(15, 10) == list(range(5, 15)) and closed(10, 10) == list(range(10))
+    assert closed(5, 10) == [] and closed(15, 0) == [] and closed(15, None) == []  # short runs keep mosaic
+
+
+def test_closing_mosaic_restarts_persistent_workers_without_it(tiny_dataset) -> None:
+    from utils.data.config import load_data_config
+    from utils.data.datasets import DatasetOptions
+    from utils.data.loader import close_mosaic, create_dataloader
+
+    hyp = {"mosaic": 1.0, "fliplr": 0.0}
+    options = DatasetOptions(img_size=64, batch_size=8, augment=True, hyp=hyp, nc=3)
+    loader, dataset = create_dataloader(load_data_config(tiny_dataset).train, options, workers=1, shuffle=True)
+    assert loader.persistent_workers and dataset.mosaic
+    assert all(shape is None for _, _, _, shapes in loader for shape in shapes)  # every sample a mosaic
+    assert close_mosaic(loader) and not dataset.mosaic
+    assert all(shape is not None for _, _, _, shapes in loader for shape in shapes)  # the workers' copy too
+    assert not close_mosaic(loader)  # closed already: nothing to do
+    assert not close_mosaic([("fixed", "batches")])  # batches given in code have no dataset

@@ -18,7 +18,7 @@ def one_level_model(anchor_px: float = 16.0, stride: float = 8.0, nc: int = 2) -
     """A stand-in with only what ComputeLoss reads: one level, one anchor (pixels), stride 8."""
     detect = SimpleNamespace(nl=1, na=1, nc=nc, anchors=torch.tensor([[[anchor_px, anchor_px]]]),
                              stride=torch.tensor([stride]))
-    return SimpleNamespace(detect=detect)
+    return SimpleNamespace(head=detect)
 
 
 def test_smooth_bce_targets():
@@ -103,7 +103,7 @@ def test_loss_on_the_real_model_is_finite_and_differentiable(tiny_cfg):
     total, items = loss(model(torch.rand(2, 3, 64, 64)), targets)
     total.backward()
     assert torch.isfinite(total) and items.shape == (3,) and (items > 0).all()
-    assert model.detect.m[0].weight.grad.abs().sum() > 0
+    assert model.head.m[0].weight.grad.abs().sum() > 0
 
 
 def test_focal_loss_equals_the_formula_on_a_hand_case() -> None:

@@ -60,6 +60,19 @@ def test_round_trip_with_model(tmp_path: Path, tiny_cfg: dict) -> None:
     assert not list(tmp_path.glob(".*tmp*"))  # no temporary file left behind
 
 
+def test_a_checkpoint_records_its_family_and_task_and_loads_rebuild_them(tmp_path: Path, tiny_cfg: dict) -> None:
+    from utils.weights.checkpoint import CheckpointError, recorded_family
+
+    model = Model(tiny_cfg)
+    ckpt = new_checkpoint(model)
+    assert (ckpt["family"], ckpt["task"]) == (model.head.family, model.head.task) == ("yolov5", "detect")
+    old = {k: v for k, v in ckpt.items() if k not in ("family", "task")}  # written before families were recorded
+    assert recorded_family(old) == ("yolov5", "detect")
+    assert model_from_checkpoint(load_checkpoint(save_checkpoint(old, tmp_path / "old.pt"))).head.family == "yolov5"
+    with pytest.raises(CheckpointError, match="records a yolo11 detect model but its YAML builds a yolov5 detect one"):
+        model_from_checkpoint({**ckpt, "family": "yolo11"}, "other.pt")
+
+
 @pytest.mark.parametrize(("damage", "expected"), [
     ("missing", "not found"),
     ("empty", "empty (0 bytes)"),
