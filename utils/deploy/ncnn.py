@@ -1,7 +1,8 @@
 """NCNN (Tencent's mobile inference library): ``<stem>_ncnn_model/`` with model.ncnn.param/.bin written by pnnx
 from a TorchScript trace, and metadata.yaml. For an anchor-based head (its export metadata has anchors) the graph
 ends at the head's raw maps and the boxes are decoded here with the head's own code (the Detect module rebuilt
-from the metadata), as pnnx does not keep that decoding exact; other heads' graphs end at their decoded output."""
+from the metadata), as pnnx does not keep that decoding exact; other heads' graphs end at their decoded output. A
+segmenter's prototypes are its last output."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from utils.deploy.formats import (
     read_metadata_yaml,
     require,
 )
+from utils.predictions import MAX_MASKS
 
 PARAM, BIN, METADATA = "model.ncnn.param", "model.ncnn.bin", "metadata.yaml"
 
@@ -46,8 +48,9 @@ class RawMaps(nn.Module):
 
 def head_from_metadata(meta: dict, source: object = "metadata") -> nn.Module:
     """The Detect head (anchors and strides from the metadata, no convolutions) whose decode() turns raw maps into
-    (b, n, 5 + nc) (YOLOv5's row layout); the fields are checked first (check_metadata), one FormatError line
-    otherwise."""
+    (b, n, 5 + nc) (YOLOv5's row layout), a Segment head's when the metadata records ``nm`` mask coefficients
+    (rows (b, n, 5 + nc + nm)); the fields are checked first (check_metadata), one FormatError line otherwise."""
+    from models.segment import Segment
     from models.yolo import Detect
 
     meta = check_metadata(meta, source)
@@ -55,9 +58,16 @@ def head_from_metadata(meta: dict, source: object = "metadata") -> nn.Module:
     if missing:
         raise FormatError(f"{source}: its metadata lacks {', '.join(missing)}; re-export it with export.py")
     anchors = [[v for pair in level for v in pair] for level in meta["anchors"]]
-    head = Detect(len(meta["names"]), anchors, ())
+    nm = mask_count(meta)
+    head = Segment.decoder(len(meta["names"]), anchors, nm) if nm else Detect(len(meta["names"]), anchors, ())
     head.stride.copy_(torch.tensor(meta["strides"]))
     return head.eval()
+
+
+def mask_count(meta: dict) -> int:
+    """The mask coefficients per row the (checked) metadata records: 0 for a detector."""
+    nm = (meta.get("head") or {}).get("nm", 0)
+    return nm if isinstance(nm, int) and not isinstance(nm, bool) and 0 <= nm <= MAX_MASKS else 0
 
 
 class NcnnFormat(ExportFormat):
@@ -119,11 +129,14 @@ class NcnnFormat(ExportFormat):
             extractor.input(inputs[0], ncnn.Mat(np.ascontiguousarray(image)))
             return [torch.from_numpy(np.array(extractor.extract(name)[1]))[None] for name in outputs]
 
-        def run(images: torch.Tensor) -> torch.Tensor:
+        segments = mask_count(meta) > 0
+
+        def run(images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
             array = images.detach().cpu().float().numpy()
             per_image = [run_one(image) for image in array]
-            maps = [torch.cat(level) for level in zip(*per_image)]
-            return head.decode(maps) if head is not None else maps[0]
+            maps = [torch.cat(level) for level in zip(*per_image)]  # a segmenter's prototypes last
+            rows = head.decode(maps[:head.nl]) if head is not None else maps[0]
+            return (rows, maps[-1]) if segments else rows
 
         img_size = meta.get("img_size")
         return LoadedModel(run, {**meta, "dynamic": False}, [1, 3, *img_size] if img_size else None)
