@@ -404,3 +404,19 @@ def test_anchor_free_segmenter_exports_to_onnx(tmp_path: Path) -> None:
     result = export.main(export.parse_opt(["--weights", str(weights), "--img-size", "64", "--include", "onnx"]))[0]
     assert result.error is None and result.verification.mask_error < 1e-3
     assert_runs_like_the_pt(result.file, weights, real_images((64, 64), 1))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(formats.missing_packages((("tensorflow", "x"), ("ai_edge_litert", "x"), ("pnnx", "x"),
+                                              ("ncnn", "x"))) != [], reason="pip install -r requirements-export.txt")
+def test_segmenter_tflite_and_ncnn_run_like_the_pt(tiny_seg_weights: Path, tmp_path: Path) -> None:
+    """The tiny yolov5n-seg to TFLite (our TensorFlow translation, prototypes NHWC in the file) and NCNN (its raw
+    maps decoded here by the Segment head rebuilt from the metadata, the prototypes its last output)."""
+    local = tmp_path / "seg.pt"
+    local.write_bytes(tiny_seg_weights.read_bytes())
+    results = export.main(export.parse_opt(["--weights", str(local), "--img-size", "64", "--include", "tflite",
+                                            "ncnn"]))
+    assert all(r.error is None and r.verification.mask_error < 1e-3 for r in results), results
+    images = real_images((64, 64), 2)  # the NCNN runner takes one image a call; TFLite its fixed batch of 1
+    for result in results:
+        assert_runs_like_the_pt(result.file, local, images)
