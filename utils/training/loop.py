@@ -132,7 +132,7 @@ class Trainer:
         self.model.train()
         mean_loss, done, world = torch.zeros(len(self.loss_names), device=self.device), 0, dist.get_world_size()
         bar = progress_bar(self.train_loader, len(self.train_loader), enabled=self.show_progress)
-        for i, (imgs, targets, paths, _) in enumerate(bar):
+        for i, (imgs, targets, paths, _, *extras) in enumerate(bar):
             batch = self.state.batch_offset + i  # the batch's index in the whole epoch
             dist.mark("train", epoch, batch)  # for the stuck-rank watch
             self.hooks.before_step(self.view, epoch, batch)
@@ -140,7 +140,7 @@ class Trainer:
             imgs = prepare_images(imgs, self.device, step_sizes[i] if step_sizes is not None else None,
                                   self.config.channels_last)
             targets = targets.to(self.device)
-            vote, loss_items, stepped = self.run_step(epoch, batch, imgs, targets)
+            vote, loss_items, stepped = self.run_step(epoch, batch, imgs, targets, loss_inputs(extras, self.device))
             if not vote.nonfinite:
                 mean_loss, done = (mean_loss * done + loss_items) / (done + 1), done + 1
             if self.show_progress:
@@ -158,15 +158,16 @@ class Trainer:
         bar.close()
         return mean_loss
 
-    def run_step(self, epoch: int, batch: int, imgs: torch.Tensor,
-                 targets: torch.Tensor) -> tuple[StepVote, torch.Tensor, bool]:
+    def run_step(self, epoch: int, batch: int, imgs: torch.Tensor, targets: torch.Tensor,
+                 inputs: dict[str, torch.Tensor] | None = None) -> tuple[StepVote, torch.Tensor, bool]:
         """Forward, loss, the step's vote, and backward (the optimizer steps when an accumulation completes) unless
         some rank's loss was non-finite; returns (vote, the loss's items, whether the optimizer stepped). The loss
-        is multiplied by the world size, since DDP averages gradients where the loss sums over images."""
+        is multiplied by the world size, since DDP averages gradients where the loss sums over images. ``inputs``
+        are the batch's tensors for a task's loss beyond the targets (``masks``), passed by name."""
         updater = self.updater
         with updater.sync_context():  # under DDP, gradients are all-reduced only on the batch that steps
             with autocast(self.device, self.amp):
-                loss, loss_items = self.compute_loss(self.model(imgs), targets)
+                loss, loss_items = self.compute_loss(self.model(imgs), targets, **(inputs or {}))
             vote = StepVote.cast(loss, self.stop.signum or 0, self.save_interval.clock_due())
             dist.mark("train", epoch, batch)  # past the vote: a rank stuck from here on is named, not all
             stepped = not vote.nonfinite and updater.backward(loss * dist.get_world_size())
@@ -311,6 +312,14 @@ class Trainer:
             group["initial_lr"] = lr * 0.5
         LOGGER.warning(f"WARNING: non-finite loss in {in_a_row} steps in a row: {source}; learning rate halved to "
                        f"{initial_lrs[0] * 0.5:g}")
+
+
+def loss_inputs(extras: Sequence[Any], device: torch.device) -> dict[str, torch.Tensor]:
+    """A batch's fifth item (a task's extras: the segment collate's ``masks``...) -> its tensors on ``device``, by
+    name, for the loss; nothing for a detection batch (four items)."""
+    if not extras:
+        return {}
+    return {k: v.to(device, non_blocking=True) for k, v in extras[0].items() if isinstance(v, torch.Tensor)}
 
 
 def epoch_row(loss_names: Sequence[str], losses: Sequence[float], metrics: dict[str, float],
