@@ -4,6 +4,7 @@ dict names and shapes) and, for YOLOv5, against the v7.0 release fixture's outpu
 from __future__ import annotations
 
 import copy
+import re
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ import torch
 from torch import nn
 
 from models.segment import AnchorFreeSegment, Proto, Segment, coefficient_convs
-from models.yolo import Model
+from models.yolo import Model, load_model_config, parse_model
 from tests.models.seg_records import FIXTURES, fixture_state
 from utils.predictions import OutputContract, postprocess
 
@@ -25,17 +26,34 @@ def params(module: nn.Module) -> int:
 
 
 def yolov5n_seg() -> Model:
-    """yolov5n with its Detect swapped for the Segment of yolov5n-seg (npr 256 * 0.25 = 64), as phase 2's builder
-    will make it from the YAML."""
-    model = Model("yolov5n.yaml")
-    detect = model.model[-1]
-    head = Segment(80, model.yaml["anchors"], 32, 64, N_CHANNELS)
-    head.anchors.copy_(detect.anchors)
-    head.stride.copy_(detect.stride)
-    head.i, head.f, head.type = detect.i, detect.f, "models.yolo.Segment"
-    model.model[-1] = head
-    model._init_weights()  # the builder's BatchNorm settings (eps 1e-3, momentum 0.03), as for every layer
-    return model
+    return Model("yolov5n-seg.yaml")
+
+
+def built_on_meta(name: str) -> nn.Sequential:
+    cfg, source = load_model_config(f"{name}.yaml")
+    with torch.device("meta"):
+        layers, _, _ = parse_model(cfg, 3, source)
+    return layers
+
+
+# Parameters with nc=80 (the n counts are the references' releases; s..x what the YAMLs build, docs/models.md).
+PARAMETERS = {
+    "yolov5": (1_991_549, 7_621_277, 21_990_397, 47_924_957, 88_819_517),
+    "yolov8": (3_409_968, 11_821_056, 27_285_968, 45_997_728, 71_827_888),
+    "yolo11": (2_876_848, 10_113_248, 22_420_896, 27_678_368, 62_142_656),
+}
+PROTOTYPE_WIDTHS = {"yolov5": (64, 128, 192, 256, 320), "yolov8": (64, 128, 192, 256, 320),
+                    "yolo11": (64, 128, 256, 256, 384)}  # 256 x the width multiple
+NAMES = [f"{family}{scale}-seg" for family in PARAMETERS for scale in "nsmlx"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_parameter_counts_of_the_fifteen_segmenters(name: str) -> None:
+    layers = built_on_meta(name)
+    expected = PARAMETERS[name[:-5]]["nsmlx".index(name[-5])]
+    assert sum(p.numel() for p in layers.parameters()) == expected
+    assert layers[-1].task == "segment" and layers[-1].family == name[:-5]
+    assert layers[-1].nm == 32 and layers[-1].npr == PROTOTYPE_WIDTHS[name[:-5]]["nsmlx".index(name[-5])]
 
 
 def test_proto_shapes_and_sizes() -> None:
@@ -181,3 +199,20 @@ def test_anchor_free_segment_outputs_line_up_with_the_base_rows() -> None:
     assert torch.allclose(protos_eval, head.proto(xs[0]))
     contract_rows = postprocess(rows, head.contract, conf_thres=0.0, max_det=5)
     assert contract_rows[0].shape == (5, 6 + 4)
+
+
+# ------------------------------------------------------------------------------------------ docs/models.md
+DOC_SIZES = {name: (int(params.replace(",", "")), float(gflops)) for name, params, gflops in re.findall(
+    r"\| (yolo\w+-seg) \| ([\d,]+) \| ([\d.]+) ", (FIXTURES.parents[1] / "docs" / "models.md").read_text())}
+
+
+def test_the_docs_table_lists_the_fifteen_segmenters_with_their_sizes() -> None:
+    assert sorted(DOC_SIZES) == sorted(NAMES)
+    for name, (params_in_docs, _) in DOC_SIZES.items():
+        assert params_in_docs == PARAMETERS[name[:-5]]["nsmlx".index(name[-5])]
+
+
+@pytest.mark.parametrize("name", ["yolov5n-seg", "yolo11n-seg"])
+def test_the_docs_gflops_are_what_the_builder_counts(name: str) -> None:
+    torch.manual_seed(0)
+    assert Model(f"{name}.yaml").flops(640) == pytest.approx(DOC_SIZES[name][1], abs=0.05)
