@@ -148,7 +148,7 @@ def build_trainer(config: RunConfig, hyp: dict, device: torch.device, hooks: Seq
     updater = build_updater(model, config, choice, len(data.train_loader), ema, scaler=amp and device.type == "cuda")
     model = updater.model = dist.wrap_ddp(model, device, config.sync_bn)
     model = compile_model(model, config)  # the forward only: the updater keeps the DDP module for no_sync
-    loss = family.loss_for(model.head.task)(unwrap(model), {**hyp, "img_size": config.img_size,
+    loss = family.loss_for(unwrap(model).head.task)(unwrap(model), {**hyp, "img_size": config.img_size,
                                                             "label_smoothing": config.label_smoothing})
     trainer = new_trainer(config, choice.hyp, device, model, updater, ema, family, loss, data, amp, grid)
     trainer.hooks = Hooks([NonFiniteReload(trainer.reload_last_good),
