@@ -55,8 +55,8 @@ class NanLoss(HookBase):
             return
         real = trainer.compute_loss
 
-        def poisoned(preds: Any, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            loss, items = real(preds, targets)
+        def poisoned(preds: Any, targets: torch.Tensor, **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+            loss, items = real(preds, targets, **inputs)
             epoch, batch = self.current
             hit = epoch == self.epoch and self.first <= batch < self.first + self.count
             return (loss * float("nan"), items) if hit else (loss, items)

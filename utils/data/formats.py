@@ -22,6 +22,9 @@ from utils.data.annotations import AnnotationFormat, AnnotationSplit, concat_res
 from utils.data.coco_json import coco_files, parse_coco
 from utils.data.config import DataError
 from utils.data.label_cache import ScanResult, cache_dir_for, cached_scan, img2label_paths, list_image_files
+from utils.data.segments import check_segment_sample
+from utils.data.synthetic import ensure_synthetic
+from utils.data.synthetic_seg import ensure_synthetic_seg
 from utils.data.voc import parse_voc, voc_files
 from utils.paths import confined
 from utils.safe_yaml import shown
@@ -31,6 +34,7 @@ FORMATS: dict[str, AnnotationFormat] = {
     "voc": AnnotationFormat(parse=parse_voc, files=voc_files),
 }
 SPLIT_KEYS = {"images", "list", "keep_crowd"}
+SYNTHETIC_SETS = {"detect": ensure_synthetic, "segment": ensure_synthetic_seg}  # a data YAML's synthetic: task
 
 
 def _resolve(value: Any, root: Path, where: str) -> Path:
@@ -59,16 +63,23 @@ def split_from_mapping(value: dict, root: Path, names: Sequence[str], yaml_file:
                            image_list, tuple(names), bool(value.get("keep_crowd", False)))
 
 
-def scan_sources(sources: Any, nc: int | None, prefix: str = "") -> tuple[ScanResult, Path, Path]:
+def scan_sources(sources: Any, nc: int | None, prefix: str = "",
+                 segments: bool = False) -> tuple[ScanResult, Path, Path]:
     """The checked scan of a split's sources, YOLO ones first, then each annotation split:
-    (result, the first source's cache file, its cache folder). All local ranks build it zero-first."""
+    (result, the first source's cache file, its cache folder). With ``segments`` the YOLO labels are read as
+    segment rows and every object's outline is kept (``ScanResult.segments``). All local ranks build it
+    zero-first."""
     items = list(sources) if isinstance(sources, list | tuple) else [sources]
     yolo = [s for s in items if not isinstance(s, AnnotationSplit)]
+    if segments and len(yolo) != len(items):
+        raise DataError(f"{prefix}segmentation reads YOLO segment label files; annotation-file splits "
+                        f"({', '.join(FORMATS)}) are read for boxes only")
     parts = []
     if yolo:
         im_files = list_image_files(yolo)
         label_files = img2label_paths(im_files)
-        result, path = cached_scan(im_files, label_files, nc, prefix)
+        check = {"check": check_segment_sample, "kind": "segments"} if segments else {}
+        result, path = cached_scan(im_files, label_files, nc, prefix, **check)
         parts.append((result, path, cache_dir_for(label_files)))
     for split in (s for s in items if isinstance(s, AnnotationSplit)):
         parts.append((scan_annotations(split, FORMATS[split.format], nc, prefix), split.cache_path(),

@@ -137,7 +137,7 @@ def build_trainer(config: RunConfig, hyp: dict, device: torch.device, hooks: Seq
     grid = max(int(model.stride.max()), 32)
     config = round_img_size(config, grid)
     reserved = torch.get_num_threads() if device.type == "cpu" else 0  # the cores the CPU training threads need
-    data = data or load_train_data(config, hyp, data_cfg, grid, len(names), reserved)
+    data = data or load_train_data(config, hyp, data_cfg, grid, len(names), reserved, task=model.head.task)
     if model.head.anchor_based and not config.noautoanchor and not config.resume and data.dataset is not None:
         check_anchors(data.dataset, model, thr=hyp["anchor_t"], img_size=config.img_size)  # rank 0 decides
     dist.check_agreement(fingerprint(model, config.options(), hyp, data.dataset))
@@ -148,7 +148,8 @@ def build_trainer(config: RunConfig, hyp: dict, device: torch.device, hooks: Seq
     updater = build_updater(model, config, choice, len(data.train_loader), ema, scaler=amp and device.type == "cuda")
     model = updater.model = dist.wrap_ddp(model, device, config.sync_bn)
     model = compile_model(model, config)  # the forward only: the updater keeps the DDP module for no_sync
-    loss = family.loss(unwrap(model), {**hyp, "img_size": config.img_size, "label_smoothing": config.label_smoothing})
+    loss = family.loss_for(unwrap(model).head.task)(unwrap(model), {**hyp, "img_size": config.img_size,
+                                                            "label_smoothing": config.label_smoothing})
     trainer = new_trainer(config, choice.hyp, device, model, updater, ema, family, loss, data, amp, grid)
     trainer.hooks = Hooks([NonFiniteReload(trainer.reload_last_good),
                            Checkpointer(trainer.save_checkpoint, trainer.save_interval),
@@ -237,12 +238,13 @@ def build_model(config: RunConfig, nc: int, names: list[str], device: torch.devi
 
 
 def load_train_data(config: RunConfig, hyp: dict, data_cfg: Any, grid: int, nc: int,
-                    reserved_cores: int = 0) -> TrainData:
+                    reserved_cores: int = 0, task: str = "detect") -> TrainData:
     """Train loader (distributed sampler, augmented) and the sharded val loader of --data; batch is per rank;
-    the workers get the rank's cores less ``reserved_cores`` (utils.data.loader.worker_count)."""
+    the workers get the rank's cores less ``reserved_cores`` (utils.data.loader.worker_count); the samples carry
+    what the model's ``task`` trains on (outlines and masks for ``segment``)."""
     batch = dist.batch_per_rank(config.batch_size)
     common = DatasetOptions(img_size=config.img_size, batch_size=batch, stride=grid, hyp=hyp, cache=config.cache,
-                            seed=config.seed, single_cls=config.single_cls, nc=nc)
+                            seed=config.seed, single_cls=config.single_cls, nc=nc, task=task)
     train_options = DatasetOptions(**{**vars(common), "augment": True, "rect": config.rect,
                                       "prefix": colorstr("train: ")})
     train_loader, train_set = create_dataloader(data_cfg.train, train_options, workers=config.workers,

@@ -136,3 +136,64 @@ def test_batches_are_channels_last_with_the_same_pixels(tiny_dataset: Path) -> N
             h, w = img.shape[1:]
             assert torch.equal(imgs[i, :, :h, :w], img) and (imgs[i, :, h:] == 114).all()
     assert not ds.npy_cached  # no --cache disk folder: no image looks for a .npy
+
+
+# ------------------------------------------------------------------------------------------ segment samples
+def _segment_set(tmp_path: Path, n_train: int = 8) -> object:
+    import yaml
+
+    data = tmp_path / "seg.yaml"
+    data.write_text(yaml.safe_dump({"synthetic": {"task": "segment", "n_train": n_train, "n_val": 4,
+                                                  "img_size": [64, 80]},
+                                    "path": str(tmp_path / "set"), "train": "images/train", "val": "images/val",
+                                    "nc": 3, "names": ["circle", "square", "triangle"]}))
+    return load_data_config(data)
+
+
+def test_segment_batches_carry_index_masks_in_the_targets_order(tmp_path: Path) -> None:
+    from utils.hyp import load_hyp
+    from utils.masks import polygons_to_masks
+
+    cfg = _segment_set(tmp_path)
+    hyp = {**load_hyp(), "mixup": 0.5, "copy_paste": 0.5, "degrees": 10.0, "flipud": 0.5}
+    ds = YoloDataset(cfg.train, img_size=64, augment=True, hyp=hyp, task="segment", nc=3)
+    imgs, targets, _, _, extras = ds.collate_fn([ds[(i, (0, 0, i))] for i in range(8)])
+    masks = extras["masks"]
+    assert masks.shape == (8, 16, 16) and "outlines" not in extras  # 1/4 of 64; outlines only for validation
+    for image in range(8):
+        rows = targets[targets[:, 0] == image]
+        assert int(masks[image].max()) == len(rows) > 0
+        areas = [int((masks[image] == r + 1).sum()) for r in range(len(rows))]
+        for r, (_, _, cx, cy, w, h) in enumerate(rows.tolist()):
+            ys, xs = np.nonzero((masks[image] == r + 1).numpy())
+            if len(xs):  # each object's pixels lie inside its box (boxes come from the moved outlines)
+                assert xs.min() + 0.5 >= (cx - w / 2) * 16 - 1e-4 and xs.max() + 0.5 <= (cx + w / 2) * 16 + 1e-4
+                assert ys.min() + 0.5 >= (cy - h / 2) * 16 - 1e-4 and ys.max() + 0.5 <= (cy + h / 2) * 16 + 1e-4
+        assert sum(areas) == int((masks[image] > 0).sum())
+    # validation: the outlines come back in the targets' order and fill the index image's pixels
+    val = YoloDataset(cfg.val, img_size=64, rect=True, batch_size=4, stride=32, pad=0.5, task="segment", nc=3)
+    imgs, targets, _, _, extras = val.collate_fn([val[i] for i in range(4)])
+    h, w = imgs.shape[2:]
+    for image, outlines in enumerate(extras["outlines"]):
+        filled = polygons_to_masks(list(outlines * (w, h)), (h, w), 4)
+        index = extras["masks"][image].numpy()
+        assert len(outlines) == int((targets[:, 0] == image).sum()) == index.max()
+        for r, mask in enumerate(filled):
+            assert ((index == r + 1) <= mask.astype(bool)).all()  # on top of what its outline fills
+
+
+def test_segment_scan_caches_the_outlines_beside_the_box_cache(tmp_path: Path) -> None:
+    from utils.data.label_cache import cached_scan, img2label_paths, list_image_files
+    from utils.data.segments import check_segment_sample
+
+    cfg = _segment_set(tmp_path)
+    first = YoloDataset(cfg.train, img_size=64, task="segment", nc=3)
+    files = list_image_files(cfg.train)
+    cached, path = cached_scan(files, img2label_paths(files), 3, check=check_segment_sample, kind="segments")
+    assert path.name == "train.segments.cache" and path.is_file()
+    assert [len(s) for s in cached.segments] == [len(lab) for lab in first.labels]
+    for image, outlines in enumerate(cached.segments):
+        for outline, kept in zip(outlines, first.segments[image]):
+            assert outline.shape[1] == 2 and len(outline) >= 3 and np.array_equal(outline, kept)
+    with pytest.raises(DataError, match="unknown task"):
+        YoloDataset(cfg.train, img_size=64, task="keypoints", nc=3)
