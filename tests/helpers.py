@@ -63,6 +63,22 @@ def serve_folder(folder: Path) -> Iterator[str]:
         httpd.server_close()
 
 
+@contextlib.contextmanager
+def s3_server() -> Iterator[dict[str, str]]:
+    """moto's S3-compatible server on 127.0.0.1 (a free port) from a thread; yields the environment a client needs
+    to reach it (endpoint and test credentials, as the usual AWS variables)."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
+               "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    finally:
+        server.stop()
+
+
 # ------------------------------------------------------------------------------------------------ processes
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""

@@ -220,13 +220,18 @@ def opener(spec: ShardSpec, block_size: int = 4 << 20) -> Callable[[str], Binary
         from utils.data.regular_files import open_regular
 
         return open_regular
+    protocol = spec.urls[0].split("://", 1)[0].lower()
     try:
         import fsspec
-    except ImportError:
-        raise DataError(f"{spec.pattern}: shards in object storage need fsspec (pip install fsspec s3fs)") from None
+
+        fs = fsspec.filesystem(protocol, skip_instance_cache=True)  # the environment as it is now
+    except ImportError as e:
+        package = {"s3": "s3fs", "gs": "gcsfs", "gcs": "gcsfs"}.get(protocol, "aiohttp")
+        raise DataError(f"{spec.pattern}: shards at {protocol}:// need fsspec and {package} (pip install fsspec "
+                        f"{package}): {str(e)[:100]}") from None
 
     def open_url(url: str) -> BinaryIO:
-        return fsspec.open(url, "rb", block_size=block_size).open()
+        return fs.open(url, "rb", block_size=block_size)
 
     return open_url
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
+from tests.helpers import s3_server
 from utils.data.config import DataError, load_data_config
 from utils.data.convert import main as convert_main
 from utils.data.datasets import DatasetOptions, YoloDataset
@@ -37,8 +38,8 @@ def shard_set(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _loader(data: Path, rank: int = 0, world: int = 1, workers: int = 0, batch: int = 2, epoch: int = 1,
-            start: int = 0, augment: bool = True):
-    options = DatasetOptions(img_size=64, batch_size=batch, augment=augment, nc=3, seed=3)
+            start: int = 0, augment: bool = True, cache: str | None = None):
+    options = DatasetOptions(img_size=64, batch_size=batch, augment=augment, nc=3, seed=3, cache=cache)
     loader, split = create_dataloader(load_data_config(data).train, options, workers=workers, shuffle=True)
     loader.dataset.rank, loader.dataset.world = rank, world  # as the rank of a ``world``-process job computes it
     set_epoch(loader, epoch)
@@ -46,13 +47,15 @@ def _loader(data: Path, rank: int = 0, world: int = 1, workers: int = 0, batch: 
     return loader, split
 
 
-def _epoch(loader, batches: int | None = None) -> list[list[str]]:
+def _epoch(loader, batches: int | None = None, pixels: list | None = None) -> list[list[str]]:
     out = []
     for i, (imgs, targets, paths, _) in enumerate(loader):
         if batches is not None and i == batches:
             break
         assert imgs.shape[1:] == (3, 64, 64) and targets.shape[1] == 6
         out.append(list(paths))
+        if pixels is not None:
+            pixels.append((imgs.clone(), targets.clone()))
     return out
 
 
@@ -173,3 +176,56 @@ def test_a_damaged_index_is_one_line_and_bad_labels_are_counted(shard_set: Path,
         with pytest.raises(DataError) as refused:
             _loader(data)
         assert "\n" not in str(refused.value)
+
+
+@pytest.fixture
+def s3_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]:
+    """moto's S3 server on loopback, its endpoint and test credentials in the environment; the data home in tmp."""
+    monkeypatch.setenv("YOLO_DATA_DIR", str(tmp_path / "home"))
+    with s3_server() as env:
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        yield env
+
+
+def test_shards_stream_from_s3_and_stay_in_the_disk_cache(shard_set: Path, s3_env: dict, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import boto3
+
+    client = boto3.client("s3")
+    client.create_bucket(Bucket="yolo-shards")
+    for path in (shard_set.parent / "shards").iterdir():
+        client.upload_file(str(path), "yolo-shards", f"coco/{path.name}")
+    data = tmp_path / "s3.yaml"
+    data.write_text(yaml.safe_dump({"train": "s3://yolo-shards/coco/train-{000000..000003}.tar",
+                                    "val": "s3://yolo-shards/coco/train-{000000..000003}.tar",
+                                    "names": list(SYNTHETIC_NAMES)}))
+    local_pixels, remote_pixels = [], []
+    local = _epoch(_loader(shard_set, batch=4)[0], pixels=local_pixels)
+    assert _epoch(_loader(data, batch=4, workers=2)[0], pixels=remote_pixels) == local  # the same batches, bit for bit
+    assert all(a[0].equal(b[0]) and a[1].equal(b[1]) for a, b in zip(local_pixels, remote_pixels))
+    # --cache disk: each shard fetched once into the data home, read from there while the server is unreachable
+    loader = _loader(data, batch=4, cache="disk")[0]
+    assert _epoch(loader) == local
+    cached = sorted((tmp_path / "home" / "shards").rglob("*.shard"))
+    assert len(cached) == 4
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
+    set_epoch(loader, 1)
+    assert _epoch(loader) == local
+    # under a cap of two shards' bytes, the least recently used are removed
+    for path in cached:
+        path.unlink()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_env["AWS_ENDPOINT_URL"])
+    loader = _loader(data, batch=4, cache="disk")[0]
+    loader.dataset.cache_cap = 2 * max(p.stat().st_size for p in (shard_set.parent / "shards").glob("*.tar"))
+    assert _epoch(loader) == local
+    assert len(list((tmp_path / "home" / "shards").rglob("*.shard"))) == 2
+
+
+def test_s3_errors_are_one_line(s3_env: dict, tmp_path: Path) -> None:
+    data = tmp_path / "s3.yaml"
+    data.write_text(yaml.safe_dump({"train": "s3://no-such-bucket/train-{0..1}.tar", "val": "s3://x/v.tar",
+                                    "nc": 3}))
+    with pytest.raises(DataError, match="cannot read the shard index train.index.json") as refused:
+        _loader(data)
+    assert "\n" not in str(refused.value) and "testing" not in str(refused.value)
