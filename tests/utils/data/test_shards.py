@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.helpers import s3_server
+from tests.helpers import make_shard_set, s3_server
 from utils.data.config import DataError, load_data_config
 from utils.data.convert import main as convert_main
 from utils.data.datasets import DatasetOptions, YoloDataset
@@ -19,7 +19,7 @@ from utils.data.loader import create_dataloader, set_epoch, set_start
 from utils.data.shard_urls import ShardSpecError, expand_braces, index_name, parse_shard_spec
 from utils.data.shards import ShardRefused, parse_sample
 from utils.data.stream import EpochPlan, buffer_order, rank_positions
-from utils.data.synthetic import SYNTHETIC_NAMES, ensure_synthetic
+from utils.data.synthetic import SYNTHETIC_NAMES
 
 N_IMAGES = 16
 PATTERN = "shards/train-{000000..000003}.tar"
@@ -28,13 +28,7 @@ PATTERN = "shards/train-{000000..000003}.tar"
 @pytest.fixture(scope="module")
 def shard_set(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """16 synthetic images written as 4 shards of 4 and a data YAML naming them (train and val)."""
-    folder = tmp_path_factory.mktemp("shards")
-    root = ensure_synthetic(folder / "synthetic", n_train=N_IMAGES, n_val=4, img_size=(64, 96), seed=0)
-    assert convert_main(["--from", "yolo", "--to", "shards", "--images", str(root / "images" / "train"), "--names",
-                         *SYNTHETIC_NAMES, "--out", str(folder / "data" / "shards"), "--shard-samples", "4"]) == 0
-    data = folder / "data" / "shards.yaml"
-    data.write_text(yaml.safe_dump({"train": PATTERN, "val": PATTERN, "names": list(SYNTHETIC_NAMES)}))
-    return data
+    return make_shard_set(tmp_path_factory.mktemp("shards"), N_IMAGES, per_shard=4)
 
 
 def _loader(data: Path, rank: int = 0, world: int = 1, workers: int = 0, batch: int = 2, epoch: int = 1,
