@@ -48,10 +48,10 @@ LAYERS: list[list[str]] = [
 # A declared module may be absent (a file another branch adds); a present one must be declared.
 MODULE_LAYERS: dict[str, list[list[str]]] = {
     "utils.distributed": [["launcher", "signals", "watchdog"], ["comm"]],
-    "utils.data": [["augment", "ram_cache", "regular_files", "synthetic"], ["augment_masks", "config", "image_io"],
-                   ["download", "label_cache"],
-                   ["annotations", "segments"], ["sources", "synthetic_seg", "voc", "coco_json"], ["formats"],
-                   ["convert", "datasets"], ["zoo", "loader"]],
+    "utils.data": [["augment", "ram_cache", "regular_files", "shard_urls", "synthetic"],
+                   ["augment_masks", "config", "image_io"], ["download", "label_cache"],
+                   ["annotations", "segments", "shards"], ["sources", "synthetic_seg", "voc", "coco_json"], ["formats"],
+                   ["convert", "datasets"], ["stream"], ["zoo", "loader"]],
     "utils.weights": [["downloads", "untrusted"], ["safe_pickle"], ["checkpoint"], ["release_reader"],
                       ["ultralytics_reader"]],
     "utils.plots": [["annotate", "feature_maps", "viewer"], ["figures"]],
