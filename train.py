@@ -33,6 +33,7 @@ from utils.training.evolve import evolve
 from utils.training.fitness import fitness
 from utils.training.loop import Trainer
 from utils.training.optim import AUTO, OPTIMIZERS
+from utils.training.run_plan import forget_run_dir
 
 AMP_MODES = ("auto", "on", "off")
 
@@ -152,7 +153,9 @@ def train(hyp: dict, config: RunConfig, device: torch.device, hooks: Sequence[Ho
     trainer = build_trainer(config, hyp, device, hooks)
     try:
         with trainer.stop:  # SIGTERM/SIGINT/SIGUSR1: save last.pt at the next step every rank agrees on
-            return trainer.fit()
+            metrics = trainer.fit()
+        forget_run_dir(config)  # finished: a later torchrun job with the same --rdzv-id starts a new run
+        return metrics
     except RuntimeError as e:  # a data-loader worker killed anyway (before it could ignore the signal)
         if trainer.stop.requested and "DataLoader worker" in str(e):
             raise StopRequested(trainer.stop.signum, f"stopped by {signal_name(trainer.stop.signum)}: a data-loader "
