@@ -56,7 +56,7 @@ MODULE_LAYERS: dict[str, list[list[str]]] = {
                       ["ultralytics_reader"]],
     "utils.plots": [["annotate", "feature_maps", "viewer"], ["figures"]],
     "utils.evaluation": [["metrics", "outputs", "tta"], ["evaluate", "mask_metrics"]],
-    "utils.deploy": [["formats"], ["coreml", "ncnn", "onnx", "pytorch", "runtime", "tf_graph", "torchscript"],
+    "utils.deploy": [["formats"], ["head_maps"], ["coreml", "ncnn", "onnx", "pytorch", "runtime", "tf_graph", "torchscript"],
                      ["openvino", "saved_model", "tflite", "verify"]],
     "utils.loggers": [["background", "progress", "tracker_queue"], ["batch_plots", "registry"],
                       ["results_csv", "tensorboard", "tracking"],
