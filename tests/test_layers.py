@@ -55,7 +55,7 @@ MODULE_LAYERS: dict[str, list[list[str]]] = {
     "utils.weights": [["downloads", "untrusted"], ["safe_pickle"], ["checkpoint"], ["release_reader"],
                       ["ultralytics_reader"]],
     "utils.plots": [["annotate", "feature_maps", "viewer"], ["figures"]],
-    "utils.evaluation": [["metrics", "outputs", "tta"], ["evaluate", "mask_metrics"]],
+    "utils.evaluation": [["metrics", "outputs", "tta"], ["mask_metrics"], ["evaluate"]],
     "utils.deploy": [["formats"], ["coreml", "ncnn", "onnx", "pytorch", "runtime", "tf_graph", "torchscript"],
                      ["openvino", "saved_model", "tflite", "verify"]],
     "utils.loggers": [["background", "progress", "tracker_queue"], ["batch_plots", "registry"],
@@ -284,7 +284,7 @@ def test_the_package_checker_sees_a_cycle_and_an_import_for_annotations_only(tmp
     monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
     monkeypatch.setattr(f"{__name__}.project_files", lambda: files)
     assert package_violations() == ["utils/evaluation/metrics.py:3: utils.evaluation.metrics (layer 0 of "
-                                    "utils.evaluation) imports utils.evaluation.evaluate (layer 1)"]
+                                    "utils.evaluation) imports utils.evaluation.evaluate (layer 2)"]
     low, high = component_of("utils.evaluation")[0], component_of("utils.training")[0]
     assert [v.split(": ", 1)[1] for v in violations()] == [
         f"utils.evaluation (layer {low}) imports utils.training.loop (utils.training, layer {high})"]
