@@ -70,9 +70,9 @@ class LoadOptions:
 @dataclass
 class LoadedModel:
     """A format's opened file: ``run`` maps a float batch (b, 3, h, w) to the decoded predictions (b, n, columns of
-    the output contract its metadata records)."""
+    the output contract its metadata records), followed for a segmenter by its prototypes (b, nm, h', w')."""
 
-    run: Callable[[torch.Tensor], torch.Tensor]
+    run: Callable[[torch.Tensor], torch.Tensor | tuple[torch.Tensor, ...]]
     meta: dict[str, Any]  # what export_metadata wrote (stride, names, img_size, ...)
     input_shape: list[int | str] | None = None  # the runtime's own input shape; strings are symbolic dims
     input_dtype: torch.dtype = torch.float32
