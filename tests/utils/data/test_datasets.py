@@ -197,3 +197,8 @@ def test_segment_scan_caches_the_outlines_beside_the_box_cache(tmp_path: Path) -
             assert outline.shape[1] == 2 and len(outline) >= 3 and np.array_equal(outline, kept)
     with pytest.raises(DataError, match="unknown task"):
         YoloDataset(cfg.train, img_size=64, task="keypoints", nc=3)
+    from utils.data.annotations import AnnotationSplit
+
+    coco = AnnotationSplit("coco", tmp_path / "instances.json", tmp_path / "images")
+    with pytest.raises(DataError, match="annotation-file splits .* are read for boxes only"):
+        YoloDataset([coco], img_size=64, task="segment", nc=3)
