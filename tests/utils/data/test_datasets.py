@@ -160,6 +160,8 @@ def test_segment_batches_carry_index_masks_in_the_targets_order(tmp_path: Path) 
     imgs, targets, _, _, extras = ds.collate_fn([ds[(i, (0, 0, i))] for i in range(8)])
     masks = extras["masks"]
     assert masks.shape == (8, 16, 16) and "outlines" not in extras  # 1/4 of 64; outlines only for validation
+    with pytest.raises(DataError, match="--quad is for detection"):
+        ds.collate_quad([ds[i] for i in range(4)])
     for image in range(8):
         rows = targets[targets[:, 0] == image]
         assert int(masks[image].max()) == len(rows) > 0
