@@ -129,3 +129,20 @@ def test_yolo11n_seg_two_ranks_restart_mid_epoch_exactly_and_validate_as_one_pro
                           batch_size=64, workers=0, device="cpu", project=str(tmp_path / "test"), name="exp")
     ours = [float(row[c]) for c in MASK_COLUMNS]
     assert max(abs(a - float(b)) for a, b in zip(ours, one.mask.mean_results())) < 1e-6, (ours, one.mask)
+
+
+def test_a_segmenter_without_data_takes_the_synthetic_set_with_outlines(tmp_path: Path) -> None:
+    import train
+    from utils.training.builder import prepare_run
+    from utils.training.config import RunConfig
+    from utils.training.families import FamilyError, get_family
+
+    defaults = RunConfig.from_options(train.parse_opt([]))
+    config = lambda *a: RunConfig.from_options(train.parse_opt(["--project", str(tmp_path), *a]))  # noqa: E731
+    assert Path(prepare_run(config("--cfg", "yolo11n-seg.yaml"), defaults)[0].data).name == "synthetic-seg.yaml"
+    assert Path(prepare_run(config("--cfg", "yolov5n.yaml"), defaults)[0].data).name == "synthetic.yaml"
+    given = str(tmp_path / "mine.yaml")
+    assert prepare_run(config("--cfg", "yolov5n-seg.yaml", "--data", given), defaults)[0].data == given
+    assert get_family("yolo11").loss_for("segment").__name__ == "build"  # registered by (family, task)
+    with pytest.raises(FamilyError, match="the yolo26 family has no 'segment' loss"):
+        get_family("yolo26").loss_for("segment")

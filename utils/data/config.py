@@ -23,6 +23,7 @@ from utils.paths import ROOT, confined, confined_to_any, data_home
 from utils.safe_yaml import YamlError, load_yaml, shown
 
 DEFAULT_DATA = ROOT / "data" / "synthetic.yaml"
+TASK_DEFAULT_DATA = {"segment": ROOT / "data" / "synthetic-seg.yaml"}  # a task's built-in set, when not detect
 MAX_NAME_LENGTH = 128
 MAX_CLASSES = 10_000
 MAX_SPLIT_ENTRIES = 1000

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from multiprocessing.pool import ThreadPool
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import cv2
 import numpy as np
@@ -81,6 +81,45 @@ class DatasetOptions:
     mask_ratio: int = 4  # segment: masks at 1/mask_ratio of the input's resolution (the prototypes')
 
 
+class Sample(NamedTuple):
+    """One image as the data set gives it (a tuple with names: ``img, targets, path, shapes = sample`` works)."""
+
+    image: torch.Tensor  # uint8 (3, h, w) RGB over HWC memory
+    targets: torch.Tensor  # float32 (k, 6) [0, class, cx, cy, w, h] normalised to ``image``
+    path: str
+    shapes: tuple | None  # ((h0, w0), ((ratio_h, ratio_w), (pad_w, pad_h))) of the letterbox; None after mosaic
+
+
+class SegmentSample(NamedTuple):
+    """A Sample of a segment data set: also each object's outline, moved with its box by every augmentation."""
+
+    image: torch.Tensor
+    targets: torch.Tensor
+    path: str
+    shapes: tuple | None
+    outlines: np.ndarray  # float32 (k, n, 2) normalised to ``image``, in the targets' order
+
+
+class Batch(NamedTuple):
+    """Collated samples: images (b, 3, h, w) uint8, targets (n, 6) [image, class, cx, cy, w, h], paths, shapes."""
+
+    images: torch.Tensor
+    targets: torch.Tensor
+    paths: tuple
+    shapes: tuple
+
+
+class SegmentBatch(NamedTuple):
+    """A Batch of segment samples with ``extras`` by name: ``masks`` (for the loss) and, for validation,
+    ``outlines`` (YoloDataset.collate_segments)."""
+
+    images: torch.Tensor
+    targets: torch.Tensor
+    paths: tuple
+    shapes: tuple
+    extras: dict
+
+
 def resized_shape(shape: tuple[int, int], img_size: int) -> tuple[int, int]:
     """(h, w) of an image of ``shape`` (h, w) after YoloDataset.load_image: long side ``img_size``."""
     h0, w0 = shape
@@ -133,11 +172,9 @@ def rect_batch_shapes(shapes_wh: np.ndarray, batch_size: int, img_size: int, str
 class YoloDataset(torch.utils.data.Dataset):
     """Images and YOLO labels, letterboxed (or mosaicked and augmented) to ``img_size``.
 
-    ``dataset[i]`` -> (uint8 (3, h, w) RGB over HWC memory, float32 (k, 6) [0, cls, cx, cy, w, h] normalised to the
-    returned image, path, ((h0, w0), ((ratio_h, ratio_w), (pad_w, pad_h))) or None after mosaic). With
-    ``task='segment'`` a fifth item, the objects' outlines (k, RESAMPLE_POINTS, 2) float32 normalised to the
-    returned image, moved by every augmentation with the boxes (utils.data.augment_masks); ``collate_fn`` then adds
-    the batch's masks (``collate_segments``).
+    ``dataset[i]`` -> a Sample (image, targets, path, shapes). With ``task='segment'`` a SegmentSample, whose
+    ``outlines`` (k, RESAMPLE_POINTS, 2) every augmentation moves with the boxes (utils.data.augment_masks);
+    ``collate_fn`` then makes a SegmentBatch, adding the batch's masks (``collate_segments``).
     """
 
     def __init__(self, sources: str | Path | Sequence[str | Path], options: DatasetOptions | None = None,
@@ -331,8 +368,7 @@ class YoloDataset(torch.utils.data.Dataset):
             img, labels = random_perspective(img, labels, self.rng, **self._warp_hyp())
         return img, labels, shapes
 
-    def __getitem__(self, index: int | tuple[int, tuple[int, ...]]) -> tuple[torch.Tensor, torch.Tensor, str,
-                                                                           tuple | None]:
+    def __getitem__(self, index: int | tuple[int, tuple[int, ...]]) -> Sample | SegmentSample:
         """Sample ``index``; ``(index, key)`` (from the training sampler) first seeds the augmentation from key."""
         if isinstance(index, tuple):
             index, key = index
@@ -360,7 +396,7 @@ class YoloDataset(torch.utils.data.Dataset):
                 img, labels = flip_lr(img, labels)
         targets = torch.zeros((len(labels), 6))
         targets[:, 1:] = torch.from_numpy(labels)
-        return bgr_to_chw_rgb(img), targets, self.im_files[index], shapes
+        return Sample(bgr_to_chw_rgb(img), targets, self.im_files[index], shapes)
 
     # ------------------------------------------------------------------------------------------ outlines
     def outlines(self, index: int) -> np.ndarray:
@@ -374,7 +410,7 @@ class YoloDataset(torch.utils.data.Dataset):
         return warp_mosaic_segments(images, [self.labels[i] for i in indices], [self.outlines(i) for i in indices],
                                     self.img_size, self.rng, sizes, **self._warp_hyp(), hsv=hsv)
 
-    def _segment_sample(self, index: int) -> tuple[torch.Tensor, torch.Tensor, str, tuple | None, np.ndarray]:
+    def _segment_sample(self, index: int) -> SegmentSample:
         """``__getitem__`` of a segment data set: the detection sample's draws and steps, each moving the outlines
         with the boxes, plus copy-paste (hyp ``copy_paste``) on mosaics."""
         hyp, rng = self.hyp, self.rng
@@ -408,9 +444,9 @@ class YoloDataset(torch.utils.data.Dataset):
                 (img, labels), polygons = flip_lr(img, labels), flip_polygons_lr(polygons)
         targets = torch.zeros((len(labels), 6))
         targets[:, 1:] = torch.from_numpy(labels)
-        return bgr_to_chw_rgb(img), targets, self.im_files[index], shapes, polygons
+        return SegmentSample(bgr_to_chw_rgb(img), targets, self.im_files[index], shapes, polygons)
 
-    def collate_segments(self, batch: Sequence[tuple]) -> tuple[torch.Tensor, torch.Tensor, tuple, tuple, dict]:
+    def collate_segments(self, batch: Sequence[tuple]) -> SegmentBatch:
         """``collate_fn`` of segment samples, plus a fifth item: ``masks``, the batch's masks at 1/mask_ratio of its
         size (overlap: one index image per image (b, h, w), object r of an image the pixels equal to r + 1, the
         smaller object on top, its targets put in that order; else one 0/1 mask per target (n, h, w)); without
@@ -434,7 +470,7 @@ class YoloDataset(torch.utils.data.Dataset):
         extras = {"masks": torch.stack(masks) if overlap else torch.cat(masks)}
         if not self.augment:
             extras["outlines"] = outlines
-        return (*YoloDataset.collate_fn(samples), extras)
+        return SegmentBatch(*YoloDataset.collate_fn(samples), extras)
 
     def seed_sample(self, key: Sequence[int]) -> None:
         """Seed the augmentation of the next sample from (seed, epoch, position in the epoch)."""
@@ -444,7 +480,7 @@ class YoloDataset(torch.utils.data.Dataset):
         """A fresh augmentation stream (called per worker with a seed unique to rank and worker)."""
         self.rng = np.random.default_rng(seed)
 
-    def collate_quad(self, batch: Sequence[tuple]) -> tuple[torch.Tensor, torch.Tensor, tuple, tuple]:
+    def collate_quad(self, batch: Sequence[tuple]) -> Batch:
         """--quad: every 4 samples become one image of twice the size: the first one upscaled 2x, or the four
         tiled 2 x 2 (by a draw from the last sample's seeded stream, so a resumed run repeats it)."""
         if self.segments is not None:
@@ -470,10 +506,10 @@ class YoloDataset(torch.utils.data.Dataset):
             group[:, 0] = q
             out.append(big[0])
             labels.append(group)
-        return torch.stack(out), torch.cat(labels, 0), paths[::4], shapes[::4]
+        return Batch(torch.stack(out), torch.cat(labels, 0), paths[::4], shapes[::4])
 
     @staticmethod
-    def collate_fn(batch: Sequence[tuple]) -> tuple[torch.Tensor, torch.Tensor, tuple, tuple]:
+    def collate_fn(batch: Sequence[tuple]) -> Batch:
         """Stack images (padding to the largest h, w when they differ) and index targets by image."""
         imgs, targets, paths, shapes = zip(*batch)
         height, width = max(i.shape[1] for i in imgs), max(i.shape[2] for i in imgs)
@@ -486,4 +522,4 @@ class YoloDataset(torch.utils.data.Dataset):
             t[:, 0] = i
             t[:, [2, 4]] *= img.shape[2] / width  # padding on the right/bottom keeps pixel positions
             t[:, [3, 5]] *= img.shape[1] / height
-        return out, torch.cat(targets, 0), paths, shapes
+        return Batch(out, torch.cat(targets, 0), paths, shapes)

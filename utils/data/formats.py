@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from utils.data.annotations import AnnotationFormat, AnnotationSplit, concat_results, scan_annotations
-from utils.data.coco_json import coco_files, parse_coco
+from utils.data.coco_json import coco_files, parse_coco, parse_coco_outlines
 from utils.data.config import DataError
 from utils.data.label_cache import ScanResult, cache_dir_for, cached_scan, img2label_paths, list_image_files
 from utils.data.segments import check_segment_sample
@@ -30,7 +30,7 @@ from utils.paths import confined
 from utils.safe_yaml import shown
 
 FORMATS: dict[str, AnnotationFormat] = {
-    "coco": AnnotationFormat(parse=parse_coco, files=coco_files),
+    "coco": AnnotationFormat(parse=parse_coco, files=coco_files, parse_outlines=parse_coco_outlines),
     "voc": AnnotationFormat(parse=parse_voc, files=voc_files),
 }
 SPLIT_KEYS = {"images", "list", "keep_crowd"}
@@ -71,9 +71,6 @@ def scan_sources(sources: Any, nc: int | None, prefix: str = "",
     zero-first."""
     items = list(sources) if isinstance(sources, list | tuple) else [sources]
     yolo = [s for s in items if not isinstance(s, AnnotationSplit)]
-    if segments and len(yolo) != len(items):
-        raise DataError(f"{prefix}segmentation reads YOLO segment label files; annotation-file splits "
-                        f"({', '.join(FORMATS)}) are read for boxes only")
     parts = []
     if yolo:
         im_files = list_image_files(yolo)
@@ -82,7 +79,7 @@ def scan_sources(sources: Any, nc: int | None, prefix: str = "",
         result, path = cached_scan(im_files, label_files, nc, prefix, **check)
         parts.append((result, path, cache_dir_for(label_files)))
     for split in (s for s in items if isinstance(s, AnnotationSplit)):
-        parts.append((scan_annotations(split, FORMATS[split.format], nc, prefix), split.cache_path(),
+        parts.append((scan_annotations(split, FORMATS[split.format], nc, prefix, segments), split.cache_path(),
                       split.cache_dir()))
     if not parts or not sum(len(r.im_files) for r, _, _ in parts):
         raise DataError(f"no images found in {', '.join(map(str, items))}")

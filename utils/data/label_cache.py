@@ -190,6 +190,20 @@ def check_label_rows(labels: np.ndarray, nc: int | None) -> tuple[np.ndarray, in
     return labels, duplicates, note
 
 
+def unique_objects(labels: np.ndarray, outlines: Sequence[np.ndarray | None]) -> tuple[np.ndarray, list, int, str]:
+    """Objects repeated exactly (the same row and the same outline) kept once, in their first place: (labels,
+    outlines, duplicates removed, note)."""
+    seen, keep = set(), []
+    for i, (row, points) in enumerate(zip(labels, outlines)):
+        key = (row.tobytes(), None if points is None else np.asarray(points).tobytes())
+        if key not in seen:
+            seen.add(key)
+            keep.append(i)
+    duplicates = len(labels) - len(keep)
+    note = f"{duplicates} duplicate labels removed" if duplicates else ""
+    return labels[keep], [outlines[i] for i in keep], duplicates, note
+
+
 def check_sample(args: tuple[str, str, int | None, Path | None]) -> tuple[np.ndarray, tuple[int, int], str, int, str,
                                                                         str]:
     """Check an (image, label) pair -> (labels, (w, h), state, duplicates, warning, repaired copy or '');

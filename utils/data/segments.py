@@ -33,6 +33,7 @@ from utils.data.label_cache import (  # noqa: F401  (pack/unpack: the outlines' 
     check_label_rows,
     pack_segments,
     read_label_rows,
+    unique_objects,
     unpack_segments,
 )
 from utils.masks import mask_outlines, rle_counts, rle_decode
@@ -116,15 +117,7 @@ def parse_segment_rows(rows: Sequence[Sequence[str]], nc: int | None) -> Segment
 
 def _without_duplicates(labels: np.ndarray, segments: list[np.ndarray | None]) -> SegmentLabels:
     """Rows repeated exactly (same class, box and outline) kept once, in their first place."""
-    seen, keep = set(), []
-    for i, (row, points) in enumerate(zip(labels, segments)):
-        key = (row.tobytes(), None if points is None else points.tobytes())
-        if key not in seen:
-            seen.add(key)
-            keep.append(i)
-    duplicates = len(labels) - len(keep)
-    note = f"{duplicates} duplicate labels removed" if duplicates else ""
-    return SegmentLabels(labels[keep], [segments[i] for i in keep], duplicates, note)
+    return SegmentLabels(*unique_objects(labels, segments))
 
 
 def read_segment_label_file(path: str | Path, nc: int | None) -> tuple[SegmentLabels, str]:

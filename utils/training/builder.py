@@ -22,7 +22,7 @@ import torch.nn as nn
 import yaml
 
 from models.yolo import Model
-from utils.data.config import load_data_config
+from utils.data.config import DEFAULT_DATA, TASK_DEFAULT_DATA, load_data_config
 from utils.data.datasets import DatasetOptions
 from utils.data.loader import create_dataloader
 from utils.distributed import comm as dist
@@ -99,7 +99,11 @@ def prepare_run(config: RunConfig, defaults: RunConfig) -> tuple[RunConfig, dict
             LOGGER.info(f"Resuming ({plan.reason}) from {path}")
         config = config.replace(save_dir=str(plan.save_dir))
     dist.batch_per_rank(config.batch_size)
-    family = model_family(config, ckpt)
+    family_name, task = model_kind(config, ckpt)
+    family = get_family(family_name)
+    if task in TASK_DEFAULT_DATA and Path(config.data or DEFAULT_DATA) == DEFAULT_DATA:
+        config = config.replace(data=str(TASK_DEFAULT_DATA[task]))  # the built-in set with what the task needs
+        LOGGER.info(f"A {task} model without --data trains on {TASK_DEFAULT_DATA[task].name}")
     config = config.replace(hyp=config.hyp or str(family.default_hyp_file(config.data)))
     hyp = load_hyp(hyp or config.hyp, family.required_hyp, family.name)
     config = config.replace(optimizer=config.optimizer if config.optimizer not in ("", AUTO) else
@@ -110,15 +114,21 @@ def prepare_run(config: RunConfig, defaults: RunConfig) -> tuple[RunConfig, dict
     return config, hyp
 
 
-def model_family(config: RunConfig, ckpt: dict | None = None) -> Family:
-    """The family of the model a run trains, as its head names it: --cfg's, else the checkpoint's record (a
-    checkpoint from before families were recorded: YOLOv5), else the default model's. All ranks must call it
-    (rank 0 reads --weights and shares it)."""
+def model_kind(config: RunConfig, ckpt: dict | None = None) -> tuple[str, str]:
+    """(family, task) of the model a run trains, as its head names them: --cfg's, else the checkpoint's record (a
+    checkpoint from before they were recorded: a YOLOv5 detector), else the default model's. All ranks must call
+    it (rank 0 reads --weights and shares it)."""
     if not config.cfg and ckpt is None and config.weights:
         ckpt = shared_checkpoint([config.weights], trusted=config.trust_weights)[1]
     if not config.cfg and ckpt is not None:
-        return get_family(str(ckpt.get("family") or "yolov5"))
-    return get_family(Model(config.cfg or DEFAULT_CFG).head.family)
+        return str(ckpt.get("family") or "yolov5"), str(ckpt.get("task") or "detect")
+    head = Model(config.cfg or DEFAULT_CFG).head
+    return str(head.family), str(head.task)
+
+
+def model_family(config: RunConfig, ckpt: dict | None = None) -> Family:
+    """The family of the model a run trains (``model_kind``). All ranks must call it."""
+    return get_family(model_kind(config, ckpt)[0])
 
 
 def build_trainer(config: RunConfig, hyp: dict, device: torch.device, hooks: Sequence[HookBase] = (),
