@@ -2,7 +2,8 @@
 
 Each sample is two tar members under one key, its image and its YOLO labels side by side (``000000042.jpg``,
 ``000000042.txt``), so any WebDataset reader can read the shards too. ``<name>.index.json`` beside the shards holds
-what start-up needs without reading a shard: the class names, each shard's name and sample count, and per sample
+what start-up needs without reading a shard (a pattern may name some of its shards: a split of those): the
+class names, each shard's name and sample count, and per sample
 its shard, byte offset and length in it, key, image format and size (w, h) and its label rows, so autoanchor, the
 label plots and the start-up fingerprint read the index, never the shards, and a reader fetches exactly the bytes of
 the samples it needs (byte ranges, one sample or a run of them).
@@ -171,22 +172,31 @@ def parse_index(data: bytes, spec: ShardSpec, nc: int | None) -> ShardIndex:
         raise ShardRefused(f"{where}: 'names' must list the class names as plain strings")
     shards, entries = _field(doc, "shards", list, where), _field(doc, "samples", list, where)
     labels = _field(doc, "labels", list, where)
-    if len(shards) != len(spec.urls):
-        raise ShardRefused(f"{where}: lists {len(shards)} shards, the pattern names {len(spec.urls)}")
-    for shard, url in zip(shards, spec.urls):
+    position = {}
+    for i, shard in enumerate(shards):
         name = _field(shard, "name", str, where)
-        if not SHARD_NAME.fullmatch(name) or name != Path(url).name:
-            raise ShardRefused(f"{where}: shard {name[:60]!r} is not the pattern's {Path(url).name!r}")
+        if not SHARD_NAME.fullmatch(name) or name in position:
+            raise ShardRefused(f"{where}: shard name {name[:60]!r} is not a plain unique .tar name")
+        position[name] = i
+    missing = [Path(url).name for url in spec.urls if Path(url).name not in position]
+    if missing:
+        raise ShardRefused(f"{where}: the index has no shard {missing[0][:60]!r}")
     if len(entries) != len(labels) or len(entries) != sum(_field(s, "samples", int, where) for s in shards):
         raise ShardRefused(f"{where}: the sample, label and shard counts disagree")
-    return _checked(spec, [str(n) for n in names], entries, labels, shards, nc, where)
+    named = {position[Path(url).name]: j for j, url in enumerate(spec.urls)}  # index shard -> the pattern's
+    return _checked(spec, [str(n) for n in names], entries, labels, shards, named, nc, where)
 
 
-def _checked(spec: ShardSpec, names: list[str], entries: list, labels: list, shards: list, nc: int | None,
-             where: str) -> ShardIndex:
-    rows, keep, summary = [], [], ScanSummary(total=len(entries))
+def _checked(spec: ShardSpec, names: list[str], entries: list, labels: list, shards: list, named: dict[int, int],
+             nc: int | None, where: str) -> ShardIndex:
+    """The samples of the shards the pattern names (``named``: index shard -> pattern position), labels checked."""
+    rows, keep, summary = [], [], ScanSummary()
     for entry, label in zip(entries, labels):
         fields = _entry(entry, shards, where)
+        if fields[0] not in named:
+            continue
+        fields = (named[fields[0]], *fields[1:])
+        summary.total += 1
         try:
             if not isinstance(label, list) or not all(isinstance(r, list) and len(r) == 5 for r in label):
                 raise ValueError("labels must be rows of 5 numbers")
