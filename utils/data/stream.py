@@ -23,7 +23,7 @@ import hashlib
 import math
 import os
 import shutil
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
@@ -36,7 +36,7 @@ from utils.data.config import DataError
 from utils.data.datasets import DatasetOptions, YoloDataset
 from utils.data.image_io import ImageRefused, decode_image
 from utils.data.shard_urls import ShardSpec
-from utils.data.shards import ShardIndex, opener, read_index, read_samples
+from utils.data.shards import Opener, ShardIndex, opener, read_index, read_samples
 from utils.distributed import comm as dist
 from utils.log import LOGGER
 from utils.paths import data_home
@@ -160,14 +160,14 @@ class ShardCache:
 
     SUFFIX = ".shard"
 
-    def __init__(self, folder: Path, cap: int, open_url: Callable[[str], BinaryIO]) -> None:
+    def __init__(self, folder: Path, cap: int, open_url: Opener) -> None:
         self.folder, self.cap, self.open_url = folder, cap, open_url
         folder.mkdir(parents=True, exist_ok=True)
 
     def _path(self, url: str) -> Path:
         return self.folder / f"{hashlib.sha1(url.encode()).hexdigest()[:20]}{self.SUFFIX}"
 
-    def __call__(self, url: str) -> BinaryIO:
+    def __call__(self, url: str, start: int = 0, end: int | None = None) -> BinaryIO:
         path = self._path(url)
         with open(self.folder / ".lock", "a+b") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -223,7 +223,9 @@ class StreamDataset(torch.utils.data.IterableDataset):
         self.split, self.options, self.training = split, options, training
         self.rank = dist.get_rank() if rank is None else rank
         self.world = dist.get_world_size() if world_size is None else world_size
-        self.batch, self.seed, self.epoch, self.start = options.batch_size, options.seed, 0, 0
+        self.batch, self.seed = options.batch_size, options.seed
+        self.position = torch.zeros(2, dtype=torch.int64).share_memory_()  # (epoch, start), seen by live workers
+        self._open: tuple[int, Opener] | None = None  # (pid, opener) of this process
         self.mosaic = options.augment and (options.hyp or {}).get("mosaic", 0) > 0
         spec = split.index.spec
         self.cache_folder = shard_cache_folder(spec) if cache_disk and not spec.local else None
@@ -243,11 +245,19 @@ class StreamDataset(torch.utils.data.IterableDataset):
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch's order and rewind to its beginning."""
-        self.epoch, self.start = int(epoch), 0
+        self.position[0], self.position[1] = int(epoch), 0
 
     def set_start(self, samples_consumed: int) -> None:
         """Skip the first ``samples_consumed`` positions of this epoch's global order (summed over ranks)."""
-        self.start = max(0, min(int(samples_consumed), len(self.split)))
+        self.position[1] = max(0, min(int(samples_consumed), len(self.split)))
+
+    @property
+    def epoch(self) -> int:
+        return int(self.position[0])
+
+    @property
+    def start(self) -> int:
+        return int(self.position[1])
 
     def positions(self) -> list[int]:
         return rank_positions(len(self.split), self.start, self.rank, self.world, pad=self.training)
@@ -259,9 +269,13 @@ class StreamDataset(torch.utils.data.IterableDataset):
         boxes = max((len(lab) for lab in self.split.labels), default=0) * (8 if self.mosaic else 1)
         return batch_size * (3 * self.options.img_size ** 2 + 6 * 4 * boxes) + 2 * 4096
 
-    def _opener(self) -> Callable[[str], BinaryIO]:
-        open_url = opener(self.split.index.spec)
-        return ShardCache(self.cache_folder, self.cache_cap, open_url) if self.cache_folder else open_url
+    def _opener(self) -> Opener:
+        """This process's opener of the shards (a worker keeps its client from epoch to epoch)."""
+        if self._open is None or self._open[0] != os.getpid():
+            open_url = opener(self.split.index.spec)
+            self._open = os.getpid(), ShardCache(self.cache_folder, self.cache_cap, open_url) if self.cache_folder \
+                else open_url
+        return self._open[1]
 
     def __iter__(self) -> Iterator[tuple]:
         info = torch.utils.data.get_worker_info()
@@ -271,6 +285,7 @@ class StreamDataset(torch.utils.data.IterableDataset):
         mine = [positions[i:i + self.batch] for i in range(worker * self.batch, len(positions),
                                                           workers * self.batch)]
         pool = SamplePool(replace(self.options, names=self.split.index.names))
+        pool.mosaic = self.mosaic  # off for the last epochs of a recipe's close_mosaic (utils.data.loader)
         samples = Samples(self.split.index, plan, [p for batch in mine for p in batch], self._opener())
         for batch in mine:
             items = [self._item(pool, p, *samples.take(p)) for p in batch]
@@ -295,7 +310,7 @@ class Samples:
     held until taken; a sample needed twice (padding) is held until its last use."""
 
     def __init__(self, index: ShardIndex, plan: EpochPlan, positions: Sequence[int],
-                 open_url: Callable[[str], BinaryIO]) -> None:
+                 open_url: Opener) -> None:
         self.plan = plan
         wanted: dict[int, set[tuple[int, int]]] = {}
         self.uses: dict[int, int] = {}

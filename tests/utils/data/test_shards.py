@@ -92,7 +92,12 @@ def test_every_sample_once_per_epoch_over_ranks_and_workers(shard_set: Path) -> 
     # the global order does not depend on the world size: rank r of 2 has positions r, r + 2, ...
     flat = [p for b in single for p in b]
     assert [p for b in ranks[0] for p in b] == flat[0::2] and [p for b in ranks[1] for p in b] == flat[1::2]
-    assert _epoch(_loader(shard_set, epoch=2, batch=4)[0]) != single  # another epoch, another order
+    again = _epoch(_loader(shard_set, epoch=2, batch=4)[0])
+    assert again != single  # another epoch, another order
+    loader = _loader(shard_set, batch=4, workers=2)[0]  # persistent workers follow the epoch set in the rank
+    assert _epoch(loader) == single
+    set_epoch(loader, 2)
+    assert _epoch(loader) == again
 
 
 def test_mid_epoch_resume_at_another_world_size_is_exact(shard_set: Path) -> None:
