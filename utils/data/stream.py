@@ -22,12 +22,14 @@ import fcntl
 import hashlib
 import math
 import os
+import queue
 import shutil
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -287,9 +289,12 @@ class StreamDataset(torch.utils.data.IterableDataset):
         pool = SamplePool(replace(self.options, names=self.split.index.names))
         pool.mosaic = self.mosaic  # off for the last epochs of a recipe's close_mosaic (utils.data.loader)
         samples = Samples(self.split.index, plan, [p for batch in mine for p in batch], self._opener())
-        for batch in mine:
-            items = [self._item(pool, p, *samples.take(p)) for p in batch]
-            yield YoloDataset.collate_fn(items)
+        try:
+            for batch in mine:
+                items = [self._item(pool, p, *samples.take(p)) for p in batch]
+                yield YoloDataset.collate_fn(items)
+        finally:
+            samples.close()
 
     def _item(self, pool: SamplePool, position: int, sid: int, data: bytes | str) -> tuple:
         name = self.split.im_files[sid]
@@ -305,21 +310,60 @@ class StreamDataset(torch.utils.data.IterableDataset):
         return pool[(slot, (self.epoch, position))]
 
 
-class Samples:
-    """The encoded samples a worker needs, read part by part front to back (utils.data.shards.read_samples) and
-    held until taken; a sample needed twice (padding) is held until its last use."""
+class PartReader(threading.Thread):
+    """Reads one part's samples ahead of use (object storage answers each request after a delay: the parts' reads
+    overlap), into a queue of at most ``depth``; stops when ``stop`` is set. Errors reach the consumer."""
 
-    def __init__(self, index: ShardIndex, plan: EpochPlan, positions: Sequence[int],
-                 open_url: Opener) -> None:
-        self.plan = plan
+    END = object()
+
+    def __init__(self, items: Iterator[tuple[int, bytes | str]], stop: threading.Event, depth: int) -> None:
+        super().__init__(daemon=True)
+        self.items, self.stop, self.queue = items, stop, queue.Queue(maxsize=depth)
+
+    def _put(self, item: Any) -> bool:
+        while not self.stop.is_set():
+            with contextlib.suppress(queue.Full):
+                self.queue.put(item, timeout=0.1)
+                return True
+        return False
+
+    def run(self) -> None:
+        try:
+            for item in self.items:
+                if not self._put(item):
+                    return
+            self._put(self.END)
+        except BaseException as e:  # noqa: BLE001 (handed to the consumer, which raises it)
+            self._put(e)
+
+    def __next__(self) -> tuple[int, bytes | str]:
+        item = self.queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        if item is self.END:
+            raise StopIteration
+        return item
+
+
+class Samples:
+    """The encoded samples a worker needs, read part by part front to back (utils.data.shards.read_samples; ahead of
+    use on threads for shards in object storage) and held until taken; a sample needed twice (padding) is held until
+    its last use. ``close()`` stops the readers."""
+
+    def __init__(self, index: ShardIndex, plan: EpochPlan, positions: Sequence[int], open_url: Opener) -> None:
+        self.plan, self.stop = plan, threading.Event()
         wanted: dict[int, set[tuple[int, int]]] = {}
         self.uses: dict[int, int] = {}
         for p in positions:
             c, local, sid = plan.where(p)
             wanted.setdefault(c, set()).add((local, sid))
             self.uses[sid] = self.uses.get(sid, 0) + 1
-        self.readers = {c: read_samples(index, [sid for _, sid in sorted(items)], open_url)
-                        for c, items in wanted.items()}
+        self.readers: dict[int, Iterator] = {c: read_samples(index, [sid for _, sid in sorted(items)], open_url)
+                                             for c, items in wanted.items()}
+        if not index.spec.local:
+            self.readers = {c: PartReader(items, self.stop, SHUFFLE_BUFFER) for c, items in self.readers.items()}
+            for reader in self.readers.values():
+                reader.start()
         self.held: dict[int, bytes | str] = {}
 
     def take(self, p: int) -> tuple[int, bytes | str]:
@@ -329,6 +373,9 @@ class Samples:
             self.held[i] = data
         self.uses[sid] -= 1
         return sid, self.held[sid] if self.uses[sid] else self.held.pop(sid)
+
+    def close(self) -> None:
+        self.stop.set()
 
 
 def load_stream(spec: ShardSpec, options: DatasetOptions, *, training: bool) -> tuple[StreamDataset, ShardSplit]:
