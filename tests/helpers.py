@@ -222,9 +222,10 @@ def make_set(root: Path, files: dict[str, tuple[Callable[[Path], None], str | No
     return root / "images" / "train"
 
 
-def make_shard_set(folder: Path, n_images: int = 16, per_shard: int = 4) -> Path:
+def make_shard_set(folder: Path, n_images: int = 16, per_shard: int = 4, val: str | None = None) -> Path:
     """The synthetic set's ``n_images`` training images (64-96 px) written as tar shards by ``python -m
-    utils.data.convert --to shards`` into ``folder/data/shards``, and a data YAML naming them for train and val."""
+    utils.data.convert --to shards`` into ``folder/data/shards``, and a data YAML naming them for train and for val
+    (unless ``val`` names other shards)."""
     import yaml
 
     from utils.data.convert import main as convert_main
@@ -236,7 +237,7 @@ def make_shard_set(folder: Path, n_images: int = 16, per_shard: int = 4) -> Path
                          "--shard-samples", str(per_shard)]) == 0
     pattern = f"shards/train-{{000000..{-(-n_images // per_shard) - 1:06d}}}.tar"
     data = folder / "data" / "shards.yaml"
-    data.write_text(yaml.safe_dump({"train": pattern, "val": pattern, "names": list(SYNTHETIC_NAMES)}))
+    data.write_text(yaml.safe_dump({"train": pattern, "val": val or pattern, "names": list(SYNTHETIC_NAMES)}))
     return data
 
 

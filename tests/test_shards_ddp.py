@@ -21,11 +21,12 @@ def _steps(folder: Path) -> list[dict]:
 
 def test_two_ranks_train_each_sample_once_and_one_process_resumes_mid_epoch_exactly(tiny_cfg_file: Path,
                                                                                      tmp_path: Path) -> None:
-    data = make_shard_set(tmp_path, n_images=128, per_shard=16)  # 2 steps of 64 an epoch, no accumulation
+    data = make_shard_set(tmp_path, n_images=128, per_shard=16, val="shards/train-000000.tar")  # 2 steps of 64
     project, record = tmp_path / "runs", tmp_path / "trained"
     hook = ["--hook", f"tests.plugins.samples:TrainedSamples(folder={str(record)!r})"]
     stop = ["--hook", "tests.plugins.faults:FailAt(rank=0, epoch=1, batch=0, action='term')"]
-    args = train_args(data, tiny_cfg_file, project, "--batch-size", "64", "--noval", "--name", "cut", epochs=2)
+    args = train_args(data, tiny_cfg_file, project, "--batch-size", "64", "--noval", "--amp", "off", "--name", "cut",
+                      epochs=2)
     code, out = finish(start(torchrun_cmd(2, *args, "--workers", "1", *hook, *stop)))
     position = load_checkpoint(project / "cut" / "weights" / "last.pt")["train_state"]["position"]
     assert (position["epoch"], position["world_size"]) == (1, 2) and position["samples_seen"] == 64, out[-3000:]

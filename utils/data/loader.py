@@ -267,8 +267,8 @@ def create_dataloader(sources: str | Path | Sequence[str | Path], options: Datas
 
 def stream_loader(items: list, options: DatasetOptions, workers: int, *, training: bool,
                   reserved_cores: int = 0) -> tuple[DataLoader, Any]:
-    """The loader of a split in tar shards (utils.data.stream): batches made in the workers, which restart each
-    epoch with the epoch's plan. All ranks must call it."""
+    """The loader of a split in tar shards (utils.data.stream): batches made in persistent workers, which read
+    each epoch's position from the dataset's shared memory. All ranks must call it."""
     if len(items) != 1:
         raise DataError(f"{options.prefix}a split in shards names one shard pattern (got {len(items)} entries)")
     if options.rect and training:
@@ -277,5 +277,6 @@ def stream_loader(items: list, options: DatasetOptions, workers: int, *, trainin
     num_workers = shm_workers(worker_count(workers, options.batch_size, reserved_cores),
                               dataset.batch_nbytes(options.batch_size), options.prefix)
     loader = DataLoader(dataset, batch_size=None, num_workers=num_workers, pin_memory=torch.cuda.is_available(),
-                        worker_init_fn=_seed_worker, prefetch_factor=PREFETCH if num_workers > 0 else None)
+                        worker_init_fn=_seed_worker, persistent_workers=num_workers > 0,
+                        prefetch_factor=PREFETCH if num_workers > 0 else None)
     return loader, split

@@ -3,7 +3,8 @@
     train: shards/train-{000000..000003}.tar                      # beside the YAML (confined to the data set's folder)
     train: s3://bucket/coco/train-{000000..000511}.tar            # S3 (s3fs), gs:// (gcsfs), https:// (fsspec)
 
-The index written beside the shards (``train.index.json`` for ``train-{...}.tar``) is found by the same rule. A URL
+The index written beside the shards (``train.index.json`` for ``train-{...}.tar`` or ``train-000003.tar``) is found
+beside them; a pattern naming some of the index's shards is a split of those (``val: shards/train-000000.tar``). A URL
 never carries credentials: user information, query strings and fragments are refused (the usual environment and
 configuration files of each client supply them), so nothing secret reaches a log or an error line.
 """
@@ -65,9 +66,10 @@ def expand_braces(pattern: str) -> list[str]:
 
 
 def index_name(pattern: str) -> str:
-    """The index's file name for a shard pattern: ``train-{000..003}.tar`` -> ``train.index.json``."""
+    """The index's file name for a shard pattern: ``train-{000..003}.tar`` and ``train-000002.tar`` ->
+    ``train.index.json`` (the name before the shard number)."""
     name = pattern.rsplit("/", 1)[-1]
-    stem = BRACE.split(name, maxsplit=1)[0] if BRACE.search(name) else name.removesuffix(".tar")
+    stem = BRACE.split(name, maxsplit=1)[0] if BRACE.search(name) else name.removesuffix(".tar").rstrip("0123456789")
     return f"{stem.rstrip('-_.') or 'shards'}.index.json"
 
 

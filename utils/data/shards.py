@@ -2,7 +2,8 @@
 
 Each sample is two tar members under one key, its image and its YOLO labels side by side (``000000042.jpg``,
 ``000000042.txt``), so any WebDataset reader can read the shards too. ``<name>.index.json`` beside the shards holds
-what start-up needs without reading a shard: the class names, each shard's name and sample count, and per sample
+what start-up needs without reading a shard (a pattern may name some of its shards: a split of those): the
+class names, each shard's name and sample count, and per sample
 its shard, byte offset and length in it, key, image format and size (w, h) and its label rows, so autoanchor, the
 label plots and the start-up fingerprint read the index, never the shards, and a reader fetches exactly the bytes of
 the samples it needs (byte ranges, one sample or a run of them).
@@ -171,22 +172,31 @@ def parse_index(data: bytes, spec: ShardSpec, nc: int | None) -> ShardIndex:
         raise ShardRefused(f"{where}: 'names' must list the class names as plain strings")
     shards, entries = _field(doc, "shards", list, where), _field(doc, "samples", list, where)
     labels = _field(doc, "labels", list, where)
-    if len(shards) != len(spec.urls):
-        raise ShardRefused(f"{where}: lists {len(shards)} shards, the pattern names {len(spec.urls)}")
-    for shard, url in zip(shards, spec.urls):
+    position = {}
+    for i, shard in enumerate(shards):
         name = _field(shard, "name", str, where)
-        if not SHARD_NAME.fullmatch(name) or name != Path(url).name:
-            raise ShardRefused(f"{where}: shard {name[:60]!r} is not the pattern's {Path(url).name!r}")
+        if not SHARD_NAME.fullmatch(name) or name in position:
+            raise ShardRefused(f"{where}: shard name {name[:60]!r} is not a plain unique .tar name")
+        position[name] = i
+    missing = [Path(url).name for url in spec.urls if Path(url).name not in position]
+    if missing:
+        raise ShardRefused(f"{where}: the index has no shard {missing[0][:60]!r}")
     if len(entries) != len(labels) or len(entries) != sum(_field(s, "samples", int, where) for s in shards):
         raise ShardRefused(f"{where}: the sample, label and shard counts disagree")
-    return _checked(spec, [str(n) for n in names], entries, labels, shards, nc, where)
+    named = {position[Path(url).name]: j for j, url in enumerate(spec.urls)}  # index shard -> the pattern's
+    return _checked(spec, [str(n) for n in names], entries, labels, shards, named, nc, where)
 
 
-def _checked(spec: ShardSpec, names: list[str], entries: list, labels: list, shards: list, nc: int | None,
-             where: str) -> ShardIndex:
-    rows, keep, summary = [], [], ScanSummary(total=len(entries))
+def _checked(spec: ShardSpec, names: list[str], entries: list, labels: list, shards: list, named: dict[int, int],
+             nc: int | None, where: str) -> ShardIndex:
+    """The samples of the shards the pattern names (``named``: index shard -> pattern position), labels checked."""
+    rows, keep, summary = [], [], ScanSummary()
     for entry, label in zip(entries, labels):
         fields = _entry(entry, shards, where)
+        if fields[0] not in named:
+            continue
+        fields = (named[fields[0]], *fields[1:])
+        summary.total += 1
         try:
             if not isinstance(label, list) or not all(isinstance(r, list) and len(r) == 5 for r in label):
                 raise ValueError("labels must be rows of 5 numbers")
@@ -213,13 +223,18 @@ def _checked(spec: ShardSpec, names: list[str], entries: list, labels: list, sha
 
 
 # ------------------------------------------------------------------------------------------------ opening
-def opener(spec: ShardSpec, block_size: int = 4 << 20) -> Callable[[str], BinaryIO]:
+Opener = Callable[..., BinaryIO]  # (url, start=0, end=None): a file of the bytes of url from start to end
+
+
+def opener(spec: ShardSpec, max_block: int = 4 << 20) -> Opener:
     """A function opening one of ``spec``'s URLs for binary reading: local files as regular files, URLs through
-    fsspec (s3fs for s3://, gcsfs for gs://; credentials from the environment as each client reads them)."""
+    fsspec (s3fs for s3://, gcsfs for gs://; credentials from the environment as each client reads them). Given the
+    byte range a reader needs (``start``, ``end``), a remote file fetches no more than that, in blocks of at most
+    ``max_block`` bytes."""
     if spec.local:
         from utils.data.regular_files import open_regular
 
-        return open_regular
+        return lambda url, start=0, end=None: open_regular(url)
     protocol = spec.urls[0].split("://", 1)[0].lower()
     try:
         import fsspec
@@ -230,8 +245,13 @@ def opener(spec: ShardSpec, block_size: int = 4 << 20) -> Callable[[str], Binary
         raise DataError(f"{spec.pattern}: shards at {protocol}:// need fsspec and {package} (pip install fsspec "
                         f"{package}): {str(e)[:100]}") from None
 
-    def open_url(url: str) -> BinaryIO:
-        return fs.open(url, "rb", block_size=block_size)
+    def open_url(url: str, start: int = 0, end: int | None = None) -> BinaryIO:
+        if end is None:
+            return fs.open(url, "rb", block_size=max_block)
+        try:  # the range's end as the size: no request for the size, nothing read past the range
+            return fs.open(url, "rb", block_size=max(min(max_block, end - start), BLOCK), size=end)
+        except TypeError:  # a backend without ``size``
+            return fs.open(url, "rb", block_size=max(min(max_block, end - start), BLOCK))
 
     return open_url
 
@@ -285,28 +305,22 @@ def parse_sample(data: bytes, key: str, ext: str) -> bytes:
     return image
 
 
-def read_samples(index: ShardIndex, ids: Iterable[int], open_url: Callable[[str], BinaryIO]) -> Iterable[
-        tuple[int, bytes | str]]:
+def read_samples(index: ShardIndex, ids: Sequence[int], open_url: Opener) -> Iterable[tuple[int, bytes | str]]:
     """(id, image bytes) for each sample id, in the order given (ascending within a shard reads sequentially); a
-    refused sample gives (id, the reason) instead. Files stay open while consecutive ids share a shard."""
-    current, handle = -1, None
-    try:
-        for i in ids:
-            shard = int(index.shard[i])
-            if shard != current:
-                if handle is not None:
-                    handle.close()
-                handle, current = open_url(index.spec.urls[shard]), shard
-            offset, length = int(index.offset[i]), int(index.length[i])
-            if handle.tell() != offset:
-                handle.seek(offset)
-            data = handle.read(length)
-            try:
-                if len(data) != length:
-                    raise ShardRefused(f"sample {index.keys[i]}: the shard ends inside it")
-                yield i, parse_sample(data, index.keys[i], index.exts[i])
-            except ShardRefused as e:
-                yield i, str(e)
-    finally:
-        if handle is not None:
-            handle.close()
+    refused sample gives (id, the reason) instead. One file per run of ids in a shard, opened for the run's bytes."""
+    runs = [0] + [k for k in range(1, len(ids)) if index.shard[ids[k]] != index.shard[ids[k - 1]]] + [len(ids)]
+    for first, stop in zip(runs, runs[1:]):
+        run = ids[first:stop]
+        start, end = int(index.offset[run[0]]), int(index.offset[run[-1]] + index.length[run[-1]])
+        with open_url(index.spec.urls[int(index.shard[run[0]])], start, end) as handle:
+            for i in run:
+                offset, length = int(index.offset[i]), int(index.length[i])
+                if handle.tell() != offset:
+                    handle.seek(offset)
+                data = handle.read(length)
+                try:
+                    if len(data) != length:
+                        raise ShardRefused(f"sample {index.keys[i]}: the shard ends inside it")
+                    yield i, parse_sample(data, index.keys[i], index.exts[i])
+                except ShardRefused as e:
+                    yield i, str(e)

@@ -22,12 +22,14 @@ import fcntl
 import hashlib
 import math
 import os
+import queue
 import shutil
-from collections.abc import Callable, Iterator, Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -36,7 +38,7 @@ from utils.data.config import DataError
 from utils.data.datasets import DatasetOptions, YoloDataset
 from utils.data.image_io import ImageRefused, decode_image
 from utils.data.shard_urls import ShardSpec
-from utils.data.shards import ShardIndex, opener, read_index, read_samples
+from utils.data.shards import Opener, ShardIndex, opener, read_index, read_samples
 from utils.distributed import comm as dist
 from utils.log import LOGGER
 from utils.paths import data_home
@@ -160,14 +162,14 @@ class ShardCache:
 
     SUFFIX = ".shard"
 
-    def __init__(self, folder: Path, cap: int, open_url: Callable[[str], BinaryIO]) -> None:
+    def __init__(self, folder: Path, cap: int, open_url: Opener) -> None:
         self.folder, self.cap, self.open_url = folder, cap, open_url
         folder.mkdir(parents=True, exist_ok=True)
 
     def _path(self, url: str) -> Path:
         return self.folder / f"{hashlib.sha1(url.encode()).hexdigest()[:20]}{self.SUFFIX}"
 
-    def __call__(self, url: str) -> BinaryIO:
+    def __call__(self, url: str, start: int = 0, end: int | None = None) -> BinaryIO:
         path = self._path(url)
         with open(self.folder / ".lock", "a+b") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -223,7 +225,9 @@ class StreamDataset(torch.utils.data.IterableDataset):
         self.split, self.options, self.training = split, options, training
         self.rank = dist.get_rank() if rank is None else rank
         self.world = dist.get_world_size() if world_size is None else world_size
-        self.batch, self.seed, self.epoch, self.start = options.batch_size, options.seed, 0, 0
+        self.batch, self.seed = options.batch_size, options.seed
+        self.position = torch.zeros(2, dtype=torch.int64).share_memory_()  # (epoch, start), seen by live workers
+        self._open: tuple[int, Opener] | None = None  # (pid, opener) of this process
         self.mosaic = options.augment and (options.hyp or {}).get("mosaic", 0) > 0
         spec = split.index.spec
         self.cache_folder = shard_cache_folder(spec) if cache_disk and not spec.local else None
@@ -243,11 +247,19 @@ class StreamDataset(torch.utils.data.IterableDataset):
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch's order and rewind to its beginning."""
-        self.epoch, self.start = int(epoch), 0
+        self.position[0], self.position[1] = int(epoch), 0
 
     def set_start(self, samples_consumed: int) -> None:
         """Skip the first ``samples_consumed`` positions of this epoch's global order (summed over ranks)."""
-        self.start = max(0, min(int(samples_consumed), len(self.split)))
+        self.position[1] = max(0, min(int(samples_consumed), len(self.split)))
+
+    @property
+    def epoch(self) -> int:
+        return int(self.position[0])
+
+    @property
+    def start(self) -> int:
+        return int(self.position[1])
 
     def positions(self) -> list[int]:
         return rank_positions(len(self.split), self.start, self.rank, self.world, pad=self.training)
@@ -259,9 +271,13 @@ class StreamDataset(torch.utils.data.IterableDataset):
         boxes = max((len(lab) for lab in self.split.labels), default=0) * (8 if self.mosaic else 1)
         return batch_size * (3 * self.options.img_size ** 2 + 6 * 4 * boxes) + 2 * 4096
 
-    def _opener(self) -> Callable[[str], BinaryIO]:
-        open_url = opener(self.split.index.spec)
-        return ShardCache(self.cache_folder, self.cache_cap, open_url) if self.cache_folder else open_url
+    def _opener(self) -> Opener:
+        """This process's opener of the shards (a worker keeps its client from epoch to epoch)."""
+        if self._open is None or self._open[0] != os.getpid():
+            open_url = opener(self.split.index.spec)
+            self._open = os.getpid(), ShardCache(self.cache_folder, self.cache_cap, open_url) if self.cache_folder \
+                else open_url
+        return self._open[1]
 
     def __iter__(self) -> Iterator[tuple]:
         info = torch.utils.data.get_worker_info()
@@ -271,10 +287,14 @@ class StreamDataset(torch.utils.data.IterableDataset):
         mine = [positions[i:i + self.batch] for i in range(worker * self.batch, len(positions),
                                                           workers * self.batch)]
         pool = SamplePool(replace(self.options, names=self.split.index.names))
+        pool.mosaic = self.mosaic  # off for the last epochs of a recipe's close_mosaic (utils.data.loader)
         samples = Samples(self.split.index, plan, [p for batch in mine for p in batch], self._opener())
-        for batch in mine:
-            items = [self._item(pool, p, *samples.take(p)) for p in batch]
-            yield YoloDataset.collate_fn(items)
+        try:
+            for batch in mine:
+                items = [self._item(pool, p, *samples.take(p)) for p in batch]
+                yield YoloDataset.collate_fn(items)
+        finally:
+            samples.close()
 
     def _item(self, pool: SamplePool, position: int, sid: int, data: bytes | str) -> tuple:
         name = self.split.im_files[sid]
@@ -290,21 +310,60 @@ class StreamDataset(torch.utils.data.IterableDataset):
         return pool[(slot, (self.epoch, position))]
 
 
-class Samples:
-    """The encoded samples a worker needs, read part by part front to back (utils.data.shards.read_samples) and
-    held until taken; a sample needed twice (padding) is held until its last use."""
+class PartReader(threading.Thread):
+    """Reads one part's samples ahead of use (object storage answers each request after a delay: the parts' reads
+    overlap), into a queue of at most ``depth``; stops when ``stop`` is set. Errors reach the consumer."""
 
-    def __init__(self, index: ShardIndex, plan: EpochPlan, positions: Sequence[int],
-                 open_url: Callable[[str], BinaryIO]) -> None:
-        self.plan = plan
+    END = object()
+
+    def __init__(self, items: Iterator[tuple[int, bytes | str]], stop: threading.Event, depth: int) -> None:
+        super().__init__(daemon=True)
+        self.items, self.stop, self.queue = items, stop, queue.Queue(maxsize=depth)
+
+    def _put(self, item: Any) -> bool:
+        while not self.stop.is_set():
+            with contextlib.suppress(queue.Full):
+                self.queue.put(item, timeout=0.1)
+                return True
+        return False
+
+    def run(self) -> None:
+        try:
+            for item in self.items:
+                if not self._put(item):
+                    return
+            self._put(self.END)
+        except BaseException as e:  # noqa: BLE001 (handed to the consumer, which raises it)
+            self._put(e)
+
+    def __next__(self) -> tuple[int, bytes | str]:
+        item = self.queue.get()
+        if isinstance(item, BaseException):
+            raise item
+        if item is self.END:
+            raise StopIteration
+        return item
+
+
+class Samples:
+    """The encoded samples a worker needs, read part by part front to back (utils.data.shards.read_samples; ahead of
+    use on threads for shards in object storage) and held until taken; a sample needed twice (padding) is held until
+    its last use. ``close()`` stops the readers."""
+
+    def __init__(self, index: ShardIndex, plan: EpochPlan, positions: Sequence[int], open_url: Opener) -> None:
+        self.plan, self.stop = plan, threading.Event()
         wanted: dict[int, set[tuple[int, int]]] = {}
         self.uses: dict[int, int] = {}
         for p in positions:
             c, local, sid = plan.where(p)
             wanted.setdefault(c, set()).add((local, sid))
             self.uses[sid] = self.uses.get(sid, 0) + 1
-        self.readers = {c: read_samples(index, [sid for _, sid in sorted(items)], open_url)
-                        for c, items in wanted.items()}
+        self.readers: dict[int, Iterator] = {c: read_samples(index, [sid for _, sid in sorted(items)], open_url)
+                                             for c, items in wanted.items()}
+        if not index.spec.local:
+            self.readers = {c: PartReader(items, self.stop, SHUFFLE_BUFFER) for c, items in self.readers.items()}
+            for reader in self.readers.values():
+                reader.start()
         self.held: dict[int, bytes | str] = {}
 
     def take(self, p: int) -> tuple[int, bytes | str]:
@@ -314,6 +373,9 @@ class Samples:
             self.held[i] = data
         self.uses[sid] -= 1
         return sid, self.held[sid] if self.uses[sid] else self.held.pop(sid)
+
+    def close(self) -> None:
+        self.stop.set()
 
 
 def load_stream(spec: ShardSpec, options: DatasetOptions, *, training: bool) -> tuple[StreamDataset, ShardSplit]:

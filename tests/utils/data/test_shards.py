@@ -92,7 +92,12 @@ def test_every_sample_once_per_epoch_over_ranks_and_workers(shard_set: Path) -> 
     # the global order does not depend on the world size: rank r of 2 has positions r, r + 2, ...
     flat = [p for b in single for p in b]
     assert [p for b in ranks[0] for p in b] == flat[0::2] and [p for b in ranks[1] for p in b] == flat[1::2]
-    assert _epoch(_loader(shard_set, epoch=2, batch=4)[0]) != single  # another epoch, another order
+    again = _epoch(_loader(shard_set, epoch=2, batch=4)[0])
+    assert again != single  # another epoch, another order
+    loader = _loader(shard_set, batch=4, workers=2)[0]  # persistent workers follow the epoch set in the rank
+    assert _epoch(loader) == single
+    set_epoch(loader, 2)
+    assert _epoch(loader) == again
 
 
 def test_mid_epoch_resume_at_another_world_size_is_exact(shard_set: Path) -> None:
@@ -115,7 +120,7 @@ def test_plan_parts_and_shuffle_buffer() -> None:
 def test_shard_patterns_and_urls(tmp_path: Path) -> None:
     assert expand_braces("s3://b/t-{08..11}.tar") == ["s3://b/t-08.tar", "s3://b/t-09.tar", "s3://b/t-10.tar",
                                                       "s3://b/t-11.tar"]
-    assert index_name("train-{000000..000511}.tar") == "train.index.json"
+    assert index_name("train-{000000..000511}.tar") == index_name("a/train-000007.tar") == "train.index.json"
     spec = parse_shard_spec("s3://bucket/coco/train-{0..1}.tar", tmp_path, None)
     assert spec.index_url == "s3://bucket/coco/train.index.json" and not spec.local
     for url in ("s3://AKIAXX:secretvalue@bucket/t-{0..1}.tar", "https://host/t.tar?X-Amz-Signature=secretvalue",
@@ -165,6 +170,12 @@ def test_a_damaged_index_is_one_line_and_bad_labels_are_counted(shard_set: Path,
     loader, split = _loader(data)
     assert split.scan.line() == "14 found, 0 missing, 0 empty, 2 corrupt" and len(split) == 14
     assert len([p for b in _epoch(loader) for p in b]) == 14
+    data.write_text(yaml.safe_dump({"train": "shards/train-{000001..000002}.tar", "val": PATTERN, "nc": 3}))
+    assert _loader(data)[1].im_files[0] == "train-000001.tar/000000004.jpg" and len(_loader(data)[1]) == 8  # a subset
+    data.write_text(yaml.safe_dump({"train": "shards/train-{000003..000004}.tar", "val": PATTERN, "nc": 3}))
+    with pytest.raises(DataError, match="the index has no shard 'train-000004.tar'"):
+        _loader(data)
+    data.write_text(yaml.safe_dump({"train": PATTERN, "val": PATTERN, "names": list(SYNTHETIC_NAMES)}))
     for damage in ({**index, "samples": index["samples"][:3]}, {**index, "version": 9}, "not json"):
         (folder / "train.index.json").write_text(json.dumps(damage) if isinstance(damage, dict) else damage)
         with pytest.raises(DataError) as refused:
