@@ -103,7 +103,7 @@ def overlap_index(polygons: Sequence[np.ndarray], shape_hw: tuple[int, int],
     same order (label ``r`` is then the pixels equal to ``r + 1``). uint8 up to 255 instances, else int32.
     """
     masks = polygons_to_masks(polygons, shape_hw, downsample)
-    areas = masks.reshape(len(masks), -1).sum(1)
+    areas = masks.reshape(len(masks), -1).sum(1) if len(masks) else np.zeros(0, np.int64)  # an image of none
     order = np.argsort(-areas, kind="stable")
     index = np.zeros(masks.shape[1:], np.uint8 if len(masks) <= 255 else np.int32)
     for rank, i in enumerate(order):

@@ -3,7 +3,7 @@
 A data YAML names image folders or ``.txt`` lists (``train``, ``val``, optional ``test``) relative to its
 ``path``, the class count ``nc`` and ``names``, and optionally a ``download`` URL used when a split is missing
 (then the registered converter named by ``convert``). A split may instead be a mapping naming a COCO JSON file or a
-folder of VOC XML files (utils.data.formats).
+folder of VOC XML files (utils.data.formats), or tar shards by local path or URL (utils.data.shard_urls).
 YAMLs may come from strangers: class names must be plain one-line strings of at most MAX_NAME_LENGTH
 characters (never lists that aliases could expand); downloads go through utils.data.download, only into the
 data set's folder.
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from utils.data.shard_urls import ShardSpec, ShardSpecError, is_shard_spec, parse_shard_spec
 from utils.distributed import comm as dist
 from utils.errors import UserError
 from utils.log import LOGGER
@@ -22,6 +23,7 @@ from utils.paths import ROOT, confined, confined_to_any, data_home
 from utils.safe_yaml import YamlError, load_yaml, shown
 
 DEFAULT_DATA = ROOT / "data" / "synthetic.yaml"
+TASK_DEFAULT_DATA = {"segment": ROOT / "data" / "synthetic-seg.yaml"}  # a task's built-in set, when not detect
 MAX_NAME_LENGTH = 128
 MAX_CLASSES = 10_000
 MAX_SPLIT_ENTRIES = 1000
@@ -105,13 +107,18 @@ def _dataset_root(data: dict, yaml_file: Path) -> Path:
     if "synthetic" in data:
         params = data["synthetic"] or {}
         if not isinstance(params, dict):
-            raise DataError(f"{yaml_file}: 'synthetic' must be a mapping (n_train, n_val, img_size, seed)")
-        from utils.data.synthetic import SyntheticError, ensure_synthetic  # local: synthetic imports nothing here
+            raise DataError(f"{yaml_file}: 'synthetic' must be a mapping (task, n_train, n_val, img_size, seed)")
+        from utils.data.formats import SYNTHETIC_SETS  # local: formats imports this module
+        from utils.data.synthetic import SyntheticError
 
         root = None if data.get("path") in (None, "") else confined_to_any(data["path"], homes, f"{yaml_file}: path",
                                                                       DataError)
+        params = dict(params)
+        task = params.pop("task", "detect")
+        if task not in SYNTHETIC_SETS:
+            raise DataError(f"{yaml_file}: synthetic task {shown(task)} is not one of {', '.join(SYNTHETIC_SETS)}")
         try:
-            return ensure_synthetic(root=root, **params)
+            return SYNTHETIC_SETS[task](root=root, **params)
         except (TypeError, ValueError) as e:
             raise DataError(f"{yaml_file}: bad 'synthetic' parameters: {str(e)[:200]}") from None
         except SyntheticError as e:
@@ -139,7 +146,16 @@ def _split_paths(value: Any, root: Path, names: list[str], yaml_file: Path, key:
         raise DataError(f"{yaml_file}: '{key}' must be a path or a list of paths (or an annotation mapping), at "
                         f"most {MAX_SPLIT_ENTRIES} entries")
     return [split_from_mapping(v, root, names, yaml_file) if isinstance(v, dict) else
+            _shards(v, root, yaml_file, key) if is_shard_spec(v) else
             confined(v, root, f"{yaml_file}: '{key}' entry", DataError) for v in values]
+
+
+def _shards(value: str, root: Path, yaml_file: Path, key: str) -> ShardSpec:
+    """A split entry naming tar shards (utils.data.shard_urls): local ones confined to the data set's folder."""
+    try:
+        return parse_shard_spec(value, root, lambda p: confined(p, root, f"{yaml_file}: '{key}' shards", DataError))
+    except ShardSpecError as e:
+        raise DataError(f"{yaml_file}: '{key}': {e}") from None
 
 
 def check_converter(name: Any, yaml_file: Path) -> None:

@@ -129,13 +129,11 @@ def check_image(path: str, repair_dir: Path | None = None) -> tuple[tuple[int, i
     return size, "", ""
 
 
-def read_label_file(path: str, nc: int | None) -> tuple[np.ndarray, str, int, str]:
-    """Parse and check one label file -> (labels (n, 5), state, duplicates removed, note).
-
-    State is 'found', 'missing' or 'empty'; invalid content raises ValueError with the reason.
-    """
+def read_label_rows(path: str | Path) -> tuple[list[list[str]], str]:
+    """A label file's non-blank rows split into values, and its state ('found', 'missing' or 'empty'); read only
+    when it is a regular file of at most MAX_LABEL_BYTES (ValueError with the reason otherwise)."""
     if not os.path.isfile(path):  # a FIFO or a folder is no label file: missing, never opened
-        return np.zeros((0, 5), np.float32), "missing", 0, ""
+        return [], "missing"
     try:
         text = read_regular(path, MAX_LABEL_BYTES).decode("utf-8", errors="replace")
     except OSError as e:
@@ -143,8 +141,17 @@ def read_label_file(path: str, nc: int | None) -> tuple[np.ndarray, str, int, st
     except FileRefused as e:
         raise ValueError(f"label file: {e}") from None
     rows = [line.split() for line in text.splitlines() if line.strip()]
-    if not rows:
-        return np.zeros((0, 5), np.float32), "empty", 0, ""
+    return rows, "found" if rows else "empty"
+
+
+def read_label_file(path: str, nc: int | None) -> tuple[np.ndarray, str, int, str]:
+    """Parse and check one label file -> (labels (n, 5), state, duplicates removed, note).
+
+    State is 'found', 'missing' or 'empty'; invalid content raises ValueError with the reason.
+    """
+    rows, state = read_label_rows(path)
+    if state != "found":
+        return np.zeros((0, 5), np.float32), state, 0, ""
     bad_width = next((len(r) for r in rows if len(r) != 5), None)
     if bad_width is not None:
         raise ValueError(f"labels require 5 columns, {bad_width} columns detected")
@@ -181,6 +188,20 @@ def check_label_rows(labels: np.ndarray, nc: int | None) -> tuple[np.ndarray, in
         labels = labels[np.sort(first)]
     note = f"{duplicates} duplicate labels removed" if duplicates else ""
     return labels, duplicates, note
+
+
+def unique_objects(labels: np.ndarray, outlines: Sequence[np.ndarray | None]) -> tuple[np.ndarray, list, int, str]:
+    """Objects repeated exactly (the same row and the same outline) kept once, in their first place: (labels,
+    outlines, duplicates removed, note)."""
+    seen, keep = set(), []
+    for i, (row, points) in enumerate(zip(labels, outlines)):
+        key = (row.tobytes(), None if points is None else np.asarray(points).tobytes())
+        if key not in seen:
+            seen.add(key)
+            keep.append(i)
+    duplicates = len(labels) - len(keep)
+    note = f"{duplicates} duplicate labels removed" if duplicates else ""
+    return labels[keep], [outlines[i] for i in keep], duplicates, note
 
 
 def check_sample(args: tuple[str, str, int | None, Path | None]) -> tuple[np.ndarray, tuple[int, int], str, int, str,
@@ -229,6 +250,7 @@ class ScanResult:
     duplicates: np.ndarray  # (n,) int32
     messages: list[str]
     repaired: list[str] = field(default_factory=list)  # per image: a repaired copy to read instead, or ''
+    segments: list[list[np.ndarray | None]] | None = None  # per image, per object its outline (a segment scan)
 
     def read_path(self, index: int) -> str:
         """The file to decode for image ``index``: its repaired copy when the scan made one, else the image."""
@@ -242,9 +264,10 @@ class ScanResult:
                            warnings=[m for m in self.messages if m])
 
 
-def files_hash(im_files: Sequence[str], label_files: Sequence[str], nc: int | None) -> str:
-    """A hash of the file list, sizes and mtimes (and nc, which decides class validity)."""
-    h = hashlib.sha256(f"v{CACHE_VERSION} nc={nc}".encode())
+def files_hash(im_files: Sequence[str], label_files: Sequence[str], nc: int | None, kind: str = "") -> str:
+    """A hash of the file list, sizes and mtimes (and nc, which decides class validity, and the scan's ``kind``:
+    '' for boxes, 'segments' for a scan that keeps outlines)."""
+    h = hashlib.sha256(f"v{CACHE_VERSION} nc={nc}{f' {kind}' if kind else ''}".encode())
     for path in (*im_files, *label_files):
         try:
             st = os.stat(path)
@@ -268,29 +291,52 @@ def scan_files(im_files: Sequence[str], label_files: Sequence[Any], nc: int | No
                show: bool = True, repair_dir: Path | None = None, check: Any = check_sample) -> ScanResult:
     """Check every pair on a pool sized to the cores, with a progress bar when ``show``; damaged images that can
     be repaired get a repaired copy in ``repair_dir``. ``check`` reads one pair's labels (the default: a YOLO txt
-    file; utils.data.annotations passes the boxes an annotation file gave)."""
+    file; utils.data.annotations passes the boxes an annotation file gave). A ``check`` that returns a seventh
+    value, each object's outline (utils.data.segments), makes a scan that keeps them."""
     n = len(im_files)
     states, shapes = np.zeros(n, np.int8), np.zeros((n, 2), np.int32)
-    labels, duplicates, messages, repaired = [], np.zeros(n, np.int32), [], []
+    labels, duplicates, messages, repaired, segments = [], np.zeros(n, np.int32), [], [], []
     counts = dict.fromkeys(STATES, 0)
     with _check_pool(n) as pool:
         jobs = [(im, lb, nc, repair_dir) for im, lb in zip(im_files, label_files)]
         bar = tqdm(pool.imap(check, jobs, chunksize=16), total=n, desc=desc, disable=not show, leave=False,
                    unit="img")
-        for i, (lab, shape, state, dup, msg, copy) in enumerate(bar):
+        for i, (lab, shape, state, dup, msg, copy, *outlines) in enumerate(bar):
             states[i], shapes[i], duplicates[i] = STATES.index(state), shape, dup
+            segments += outlines
             labels.append(lab)
             messages.append(msg)
             repaired.append(copy)
             counts[state] += 1
             bar.set_postfix_str(f"{counts['found'] + counts['empty']} found, {counts['missing']} missing, "
                                 f"{counts['empty']} empty, {counts['corrupt']} corrupt", refresh=False)
-    return ScanResult(list(im_files), states, shapes, labels, duplicates, messages, repaired)
+    return ScanResult(list(im_files), states, shapes, labels, duplicates, messages, repaired,
+                      segments if len(segments) == n and n else None)
 
 
-def cache_path_for(label_files: Sequence[str]) -> Path:
-    """``<labels dir>.cache`` next to the first label file's folder."""
-    return Path(label_files[0]).parent.with_suffix(".cache")
+def pack_segments(segments: Sequence[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
+    """Outlines (None: no outline) -> (points (P, 2) float32, offsets (k + 1,) int64): object i's points are
+    ``points[offsets[i]:offsets[i + 1]]`` (none for no outline); plain arrays an ``.npz`` holds without pickles."""
+    lengths = [0 if s is None else len(s) for s in segments]
+    offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+    arrays = [np.asarray(s, np.float32).reshape(-1, 2) for s in segments if s is not None]
+    points = np.concatenate(arrays) if arrays else np.zeros((0, 2), np.float32)
+    return points, offsets
+
+
+def unpack_segments(points: np.ndarray, offsets: np.ndarray) -> list[np.ndarray | None]:
+    """The inverse of ``pack_segments``; ValueError when the offsets do not index the points (a damaged cache)."""
+    offsets = np.asarray(offsets)
+    if offsets.ndim != 1 or not len(offsets) or offsets[0] != 0 or offsets[-1] != len(points) \
+            or (np.diff(offsets) < 0).any():
+        raise ValueError("segment offsets do not index the stored points")
+    return [points[a:b] if b > a else None for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
+
+
+def cache_path_for(label_files: Sequence[str], kind: str = "") -> Path:
+    """``<labels dir>.cache`` next to the first label file's folder (``<labels dir>.<kind>.cache`` for a scan of
+    another kind, so box and outline scans of one folder keep their own caches)."""
+    return Path(label_files[0]).parent.with_suffix(f".{kind}.cache" if kind else ".cache")
 
 
 def cache_dir_for(label_files: Sequence[str]) -> Path:
@@ -309,6 +355,8 @@ def save_cache(path: Path, result: ScanResult, file_hash: str) -> bool:
         "messages": np.array(result.messages if result.messages else [], dtype=str),
         "repaired": np.array(result.repaired if result.repaired else [], dtype=str),
     }
+    if result.segments is not None:  # every object's outline, in label order: (P, 2) points and offsets
+        arrays["seg_points"], arrays["seg_offsets"] = pack_segments([s for image in result.segments for s in image])
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -347,27 +395,37 @@ def load_cache(path: Path, file_hash: str) -> ScanResult | None:
                 return None
             counts = z["counts"]
             labels = np.split(z["labels"].astype(np.float32), np.cumsum(counts)[:-1]) if len(counts) else []
+            segments = None
+            if "seg_points" in z.files:
+                flat = unpack_segments(z["seg_points"].astype(np.float32), z["seg_offsets"])
+                if len(flat) != int(counts.sum()):
+                    return None
+                ends = np.cumsum(counts).tolist()
+                segments = [flat[end - c:end] for c, end in zip(counts.tolist(), ends)]
             return ScanResult([str(f) for f in z["im_files"]], z["states"].astype(np.int8),
                               z["shapes"].astype(np.int32), labels, z["duplicates"].astype(np.int32),
-                              [str(m) for m in z["messages"]], [str(r) for r in z["repaired"]])
+                              [str(m) for m in z["messages"]], [str(r) for r in z["repaired"]], segments)
     except Exception:  # any damage means: rebuild
         return None
 
 
 def cached_scan(im_files: Sequence[str], label_files: Sequence[str], nc: int | None,
-                prefix: str = "") -> tuple[ScanResult, Path]:
-    """The scan of these files, from ``<labels dir>.cache`` when valid, else scanned and cached.
+                prefix: str = "", check: Any = check_sample, kind: str = "") -> tuple[ScanResult, Path]:
+    """The scan of these files, from ``<labels dir>.cache`` when valid, else scanned (``check`` reads one pair; a
+    ``kind`` names a scan other than boxes, so each kind's cache is its own) and cached.
 
     Logs the ``Scanning '...'... N found, M missing, K empty, C corrupt`` line and the warnings once.
     """
-    path, file_hash = cache_path_for(label_files), files_hash(im_files, label_files, nc)
+    path, file_hash = cache_path_for(label_files, kind), files_hash(im_files, label_files, nc, kind)
     result = load_cache(path, file_hash)
+    if result is not None and kind and result.segments is None:
+        result = None
     shown = path
     if result is None:
         shown = path.parent / path.stem
         desc = f"{prefix}Scanning '{shown}' images and labels..."
         result = scan_files(im_files, label_files, nc, desc=desc, show=dist.is_main_process(),
-                            repair_dir=cache_dir_for(label_files) / "repaired")
+                            repair_dir=cache_dir_for(label_files) / "repaired", check=check)
         if save_cache(path, result, file_hash):
             LOGGER.info(f"{prefix}New cache created: {path}")
     log_scan(result, prefix, shown, path.parent / path.stem)

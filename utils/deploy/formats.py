@@ -102,7 +102,11 @@ def missing_packages(packages: tuple[tuple[str, str], ...]) -> list[str]:
 
 
 def require(packages: tuple[tuple[str, str], ...], purpose: str) -> None:
-    """FormatError naming what to pip install when any of ``packages`` is missing."""
+    """FormatError naming what to pip install when any of ``packages`` is missing. Loads torch's compiler stack
+    first: once TensorFlow (imported by coremltools and our TF formats) is loaded, a later import of triton (torchvision
+    and torch._dynamo import it) crashes the process (triton 3.8, TensorFlow 2.21); in the other order both work."""
+    import torch._dynamo  # noqa: F401  (loads triton where it is installed)
+
     missing = missing_packages(packages)
     if missing:
         raise FormatError(f"{purpose} needs {', '.join(missing)}: pip install {' '.join(missing)} "

@@ -33,8 +33,8 @@ from utils.deploy.formats import (
     parse_json_metadata,
     require,
 )
-from utils.deploy.ncnn import head_from_metadata, mask_count
-from utils.deploy.tf_graph import TENSORFLOW, RawMapDecoder, import_tensorflow, nhwc_array, tf_module
+from utils.deploy.head_maps import RawMapDecoder, head_from_metadata, mask_count
+from utils.deploy.tf_graph import TENSORFLOW, import_tensorflow, nhwc_array, tf_module
 
 METADATA_NAME = "yolo_metadata"
 TFLITE_IDENTIFIER = b"TFL3"
@@ -90,7 +90,7 @@ def convert(tf: Any, module: Any, options: ExportOptions,
 def maps_decoder(meta: dict, file: Path) -> Callable[[list[torch.Tensor]], torch.Tensor]:
     """How an INT8 file's head maps (NHWC, P3 first) become the rows of its contract, in float: an anchor-based
     head's by its anchors (the YOLOv5 Detect rebuilt from the metadata), any other head's by its own decode rebuilt
-    from its export metadata (tf_graph.RawMapDecoder); a one-line FormatError for a file that carries neither."""
+    from its export metadata (head_maps.RawMapDecoder); a one-line FormatError for a file that carries neither."""
     if "anchors" in meta:
         detect = head_from_metadata(meta, file)
         return lambda maps: detect.decode_into([x.permute(0, 3, 1, 2) for x in maps])  # seen as (b, na*no, ny, nx)

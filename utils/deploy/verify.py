@@ -147,18 +147,23 @@ def spread(items: list, count: int) -> list:
 def calibration_batches(data_yaml: str, options: ExportOptions, stride: int) -> list[torch.Tensor]:
     """At most ``options.calib_images`` training images of ``data_yaml``, letterboxed to the export's input size,
     in batches of the export's batch size (float in [0, 1])."""
-    import cv2
-
     from utils.data.config import load_data_config
+    from utils.data.image_io import ImageRefused, read_image
     from utils.data.label_cache import list_image_files
     from utils.data.sources import letterbox_image
 
     files = spread(list_image_files(load_data_config(data_yaml).train), options.calib_images)
-    images = []
+    images, refused = [], 0
     for file in files:
-        image = cv2.imread(file)
-        if image is not None:
-            images.append(torch.from_numpy(letterbox_image(image, options.img_size, stride, auto=False)[0]))
+        try:  # the same bounded, header-checked reader as training: a calibration image is a file from a stranger
+            image = read_image(file)
+        except ImageRefused as e:
+            refused += 1
+            LOGGER.warning(f"INT8 calibration: {file} skipped: {e}")
+            continue
+        images.append(torch.from_numpy(letterbox_image(image, options.img_size, stride, auto=False)[0]))
+    if refused:
+        LOGGER.warning(f"INT8 calibration: {refused} of {len(files)} images skipped")
     if not images:
         raise FormatError(f"--data {data_yaml}: no readable training images to calibrate --int8 on")
     usable = len(images) - len(images) % options.batch_size or len(images)

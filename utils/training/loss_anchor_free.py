@@ -53,6 +53,12 @@ class AnchorFreeLoss:
 
     def terms(self, preds: dict[str, Any], targets: torch.Tensor) -> torch.Tensor:
         """The three gained loss terms (box, cls, dfl or l1) of one set of branches, (3,)."""
+        return self.assigned_terms(preds, targets)[0]
+
+    def assigned_terms(self, preds: dict[str, Any],
+                       targets: torch.Tensor) -> tuple[torch.Tensor, Assignment, list[float]]:
+        """``terms`` with the assignment they came from and the input's (h, w) in pixels (for a task's own terms,
+        the masks of utils.training.loss_segment)."""
         pred_dist = preds["boxes"].float().permute(0, 2, 1)  # (b, n, 4 * reg_max), float32 under autocast too
         logits = preds["scores"].float().permute(0, 2, 1)  # (b, n, nc)
         points, strides = preds["anchor_points"], preds["stride_tensor"]  # (n, 2) grid units, (n, 1)
@@ -69,7 +75,7 @@ class AnchorFreeLoss:
         box, side = self.box_terms(pred_dist, pred_boxes, points, strides, assigned, target_scores, score_sum,
                                    image_hw)
         gain_box, gain_cls, gain_side = self.gains
-        return torch.stack((box * gain_box, cls * gain_cls, side * gain_side))
+        return torch.stack((box * gain_box, cls * gain_cls, side * gain_side)), assigned, image_hw
 
     def decode(self, points: torch.Tensor, pred_dist: torch.Tensor) -> torch.Tensor:
         """(b, n, 4 * reg_max) side distributions -> (b, n, 4) xyxy boxes in grid units."""

@@ -114,7 +114,7 @@ def head_inputs(model: nn.Module, images: torch.Tensor) -> list[torch.Tensor]:
 @pytest.mark.parametrize("name", FAMILIES)
 def test_raw_maps_are_the_heads_convolutions_and_decode_back(tf: Any, fused: dict[str, nn.Module],
                                                              images: torch.Tensor, name: str) -> None:
-    from utils.deploy.tf_graph import RawMapDecoder
+    from utils.deploy.head_maps import RawMapDecoder
 
     model = fused[name]
     head = model.head
@@ -148,7 +148,8 @@ def tflite_outputs(content: bytes, images: torch.Tensor) -> tuple[list[torch.Ten
 @pytest.mark.slow
 def test_tflite_float_keeps_the_top_k_and_int8_ends_at_the_maps(tf: Any, fused: dict[str, nn.Module],
                                                                  images: torch.Tensor) -> None:
-    from utils.deploy.tf_graph import RawMapDecoder, tf_module
+    from utils.deploy.head_maps import RawMapDecoder
+    from utils.deploy.tf_graph import tf_module
     from utils.deploy.tflite import convert
 
     one = images[:1]
@@ -247,7 +248,7 @@ def test_a_layer_without_translation_is_refused_in_one_line(tf: Any, fused: dict
     (lambda m: m.clear(), "no output contract recorded"),
 ])
 def test_raw_map_decoder_refuses_bad_metadata_in_one_line(fused: dict[str, nn.Module], edit, message: str) -> None:
-    from utils.deploy.tf_graph import RawMapDecoder
+    from utils.deploy.head_maps import RawMapDecoder
 
     meta = fused["yolo26n"].head.export_metadata()
     edit(meta)
