@@ -146,3 +146,23 @@ def test_a_segmenter_returns_masks_as_detect_py_makes_them(tiny_seg_weights: Pat
         assert xs.min() >= box[0] - 4 and xs.max() <= box[2] + 3 and ys.min() >= box[1] - 4 and ys.max() <= box[3] + 3
     detector = torch.hub.load(str(ROOT), "custom", source="local", path=FIXTURES / "yolov5n-v7.0.pt", device="cpu")
     assert detector(tmp_path / "scene.png").masks is None
+
+
+def test_segmenter_entry_points_build_offline_with_their_sizes(tmp_path: Path) -> None:
+    """yolov5n_seg ... yolo11x_seg: each calls _create with its YAML name; the docstring's size is the built
+    model's (checked on the meta device), and yolov5n_seg builds offline and returns masks."""
+    import hubconf
+    from models.yolo import load_model_config, parse_model
+
+    for family in ("yolov5", "yolov8", "yolo11"):
+        for scale in "nsmlx":
+            entry = getattr(hubconf, f"{family}{scale}_seg")
+            cfg, source = load_model_config(f"{family}{scale}-seg.yaml")
+            with torch.device("meta"):
+                layers = parse_model(cfg, 3, source)[0]
+            assert f"{sum(p.numel() for p in layers.parameters()):,} parameters" in entry.__doc__
+    model = torch.hub.load(str(ROOT), "yolov5n_seg", source="local", pretrained=False, classes=3, device="cpu")
+    assert model.model.head.task == "segment" and model.model.head.nc == 3 and model.model.head.nm == 32
+    model.conf = 0.0
+    found = model(np.zeros((48, 64, 3), np.uint8), size=64)
+    assert found.masks is not None and found.masks[0].shape[1:] == (48, 64)
