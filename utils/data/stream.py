@@ -40,6 +40,7 @@ from utils.data.image_io import ImageRefused, decode_image
 from utils.data.shard_urls import ShardSpec
 from utils.data.shards import Opener, ShardIndex, opener, read_index, read_samples
 from utils.distributed import comm as dist
+from utils.hyp import load_hyp
 from utils.log import LOGGER
 from utils.paths import data_home
 
@@ -129,7 +130,7 @@ class SamplePool(YoloDataset):
     def __init__(self, options: DatasetOptions) -> None:  # not super().__init__: it scans files, a pool has none
         self.options = opts = options
         self.img_size, self.augment, self.rect, self.stride = opts.img_size, opts.augment, False, opts.stride
-        self.hyp = dict(opts.hyp or {})
+        self.hyp = dict(load_hyp() if opts.hyp is None and opts.augment else opts.hyp or {})  # as YoloDataset's
         self.mosaic = opts.augment and self.hyp.get("mosaic", 0) > 0
         self.names, self.seed = list(opts.names or []), opts.seed
         self.rng = np.random.default_rng(opts.seed)
@@ -228,7 +229,9 @@ class StreamDataset(torch.utils.data.IterableDataset):
         self.batch, self.seed = options.batch_size, options.seed
         self.position = torch.zeros(2, dtype=torch.int64).share_memory_()  # (epoch, start), seen by live workers
         self._open: tuple[int, Opener] | None = None  # (pid, opener) of this process
-        self.mosaic = options.augment and (options.hyp or {}).get("mosaic", 0) > 0
+        if options.augment and options.hyp is None:  # the scratch hyps, as YoloDataset augments without any
+            self.options = options = replace(options, hyp=load_hyp())
+        self.mosaic = options.augment and options.hyp.get("mosaic", 0) > 0
         spec = split.index.spec
         self.cache_folder = shard_cache_folder(spec) if cache_disk and not spec.local else None
         if self.cache_folder is not None:

@@ -18,8 +18,9 @@ from utils.data.datasets import DatasetOptions, YoloDataset
 from utils.data.loader import create_dataloader, set_epoch, set_start
 from utils.data.shard_urls import ShardSpecError, expand_braces, index_name, parse_shard_spec
 from utils.data.shards import ShardRefused, parse_sample
-from utils.data.stream import EpochPlan, buffer_order, rank_positions
+from utils.data.stream import EpochPlan, SamplePool, buffer_order, rank_positions
 from utils.data.synthetic import SYNTHETIC_NAMES
+from utils.hyp import load_hyp
 
 N_IMAGES = 16
 PATTERN = "shards/train-{000000..000003}.tar"
@@ -117,6 +118,21 @@ def test_plan_parts_and_shuffle_buffer() -> None:
     assert rank_positions(7, 2, 1, 2, pad=False) == [3, 5]
 
 
+def test_mosaic_takes_its_partners_from_the_worker_pool() -> None:
+    pool = SamplePool(DatasetOptions(img_size=64, augment=True, hyp={**load_hyp(), "mosaic": 1.0}, seed=0))
+    for c in range(3):  # class c only in image c
+        pool.add(f"img{c}", np.full((48, 64, 3), 60 * c, np.uint8), np.array([[c, 0.5, 0.5, 0.6, 0.6]], np.float32))
+    classes = set()
+    for position in range(6):
+        img, targets, path, shapes = pool[(2, (0, position))]
+        assert path == "img2" and shapes is None and img.shape == (3, 64, 64)
+        classes |= set(targets[:, 1].int().tolist())
+    assert len(classes) > 1  # the mosaics hold other images of the pool too
+    pool.mosaic = False  # close_mosaic
+    img, targets, path, shapes = pool[(2, (0, 0))]
+    assert set(targets[:, 1].int().tolist()) == {2} and shapes is not None
+
+
 def test_shard_patterns_and_urls(tmp_path: Path) -> None:
     assert expand_braces("s3://b/t-{08..11}.tar") == ["s3://b/t-08.tar", "s3://b/t-09.tar", "s3://b/t-10.tar",
                                                       "s3://b/t-11.tar"]
@@ -206,7 +222,7 @@ def test_shards_stream_from_s3_and_stay_in_the_disk_cache(shard_set: Path, s3_en
                                     "val": "s3://yolo-shards/coco/train-{000000..000003}.tar",
                                     "names": list(SYNTHETIC_NAMES)}))
     local_pixels, remote_pixels = [], []
-    local = _epoch(_loader(shard_set, batch=4)[0], pixels=local_pixels)
+    local = _epoch(_loader(shard_set, batch=4, workers=2)[0], pixels=local_pixels)
     assert _epoch(_loader(data, batch=4, workers=2)[0], pixels=remote_pixels) == local  # the same batches, bit for bit
     assert all(a[0].equal(b[0]) and a[1].equal(b[1]) for a, b in zip(local_pixels, remote_pixels))
     # --cache disk: each shard fetched once into the data home, read from there while the server is unreachable
