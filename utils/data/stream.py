@@ -34,7 +34,6 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
-from utils.data.config import DataError
 from utils.data.datasets import DatasetOptions, YoloDataset
 from utils.data.image_io import ImageRefused, decode_image
 from utils.data.shard_urls import ShardSpec
@@ -300,17 +299,19 @@ class StreamDataset(torch.utils.data.IterableDataset):
             samples.close()
 
     def _item(self, pool: SamplePool, position: int, sid: int, data: bytes | str) -> tuple:
-        name = self.split.im_files[sid]
+        """Sample ``sid`` decoded into the pool and augmented; a sample refused here (a damaged member or image)
+        becomes a grey background of its size without boxes, with a warning, so the batch keeps its size."""
+        name, labels = self.split.im_files[sid], self.split.labels[sid]
         try:
             if isinstance(data, str):
                 raise ImageRefused(data)
-            slot = pool.add(name, decode_image(data), self.split.labels[sid])
+            image = decode_image(data)
         except ImageRefused as e:
-            if not pool.images:
-                raise DataError(f"{name}: {e}") from None
-            LOGGER.warning(f"WARNING: {name}: {e}; a sample of the pool is trained in its place")
-            slot = (pool.next_slot - 1) % len(pool.images)
-        return pool[(slot, (self.epoch, position))]
+            LOGGER.warning(f"WARNING: {name}: ignoring corrupt image: {e}; a grey background without boxes is trained "
+                           "in its place")
+            w, h = (int(v) for v in self.split.shapes[sid])
+            image, labels = np.full((h, w, 3), 114, np.uint8), labels[:0]
+        return pool[(pool.add(name, image, labels), (self.epoch, position))]
 
 
 class PartReader(threading.Thread):

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.helpers import make_shard_set, s3_server
+from tests.helpers import RangeHandler, make_shard_set, s3_server, serve_folder
 from utils.data.config import DataError, load_data_config
 from utils.data.convert import main as convert_main
 from utils.data.datasets import DatasetOptions, YoloDataset
@@ -241,6 +241,33 @@ def test_shards_stream_from_s3_and_stay_in_the_disk_cache(shard_set: Path, s3_en
     loader.dataset.cache_cap = 2 * max(p.stat().st_size for p in (shard_set.parent / "shards").glob("*.tar"))
     assert _epoch(loader) == local
     assert len(list((tmp_path / "home" / "shards").rglob("*.shard"))) == 2
+
+
+def test_a_damaged_sample_is_a_warning_and_training_goes_on(shard_set: Path, tmp_path: Path,
+                                                             yolo_log: list[str]) -> None:
+    folder = tmp_path / "data" / "shards"
+    folder.mkdir(parents=True)
+    for path in (shard_set.parent / "shards").iterdir():
+        (folder / path.name).write_bytes(path.read_bytes())
+    shard, offset = json.loads((folder / "train.index.json").read_text())["samples"][5][:2]
+    with open(folder / f"train-{shard:06d}.tar", "r+b") as f:
+        f.seek(offset)
+        f.write(b"\x01" * 512)  # sample 5's first member header
+    data = tmp_path / "data" / "d.yaml"
+    data.write_text(yaml.safe_dump({"train": PATTERN, "val": PATTERN, "names": list(SYNTHETIC_NAMES)}))
+    batches = _epoch(_loader(data, batch=4, augment=False)[0])
+    assert len([p for b in batches for p in b]) == N_IMAGES  # every batch whole
+    warnings = [m for m in yolo_log if "000000005.jpg: ignoring corrupt image: sample 000000005: a damaged" in m]
+    assert len(warnings) == 1
+
+
+def test_shards_stream_over_http_byte_ranges(shard_set: Path, tmp_path: Path) -> None:
+    local = _epoch(_loader(shard_set, batch=4)[0])
+    with serve_folder(shard_set.parent, RangeHandler) as url:
+        data = tmp_path / "http.yaml"
+        data.write_text(yaml.safe_dump({"train": f"{url}/{PATTERN}", "val": f"{url}/shards/train-000000.tar",
+                                        "names": list(SYNTHETIC_NAMES)}))
+        assert _epoch(_loader(data, batch=4)[0]) == local
 
 
 def test_s3_errors_are_one_line(s3_env: dict, tmp_path: Path) -> None:
