@@ -61,9 +61,9 @@ MODULE_LAYERS: dict[str, list[list[str]]] = {
     "utils.loggers": [["background", "progress", "tracker_queue"], ["batch_plots", "registry"],
                       ["results_csv", "tensorboard", "tracking"],
                       ["clearml_logger", "comet_logger", "mlflow_logger", "wandb_logger"]],
-    "utils.training": [["amp", "autoanchor", "config", "early_stop", "fingerprint", "fitness", "loss", "loss_mask",
-                        "optim", "tal", "train_state"], ["loss_anchor_free", "resume"], ["loss_segment"], ["families", "run_plan"],
-                       ["checkpointer", "engine"], ["loop"], ["builder"], ["evolve"]],
+    "utils.training": [["amp", "autoanchor", "autobatch", "config", "early_stop", "fingerprint", "fitness", "loss",
+                        "loss_mask", "optim", "tal", "train_state"], ["loss_anchor_free", "resume"], ["loss_segment"],
+                       ["families", "run_plan"], ["checkpointer", "engine"], ["loop"], ["builder"], ["evolve"]],
 }
 # Imports that go up inside a package today: each is a lazy import closing a cycle, which its package's owner is to
 # break (utils.data's config holds DataError for the modules it also orchestrates; a checkpoint falls back to the
