@@ -182,6 +182,15 @@ def export_metadata(model: nn.Module, img_size: tuple[int, int], batch_size: int
             "num_anchors": len(anchors[0]), "half": bool(half), "head": head}
 
 
+OUTPUT_NAMES = ("output0", "output1")  # the rows, and a segmenter's prototypes (a detector has only the first)
+
+
+def output_count(model: nn.Module) -> int:
+    """How many outputs an export of ``model`` has: the rows, and a segmenter's prototypes (its contract has
+    ``nm``)."""
+    return 2 if model.head.contract.nm else 1
+
+
 MAX_METADATA_TEXT = 1 << 20  # bytes of an exported file's metadata text (80 class names: ~1 KB)
 METADATA_BOUNDS = {"stride": 1024, "classes": 10_000, "name": 128, "side": 16_384, "batch": 1024, "levels": 8,
                    "anchors": 32, "anchor": 1e5}

@@ -14,23 +14,31 @@ from torch import nn
 from models.head import Detect
 from models.head_anchor_free import AnchorFreeDetect
 from models.head_end_to_end import EndToEndDetect
+from models.segment import Segment
 from models.registry import LIMITS
 from utils.deploy.formats import FormatError, check_metadata
-from utils.predictions import ContractError, OutputContract
+from utils.predictions import MAX_MASKS, ContractError, OutputContract
 
 
 def head_from_metadata(meta: dict, source: object = "metadata") -> nn.Module:
     """The Detect head (anchors and strides from the metadata, no convolutions) whose decode() turns raw maps into
-    (b, n, 5 + nc) (YOLOv5's row layout); the fields are checked first (check_metadata), one FormatError line
-    otherwise."""
+    (b, n, 5 + nc) (YOLOv5's row layout), a Segment head's when the metadata records ``nm`` mask coefficients
+    (rows (b, n, 5 + nc + nm)); the fields are checked first (check_metadata), one FormatError line otherwise."""
     meta = check_metadata(meta, source)
     missing = [key for key in ("names", "anchors", "strides") if key not in meta]
     if missing:
         raise FormatError(f"{source}: its metadata lacks {', '.join(missing)}; re-export it with export.py")
     anchors = [[v for pair in level for v in pair] for level in meta["anchors"]]
-    head = Detect(len(meta["names"]), anchors, ())
+    nm = mask_count(meta)
+    head = Segment.decoder(len(meta["names"]), anchors, nm) if nm else Detect(len(meta["names"]), anchors, ())
     head.stride.copy_(torch.tensor(meta["strides"]))
     return head.eval()
+
+
+def mask_count(meta: dict) -> int:
+    """The mask coefficients per row the (checked) metadata records under ``head``: 0 for a detector."""
+    nm = (meta.get("head") or {}).get("nm", 0)
+    return nm if isinstance(nm, int) and not isinstance(nm, bool) and 0 <= nm <= MAX_MASKS else 0
 
 
 class RawMapDecoder:

@@ -2,7 +2,8 @@
 from a TorchScript trace, and metadata.yaml. For an anchor-based head (its export metadata has anchors) the graph
 ends at the head's raw maps, as pnnx does not keep that decoding exact; for an end-to-end head (YOLO26) at the raw
 rows of its one-to-one branches, as pnnx cannot convert the top-k selection. Both are decoded here by the head's
-own code rebuilt from the metadata (utils/deploy/head_maps.py); other heads' graphs end at their decoded output."""
+own code rebuilt from the metadata (utils/deploy/head_maps.py); other heads' graphs end at their decoded output.
+A segmenter's prototypes are its last output."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from utils.deploy.formats import (
     read_metadata_yaml,
     require,
 )
-from utils.deploy.head_maps import RawMapDecoder, head_from_metadata
+from utils.deploy.head_maps import RawMapDecoder, head_from_metadata, mask_count
 from utils.predictions import ContractError, OutputContract
 
 PARAM, BIN, METADATA = "model.ncnn.param", "model.ncnn.bin", "metadata.yaml"
@@ -149,11 +150,15 @@ class NcnnFormat(ExportFormat):
             extractor.input(inputs[0], ncnn.Mat(np.ascontiguousarray(image)))
             return [torch.from_numpy(np.array(extractor.extract(name)[1]))[None] for name in outputs]
 
-        def run(images: torch.Tensor) -> torch.Tensor:
+        segments = mask_count(meta) > 0
+
+        def run(images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
             array = images.detach().cpu().float().numpy()
             per_image = [run_one(image) for image in array]
-            maps = [torch.cat(level) for level in zip(*per_image)]
-            return head.decode(maps) if head is not None else rows(maps[0]) if rows is not None else maps[0]
+            maps = [torch.cat(level) for level in zip(*per_image)]  # a segmenter's prototypes last
+            found = (head.decode(maps[:head.nl]) if head is not None else rows(maps[0]) if rows is not None
+                     else maps[0])
+            return (found, maps[-1]) if segments else found
 
         img_size = meta.get("img_size")
         return LoadedModel(run, {**meta, "dynamic": False}, [1, 3, *img_size] if img_size else None)

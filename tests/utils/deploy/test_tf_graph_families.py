@@ -260,3 +260,27 @@ def test_raw_map_decoder_refuses_bad_metadata_in_one_line(fused: dict[str, nn.Mo
     decoder = RawMapDecoder(fused["yolo26n"].head.export_metadata())
     with pytest.raises(FormatError, match=r"expected 3 maps of \(b, ny, nx, 84\)"):
         decoder([torch.zeros(1, 8, 8, 84), torch.zeros(1, 4, 4, 85), torch.zeros(1, 2, 2, 84)])
+
+
+# ------------------------------------------------------------------------------------------ segmenters
+def test_segmenters_translate_to_rows_and_prototypes(tf: Any, images: torch.Tensor, tiny_seg_weights: Path) -> None:
+    """yolo11n-seg (the ultralytics fixture: the learned 2x upsample as 1x1 convolution + depth-to-space, cv4) and
+    the tiny yolov5n-seg (nearest upsample, raw coefficients after the sigmoid columns): the graph returns the fused
+    model's rows, coefficients included, and its prototypes (NHWC); no raw-map form."""
+    from utils.deploy.tf_graph import nhwc_array, tf_module
+
+    b, _, h, w = images.shape
+    for path in (FIXTURES / "yolo11n-seg.pt", tiny_seg_weights):
+        model = load_model(path, fuse=True)[0].float().eval()
+        with torch.no_grad():
+            rows, protos = model(images)
+        found_rows, found_protos = tf_module(tf, model, (b, h, w, 3)).serve(tf.constant(nhwc_array(images)))
+        found_rows, found_protos = torch.from_numpy(found_rows.numpy()), torch.from_numpy(found_protos.numpy())
+        assert found_protos.shape == (b, h // 4, w // 4, 32) and found_rows.shape == rows.shape
+        nm_start = rows.shape[-1] - 32
+        assert_same_rows(found_rows[..., :nm_start], rows[..., :nm_start], end_to_end=False)
+        for found, expected in ((found_rows[..., nm_start:], rows[..., nm_start:]),
+                                (found_protos.permute(0, 3, 1, 2), protos)):
+            assert (found - expected).abs().max() <= RELATIVE * expected.abs().max()
+        with pytest.raises(FormatError, match="segmenter has no raw-map"):
+            tf_module(tf, model, (b, h, w, 3), raw_maps=True)
