@@ -4,11 +4,13 @@
     python detect.py --weights best.pt --source img.jpg    # also: folder/, 'dir/*.jpg', list.txt, video.mp4, 0
     python detect.py --weights best.onnx --source folder/ --save-txt --save-conf --save-crop
     python detect.py --weights yolov5s.pt --source rtsp://host/live --view-img    # release name, live stream
+    python detect.py --weights yolov5n-seg.pt --save-txt --retina-masks           # a segmenter: masks, polygons
 
 Weights may be our .pt checkpoint, a YOLOv5 release file or name, an exported .torchscript or .onnx file, or an
 OpenVINO folder (see export.py). Outputs go to runs/detect/exp{N}: annotated images and videos at their original
-size, labels/*.txt (YOLO rows normalised to the original image), crops/<class>/*.jpg and, with --visualize,
-<image>/stage*_features.png.
+size, labels/*.txt (YOLO rows normalised to the original image; a segmenter's as YOLO segment rows, the outline of
+each mask), crops/<class>/*.jpg and, with --visualize, <image>/stage*_features.png. A segmenter's masks are drawn
+under the boxes.
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ from utils.device import check_half, select_device
 from utils.errors import UserError
 from utils.evaluation.tta import augmented_forward
 from utils.log import LOGGER, colorstr, print_options, setup_logging
-from utils.plots.annotate import class_name, draw_detections
+from utils.masks import masks_to_polygons, process_masks, process_masks_original, scale_masks
+from utils.plots.annotate import class_name, draw_detections, draw_masks
 from utils.plots.feature_maps import capture_stages, save_feature_maps
 from utils.plots.viewer import Viewer
 from utils.predictions import postprocess
@@ -55,11 +58,13 @@ class DetectError(UserError, ValueError):
 
 @dataclass
 class DetectResult:
-    """What a run produced: the output folder and, per processed frame, (description, detections (k, 6))."""
+    """What a run produced: the output folder and, per processed frame, (description, detections (k, 6)); for a
+    segmenter also, per frame, each detection's outline (its mask's largest part, (n, 2) in original pixels)."""
 
     save_dir: Path
     weights: Path
     detections: list[tuple[str, np.ndarray]] = field(default_factory=list)  # xyxy in original pixels, conf, cls
+    outlines: list[list[np.ndarray]] = field(default_factory=list)  # segmenters: per frame, per detection
     skipped: int = 0
     speed_ms: tuple[float, float, float] = (0.0, 0.0, 0.0)  # pre-process, inference, NMS per image
 
@@ -81,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--vid-stride", type=int, default=1, help="video frame-rate stride: read every N-th frame")
     add_flags(parser, "save_txt", "save_conf")
     parser.add_argument("--save-crop", action="store_true", help="save cropped boxes to crops/<class>/")
+    parser.add_argument("--retina-masks", action="store_true", help="segmenters: make the masks at the original "
+                        "image's resolution (default: at the input's, then resized)")
     parser.add_argument("--nosave", action="store_true", help="do not save annotated images/videos")
     parser.add_argument("--hide-labels", action="store_true", help="draw boxes without labels")
     parser.add_argument("--hide-conf", action="store_true", help="draw labels without confidences")
@@ -113,6 +120,9 @@ def check_options(opt: argparse.Namespace, device: torch.device) -> None:
 def check_model_options(opt: argparse.Namespace, model: InferenceModel) -> None:
     """Refuse flags these weights cannot serve: --visualize needs the PyTorch model, --augment a dynamic one whose
     rows go through NMS (an end-to-end head's final rows cannot be merged)."""
+    if opt.augment and model.contract.nm:
+        raise DetectError(f"--augment merges boxes of three passes; {model.weights.name} is a segmenter, whose "
+                          "masks it cannot merge: drop --augment")
     if opt.augment and model.contract.end_to_end:
         raise DetectError(f"--augment merges three passes before NMS; {model.weights.name} returns final rows "
                           f"({model.contract.layout}, no NMS): drop --augment")
@@ -156,6 +166,19 @@ def crop_folder(crop_dir: Path, names: list[str], cls: float) -> Path:
     return folder
 
 
+def segment_rows(det: np.ndarray, outlines: list[np.ndarray], shape: tuple[int, int], save_conf: bool) -> list[str]:
+    """YOLO segment rows ``cls x1 y1 x2 y2 ... [conf]`` of detections and their outlines (original pixels),
+    normalised to an image of ``shape`` (h, w); a detection whose mask is empty has no row."""
+    scale = np.array([shape[1], shape[0]], np.float64)
+    rows = []
+    for (*_, conf, cls), outline in zip(det, outlines):
+        if len(outline) < 3:
+            continue
+        points = " ".join(f"{v:.6g}" for v in (np.clip(outline / scale, 0, 1)).reshape(-1).tolist())
+        rows.append(f"{int(cls)} {points}" + (f" {float(conf):.6g}" if save_conf else ""))
+    return rows
+
+
 def save_crops(image: np.ndarray, det: np.ndarray, names: list[str], crop_dir: Path, stem: str) -> None:
     """Each box cut from the (un-annotated) original image to crops/<class>/<stem>.jpg (stem2.jpg, ...)."""
     for x1, y1, x2, y2, _, cls in det:
@@ -186,18 +209,25 @@ class OutputWriter:
         if opt.save_txt:
             (save_dir / "labels").mkdir(parents=True, exist_ok=True)
 
-    def write(self, frame: Frame, det: np.ndarray) -> None:
-        """Save (and show) one processed frame; ``det`` (k, 6) is in original-image pixels."""
+    def write(self, frame: Frame, det: np.ndarray, masks: np.ndarray | None = None,
+              outlines: list[np.ndarray] | None = None) -> None:
+        """Save (and show) one processed frame; ``det`` (k, 6) is in original-image pixels; a segmenter's ``masks``
+        (k, h0, w0) bool and ``outlines`` are at the original image's size."""
         opt = self.opt
         stem = output_stem(frame) if frame.kind == "image" else f"{output_stem(frame)}_{frame.frame}"
         if opt.save_txt and len(det):  # as the reference does: no file for an image without detections
-            rows = label_rows(det, frame.original.shape[:2], opt.save_conf)
+            shape = frame.original.shape[:2]
+            rows = label_rows(det, shape, opt.save_conf) if outlines is None else \
+                segment_rows(det, outlines, shape, opt.save_conf)
             (self.save_dir / "labels" / f"{stem}.txt").write_text("".join(f"{r}\n" for r in rows))
         if opt.save_crop:
             save_crops(frame.original, det, self.names, self.save_dir / "crops", stem)
         if opt.nosave and not self.viewer.enabled:
             return
-        annotated = draw_detections(frame.original.copy(), det[:, :4], det[:, 5], det[:, 4], self.names,
+        annotated = frame.original.copy()
+        if masks is not None:
+            draw_masks(annotated, masks, det[:, 5])
+        annotated = draw_detections(annotated, det[:, :4], det[:, 5], det[:, 4], self.names,
                                     opt.line_thickness, opt.hide_labels, opt.hide_conf)
         self.viewer.show(output_stem(frame) if frame.kind != "image" else frame.path, annotated)
         if opt.nosave:
@@ -228,7 +258,7 @@ def feature_folder(save_dir: Path, frame: Frame) -> Path:
 
 
 def predict(model: InferenceModel, image: torch.Tensor, opt: argparse.Namespace,
-            feature_dir: Path | None) -> torch.Tensor:
+            feature_dir: Path | None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Decoded predictions for one image batch: plain, or test-time augmented; stages saved with --visualize."""
     if feature_dir is None:
         return augmented_forward(model, image, model.layout, model.contract) if opt.augment else model(image)
@@ -238,20 +268,38 @@ def predict(model: InferenceModel, image: torch.Tensor, opt: argparse.Namespace,
     return pred
 
 
+def instance_masks(det: torch.Tensor, boxes0: torch.Tensor, protos: torch.Tensor, input_hw: tuple[int, int],
+                   frame: Frame, native: bool) -> torch.Tensor:
+    """A segmenter's masks (k, h0, w0) bool at the original image's size, for detections ``det`` (k, 6 + nm; boxes
+    in input pixels) whose boxes in original pixels are ``boxes0``: made at the input's resolution and resized,
+    or, ``native`` (--retina-masks), resized as probabilities and cropped at the original resolution."""
+    shape0 = frame.original.shape[:2]
+    if native:
+        return process_masks_original(protos, det[:, 6:], boxes0, input_hw, shape0, frame.ratio_pad)
+    return scale_masks(process_masks(protos, det[:, 6:], det[:, :4], input_hw), shape0, frame.ratio_pad)
+
+
 def detect_frame(model: InferenceModel, frame: Frame, opt: argparse.Namespace,
-                 feature_dir: Path | None = None) -> tuple[np.ndarray, list[float]]:
-    """Detections (k, 6) in original-image pixels for one frame, and the seconds of each step."""
+                 feature_dir: Path | None = None) -> tuple[np.ndarray, np.ndarray | None, list[float]]:
+    """Detections (k, 6) in original-image pixels for one frame, a segmenter's masks (k, h0, w0) (None for a
+    detector), and the seconds of each step."""
     start = time.perf_counter()
     image = torch.from_numpy(frame.image).to(model.device)
     image = image.to(model.dtype)[None] / 255  # (1, 3, h, w) in [0, 1]
     prepared = time.perf_counter()
-    pred = predict(model, image, opt, feature_dir)
+    output = predict(model, image, opt, feature_dir)
     inferred = time.perf_counter()
+    pred, protos = output if model.segments else (output, None)
     det = postprocess(pred.float(), model.contract, opt.conf_thres, opt.iou_thres, opt.classes, opt.agnostic_nms,
                       max_det=opt.max_det)[0]
-    det[:, :4] = scale_boxes(image.shape[2:], det[:, :4], frame.original.shape[:2], frame.ratio_pad)
+    boxes0 = scale_boxes(image.shape[2:], det[:, :4].clone(), frame.original.shape[:2], frame.ratio_pad)
+    masks = None
+    if protos is not None:
+        masks = instance_masks(det, boxes0, protos[0].float(), image.shape[2:], frame, opt.retina_masks)
+        masks = masks.cpu().numpy()
+    det = torch.cat((boxes0, det[:, 4:6]), 1)
     done = time.perf_counter()
-    return det.cpu().numpy(), [prepared - start, inferred - prepared, done - inferred]
+    return det.cpu().numpy(), masks, [prepared - start, inferred - prepared, done - inferred]
 
 
 def detect_source(model: InferenceModel, source: LoadImages | LoadWebcam | LoadStreams, writer: OutputWriter,
@@ -261,13 +309,16 @@ def detect_source(model: InferenceModel, source: LoadImages | LoadWebcam | LoadS
     totals = np.zeros(3)
     for frame in source:
         feature_dir = feature_folder(writer.save_dir, frame) if opt.visualize else None
-        det, seconds = detect_frame(model, frame, opt, feature_dir)
+        det, masks, seconds = detect_frame(model, frame, opt, feature_dir)
         totals += seconds
         h, w = frame.image.shape[1:]
         summary = summarize(torch.from_numpy(det), model.names)
         LOGGER.info(f"{frame.describe()} {h}x{w} {summary}, Done. ({seconds[1]:.3f}s)")
-        writer.write(frame, det)
+        outlines = masks_to_polygons(masks) if masks is not None else None
+        writer.write(frame, det, masks, outlines)
         result.detections.append((frame.describe(), det))
+        if outlines is not None:
+            result.outlines.append(outlines)
     result.skipped = source.skipped
     result.speed_ms = tuple(totals / max(len(result.detections), 1) * 1e3)
     return result
@@ -307,8 +358,8 @@ def main(opt: argparse.Namespace) -> DetectResult:
 def run(**options: Any) -> DetectResult:
     """detect.py from Python: ``detect.run(weights="best.pt", source="images/")`` takes the command line's option
     names (utils/api.py) and returns the DetectResult: the output folder and, per image or frame, its detections
-    (k, 6): x1, y1, x2, y2 in original pixels, confidence, class. Errors are the UserErrors the command line
-    prints."""
+    (k, 6): x1, y1, x2, y2 in original pixels, confidence, class (and a segmenter's outlines). Errors are the
+    UserErrors the command line prints."""
     argv = api.to_argv(build_parser(), options, "detect")
     return main(api.parse(parse_opt, argv, "detect"))
 

@@ -126,6 +126,9 @@ def check_options(opt: argparse.Namespace, model: InferenceModel) -> None:
     if opt.augment and model.contract.end_to_end:
         raise TestError(f"--augment merges three passes before NMS; {model.weights.name} returns final rows "
                         f"({model.contract.layout}, no NMS): drop --augment")
+    if opt.augment and model.contract.nm:
+        raise TestError(f"--augment merges boxes of three passes; {model.weights.name} is a segmenter, whose masks "
+                        "it does not merge: drop --augment")
     fixed = f"{model.weights.name} is a static export (one input size)"
     if not model.dynamic and (opt.augment or opt.task == "study"):
         flag = "--augment runs 3 image sizes" if opt.augment else "--task study runs several image sizes"
@@ -179,7 +182,8 @@ def validate(opt: argparse.Namespace, model: InferenceModel, data: DataConfig, d
     module = model.as_module()
     options = DatasetOptions(img_size=img_size, batch_size=dist.batch_per_rank(opt.batch_size), stride=model.stride,
                              rect=model.dynamic, pad=0.5, nc=data.nc, prefix=colorstr(f"{opt.task}: "),
-                             single_cls=opt.single_cls, names=data.names)
+                             single_cls=opt.single_cls, names=data.names,
+                             task="segment" if model.contract.nm else "detect")  # a segmenter's: + outlines
     sources = _split(data, split)
     loader, dataset = create_dataloader(sources, options, workers=opt.workers, shard_eval=True)
     if not speed_only and sum(len(labels) for labels in dataset.labels) == 0:

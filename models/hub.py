@@ -5,7 +5,8 @@ order (as PIL gives it; pass ``cv2.imread(...)[..., ::-1]`` for an OpenCV image)
 It letterboxes them to one batch shape, runs the model, post-processes its output as the model's output contract
 says (utils.predictions.postprocess: NMS, or thresholds only for an end-to-end head) and maps the boxes back to each
 original image: ``Detections.xyxy[i]`` is a (k, 6) tensor [x1, y1, x2, y2, score, class] in that image's pixels.
-A float tensor batch (b, 3, h, w) in [0, 1] is passed straight to the model (raw decoded predictions).
+A segmenter's detections also have masks: ``Detections.masks[i]`` (k, h, w) bool at that image's size (the model's
+prototypes through utils.masks.process_masks, then resized). A float tensor batch (b, 3, h, w) in [0, 1] is passed straight to the model (raw decoded predictions).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from utils.data.augment import letterbox
 from utils.data.image_io import ImageRefused, read_image
 from utils.errors import UserError
 from utils.evaluation.evaluate import model_contract
+from utils.masks import process_masks, scale_masks
 from utils.predictions import postprocess
 
 
@@ -32,11 +34,13 @@ class ImageInputError(UserError, ValueError):
 
 
 class Detections:
-    """Detections of a batch: per image a (k, 6) tensor [x1, y1, x2, y2, score, class] in original pixels."""
+    """Detections of a batch: per image a (k, 6) tensor [x1, y1, x2, y2, score, class] in original pixels, and for a
+    segmenter per image the (k, h, w) bool masks at the image's size (``masks`` is None for a detector)."""
 
     def __init__(self, xyxy: list[torch.Tensor], names: Sequence[str], shapes: list[tuple[int, int]],
-                 sources: list[str]) -> None:
+                 sources: list[str], masks: list[torch.Tensor] | None = None) -> None:
         self.xyxy = xyxy
+        self.masks = masks
         self.names = list(names)
         self.shapes = shapes  # (h, w) of each original image
         self.sources = sources  # file path, or "image<i>" for arrays
@@ -110,13 +114,19 @@ class Detector(nn.Module):
         parameter = next(iter([*self.model.parameters(), *self.model.buffers()]))  # exports: the stride buffer
         x = torch.from_numpy(np.stack([b[0].transpose(2, 0, 1) for b in boxed]))
         x = x.to(parameter.device, parameter.dtype) / 255
-        predictions = self.model(x)
-        predictions = predictions[0] if isinstance(predictions, (list, tuple)) else predictions
+        output = self.model(x)
+        predictions = output[0] if isinstance(output, (list, tuple)) else output
         kept = postprocess(predictions.float(), self.contract, self.conf, self.iou, self.classes, self.agnostic,
                            self.multi_label, max_det=self.max_det)
-        for det, array, (_, ratio, pad) in zip(kept, arrays, boxed):
-            det[:, :4] = scale_boxes(shape, det[:, :4], array.shape[:2], ratio_pad=((ratio[1], ratio[0]), pad))
-        return Detections([d.cpu() for d in kept], self.names, [a.shape[:2] for a in arrays], list(sources))
+        masks = [] if self.contract.nm else None
+        for i, (det, array, (_, ratio, pad)) in enumerate(zip(kept, arrays, boxed)):
+            ratio_pad = ((ratio[1], ratio[0]), pad)
+            if masks is not None:  # a segmenter: its prototypes are its second output
+                image_masks = process_masks(output[1][i].float(), det[:, 6:], det[:, :4], shape)
+                masks.append(scale_masks(image_masks, array.shape[:2], ratio_pad).cpu())
+            det[:, :4] = scale_boxes(shape, det[:, :4], array.shape[:2], ratio_pad=ratio_pad)
+        shapes = [a.shape[:2] for a in arrays]
+        return Detections([d[:, :6].cpu() for d in kept], self.names, shapes, list(sources), masks)
 
 
 def batch_shape(shapes: Sequence[tuple[int, int]], size: int, stride: int) -> tuple[int, int]:

@@ -20,6 +20,8 @@ from torch import nn
 
 from models.common import Conv, apply_conv
 from models.head import Detect
+from models.head_anchor_free import AnchorFreeDetect, head_args
+from models.registry import LIMITS, ModelConfigError, Row, RowArgs, is_number, register_module
 from utils.predictions import OutputContract
 
 PROTO_UPSAMPLE = ("nearest", "transpose")
@@ -46,6 +48,27 @@ class Proto(nn.Module):
         return self.cv3(self.cv2(self.upsample(self.cv1(x))))
 
 
+def mask_args(row: Row, first: int) -> tuple[int, int]:
+    """(nm, scaled npr) from a Segment row's ``args[first:first + 2]``: the coefficient count as written, the
+    prototype width scaled by the width multiple and capped by the scale's channels (as the references build it)."""
+    values = row.args[first:first + 2]
+    if len(values) != 2 or not all(is_number(v) and v == int(v) and 1 <= v <= LIMITS["channels"] for v in values):
+        raise ModelConfigError(f"{row.where}: Segment takes the mask coefficient count and the prototype width as "
+                               f"positive integers up to {LIMITS['channels']}, got {str(values)[:60]}")
+    return int(values[0]), row.scaled(values[1])
+
+
+def _yolov5_segment(cfg: Any, args: list) -> bool:
+    """A ``Segment`` row of the YOLOv5 family: ``[nc, anchors, nm, npr]``."""
+    return len(args) == 4 and isinstance(args[1], list)
+
+
+def _anchor_free_segment(cfg: Any, args: list) -> bool:
+    """A ``Segment`` row of YOLOv8/YOLO11: ``[nc, nm, npr]`` in a config that is not end-to-end."""
+    return len(args) == 3 and not isinstance(args[1], list) and not cfg.get("end2end")
+
+
+@register_module("Segment", when=_yolov5_segment, table_name="models.yolo.Segment")
 class Segment(Detect):
     """YOLOv5's Segment head: Detect whose per-anchor rows carry ``nm`` mask coefficients after the class scores,
     plus a Proto on the first (P3) input.
@@ -60,6 +83,13 @@ class Segment(Detect):
 
     task = "segment"
 
+    @classmethod
+    def yaml_args(cls, row: Row) -> RowArgs:
+        """``[nc, anchors, nm, npr]`` -> ``(nc, anchors, nm, scaled npr, source channels)``."""
+        detect = Detect.yaml_args(dataclasses.replace(row, args=row.args[:2]))
+        nm, npr = mask_args(row, 2)
+        return RowArgs([*row.args[:2], nm, npr, detect.args[-1]], detect.repeats, 0)
+
     def __init__(self, nc: int = 80, anchors: Sequence[Sequence[float]] = (), nm: int = 32, npr: int = 256,
                  ch: Sequence[int] = ()) -> None:
         super().__init__(nc, anchors, ch)
@@ -67,6 +97,15 @@ class Segment(Detect):
         self.no = 5 + nc + self.nm
         self.m = nn.ModuleList(nn.Conv2d(c, self.no * self.na, 1) for c in ch)  # replaces Detect's, same place
         self.proto = Proto(ch[0], self.npr, self.nm, upsample="nearest")
+
+    @classmethod
+    def decoder(cls, nc: int, anchors: Sequence[Sequence[float]], nm: int) -> Segment:
+        """A Segment head without convolutions, for its ``decode`` alone (an export whose graph ends at the raw
+        maps, as NCNN's does); the caller sets ``stride``."""
+        head = cls.__new__(cls)
+        Detect.__init__(head, nc, anchors, ())
+        head.nm, head.npr, head.no = int(nm), 0, 5 + nc + int(nm)
+        return head
 
     @property
     def contract(self) -> OutputContract:
@@ -160,3 +199,21 @@ class AnchorFreeSegment:
         if self.training:
             return out, coefficients, protos
         return torch.cat((out, coefficients.transpose(1, 2).to(out.dtype)), 2), protos
+
+
+@register_module("Segment", when=_anchor_free_segment, table_name="models.segment.AnchorFreeSegmentHead")
+class AnchorFreeSegmentHead(AnchorFreeSegment, AnchorFreeDetect):
+    """The Segment head of YOLOv8-seg and YOLO11-seg: the anchor-free Detect (YOLO11's depthwise class branch when
+    a C3k2 row came before) with the prototypes and the coefficient branch. YAML row ``[[15, 18, 21], 1, Segment,
+    [nc, 32, 256]]``."""
+
+    @classmethod
+    def yaml_args(cls, row: Row) -> RowArgs:
+        """``[nc, nm, npr]`` -> ``(nc, nm, scaled npr, reg_max, depthwise_cls, source channels)``."""
+        nm, npr = mask_args(row, 1)
+        nc, reg_max, depthwise_cls, channels = head_args(dataclasses.replace(row, args=row.args[:1])).args
+        return RowArgs([nc, nm, npr, reg_max, depthwise_cls, channels], row.repeats, 0)
+
+    def __init__(self, nc: int = 80, nm: int = 32, npr: int = 256, reg_max: int = 16, depthwise_cls: bool = False,
+                 ch: Sequence[int] = ()) -> None:
+        super().__init__(nc, nm, npr, ch, reg_max=reg_max, depthwise_cls=depthwise_cls)

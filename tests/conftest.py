@@ -181,3 +181,26 @@ def tiny_exports(tiny_weights: Path, tmp_path_factory: pytest.TempPathFactory) -
         torch.set_num_threads(threads)
     exports = {"pt": tiny_weights, "static_onnx": static.with_suffix(".onnx"), "onnx": dynamic.with_suffix(".onnx")}
     return {**exports, "openvino": folder / "dynamic_openvino_model"} if openvino else exports
+
+
+def tiny_segmenter_cfg() -> dict:
+    """yolov5n-seg's layout at 1/8 width (prototype width 32), 3 classes: the tiny model of the segmentation tests."""
+    cfg = yaml.safe_load((ROOT / "models" / "yolov5n-seg.yaml").read_text())
+    cfg["width_multiple"] = 0.125
+    cfg["nc"] = 3
+    return cfg
+
+
+@pytest.fixture(scope="session")
+def tiny_seg_weights(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkpoint of the tiny segmenter with seed-0 random weights and the synthetic class names."""
+    import torch
+
+    from models.yolo import Model
+    from utils.data.synthetic import SYNTHETIC_NAMES
+    from utils.weights.checkpoint import new_checkpoint, save_checkpoint
+
+    torch.manual_seed(0)
+    model = Model(tiny_segmenter_cfg())
+    model.names = list(SYNTHETIC_NAMES)
+    return save_checkpoint(new_checkpoint(model), tmp_path_factory.mktemp("seg-weights") / "best.pt")

@@ -335,6 +335,29 @@ def bright_box_predict(images: torch.Tensor, strides: tuple[int, ...] = (8, 16, 
     return torch.cat(blocks, 1).to(images.device)
 
 
+def box_masks_segmenter(weights: Path, folder: Path) -> Path:
+    """``weights`` (the tiny segmenter) changed so that every detection's mask is its whole box: one prototype
+    constant (SiLU(1)), every other 0, and each anchor's first coefficient 20, the rest 0; boxes made smaller
+    (width and height biases -1), so that few of them reach the image's edges."""
+    from utils.weights.checkpoint import load_checkpoint, model_from_checkpoint, new_checkpoint, save_checkpoint
+
+    model = model_from_checkpoint(load_checkpoint(weights))
+    head = model.head
+    with torch.no_grad():
+        head.proto.cv3.conv.weight.zero_()
+        head.proto.cv3.bn.weight.zero_()
+        head.proto.cv3.bn.bias.zero_()
+        head.proto.cv3.bn.bias[0] = 1.0
+        for conv in head.m:
+            conv.weight.view(head.na, head.no, -1)[:, 5 + head.nc:] = 0
+            bias = conv.bias.view(head.na, head.no)
+            bias[:, 5 + head.nc:] = 0
+            bias[:, 5 + head.nc] = 20.0
+            bias[:, 2:4] -= 1.0
+    folder.mkdir(parents=True, exist_ok=True)
+    return save_checkpoint(new_checkpoint(model), folder / "box-masks.pt")
+
+
 def tracebacks(output: str) -> list[str]:
     """Every Python traceback in ``output`` (from 'Traceback' to the exception line)."""
     found, lines = [], output.splitlines()

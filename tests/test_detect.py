@@ -14,6 +14,7 @@ from torchvision.ops import box_iou
 
 import detect
 import export
+from tests.helpers import box_masks_segmenter
 from utils import paths
 from utils.boxes import non_max_suppression, scale_boxes, xywhn2xyxy
 from utils.cli import run_main
@@ -448,3 +449,47 @@ def test_augment_is_refused_for_an_end_to_end_models_final_rows() -> None:
                                                  r"final rows \(xyxy_score_cls, no NMS\): drop --augment$"):
         detect.check_model_options(opt, final)
     detect.check_model_options(opt, SimpleNamespace(**{**vars(final), "contract": OutputContract("xywh_cls", 80)}))
+
+
+# ------------------------------------------------------------------------------------------ segmenters
+def outline_extent(outline: np.ndarray) -> np.ndarray:
+    return np.concatenate((outline.min(0), outline.max(0)))
+
+
+def test_segmenter_masks_outlines_label_rows_and_retina_masks(tiny_seg_weights: Path, tmp_path: Path) -> None:
+    """Each mask of the box-mask segmenter is its box: the outlines (and the polygon rows of --save-txt) run along
+    the boxes, within a pixel with --retina-masks (cropped at the original resolution) and within the prototypes'
+    4 px otherwise; masks are blended into the saved image; crops are saved."""
+    weights = box_masks_segmenter(tiny_seg_weights, tmp_path / "weights")
+    image_file = write_images(tmp_path / "src", 1)[0]
+    original = cv2.imread(str(image_file))
+    results = {}
+    for retina in (False, True):
+        flags = ["--retina-masks"] if retina else []
+        results[retina] = run_detect("--weights", weights, "--source", image_file, "--img-size", 64, *LOW_CONF,
+                                     "--save-txt", "--save-conf", "--save-crop", *flags, "--name", f"r{int(retina)}",
+                                     "--project", tmp_path / "runs")
+    for retina, limit in ((True, 1.0), (False, 4.5)):
+        result = results[retina]
+        det, outlines = result.detections[0][1], result.outlines[0]
+        assert len(det) == 5 and len(outlines) == 5 and det.shape[1] == 6
+        for row, outline in zip(det, outlines):
+            assert np.abs(outline_extent(outline) - row[:4]).max() <= limit, (retina, row, outline_extent(outline))
+        lines = (result.save_dir / "labels" / "img0.txt").read_text().splitlines()
+        assert len(lines) == 5
+        for line, row, outline in zip(lines, det, outlines):
+            values = [float(v) for v in line.split()]
+            assert values[0] == row[5] and abs(values[-1] - row[4]) < 1e-4  # class first, --save-conf last
+            points = np.array(values[1:-1]).reshape(-1, 2) * [64, 48]
+            np.testing.assert_allclose(points, outline, atol=1e-3)
+        annotated = cv2.imread(str(result.save_dir / "img0.png"))
+        x1, y1, x2, y2 = det[0, :4].round().astype(int) + [3, 3, -3, -3]  # inside the best box, off its lines
+        assert (annotated[y1:y2, x1:x2] != original[y1:y2, x1:x2]).any(-1).mean() > 0.5
+        assert len(list((result.save_dir / "crops").rglob("*.jpg"))) == 5
+    np.testing.assert_allclose(results[True].detections[0][1], results[False].detections[0][1])
+
+
+def test_segmenter_refuses_augment(tiny_seg_weights: Path, tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="--augment .* segmenter"):
+        run_detect("--weights", tiny_seg_weights, "--source", write_images(tmp_path / "src", 1)[0], "--img-size",
+                   64, "--augment", "--project", tmp_path / "runs")

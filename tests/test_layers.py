@@ -55,15 +55,15 @@ MODULE_LAYERS: dict[str, list[list[str]]] = {
     "utils.weights": [["downloads", "untrusted"], ["safe_pickle"], ["checkpoint"], ["release_reader"],
                       ["ultralytics_reader"]],
     "utils.plots": [["annotate", "feature_maps", "viewer"], ["figures"]],
-    "utils.evaluation": [["metrics", "outputs", "tta"], ["evaluate", "mask_metrics"]],
-    "utils.deploy": [["formats"], ["coreml", "ncnn", "onnx", "pytorch", "runtime", "tf_graph", "torchscript"],
+    "utils.evaluation": [["metrics", "outputs", "tta"], ["mask_metrics"], ["evaluate"]],
+    "utils.deploy": [["formats"], ["head_maps"], ["coreml", "ncnn", "onnx", "pytorch", "runtime", "tf_graph", "torchscript"],
                      ["openvino", "saved_model", "tflite", "verify"]],
     "utils.loggers": [["background", "progress", "tracker_queue"], ["batch_plots", "registry"],
                       ["results_csv", "tensorboard", "tracking"],
                       ["clearml_logger", "comet_logger", "mlflow_logger", "wandb_logger"]],
-    "utils.training": [["amp", "autoanchor", "config", "early_stop", "fingerprint", "fitness", "loss", "loss_mask",
-                        "optim", "tal", "train_state"], ["loss_anchor_free", "resume"], ["families", "run_plan"],
-                       ["checkpointer", "engine"], ["loop"], ["builder"], ["evolve"]],
+    "utils.training": [["amp", "autoanchor", "autobatch", "config", "early_stop", "fingerprint", "fitness", "loss",
+                        "loss_mask", "optim", "tal", "train_state"], ["loss_anchor_free", "resume"], ["loss_segment"],
+                       ["families", "run_plan"], ["checkpointer", "engine"], ["loop"], ["builder"], ["evolve"]],
 }
 # Imports that go up inside a package today: each is a lazy import closing a cycle, which its package's owner is to
 # break (utils.data's config holds DataError for the modules it also orchestrates; a checkpoint falls back to the
@@ -284,7 +284,7 @@ def test_the_package_checker_sees_a_cycle_and_an_import_for_annotations_only(tmp
     monkeypatch.setattr(f"{__name__}.ROOT", tmp_path)
     monkeypatch.setattr(f"{__name__}.project_files", lambda: files)
     assert package_violations() == ["utils/evaluation/metrics.py:3: utils.evaluation.metrics (layer 0 of "
-                                    "utils.evaluation) imports utils.evaluation.evaluate (layer 1)"]
+                                    "utils.evaluation) imports utils.evaluation.evaluate (layer 2)"]
     low, high = component_of("utils.evaluation")[0], component_of("utils.training")[0]
     assert [v.split(": ", 1)[1] for v in violations()] == [
         f"utils.evaluation (layer {low}) imports utils.training.loop (utils.training, layer {high})"]

@@ -103,7 +103,7 @@ def overlap_index(polygons: Sequence[np.ndarray], shape_hw: tuple[int, int],
     same order (label ``r`` is then the pixels equal to ``r + 1``). uint8 up to 255 instances, else int32.
     """
     masks = polygons_to_masks(polygons, shape_hw, downsample)
-    areas = masks.reshape(len(masks), -1).sum(1)
+    areas = masks.reshape(len(masks), -1).sum(1) if len(masks) else np.zeros(0, np.int64)  # an image of none
     order = np.argsort(-areas, kind="stable")
     index = np.zeros(masks.shape[1:], np.uint8 if len(masks) <= 255 else np.int32)
     for rank, i in enumerate(order):
@@ -210,7 +210,16 @@ def scale_masks(masks: torch.Tensor, shape0_hw: tuple[int, int],
     """Masks (n, H, W) of a letterboxed input -> (n, h0, w0) of the original image: the padding removed, then
     resized bilinearly and thresholded at 0.5. ``ratio_pad`` ((ratio_h, ratio_w), (pad_w, pad_h)) as the dataset
     reports it; computed from the shapes (centred letterbox) when None."""
-    n, height, width = masks.shape
+    if not masks.shape[0]:
+        return torch.zeros((0, *shape0_hw), dtype=torch.bool, device=masks.device)
+    return unletterbox(masks.float(), shape0_hw, ratio_pad) > 0.5
+
+
+def unletterbox(values: torch.Tensor, shape0_hw: tuple[int, int],
+                ratio_pad: tuple[tuple[float, float], tuple[float, float]] | None = None) -> torch.Tensor:
+    """Float maps (n, H, W) of a letterboxed input -> (n, h0, w0) of the original image: the padding removed, then
+    resized bilinearly (``scale_masks`` without the threshold)."""
+    n, height, width = values.shape
     h0, w0 = shape0_hw
     if ratio_pad is None:
         gain = min(height / h0, width / w0)
@@ -220,10 +229,21 @@ def scale_masks(masks: torch.Tensor, shape0_hw: tuple[int, int],
         (ratio_h, ratio_w), (pad_w, pad_h) = ratio_pad
     top, left = int(round(pad_h - 0.1)), int(round(pad_w - 0.1))
     bottom, right = int(round(top + h0 * ratio_h)), int(round(left + w0 * ratio_w))
-    inner = masks[:, top:min(bottom, height), left:min(right, width)].float()
-    if not n:
-        return torch.zeros((0, h0, w0), dtype=torch.bool, device=masks.device)
-    return F.interpolate(inner[None], size=(h0, w0), mode="bilinear", align_corners=False)[0] > 0.5
+    inner = values[:, top:min(bottom, height), left:min(right, width)]
+    return F.interpolate(inner[None], size=(h0, w0), mode="bilinear", align_corners=False)[0]
+
+
+def process_masks_original(protos: torch.Tensor, coefficients: torch.Tensor, boxes0: torch.Tensor,
+                           input_hw: tuple[int, int], shape0_hw: tuple[int, int],
+                           ratio_pad: tuple[tuple[float, float], tuple[float, float]] | None = None) -> torch.Tensor:
+    """Instance masks (n, h0, w0) bool at the original image's resolution (detect.py --retina-masks): the mask
+    probabilities resized to the letterboxed input, the padding removed, resized to the original image, then
+    cropped to the boxes ``boxes0`` (n, 4) x1, y1, x2, y2 in original pixels and thresholded at 0.5."""
+    if not len(coefficients):
+        return torch.zeros((0, *shape0_hw), dtype=torch.bool, device=protos.device)
+    probs = prototype_masks(protos, coefficients.to(protos.dtype)).sigmoid().float()
+    probs = F.interpolate(probs[None], size=input_hw, mode="bilinear", align_corners=False)[0]
+    return crop_masks(unletterbox(probs, shape0_hw, ratio_pad), boxes0.float()) > 0.5
 
 
 # ------------------------------------------------------------------------------------------ COCO RLE

@@ -120,3 +120,29 @@ def test_unreadable_inputs_give_one_line(detector: Detector, tmp_path: Path) -> 
         with pytest.raises(ImageInputError) as info:
             detector(image)
         assert reason in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_segmenter_returns_masks_as_detect_py_makes_them(tiny_seg_weights: Path, tmp_path: Path) -> None:
+    """custom(path=segmenter): per image (k, h, w) masks at the image's size, made by the same post-processing as
+    detect.py's (the same outlines); each mask of the box-mask segmenter lies in its box (within the prototypes'
+    4 px)."""
+    import detect
+    from tests.helpers import box_masks_segmenter
+    from utils.masks import masks_to_polygons
+
+    weights = box_masks_segmenter(tiny_seg_weights, tmp_path)
+    image = np.random.default_rng(1).integers(0, 256, (48, 64, 3), dtype=np.uint8)
+    cv2.imwrite(str(tmp_path / "scene.png"), image)
+    model = torch.hub.load(str(ROOT), "custom", source="local", path=weights, device="cpu")
+    model.conf, model.max_det = 0.001, 5
+    found = model(tmp_path / "scene.png", size=64)
+    assert found.masks is not None and found.masks[0].shape == (5, 48, 64) and found.masks[0].dtype == torch.bool
+    result = detect.run(weights=weights, source=tmp_path / "scene.png", img_size=64, conf_thres=0.001, max_det=5,
+                        nosave=True, project=tmp_path / "runs")
+    assert_same_detections(found.xyxy[0], torch.from_numpy(result.detections[0][1]))
+    for mask, outline, box in zip(found.masks[0], result.outlines[0], found.xyxy[0][:, :4]):
+        np.testing.assert_allclose(masks_to_polygons(mask[None])[0], outline)
+        ys, xs = np.nonzero(mask.numpy())
+        assert xs.min() >= box[0] - 4 and xs.max() <= box[2] + 3 and ys.min() >= box[1] - 4 and ys.max() <= box[3] + 3
+    detector = torch.hub.load(str(ROOT), "custom", source="local", path=FIXTURES / "yolov5n-v7.0.pt", device="cpu")
+    assert detector(tmp_path / "scene.png").masks is None

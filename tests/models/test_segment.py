@@ -4,6 +4,8 @@ dict names and shapes) and, for YOLOv5, against the v7.0 release fixture's outpu
 from __future__ import annotations
 
 import copy
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,13 +13,15 @@ import torch
 from torch import nn
 
 from models.segment import AnchorFreeSegment, Proto, Segment, coefficient_convs
-from models.yolo import Model
-from tests.models.seg_records import FIXTURES, fixture_state
+from models.yolo import Model, load_model_config, parse_model
 from utils.predictions import OutputContract, postprocess
+from utils.weights.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
+from utils.weights.release_reader import RELEASE_SOURCE, flat_state, read_records
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 N_CHANNELS = (64, 128, 256)  # P3, P4, P5 widths of the n models (yolov5n, yolov8n, yolo11n)
 TOLERANCE = 1e-4
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def params(module: nn.Module) -> int:
@@ -25,17 +29,34 @@ def params(module: nn.Module) -> int:
 
 
 def yolov5n_seg() -> Model:
-    """yolov5n with its Detect swapped for the Segment of yolov5n-seg (npr 256 * 0.25 = 64), as phase 2's builder
-    will make it from the YAML."""
-    model = Model("yolov5n.yaml")
-    detect = model.model[-1]
-    head = Segment(80, model.yaml["anchors"], 32, 64, N_CHANNELS)
-    head.anchors.copy_(detect.anchors)
-    head.stride.copy_(detect.stride)
-    head.i, head.f, head.type = detect.i, detect.f, "models.yolo.Segment"
-    model.model[-1] = head
-    model._init_weights()  # the builder's BatchNorm settings (eps 1e-3, momentum 0.03), as for every layer
-    return model
+    return Model("yolov5n-seg.yaml")
+
+
+def built_on_meta(name: str) -> nn.Sequential:
+    cfg, source = load_model_config(f"{name}.yaml")
+    with torch.device("meta"):
+        layers, _, _ = parse_model(cfg, 3, source)
+    return layers
+
+
+# Parameters with nc=80 (the n counts are the references' releases; s..x what the YAMLs build, docs/models.md).
+PARAMETERS = {
+    "yolov5": (1_991_549, 7_621_277, 21_990_397, 47_924_957, 88_819_517),
+    "yolov8": (3_409_968, 11_821_056, 27_285_968, 45_997_728, 71_827_888),
+    "yolo11": (2_876_848, 10_113_248, 22_420_896, 27_678_368, 62_142_656),
+}
+PROTOTYPE_WIDTHS = {"yolov5": (64, 128, 192, 256, 320), "yolov8": (64, 128, 192, 256, 320),
+                    "yolo11": (64, 128, 256, 256, 384)}  # 256 x the width multiple
+NAMES = [f"{family}{scale}-seg" for family in PARAMETERS for scale in "nsmlx"]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_parameter_counts_of_the_fifteen_segmenters(name: str) -> None:
+    layers = built_on_meta(name)
+    expected = PARAMETERS[name[:-5]]["nsmlx".index(name[-5])]
+    assert sum(p.numel() for p in layers.parameters()) == expected
+    assert layers[-1].task == "segment" and layers[-1].family == name[:-5]
+    assert layers[-1].nm == 32 and layers[-1].npr == PROTOTYPE_WIDTHS[name[:-5]]["nsmlx".index(name[-5])]
 
 
 def test_proto_shapes_and_sizes() -> None:
@@ -49,35 +70,29 @@ def test_proto_shapes_and_sizes() -> None:
         Proto(8, 8, 4, "bilinear")
 
 
-def test_yolov5n_seg_has_the_reference_parameter_count() -> None:
-    assert params(Model("yolov5n.yaml")) == 1_872_157
-    assert params(yolov5n_seg()) == 1_991_549  # YOLOv5 v7.0's yolov5n-seg
-
-
-def test_yolov5n_seg_matches_the_release_fixture() -> None:
-    """Every tensor of the reference's yolov5n-seg loads by name into ours, and the outputs (boxes, scores, the 32
-    coefficients) and the prototypes equal the reference's on its input."""
-    model = yolov5n_seg()
-    state = fixture_state(FIXTURES / "yolov5n-seg-v7.0.pt")
-    assert set(model.state_dict()) - set(state) == {"model.24.stride"}  # the reference keeps it outside its state
-    anchors = state["model.24.anchors"] * model.head.stride.view(-1, 1, 1)  # grid units there, pixels here
-    model.load_state_dict({**state, "model.24.stride": model.head.stride, "model.24.anchors": anchors})
-    model.eval()
+def test_yolov5n_seg_release_file_loads_and_matches_its_outputs(tmp_path: Path) -> None:
+    """The v7.0 yolov5n-seg release file goes through the restricted reader (no pickled code runs) into our
+    yolov5n-seg, every tensor by name; the outputs (boxes, scores, the 32 coefficients) and the prototypes equal the
+    reference's on its input, fused or not; the checkpoint records the task and rebuilds after a save."""
+    ckpt = load_checkpoint(FIXTURES / "yolov5n-seg-v7.0.pt")
+    assert (ckpt["family"], ckpt["task"], ckpt["source"]) == ("yolov5", "segment", RELEASE_SOURCE)
+    assert ckpt["release"]["model_class"] == "models.yolo.SegmentationModel"
+    model = model_from_checkpoint(ckpt).eval()
+    assert isinstance(model.head, Segment) and params(model) == 1_991_549
     data = np.load(FIXTURES / "yolov5n-seg-v7.0.npz")
-    with torch.no_grad():
-        decoded, protos = model(torch.from_numpy(data["input"]))
     expected, expected_protos = torch.from_numpy(data["output"]), torch.from_numpy(data["protos"])
-    assert decoded.shape == expected.shape == (2, 2268, 117) and protos.shape == expected_protos.shape
-    diff = (decoded - expected).abs()
-    assert diff[..., 4:85].max() < TOLERANCE  # objectness and class scores in [0, 1]
-    assert (diff[..., :4] <= TOLERANCE + 1e-6 * expected[..., :4].abs()).all()  # boxes in pixels
-    assert (diff[..., 85:] <= TOLERANCE * (1 + expected[..., 85:].abs())).all()  # coefficients: raw
-    assert ((protos - expected_protos).abs() <= TOLERANCE * (1 + expected_protos.abs())).all()
     fused = copy.deepcopy(model).fuse()
-    with torch.no_grad():
-        fused_decoded, fused_protos = fused(torch.from_numpy(data["input"]))
-    assert (fused_decoded - expected).abs()[..., 4:85].max() < TOLERANCE
-    assert ((fused_protos - expected_protos).abs() <= TOLERANCE * (1 + expected_protos.abs())).all()
+    for candidate in (model, fused):
+        with torch.no_grad():
+            decoded, protos = candidate(torch.from_numpy(data["input"]))
+        assert decoded.shape == expected.shape == (2, 2268, 117) and protos.shape == expected_protos.shape
+        diff = (decoded - expected).abs()
+        assert diff[..., 4:85].max() < TOLERANCE  # objectness and class scores in [0, 1]
+        assert (diff[..., :4] <= TOLERANCE + 1e-6 * expected[..., :4].abs()).all()  # boxes in pixels
+        assert (diff[..., 85:] <= TOLERANCE * (1 + expected[..., 85:].abs())).all()  # coefficients: raw
+        assert ((protos - expected_protos).abs() <= TOLERANCE * (1 + expected_protos.abs())).all()
+    again = load_checkpoint(save_checkpoint(ckpt, tmp_path / "yolov5n-seg.pt"))  # ours: weights_only
+    assert again["task"] == "segment" and model_from_checkpoint(again).head.task == "segment"
 
 
 def test_yolov5_segment_modes_contract_and_metadata() -> None:
@@ -152,7 +167,7 @@ def test_anchor_free_mask_parts_have_the_reference_sizes_and_names() -> None:
     head = PlainSegment(80, 32, 64, N_CHANNELS)
     assert params(head.proto) + params(head.cv4) == 252_768 == 3_409_968 - 3_157_200 == 2_876_848 - 2_624_080
     assert list(dict(head.named_children()))[-2:] == ["proto", "cv4"]  # after the base's, as the reference
-    state = fixture_state(FIXTURES / "ultralytics" / "yolo11n-seg.pt")
+    state = flat_state(read_records(FIXTURES / "ultralytics" / "yolo11n-seg.pt")["model"])
     for part in ("proto", "cv4"):
         prefix = f"model.23.{part}."
         theirs = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
@@ -181,3 +196,20 @@ def test_anchor_free_segment_outputs_line_up_with_the_base_rows() -> None:
     assert torch.allclose(protos_eval, head.proto(xs[0]))
     contract_rows = postprocess(rows, head.contract, conf_thres=0.0, max_det=5)
     assert contract_rows[0].shape == (5, 6 + 4)
+
+
+# ------------------------------------------------------------------------------------------ docs/models.md
+DOC_SIZES = {name: (int(params.replace(",", "")), float(gflops)) for name, params, gflops in re.findall(
+    r"\| (yolo\w+-seg) \| ([\d,]+) \| ([\d.]+) ", (FIXTURES.parents[1] / "docs" / "models.md").read_text())}
+
+
+def test_the_docs_table_lists_the_fifteen_segmenters_with_their_sizes() -> None:
+    assert sorted(DOC_SIZES) == sorted(NAMES)
+    for name, (params_in_docs, _) in DOC_SIZES.items():
+        assert params_in_docs == PARAMETERS[name[:-5]]["nsmlx".index(name[-5])]
+
+
+@pytest.mark.parametrize("name", ["yolov5n-seg", "yolo11n-seg"])
+def test_the_docs_gflops_are_what_the_builder_counts(name: str) -> None:
+    torch.manual_seed(0)
+    assert Model(f"{name}.yaml").flops(640) == pytest.approx(DOC_SIZES[name][1], abs=0.05)

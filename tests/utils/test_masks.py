@@ -100,6 +100,8 @@ def test_overlap_index_puts_the_smaller_instance_on_top() -> None:
         assert masks.shape == (2, 48, 48) and masks[1].sum() == 100 and masks[0].sum() == 1600 - 100
     index, order = overlap_index([big, small], (48, 48), downsample=4)
     assert index.shape == (12, 12) and (index == 2).sum() == 9  # centres (j + 0.5) * 4 = 10, 14, 18 in [10, 20)
+    index, order = overlap_index([], (48, 48), downsample=4)  # an image whose objects augmentation dropped
+    assert index.shape == (12, 12) and not index.any() and len(order) == 0
 
 
 def test_overlap_index_widens_past_255_instances() -> None:

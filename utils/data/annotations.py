@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from utils.data.config import DataError
 from utils.data.label_cache import (
     ScanResult,
     cache_arrays,
@@ -28,6 +29,7 @@ from utils.data.label_cache import (
     log_scan,
     save_cache,
     scan_files,
+    unique_objects,
 )
 from utils.distributed import comm as dist
 from utils.errors import UserError
@@ -90,6 +92,7 @@ class ImageEntry:
     problem: str = ""
     no_labels: str = "empty"  # the state of an image without boxes: 'empty', or 'missing' (no annotation file)
     ignore: np.ndarray = field(default_factory=no_regions)
+    outlines: list[np.ndarray | None] | None = None  # per box its outline (n, 2) in the image's pixels, or None
 
 
 def corner_rows(boxes: np.ndarray, classes: np.ndarray, size: tuple[int, int]) -> np.ndarray:
@@ -104,7 +107,18 @@ def check_entry(args: tuple[str, ImageEntry, int | None, Path | None]) -> tuple[
                                                                                int, str, str]:
     """label_cache.check_sample for an annotation entry: the image checked, its boxes normalised and checked as
     YOLO rows are; a corrupt entry never raises."""
+    return _checked_entry(args)[:6]
+
+
+def check_segment_entry(args: tuple[str, ImageEntry, int | None, Path | None]) -> tuple:
+    """``check_entry`` keeping outlines: its six values and, seventh, each object's outline normalised to the image
+    (None: a box without one); objects repeated exactly, outline included, are kept once."""
+    return _checked_entry(args, outlines=True)
+
+
+def _checked_entry(args: tuple[str, ImageEntry, int | None, Path | None], outlines: bool = False) -> tuple:
     im_file, entry, nc, repair_dir = args
+    kept: list = []
     try:
         if entry.problem:
             raise ValueError(entry.problem)
@@ -114,18 +128,27 @@ def check_entry(args: tuple[str, ImageEntry, int | None, Path | None]) -> tuple[
                              f"{shape[0]}x{shape[1]}")
         labels, state, duplicates = np.zeros((0, 5), np.float32), entry.no_labels, 0
         if len(entry.boxes):
-            labels, duplicates, label_note = check_label_rows(corner_rows(entry.boxes, entry.classes, shape), nc)
+            rows = corner_rows(entry.boxes, entry.classes, shape)
+            labels, duplicates, label_note = check_label_rows(rows, nc)
+            if outlines:  # the same checks; duplicates are objects repeated with their outline
+                points = [None if o is None else (np.asarray(o, np.float64) / shape).clip(0, 1).astype(np.float32)
+                          for o in (entry.outlines or [None] * len(rows))]
+                clipped = rows.astype(np.float32)
+                clipped[:, 1:] = clipped[:, 1:].clip(0, 1)
+                labels, kept, duplicates, label_note = unique_objects(clipped, points)
             state, note = "found", "; ".join(n for n in (note, label_note) if n)
     except (ValueError, OverflowError, TypeError) as e:
-        return np.zeros((0, 5), np.float32), (0, 0), "corrupt", 0, f"{im_file}: ignoring corrupt image/label: {e}", ""
-    return labels, shape, state, duplicates, f"{im_file}: {note}" if note else "", repaired
+        return (np.zeros((0, 5), np.float32), (0, 0), "corrupt", 0, f"{im_file}: ignoring corrupt image/label: {e}", "",
+                [])
+    return labels, shape, state, duplicates, f"{im_file}: {note}" if note else "", repaired, kept
 
 
 def annotation_hash(split: AnnotationSplit, im_files: Sequence[str], annotation_files: Sequence[str],
-                    nc: int | None) -> str:
-    """What decides the cache's validity: the files (paths, sizes, mtimes), nc, names and the crowd rule."""
+                    nc: int | None, kind: str = "") -> str:
+    """What decides the cache's validity: the files (paths, sizes, mtimes), nc, names, the crowd rule and the
+    scan's kind ('segments' keeps outlines)."""
     head = f"a{ANNOTATION_CACHE_VERSION} {split.format} {split.keep_crowd} {split.names}"
-    return hashlib.sha256((head + files_hash(im_files, annotation_files, nc)).encode()).hexdigest()
+    return hashlib.sha256((head + files_hash(im_files, annotation_files, nc, kind)).encode()).hexdigest()
 
 
 def _cached_files(path: Path) -> list[str]:
@@ -144,24 +167,35 @@ class AnnotationFormat:
 
     parse: Callable[[AnnotationSplit], tuple[list[ImageEntry], str]]
     files: Callable[[AnnotationSplit], list[str]]
+    parse_outlines: Callable[[AnnotationSplit], tuple[list[ImageEntry], str]] | None = None  # entries + outlines
 
 
-def scan_annotations(split: AnnotationSplit, fmt: AnnotationFormat, nc: int | None, prefix: str = "") -> ScanResult:
+def scan_annotations(split: AnnotationSplit, fmt: AnnotationFormat, nc: int | None, prefix: str = "",
+                     segments: bool = False) -> ScanResult:
     """The checked scan of an annotation split, from its cache when valid, else parsed and cached. Logs the same
-    counts line and warnings as a YOLO split."""
+    counts line and warnings as a YOLO split. With ``segments`` each object's outline is kept (a format without
+    outlines is refused: NoOutlines), in a cache of its own."""
+    if segments and fmt.parse_outlines is None:
+        raise DataError(f"{prefix}{split}: {split.format} annotations hold no outlines; a segmenter needs them (YOLO "
+                         "segment labels or COCO JSON)")
+    kind = "segments" if segments else ""
     path, files = split.cache_path(), fmt.files(split)
+    path = path.with_name(f"{path.stem}.{kind}.cache") if kind else path
     listed = _cached_files(path)
-    result = load_cache(path, annotation_hash(split, listed, files, nc)) if listed else None
+    result = load_cache(path, annotation_hash(split, listed, files, nc, kind)) if listed else None
+    if result is not None and segments and result.segments is None:
+        result = None
     shown = path
     if result is None:
         shown = split.annotations
-        entries, note = fmt.parse(split)
+        entries, note = (fmt.parse_outlines if segments else fmt.parse)(split)
         if note:
             LOGGER.info(f"{prefix}{split.annotations}: {note}")
         im_files = [e.path for e in entries]
         result = scan_files(im_files, entries, nc, desc=f"{prefix}Reading '{shown}'...", show=dist.is_main_process(),
-                            repair_dir=split.cache_dir() / "repaired", check=check_entry)
-        if save_cache(path, result, annotation_hash(split, im_files, files, nc)):
+                            repair_dir=split.cache_dir() / "repaired",
+                            check=check_segment_entry if segments else check_entry)
+        if save_cache(path, result, annotation_hash(split, im_files, files, nc, kind)):
             LOGGER.info(f"{prefix}New cache created: {path}")
     log_scan(result, prefix, shown, split.annotations)
     return result
@@ -171,10 +205,11 @@ def concat_results(results: Sequence[ScanResult]) -> ScanResult:
     """One ScanResult of several sources' scans, in order."""
     if len(results) == 1:
         return results[0]
+    segments = [s for r in results for s in r.segments] if all(r.segments is not None for r in results) else None
     return ScanResult([f for r in results for f in r.im_files], np.concatenate([r.states for r in results]),
                       np.concatenate([r.shapes for r in results]), [lab for r in results for lab in r.labels],
                       np.concatenate([r.duplicates for r in results]), [m for r in results for m in r.messages],
-                      [c for r in results for c in (r.repaired or [""] * len(r.im_files))])
+                      [c for r in results for c in (r.repaired or [""] * len(r.im_files))], segments)
 
 
 def crowd_note(excluded: int, what: str) -> str:

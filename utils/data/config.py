@@ -23,6 +23,7 @@ from utils.paths import ROOT, confined, confined_to_any, data_home
 from utils.safe_yaml import YamlError, load_yaml, shown
 
 DEFAULT_DATA = ROOT / "data" / "synthetic.yaml"
+TASK_DEFAULT_DATA = {"segment": ROOT / "data" / "synthetic-seg.yaml"}  # a task's built-in set, when not detect
 MAX_NAME_LENGTH = 128
 MAX_CLASSES = 10_000
 MAX_SPLIT_ENTRIES = 1000
@@ -106,13 +107,18 @@ def _dataset_root(data: dict, yaml_file: Path) -> Path:
     if "synthetic" in data:
         params = data["synthetic"] or {}
         if not isinstance(params, dict):
-            raise DataError(f"{yaml_file}: 'synthetic' must be a mapping (n_train, n_val, img_size, seed)")
-        from utils.data.synthetic import SyntheticError, ensure_synthetic  # local: synthetic imports nothing here
+            raise DataError(f"{yaml_file}: 'synthetic' must be a mapping (task, n_train, n_val, img_size, seed)")
+        from utils.data.formats import SYNTHETIC_SETS  # local: formats imports this module
+        from utils.data.synthetic import SyntheticError
 
         root = None if data.get("path") in (None, "") else confined_to_any(data["path"], homes, f"{yaml_file}: path",
                                                                       DataError)
+        params = dict(params)
+        task = params.pop("task", "detect")
+        if task not in SYNTHETIC_SETS:
+            raise DataError(f"{yaml_file}: synthetic task {shown(task)} is not one of {', '.join(SYNTHETIC_SETS)}")
         try:
-            return ensure_synthetic(root=root, **params)
+            return SYNTHETIC_SETS[task](root=root, **params)
         except (TypeError, ValueError) as e:
             raise DataError(f"{yaml_file}: bad 'synthetic' parameters: {str(e)[:200]}") from None
         except SyntheticError as e:

@@ -129,13 +129,11 @@ def check_image(path: str, repair_dir: Path | None = None) -> tuple[tuple[int, i
     return size, "", ""
 
 
-def read_label_file(path: str, nc: int | None) -> tuple[np.ndarray, str, int, str]:
-    """Parse and check one label file -> (labels (n, 5), state, duplicates removed, note).
-
-    State is 'found', 'missing' or 'empty'; invalid content raises ValueError with the reason.
-    """
+def read_label_rows(path: str | Path) -> tuple[list[list[str]], str]:
+    """A label file's non-blank rows split into values, and its state ('found', 'missing' or 'empty'); read only
+    when it is a regular file of at most MAX_LABEL_BYTES (ValueError with the reason otherwise)."""
     if not os.path.isfile(path):  # a FIFO or a folder is no label file: missing, never opened
-        return np.zeros((0, 5), np.float32), "missing", 0, ""
+        return [], "missing"
     try:
         text = read_regular(path, MAX_LABEL_BYTES).decode("utf-8", errors="replace")
     except OSError as e:
@@ -143,8 +141,17 @@ def read_label_file(path: str, nc: int | None) -> tuple[np.ndarray, str, int, st
     except FileRefused as e:
         raise ValueError(f"label file: {e}") from None
     rows = [line.split() for line in text.splitlines() if line.strip()]
-    if not rows:
-        return np.zeros((0, 5), np.float32), "empty", 0, ""
+    return rows, "found" if rows else "empty"
+
+
+def read_label_file(path: str, nc: int | None) -> tuple[np.ndarray, str, int, str]:
+    """Parse and check one label file -> (labels (n, 5), state, duplicates removed, note).
+
+    State is 'found', 'missing' or 'empty'; invalid content raises ValueError with the reason.
+    """
+    rows, state = read_label_rows(path)
+    if state != "found":
+        return np.zeros((0, 5), np.float32), state, 0, ""
     bad_width = next((len(r) for r in rows if len(r) != 5), None)
     if bad_width is not None:
         raise ValueError(f"labels require 5 columns, {bad_width} columns detected")
@@ -181,6 +188,20 @@ def check_label_rows(labels: np.ndarray, nc: int | None) -> tuple[np.ndarray, in
         labels = labels[np.sort(first)]
     note = f"{duplicates} duplicate labels removed" if duplicates else ""
     return labels, duplicates, note
+
+
+def unique_objects(labels: np.ndarray, outlines: Sequence[np.ndarray | None]) -> tuple[np.ndarray, list, int, str]:
+    """Objects repeated exactly (the same row and the same outline) kept once, in their first place: (labels,
+    outlines, duplicates removed, note)."""
+    seen, keep = set(), []
+    for i, (row, points) in enumerate(zip(labels, outlines)):
+        key = (row.tobytes(), None if points is None else np.asarray(points).tobytes())
+        if key not in seen:
+            seen.add(key)
+            keep.append(i)
+    duplicates = len(labels) - len(keep)
+    note = f"{duplicates} duplicate labels removed" if duplicates else ""
+    return labels[keep], [outlines[i] for i in keep], duplicates, note
 
 
 def check_sample(args: tuple[str, str, int | None, Path | None]) -> tuple[np.ndarray, tuple[int, int], str, int, str,
@@ -229,6 +250,7 @@ class ScanResult:
     duplicates: np.ndarray  # (n,) int32
     messages: list[str]
     repaired: list[str] = field(default_factory=list)  # per image: a repaired copy to read instead, or ''
+    segments: list[list[np.ndarray | None]] | None = None  # per image, per object its outline (a segment scan)
 
     def read_path(self, index: int) -> str:
         """The file to decode for image ``index``: its repaired copy when the scan made one, else the image."""
@@ -242,9 +264,10 @@ class ScanResult:
                            warnings=[m for m in self.messages if m])
 
 
-def files_hash(im_files: Sequence[str], label_files: Sequence[str], nc: int | None) -> str:
-    """A hash of the file list, sizes and mtimes (and nc, which decides class validity)."""
-    h = hashlib.sha256(f"v{CACHE_VERSION} nc={nc}".encode())
+def files_hash(im_files: Sequence[str], label_files: Sequence[str], nc: int | None, kind: str = "") -> str:
+    """A hash of the file list, sizes and mtimes (and nc, which decides class validity, and the scan's ``kind``:
+    '' for boxes, 'segments' for a scan that keeps outlines)."""
+    h = hashlib.sha256(f"v{CACHE_VERSION} nc={nc}{f' {kind}' if kind else ''}".encode())
     for path in (*im_files, *label_files):
         try:
             st = os.stat(path)
@@ -254,10 +277,11 @@ def files_hash(im_files: Sequence[str], label_files: Sequence[str], nc: int | No
     return h.hexdigest()
 
 
-def _check_pool(n_items: int) -> Any:
-    """A process pool sized to the cores (decoding and parsing hold the GIL); threads for small scans, where
-    starting processes costs more than it saves, and where forking is unavailable (daemonic loader workers)."""
-    workers = max(min(available_cores(), n_items), 1)
+def _check_pool(n_items: int, cores: int | None = None) -> Any:
+    """A process pool sized to the cores (``cores``, default all of this process's; decoding and parsing hold the
+    GIL); threads for small scans, where starting processes costs more than it saves, and where forking is
+    unavailable (daemonic loader workers)."""
+    workers = max(min(cores or available_cores(), n_items), 1)
     can_fork = "fork" in multiprocessing.get_all_start_methods() and not multiprocessing.current_process().daemon
     if workers > 1 and n_items >= PROCESS_POOL_MIN and can_fork:
         return multiprocessing.get_context("fork").Pool(workers)
@@ -265,32 +289,128 @@ def _check_pool(n_items: int) -> Any:
 
 
 def scan_files(im_files: Sequence[str], label_files: Sequence[Any], nc: int | None, desc: str = "",
-               show: bool = True, repair_dir: Path | None = None, check: Any = check_sample) -> ScanResult:
-    """Check every pair on a pool sized to the cores, with a progress bar when ``show``; damaged images that can
-    be repaired get a repaired copy in ``repair_dir``. ``check`` reads one pair's labels (the default: a YOLO txt
-    file; utils.data.annotations passes the boxes an annotation file gave)."""
+               show: bool = True, repair_dir: Path | None = None, check: Any = check_sample,
+               cores: int | None = None) -> ScanResult:
+    """Check every pair on a pool sized to the cores (``cores``, default all), with a progress bar when ``show``;
+    damaged images that can be repaired get a repaired copy in ``repair_dir``. ``check`` reads one pair's labels
+    (the default: a YOLO txt file; utils.data.annotations passes the boxes an annotation file gave). A ``check``
+    that returns a seventh value, each object's outline (utils.data.segments), makes a scan that keeps them."""
     n = len(im_files)
     states, shapes = np.zeros(n, np.int8), np.zeros((n, 2), np.int32)
-    labels, duplicates, messages, repaired = [], np.zeros(n, np.int32), [], []
+    labels, duplicates, messages, repaired, segments = [], np.zeros(n, np.int32), [], [], []
     counts = dict.fromkeys(STATES, 0)
-    with _check_pool(n) as pool:
+    with _check_pool(n, cores) as pool:
         jobs = [(im, lb, nc, repair_dir) for im, lb in zip(im_files, label_files)]
         bar = tqdm(pool.imap(check, jobs, chunksize=16), total=n, desc=desc, disable=not show, leave=False,
                    unit="img")
-        for i, (lab, shape, state, dup, msg, copy) in enumerate(bar):
+        for i, (lab, shape, state, dup, msg, copy, *outlines) in enumerate(bar):
             states[i], shapes[i], duplicates[i] = STATES.index(state), shape, dup
+            segments += outlines
             labels.append(lab)
             messages.append(msg)
             repaired.append(copy)
             counts[state] += 1
             bar.set_postfix_str(f"{counts['found'] + counts['empty']} found, {counts['missing']} missing, "
                                 f"{counts['empty']} empty, {counts['corrupt']} corrupt", refresh=False)
-    return ScanResult(list(im_files), states, shapes, labels, duplicates, messages, repaired)
+    return ScanResult(list(im_files), states, shapes, labels, duplicates, messages, repaired,
+                      segments if len(segments) == n and n else None)
 
 
-def cache_path_for(label_files: Sequence[str]) -> Path:
-    """``<labels dir>.cache`` next to the first label file's folder."""
-    return Path(label_files[0]).parent.with_suffix(".cache")
+def pack_segments(segments: Sequence[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
+    """Outlines (None: no outline) -> (points (P, 2) float32, offsets (k + 1,) int64): object i's points are
+    ``points[offsets[i]:offsets[i + 1]]`` (none for no outline); plain arrays an ``.npz`` holds without pickles."""
+    lengths = [0 if s is None else len(s) for s in segments]
+    offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+    arrays = [np.asarray(s, np.float32).reshape(-1, 2) for s in segments if s is not None]
+    points = np.concatenate(arrays) if arrays else np.zeros((0, 2), np.float32)
+    return points, offsets
+
+
+def unpack_segments(points: np.ndarray, offsets: np.ndarray) -> list[np.ndarray | None]:
+    """The inverse of ``pack_segments``; ValueError when the offsets do not index the points (a damaged cache)."""
+    offsets = np.asarray(offsets)
+    if offsets.ndim != 1 or not len(offsets) or offsets[0] != 0 or offsets[-1] != len(points) \
+            or (np.diff(offsets) < 0).any():
+        raise ValueError("segment offsets do not index the stored points")
+    return [points[a:b] if b > a else None for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
+
+
+def cache_path_for(label_files: Sequence[str], kind: str = "") -> Path:
+    """``<labels dir>.cache`` next to the first label file's folder (``<labels dir>.<kind>.cache`` for a scan of
+    another kind, so box and outline scans of one folder keep their own caches)."""
+    return Path(label_files[0]).parent.with_suffix(f".{kind}.cache" if kind else ".cache")
+
+
+def share_of(n_items: int, rank: int, world: int) -> range:
+    """Rank ``rank``'s contiguous share of ``n_items`` split over ``world`` ranks (sizes differ by at most one)."""
+    base, extra = divmod(n_items, world)
+    start = rank * base + min(rank, extra)
+    return range(start, start + base + (rank < extra))
+
+
+def _packed(result: ScanResult) -> dict[str, Any]:
+    """A scan as a few plain arrays, for the gather (one pickled array per image would cost far more)."""
+    return {"states": result.states, "shapes": result.shapes, "duplicates": result.duplicates,
+            "counts": np.array([len(lab) for lab in result.labels], np.int64),
+            "labels": np.concatenate(result.labels, 0) if result.labels else np.zeros((0, 5), np.float32),
+            "messages": result.messages, "repaired": [bool(r) for r in result.repaired],
+            "segments": None if result.segments is None else (
+                np.array([len(image) for image in result.segments], np.int64),
+                *pack_segments([s for image in result.segments for s in image]))}
+
+
+def _merged(parts: Sequence[dict[str, Any]], im_files: Sequence[str], repair_dir: Path) -> ScanResult:
+    """The gathered shares, in rank order, as one scan of ``im_files`` (this machine's paths). An image another
+    machine repaired is repaired here too, into this machine's ``repair_dir``, unless that copy exists."""
+    counts = np.concatenate([p["counts"] for p in parts])
+    labels = np.split(np.concatenate([p["labels"] for p in parts]), np.cumsum(counts)[:-1]) if len(counts) else []
+    repaired = []
+    for path, flag in zip(im_files, (f for p in parts for f in p["repaired"])):
+        copy = repair_dir / copy_name(path, ".jpg")
+        if flag and not copy.is_file():
+            with contextlib.suppress(OSError, ValueError):  # as scan_files: read the original as it is
+                copy = repair_jpeg(path, repair_dir)
+        repaired.append(str(copy) if flag and copy.is_file() else "")
+    return ScanResult(list(im_files), np.concatenate([p["states"] for p in parts]),
+                      np.concatenate([p["shapes"] for p in parts]), [lab.copy() for lab in labels],
+                      np.concatenate([p["duplicates"] for p in parts]), [m for p in parts for m in p["messages"]],
+                      repaired, _merged_segments(parts))
+
+
+def _merged_segments(parts: Sequence[dict[str, Any]]) -> list[list[np.ndarray | None]] | None:
+    """The gathered shares' outlines per image (None for a box scan)."""
+    if any(p["segments"] is None for p in parts):
+        return None
+    merged = []
+    for per_image, points, offsets in (p["segments"] for p in parts):
+        outlines = unpack_segments(points, offsets)
+        bounds = np.concatenate(([0], np.cumsum(per_image)))
+        merged += [outlines[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
+    return merged
+
+
+def shared_scan(im_files: Sequence[str], label_files: Sequence[str], nc: int | None, prefix: str = "",
+                check: Any = check_sample, kind: str = "") -> ScanResult | None:
+    """Under DDP: the scan of a YOLO txt split shared by every rank of every machine, when any rank lacks a valid
+    cache. Each rank checks its contiguous share with its share of its machine's cores, the shares are gathered
+    (equal to one process's scan), and rank 0 writes the cache; on a machine that does not see rank 0's file, its
+    local rank 0 writes its own. None when every rank's cache was valid (nothing scanned). ``check`` and ``kind``
+    as cached_scan's. All ranks must call it."""
+    path, file_hash = cache_path_for(label_files, kind), files_hash(im_files, label_files, nc, kind)
+    if all(dist.all_gather_object(load_cache(path, file_hash) is not None, long=True)):
+        return None
+    share, world = share_of(len(im_files), dist.get_rank(), dist.get_world_size()), dist.get_world_size()
+    repair_dir = cache_dir_for(label_files) / "repaired"
+    desc = f"{prefix}Scanning '{path.parent / path.stem}' images and labels ({world} ranks, this one's share)..."
+    mine = scan_files(im_files[share.start:share.stop], label_files[share.start:share.stop], nc, desc=desc,
+                      show=dist.is_main_process(), repair_dir=repair_dir, cores=dist.cpu_share(), check=check)
+    result = _merged(dist.all_gather_object(_packed(mine), long=True), im_files, repair_dir)
+    if dist.is_main_process() and save_cache(path, result, file_hash):
+        LOGGER.info(f"{prefix}New cache created: {path}")
+    dist.barrier(long=True)  # rank 0's file is whole before another machine looks for it
+    if dist.is_local_main_process() and not dist.is_main_process() and load_cache(path, file_hash) is None:
+        save_cache(path, result, file_hash)
+    return result
 
 
 def cache_dir_for(label_files: Sequence[str]) -> Path:
@@ -309,6 +429,8 @@ def save_cache(path: Path, result: ScanResult, file_hash: str) -> bool:
         "messages": np.array(result.messages if result.messages else [], dtype=str),
         "repaired": np.array(result.repaired if result.repaired else [], dtype=str),
     }
+    if result.segments is not None:  # every object's outline, in label order: (P, 2) points and offsets
+        arrays["seg_points"], arrays["seg_offsets"] = pack_segments([s for image in result.segments for s in image])
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -347,27 +469,37 @@ def load_cache(path: Path, file_hash: str) -> ScanResult | None:
                 return None
             counts = z["counts"]
             labels = np.split(z["labels"].astype(np.float32), np.cumsum(counts)[:-1]) if len(counts) else []
+            segments = None
+            if "seg_points" in z.files:
+                flat = unpack_segments(z["seg_points"].astype(np.float32), z["seg_offsets"])
+                if len(flat) != int(counts.sum()):
+                    return None
+                ends = np.cumsum(counts).tolist()
+                segments = [flat[end - c:end] for c, end in zip(counts.tolist(), ends)]
             return ScanResult([str(f) for f in z["im_files"]], z["states"].astype(np.int8),
                               z["shapes"].astype(np.int32), labels, z["duplicates"].astype(np.int32),
-                              [str(m) for m in z["messages"]], [str(r) for r in z["repaired"]])
+                              [str(m) for m in z["messages"]], [str(r) for r in z["repaired"]], segments)
     except Exception:  # any damage means: rebuild
         return None
 
 
 def cached_scan(im_files: Sequence[str], label_files: Sequence[str], nc: int | None,
-                prefix: str = "") -> tuple[ScanResult, Path]:
-    """The scan of these files, from ``<labels dir>.cache`` when valid, else scanned and cached.
+                prefix: str = "", check: Any = check_sample, kind: str = "") -> tuple[ScanResult, Path]:
+    """The scan of these files, from ``<labels dir>.cache`` when valid, else scanned (``check`` reads one pair; a
+    ``kind`` names a scan other than boxes, so each kind's cache is its own) and cached.
 
     Logs the ``Scanning '...'... N found, M missing, K empty, C corrupt`` line and the warnings once.
     """
-    path, file_hash = cache_path_for(label_files), files_hash(im_files, label_files, nc)
+    path, file_hash = cache_path_for(label_files, kind), files_hash(im_files, label_files, nc, kind)
     result = load_cache(path, file_hash)
+    if result is not None and kind and result.segments is None:
+        result = None
     shown = path
     if result is None:
         shown = path.parent / path.stem
         desc = f"{prefix}Scanning '{shown}' images and labels..."
         result = scan_files(im_files, label_files, nc, desc=desc, show=dist.is_main_process(),
-                            repair_dir=cache_dir_for(label_files) / "repaired")
+                            repair_dir=cache_dir_for(label_files) / "repaired", check=check)
         if save_cache(path, result, file_hash):
             LOGGER.info(f"{prefix}New cache created: {path}")
     log_scan(result, prefix, shown, path.parent / path.stem)

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from utils.data.config import DataError
 from utils.data.datasets import DatasetOptions, YoloDataset
+from utils.data.formats import shared_scan_sources
 from utils.data.ram_cache import plan_shared_memory, shm_free, size_text
 from utils.data.shard_urls import ShardSpec
 from utils.data.stream import StreamDataset, load_stream, rank_positions
@@ -239,7 +240,8 @@ def set_start(loader: DataLoader, samples_consumed: int) -> None:
 def create_dataloader(sources: str | Path | Sequence[str | Path], options: DatasetOptions, *, workers: int = 8,
                       shuffle: bool = False, shard_eval: bool = False, quad: bool = False,
                       reserved_cores: int = 0) -> tuple[DataLoader, YoloDataset]:
-    """Build the dataset zero-first (label cache and disk cache written once per machine), then its loader;
+    """Scan the labels with every rank (utils.data.formats.shared_scan_sources), build the dataset zero-first (the
+    disk cache written once per machine), then its loader;
     ``options.batch_size`` is the batch per rank.
 
     With ``rect``, batch shapes are grouped over ``batch_size * world`` images, so each rank's batches
@@ -252,7 +254,9 @@ def create_dataloader(sources: str | Path | Sequence[str | Path], options: Datas
                              reserved_cores=reserved_cores)
     if options.rect and shuffle:
         LOGGER.warning(f"{options.prefix}WARNING: --rect keeps images sorted by aspect ratio; shuffle is turned off")
-    with dist.zero_first(local=True):  # the label cache is written once per machine, then read
+    shared_scan_sources(sources, options.nc, options.prefix,  # every rank scans its share when a cache is stale
+                        segments=options.task == "segment")
+    with dist.zero_first(local=True):  # then the cache is read (or, unwritable, scanned by local rank 0 first)
         dataset = YoloDataset(sources, options, batch_size=batch_size * world if options.rect else batch_size,
                               cache=None)
     if options.cache:  # every rank takes part (a shared RAM cache, or a share of the disk cache)

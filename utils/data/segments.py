@@ -14,7 +14,8 @@ than 3 points are dropped and counted; malformed values make the image corrupt, 
 mask is kept as it is (checked against the image's size without being decoded) and becomes an outline only when
 asked (``instance_polygon``).
 
-Outlines are stored without pickles as one (P, 2) float32 point array and (k + 1,) offsets (``pack_segments``).
+Outlines are stored without pickles as one (P, 2) float32 point array and (k + 1,) offsets (``pack_segments``,
+which the label cache uses; a segment scan is ``check_segment_sample``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,15 @@ from typing import Any
 
 import numpy as np
 
-from utils.data.label_cache import COORD_TOLERANCE, check_label_rows
+from utils.data.label_cache import (  # noqa: F401  (pack/unpack: the outlines' storage, kept importable here)
+    COORD_TOLERANCE,
+    check_image,
+    check_label_rows,
+    pack_segments,
+    read_label_rows,
+    unique_objects,
+    unpack_segments,
+)
 from utils.masks import mask_outlines, rle_counts, rle_decode
 
 MIN_POLYGON_POINTS = 3
@@ -108,28 +117,31 @@ def parse_segment_rows(rows: Sequence[Sequence[str]], nc: int | None) -> Segment
 
 def _without_duplicates(labels: np.ndarray, segments: list[np.ndarray | None]) -> SegmentLabels:
     """Rows repeated exactly (same class, box and outline) kept once, in their first place."""
-    seen, keep = set(), []
-    for i, (row, points) in enumerate(zip(labels, segments)):
-        key = (row.tobytes(), None if points is None else points.tobytes())
-        if key not in seen:
-            seen.add(key)
-            keep.append(i)
-    duplicates = len(labels) - len(keep)
-    note = f"{duplicates} duplicate labels removed" if duplicates else ""
-    return SegmentLabels(labels[keep], [segments[i] for i in keep], duplicates, note)
+    return SegmentLabels(*unique_objects(labels, segments))
 
 
 def read_segment_label_file(path: str | Path, nc: int | None) -> tuple[SegmentLabels, str]:
     """Parse and check one YOLO label file with outlines -> (labels, state 'found', 'missing' or 'empty');
     invalid content raises ValueError with the reason (the sample is then corrupt)."""
-    path = Path(path)
-    if not path.is_file():
-        return SegmentLabels(), "missing"
-    with open(path, encoding="utf-8", errors="replace") as f:
-        rows = [line.split() for line in f.read().splitlines() if line.strip()]
-    if not rows:
-        return SegmentLabels(), "empty"
+    rows, state = read_label_rows(path)
+    if state != "found":
+        return SegmentLabels(), state
     return parse_segment_rows(rows, nc), "found"
+
+
+def check_segment_sample(args: tuple[str, str, int | None, Path | None]) -> tuple:
+    """``label_cache.check_sample`` for YOLO segment labels: its six values and, seventh, each object's outline
+    (n, 2) normalised, or None for a box row; a corrupt pair never raises."""
+    im_file, label_file, nc, repair_dir = args
+    try:
+        shape, image_note, repaired = check_image(im_file, repair_dir)
+        parsed, state = read_segment_label_file(label_file, nc)
+    except (ValueError, OverflowError, TypeError) as e:
+        return (np.zeros((0, 5), np.float32), (0, 0), "corrupt", 0, f"{im_file}: ignoring corrupt image/label: {e}",
+                "", [])
+    notes = "; ".join(n for n in (image_note, parsed.note) if n)
+    return (parsed.labels, shape, state, parsed.duplicates, f"{im_file}: {notes}" if notes else "", repaired,
+            parsed.segments)
 
 
 def segment_rows_text(labels: np.ndarray, segments: Sequence[np.ndarray | None], decimals: int = 6) -> str:
@@ -256,23 +268,3 @@ def coco_instance_segments(data: dict, keep_crowd: bool = False) -> tuple[dict[A
     notes = [f"{dropped} polygon parts of fewer than {MIN_POLYGON_POINTS} points dropped" if dropped else "",
              f"{empty} annotations without an outline (boxes only)" if empty else ""]
     return out, "; ".join(n for n in notes if n)
-
-
-# ------------------------------------------------------------------------------------------ storage
-def pack_segments(segments: Sequence[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
-    """Outlines (None: no outline) -> (points (P, 2) float32, offsets (k + 1,) int64): object i's points are
-    ``points[offsets[i]:offsets[i + 1]]`` (none for no outline); plain arrays an ``.npz`` holds without pickles."""
-    lengths = [0 if s is None else len(s) for s in segments]
-    offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
-    arrays = [np.asarray(s, np.float32).reshape(-1, 2) for s in segments if s is not None]
-    points = np.concatenate(arrays) if arrays else np.zeros((0, 2), np.float32)
-    return points, offsets
-
-
-def unpack_segments(points: np.ndarray, offsets: np.ndarray) -> list[np.ndarray | None]:
-    """The inverse of ``pack_segments``; ValueError when the offsets do not index the points (a damaged cache)."""
-    offsets = np.asarray(offsets)
-    if offsets.ndim != 1 or not len(offsets) or offsets[0] != 0 or offsets[-1] != len(points) \
-            or (np.diff(offsets) < 0).any():
-        raise ValueError("segment offsets do not index the stored points")
-    return [points[a:b] if b > a else None for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]

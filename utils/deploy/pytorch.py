@@ -23,9 +23,8 @@ class PyTorchFormat(ExportFormat):
         model = model.half() if options.half else model
         dtype = torch.float16 if options.half else torch.float32
 
-        def run(images: torch.Tensor) -> torch.Tensor:
-            output = model(images.to(options.device, dtype))
-            return output[0] if isinstance(output, (list, tuple)) else output
+        def run(images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+            return model(images.to(options.device, dtype))  # rows, or (rows, prototypes): the runtime checks them
 
         meta = export_metadata(model, (0, 0), 1, dynamic=True, half=options.half)
         return LoadedModel(run, meta, input_dtype=dtype, module=model)

@@ -6,6 +6,8 @@ reads the metadata it carries (stride, class names, export image size, dynamic s
 the decoded predictions (b, n, columns) as a torch tensor, laid out as its ``contract`` says (the output contract the
 file's metadata records; a file from before contracts were recorded is a YOLOv5 detector's: [cx, cy, w, h (input
 pixels), obj, cls...]). ``utils.predictions.postprocess(pred, model.contract, ...)`` turns them into detections.
+A segmenter (its contract has ``nm`` mask coefficients) returns ``(rows, prototypes)``, the prototypes
+(b, nm, h/4, w/4), as the PyTorch model does; ``utils.masks.process_masks`` makes the masks.
 """
 
 from __future__ import annotations
@@ -162,27 +164,46 @@ class InferenceModel:
         """An nn.Module for evaluate(): the model itself for .pt, a thin wrapper for the exports."""
         return self.module if self.module is not None else ExportedModule(self)
 
+    @property
+    def segments(self) -> bool:
+        """Whether it is a segmenter: calls return (rows, prototypes)."""
+        return self.contract.nm > 0
+
     @torch.no_grad()
-    def __call__(self, images: torch.Tensor) -> torch.Tensor:
-        """Decoded predictions (b, n, contract columns) for a float image batch (b, 3, h, w) in [0, 1]."""
+    def __call__(self, images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Decoded predictions (b, n, contract columns) for a float image batch (b, 3, h, w) in [0, 1]; for a
+        segmenter ``(rows, prototypes (b, nm, h', w'))``."""
         if self.batch_size is None or images.shape[0] == self.batch_size:
             return self._forward(images)
         outputs = []  # a static export takes exactly batch_size images: run chunks, zero-padding the last
         for chunk in images.split(self.batch_size):
             padded = torch.cat((chunk, chunk.new_zeros(self.batch_size - len(chunk), *chunk.shape[1:])), 0)
-            outputs.append(self._forward(padded)[: len(chunk)])
+            output = self._forward(padded)
+            outputs.append(tuple(part[: len(chunk)] for part in output) if self.segments else output[: len(chunk)])
+        if self.segments:
+            return tuple(torch.cat(parts, 0) for parts in zip(*outputs))  # type: ignore[return-value]
         return torch.cat(outputs, 0)
 
-    def _forward(self, images: torch.Tensor) -> torch.Tensor:
+    def _forward(self, images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The runtime's outputs checked against the contract: the rows first, then (a segmenter) the prototypes."""
         output = self._run(images)
-        columns = self.contract.columns  # the row width its metadata's output contract promises
-        if not isinstance(output, torch.Tensor) or output.dim() != 3 or output.shape[0] != images.shape[0] or \
-                output.shape[2] != columns or not output.is_floating_point():
-            found = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
+        parts = list(output) if isinstance(output, (list, tuple)) else [output]
+        rows, columns = (parts[0] if parts else None), self.contract.columns  # the row width its metadata promises
+        if not isinstance(rows, torch.Tensor) or rows.dim() != 3 or rows.shape[0] != images.shape[0] or \
+                rows.shape[2] != columns or not rows.is_floating_point():
+            found = tuple(rows.shape) if isinstance(rows, torch.Tensor) else type(rows).__name__
             raise InferenceModelError(f"{self.weights} returned a {found} tensor, not (batch, boxes, {columns}) "
                                       f"floats for {len(self.names)} classes ({self.contract.layout}); it is not a "
                                       "detection model of this project's layout (re-export it with export.py)")
-        return output.to(self.device)
+        if not self.segments:
+            return rows.to(self.device)
+        protos = parts[1] if len(parts) > 1 else None
+        if not isinstance(protos, torch.Tensor) or protos.dim() != 4 or protos.shape[:2] != (len(rows),
+                                                                                            self.contract.nm):
+            found = tuple(protos.shape) if isinstance(protos, torch.Tensor) else "no"
+            raise InferenceModelError(f"{self.weights} returned {found} prototypes, not (batch, {self.contract.nm}, "
+                                      "h, w) as its segmentation contract needs (re-export it with export.py)")
+        return rows.to(self.device), protos.to(self.device)
 
     def warmup(self, img_size: tuple[int, int] = (640, 640)) -> None:
         """One forward pass on zeros, so the first timed image does not pay for lazy initialisation."""
@@ -202,5 +223,6 @@ class ExportedModule(nn.Module):
         self.contract = model.contract  # the row layout of its output, from the file's metadata
         self.register_buffer("stride", torch.tensor(model.strides, device=model.device), persistent=False)
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        return self.inference(images.float()).float()
+    def forward(self, images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        output = self.inference(images.float())
+        return tuple(part.float() for part in output) if self.inference.segments else output.float()

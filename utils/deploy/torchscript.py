@@ -56,9 +56,8 @@ class TorchScriptFormat(ExportFormat):
         model = model.to(options.device)
         dtype = torch.float16 if isinstance(meta, dict) and meta.get("half") else torch.float32
 
-        def run(images: torch.Tensor) -> torch.Tensor:
-            output = model(images.to(options.device, dtype))
-            return output[0] if isinstance(output, (list, tuple)) else output
+        def run(images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+            return model(images.to(options.device, dtype))  # rows, or (rows, prototypes): the runtime checks them
 
         return LoadedModel(run, meta, input_dtype=dtype, module=None)
 

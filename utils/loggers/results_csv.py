@@ -17,11 +17,12 @@ from utils.log import LOGGER
 from utils.loggers.registry import LoggerContext
 
 
-def results_columns(loss_names: Sequence[str], num_lrs: int = 3) -> list[str]:
-    """results.csv header: epoch, the train losses by term (``train/<name>_loss``), validation metrics, learning
-    rates."""
-    return ["epoch", *(f"train/{n}_loss" for n in loss_names), "metrics/precision", "metrics/recall",
-            "metrics/mAP_0.5", "metrics/mAP_0.5:0.95", *(f"x/lr{i}" for i in range(num_lrs))]
+def results_columns(loss_names: Sequence[str], num_lrs: int = 3,
+                    metric_names: Sequence[str] = ("precision", "recall", "mAP_0.5", "mAP_0.5:0.95")) -> list[str]:
+    """results.csv header: epoch, the train losses by term (``train/<name>_loss``), validation metrics
+    (``metrics/<name>``: the boxes', then a segmenter's masks' ``mask_precision`` ...), learning rates."""
+    return ["epoch", *(f"train/{n}_loss" for n in loss_names), *(f"metrics/{n}" for n in metric_names),
+            *(f"x/lr{i}" for i in range(num_lrs))]
 
 
 def append_row(path: Path, epoch: int, row: Mapping[str, float]) -> None:

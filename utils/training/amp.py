@@ -93,4 +93,5 @@ def autocast_matches(model: nn.Module, device: torch.device, tolerance: float = 
                 low = model(image)
     finally:
         model.train(was_training)
-    return bool(torch.allclose(reference.float(), low.float(), atol=tolerance, rtol=tolerance))
+    pairs = zip(reference, low) if isinstance(reference, tuple) else [(reference, low)]  # a segmenter: + prototypes
+    return all(bool(torch.allclose(a.float(), b.float(), atol=tolerance, rtol=tolerance)) for a, b in pairs)

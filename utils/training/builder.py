@@ -22,7 +22,7 @@ import torch.nn as nn
 import yaml
 
 from models.yolo import Model
-from utils.data.config import load_data_config
+from utils.data.config import DEFAULT_DATA, TASK_DEFAULT_DATA, load_data_config
 from utils.data.datasets import DatasetOptions
 from utils.data.loader import create_dataloader
 from utils.distributed import comm as dist
@@ -37,6 +37,7 @@ from utils.loggers.registry import LoggerContext, build_loggers
 from utils.plots.figures import plot_labels
 from utils.training.amp import decide_amp
 from utils.training.autoanchor import check_anchors
+from utils.training.autobatch import AUTO_BATCH, auto_batch
 from utils.training.checkpointer import Checkpointer, SaveInterval
 from utils.training.config import RunConfig
 from utils.training.early_stop import EarlyStopping
@@ -52,6 +53,7 @@ from utils.training.optim import (
     OptimizerChoice,
     WeightUpdater,
     accumulate_steps,
+    batch_scaling,
     build_optimizer,
     choose_optimizer,
     describe_groups,
@@ -98,8 +100,13 @@ def prepare_run(config: RunConfig, defaults: RunConfig) -> tuple[RunConfig, dict
             hyp = ckpt.get("hyp") or {}
             LOGGER.info(f"Resuming ({plan.reason}) from {path}")
         config = config.replace(save_dir=str(plan.save_dir))
-    dist.batch_per_rank(config.batch_size)
-    family = model_family(config, ckpt)
+    if config.batch_size != AUTO_BATCH:  # else measured when the model is built (build_trainer)
+        dist.batch_per_rank(config.batch_size)
+    family_name, task = model_kind(config, ckpt)
+    family = get_family(family_name)
+    if task in TASK_DEFAULT_DATA and Path(config.data or DEFAULT_DATA) == DEFAULT_DATA:
+        config = config.replace(data=str(TASK_DEFAULT_DATA[task]))  # the built-in set with what the task needs
+        LOGGER.info(f"A {task} model without --data trains on {TASK_DEFAULT_DATA[task].name}")
     config = config.replace(hyp=config.hyp or str(family.default_hyp_file(config.data)))
     hyp = load_hyp(hyp or config.hyp, family.required_hyp, family.name)
     config = config.replace(optimizer=config.optimizer if config.optimizer not in ("", AUTO) else
@@ -110,22 +117,28 @@ def prepare_run(config: RunConfig, defaults: RunConfig) -> tuple[RunConfig, dict
     return config, hyp
 
 
-def model_family(config: RunConfig, ckpt: dict | None = None) -> Family:
-    """The family of the model a run trains, as its head names it: --cfg's, else the checkpoint's record (a
-    checkpoint from before families were recorded: YOLOv5), else the default model's. All ranks must call it
-    (rank 0 reads --weights and shares it)."""
+def model_kind(config: RunConfig, ckpt: dict | None = None) -> tuple[str, str]:
+    """(family, task) of the model a run trains, as its head names them: --cfg's, else the checkpoint's record (a
+    checkpoint from before they were recorded: a YOLOv5 detector), else the default model's. All ranks must call
+    it (rank 0 reads --weights and shares it)."""
     if not config.cfg and ckpt is None and config.weights:
         ckpt = shared_checkpoint([config.weights], trusted=config.trust_weights)[1]
     if not config.cfg and ckpt is not None:
-        return get_family(str(ckpt.get("family") or "yolov5"))
-    return get_family(Model(config.cfg or DEFAULT_CFG).head.family)
+        return str(ckpt.get("family") or "yolov5"), str(ckpt.get("task") or "detect")
+    head = Model(config.cfg or DEFAULT_CFG).head
+    return str(head.family), str(head.task)
+
+
+def model_family(config: RunConfig, ckpt: dict | None = None) -> Family:
+    """The family of the model a run trains (``model_kind``). All ranks must call it."""
+    return get_family(model_kind(config, ckpt)[0])
 
 
 def build_trainer(config: RunConfig, hyp: dict, device: torch.device, hooks: Sequence[HookBase] = (),
                   data: TrainData | None = None) -> Trainer:
     """The run (``data``: its batches, else loaded from --data): every rank builds the same model; a resumed run
-    restores its state before the run folder is written. All ranks must call it."""
-    dist.batch_per_rank(config.batch_size)
+    restores its state before the run folder is written. ``--batch-size -1``: AutoBatch (utils.training.autobatch)
+    once the model is built. All ranks must call it."""
     if config.sync_bn and dist.get_world_size() > 1 and device.type != "cuda":
         raise TrainError("--sync-bn needs CUDA (torch's SyncBatchNorm does not run on CPU); drop it for CPU/gloo runs")
     seed_everything(config.seed)  # the same on every rank: identical initial weights
@@ -136,8 +149,11 @@ def build_trainer(config: RunConfig, hyp: dict, device: torch.device, hooks: Seq
     hyp = load_hyp(hyp, family.required_hyp, family.name)
     grid = max(int(model.stride.max()), 32)
     config = round_img_size(config, grid)
+    if config.batch_size == AUTO_BATCH:
+        config = config.replace(batch_size=auto_batch(model, device, config.img_size))
+    dist.batch_per_rank(config.batch_size)
     reserved = torch.get_num_threads() if device.type == "cpu" else 0  # the cores the CPU training threads need
-    data = data or load_train_data(config, hyp, data_cfg, grid, len(names), reserved)
+    data = data or load_train_data(config, hyp, data_cfg, grid, len(names), reserved, task=model.head.task)
     if model.head.anchor_based and not config.noautoanchor and not config.resume and data.dataset is not None:
         check_anchors(data.dataset, model, thr=hyp["anchor_t"], img_size=config.img_size)  # rank 0 decides
     dist.check_agreement(fingerprint(model, config.options(), hyp, data.dataset))
@@ -148,7 +164,8 @@ def build_trainer(config: RunConfig, hyp: dict, device: torch.device, hooks: Seq
     updater = build_updater(model, config, choice, len(data.train_loader), ema, scaler=amp and device.type == "cuda")
     model = updater.model = dist.wrap_ddp(model, device, config.sync_bn)
     model = compile_model(model, config)  # the forward only: the updater keeps the DDP module for no_sync
-    loss = family.loss(unwrap(model), {**hyp, "img_size": config.img_size, "label_smoothing": config.label_smoothing})
+    loss = family.loss_for(unwrap(model).head.task)(unwrap(model), {**hyp, "img_size": config.img_size,
+                                                            "label_smoothing": config.label_smoothing})
     trainer = new_trainer(config, choice.hyp, device, model, updater, ema, family, loss, data, amp, grid)
     trainer.hooks = Hooks([NonFiniteReload(trainer.reload_last_good),
                            Checkpointer(trainer.save_checkpoint, trainer.save_interval),
@@ -172,7 +189,7 @@ def new_trainer(config: RunConfig, hyp: dict, device: torch.device, model: nn.Mo
                    updater=updater, ema=ema, family=family, compute_loss=loss, loss_names=tuple(loss.names),
                    loss=loss, train_loader=data.train_loader, val_loader=data.val_loader, names=data.names,
                    hooks=Hooks(), state=TrainState(position, maps=np.zeros(len(data.names))), amp=amp,
-                   stopper=EarlyStopping(config.patience), stop=GracefulStop(),
+                   stopper=EarlyStopping(config.patience), stop=GracefulStop(elastic=bool(dist.torchrun_job_id())),
                    save_interval=SaveInterval(config.save_interval_steps, config.save_interval_minutes),
                    background=BackgroundTasks(main_process), grid=grid, is_coco=data.is_coco,
                    show_progress=main_process, plots=main_process and not config.noplots, saves=main_process)
@@ -237,12 +254,13 @@ def build_model(config: RunConfig, nc: int, names: list[str], device: torch.devi
 
 
 def load_train_data(config: RunConfig, hyp: dict, data_cfg: Any, grid: int, nc: int,
-                    reserved_cores: int = 0) -> TrainData:
+                    reserved_cores: int = 0, task: str = "detect") -> TrainData:
     """Train loader (distributed sampler, augmented) and the sharded val loader of --data; batch is per rank;
-    the workers get the rank's cores less ``reserved_cores`` (utils.data.loader.worker_count)."""
+    the workers get the rank's cores less ``reserved_cores`` (utils.data.loader.worker_count); the samples carry
+    what the model's ``task`` trains on (outlines and masks for ``segment``)."""
     batch = dist.batch_per_rank(config.batch_size)
     common = DatasetOptions(img_size=config.img_size, batch_size=batch, stride=grid, hyp=hyp, cache=config.cache,
-                            seed=config.seed, single_cls=config.single_cls, nc=nc)
+                            seed=config.seed, single_cls=config.single_cls, nc=nc, task=task)
     train_options = DatasetOptions(**{**vars(common), "augment": True, "rect": config.rect,
                                       "prefix": colorstr("train: ")})
     train_loader, train_set = create_dataloader(data_cfg.train, train_options, workers=config.workers,
@@ -260,16 +278,19 @@ def load_train_data(config: RunConfig, hyp: dict, data_cfg: Any, grid: int, nc: 
 
 def build_updater(model: Model, config: RunConfig, choice: OptimizerChoice, batches_per_epoch: int,
                   ema: ModelEMA, scaler: bool) -> WeightUpdater:
-    """Optimizer (``choice``: --optimizer as chosen for this run) with decay scaled to the nominal batch, LR
+    """Optimizer (``choice``: --optimizer as chosen for this run) with decay scaled to the nominal batch, lr0 and
+    warmup by the large-batch rule (optim.BatchScaling; the hyp keeps the unscaled lr0, so a resume scales once), LR
     schedule with warmup, EMA, and the gradient scaler with ``scaler`` (float16 needs it; bfloat16 has float32's
     range)."""
     hyp = choice.hyp
     accumulate = accumulate_steps(config.batch_size)
     decay = scaled_weight_decay(hyp["weight_decay"], config.batch_size, accumulate)
-    optimizer = build_optimizer(model, choice.name, hyp["lr0"], hyp["momentum"], decay)
-    LOGGER.info(f"{colorstr('optimizer:')} {choice.reason}{describe_groups(optimizer)}; accumulate {accumulate} "
-                f"batches, weight_decay {decay:g}")
-    schedule = LRSchedule(hyp, config.epochs, batches_per_epoch, cosine=config.cos_lr, accumulate=accumulate)
+    rule = batch_scaling(choice.name, config.batch_size, enabled=not config.no_batch_scaling)
+    optimizer = build_optimizer(model, choice.name, hyp["lr0"] * rule.lr_factor, hyp["momentum"], decay)
+    LOGGER.info(f"{colorstr('optimizer:')} {choice.reason}{rule.text(config.batch_size, choice.name)}"
+                f"{describe_groups(optimizer)}; accumulate {accumulate} batches, weight_decay {decay:g}")
+    schedule = LRSchedule(hyp, config.epochs, batches_per_epoch, cosine=config.cos_lr, accumulate=accumulate,
+                          batch_scale=rule.k)
     return WeightUpdater(model, optimizer, schedule, ema=ema, amp=scaler)
 
 

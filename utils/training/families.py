@@ -9,6 +9,10 @@ as YOLOv5's loss does), ``items`` a detached (len(names),) tensor of the terms t
 hyperparameters plus the two run options a loss may read, ``img_size`` and ``label_smoothing``. A loss whose
 weights change over the run (YOLO26's one-to-many / one-to-one balance) defines ``set_epoch(epoch, epochs)``, which
 the Trainer calls before every epoch (a resumed run's too).
+
+Losses are registered by (family, task): a family's ``loss`` trains its detect heads, and ``task_losses`` holds
+one factory per other task its heads may have (``segment``: utils/training/loss_segment.py); ``loss_for(task)``
+picks, from the head's ``task``. A task's loss takes the batch's extra tensors by name as keywords (``masks``).
 """
 
 from __future__ import annotations
@@ -56,9 +60,21 @@ class Family:
     required_hyp: tuple[str, ...]
     synthetic_hyp_file: Path | None = None
     evolve_bounds: Mapping[str, tuple[float, float, float]] = field(default_factory=dict)
+    task_losses: Mapping[str, LossFactory] = field(default_factory=dict)  # task -> its loss (besides detect)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "evolve_bounds", MappingProxyType(dict(self.evolve_bounds)))
+        object.__setattr__(self, "task_losses", MappingProxyType(dict(self.task_losses)))
+
+    def loss_for(self, task: str = "detect") -> LossFactory:
+        """The loss factory of this family's heads of ``task``; a one-line FamilyError when it has none."""
+        if task == "detect":
+            return self.loss
+        found = self.task_losses.get(str(task))
+        if found is None:
+            raise FamilyError(f"the {self.name} family has no {str(task)[:40]!r} loss (tasks: "
+                              f"{', '.join(['detect', *self.task_losses])})")
+        return found
 
     def default_hyp_file(self, data: str | Path | None) -> Path:
         """The hyp file used without --hyp: the synthetic set's tuned one for the built-in data (where the family
@@ -116,9 +132,13 @@ ANCHOR_FREE_HYP = HYPS_DIR / "hyp.anchor-free.yaml"
 ANCHOR_FREE_BOUNDS = {"box": (1, 1.0, 20.0), "cls": (1, 0.2, 4.0), "dfl": (1, 0.4, 6.0)}  # evolved gains' ranges
 
 register_family(Family("yolov5", _yolov5_loss, HYPS_DIR / "hyp.scratch.yaml",
-                       (*BASE_HYP, "box", "obj", "cls", "anchor_t"), synthetic_hyp_file=SYNTHETIC_HYP))
+                       (*BASE_HYP, "box", "obj", "cls", "anchor_t"), synthetic_hyp_file=SYNTHETIC_HYP,
+                       task_losses={"segment": lazy_loss("utils.training.loss_segment", "YoloV5SegmentLoss",
+                                                         "yolov5")}))
 for _name in ("yolov8", "yolo11"):  # one anchor-free loss (task-aligned assigner, BCE + CIoU + DFL); own recipes
     register_family(Family(_name, lazy_loss("utils.training.loss_anchor_free", "AnchorFreeLoss", _name),
-                           ANCHOR_FREE_HYP, (*BASE_HYP, "box", "cls", "dfl"), evolve_bounds=ANCHOR_FREE_BOUNDS))
+                           ANCHOR_FREE_HYP, (*BASE_HYP, "box", "cls", "dfl"), evolve_bounds=ANCHOR_FREE_BOUNDS,
+                           task_losses={"segment": lazy_loss("utils.training.loss_segment", "AnchorFreeSegmentLoss",
+                                                             _name)}))
 register_family(Family("yolo26", lazy_loss("utils.training.loss_anchor_free", "EndToEndLoss", "yolo26"),
                        ANCHOR_FREE_HYP, (*BASE_HYP, "box", "cls", "dfl"), evolve_bounds=ANCHOR_FREE_BOUNDS))

@@ -24,7 +24,7 @@ from utils.data.loader import close_mosaic, image_weights, set_epoch, set_start,
 from utils.device import autocast
 from utils.distributed import comm as dist
 from utils.distributed.signals import GracefulStop
-from utils.evaluation.evaluate import EvalOptions, evaluate
+from utils.evaluation.evaluate import EvalOptions, batch_tensors, evaluate, metric_names, model_contract
 from utils.hooks import Hooks, StepInfo, TrainerView
 from utils.log import LOGGER, colorstr
 from utils.loggers.background import BackgroundTasks
@@ -51,7 +51,6 @@ from utils.training.resume import (
 from utils.training.train_state import TrainState
 from utils.weights.checkpoint import CheckpointError, new_checkpoint, to_plain
 
-METRIC_NAMES = ("precision", "recall", "mAP_0.5", "mAP_0.5:0.95")
 
 
 @dataclass
@@ -102,7 +101,7 @@ class Trainer:
         config, start, t0 = self.config, self.state.epoch, time.time()
         LOGGER.info(f"Image sizes {config.img_size} train, {config.img_size} val\nLogging results to {self.save_dir}\n"
                     f"Starting training for {config.epochs} epochs...")
-        metrics, epoch = dict.fromkeys(METRIC_NAMES, 0.0), start - 1
+        metrics, epoch = dict.fromkeys(metric_names(model_contract(self.model_without_ddp)), 0.0), start - 1
         self.last_is_whole = self.state.resumed and Path(config.weights).name == LAST
         self.hooks.before_train(self.view)
         for epoch in range(start, config.epochs):
@@ -132,7 +131,7 @@ class Trainer:
         self.model.train()
         mean_loss, done, world = torch.zeros(len(self.loss_names), device=self.device), 0, dist.get_world_size()
         bar = progress_bar(self.train_loader, len(self.train_loader), enabled=self.show_progress)
-        for i, (imgs, targets, paths, _) in enumerate(bar):
+        for i, (imgs, targets, paths, _, *extras) in enumerate(bar):
             batch = self.state.batch_offset + i  # the batch's index in the whole epoch
             dist.mark("train", epoch, batch)  # for the stuck-rank watch
             self.hooks.before_step(self.view, epoch, batch)
@@ -140,7 +139,7 @@ class Trainer:
             imgs = prepare_images(imgs, self.device, step_sizes[i] if step_sizes is not None else None,
                                   self.config.channels_last)
             targets = targets.to(self.device)
-            vote, loss_items, stepped = self.run_step(epoch, batch, imgs, targets)
+            vote, loss_items, stepped = self.run_step(epoch, batch, imgs, targets, batch_tensors(extras, self.device))
             if not vote.nonfinite:
                 mean_loss, done = (mean_loss * done + loss_items) / (done + 1), done + 1
             if self.show_progress:
@@ -158,15 +157,16 @@ class Trainer:
         bar.close()
         return mean_loss
 
-    def run_step(self, epoch: int, batch: int, imgs: torch.Tensor,
-                 targets: torch.Tensor) -> tuple[StepVote, torch.Tensor, bool]:
+    def run_step(self, epoch: int, batch: int, imgs: torch.Tensor, targets: torch.Tensor,
+                 inputs: dict[str, torch.Tensor] | None = None) -> tuple[StepVote, torch.Tensor, bool]:
         """Forward, loss, the step's vote, and backward (the optimizer steps when an accumulation completes) unless
         some rank's loss was non-finite; returns (vote, the loss's items, whether the optimizer stepped). The loss
-        is multiplied by the world size, since DDP averages gradients where the loss sums over images."""
+        is multiplied by the world size, since DDP averages gradients where the loss sums over images. ``inputs``
+        are the batch's tensors for a task's loss beyond the targets (``masks``), passed by name."""
         updater = self.updater
         with updater.sync_context():  # under DDP, gradients are all-reduced only on the batch that steps
             with autocast(self.device, self.amp):
-                loss, loss_items = self.compute_loss(self.model(imgs), targets)
+                loss, loss_items = self.compute_loss(self.model(imgs), targets, **(inputs or {}))
             vote = StepVote.cast(loss, self.stop.signum or 0, self.save_interval.clock_due())
             dist.mark("train", epoch, batch)  # past the vote: a rank stuck from here on is named, not all
             stepped = not vote.nonfinite and updater.backward(loss * dist.get_world_size())
@@ -237,7 +237,7 @@ class Trainer:
                               plots=final and self.plots, is_coco=self.is_coco and final)
         result = evaluate(validation_model(self.ema.ema), self.val_loader, self.device, self.names, options)
         self.state.maps = result.maps  # per-class mAP, for --image-weights
-        return dict(zip(METRIC_NAMES, (float(v) for v in result.results())))
+        return result.named_results()
 
     def saved_text(self) -> str:
         """What --resume will continue from, for the messages of a run stopped outside the steps."""
@@ -317,7 +317,7 @@ def epoch_row(loss_names: Sequence[str], losses: Sequence[float], metrics: dict[
               lrs: Sequence[float]) -> dict[str, float]:
     """The epoch's results.csv row by column name (without "epoch"): what ``after_epoch`` hooks get."""
     values = (*losses, *metrics.values(), *lrs)
-    return dict(zip(results_columns(loss_names, len(lrs))[1:], [float(v) for v in values]))
+    return dict(zip(results_columns(loss_names, len(lrs), tuple(metrics))[1:], [float(v) for v in values]))
 
 
 def validation_model(ema: nn.Module) -> nn.Module:

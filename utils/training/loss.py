@@ -54,6 +54,7 @@ class MatchedTargets:
     box: torch.Tensor  # (m, 4) xywh in grid units, xy relative to the cell
     cls: torch.Tensor  # (m,) long
     anchor_wh: torch.Tensor  # (m, 2) in grid units
+    target: torch.Tensor | None = None  # (m,) long: the row of the targets each was assigned from
 
 
 class FocalLoss(nn.Module):
@@ -99,6 +100,14 @@ class ComputeLoss:
         self.detect = detect
 
     def __call__(self, preds: list[torch.Tensor], targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        loss_box, loss_obj, loss_cls = self.detection_terms(preds, targets)
+        batch_size = preds[0].shape[0]
+        return (loss_box + loss_obj + loss_cls) * batch_size, torch.cat((loss_box, loss_obj, loss_cls)).detach()
+
+    def detection_terms(self, preds: list[torch.Tensor], targets: torch.Tensor,
+                        positives: list | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The gained (box, obj, cls) terms, each (1,); ``positives``, when given, receives each level's
+        (MatchedTargets, its cells' rows (m, no)) for a task's own terms (the masks of utils.training.loss_segment)."""
         device = preds[0].device
         loss_box, loss_obj, loss_cls = (torch.zeros(1, device=device) for _ in range(3))
         targets = targets.to(device)
@@ -106,7 +115,9 @@ class ComputeLoss:
             match = self.build_targets(level, pred.shape, targets)
             target_obj = torch.zeros(pred.shape[:4], dtype=pred.dtype, device=device)  # (b, na, ny, nx)
             if match.image.numel():
-                cell = pred[match.image, match.anchor, match.grid_y, match.grid_x]  # (m, 5 + nc)
+                cell = pred[match.image, match.anchor, match.grid_y, match.grid_x]  # (m, 5 + nc [+ nm])
+                if positives is not None:
+                    positives.append((match, cell))
                 pred_xy = cell[:, :2].sigmoid() * 2 - 0.5
                 pred_wh = (cell[:, 2:4].sigmoid() * 2) ** 2 * match.anchor_wh
                 iou = bbox_iou(torch.cat((pred_xy, pred_wh), 1), match.box, kind="ciou")  # (m,)
@@ -114,13 +125,12 @@ class ComputeLoss:
                 target_obj[match.image, match.anchor, match.grid_y, match.grid_x] = \
                     iou.detach().clamp(0).to(target_obj.dtype)
                 if self.num_classes > 1:
-                    cls_target = torch.full_like(cell[:, 5:], self.cls_neg)
+                    scores = cell[:, 5:5 + self.num_classes]
+                    cls_target = torch.full_like(scores, self.cls_neg)
                     cls_target[torch.arange(len(match.cls), device=device), match.cls] = self.cls_pos
-                    loss_cls = loss_cls + self.bce_cls(cell[:, 5:], cls_target)
+                    loss_cls = loss_cls + self.bce_cls(scores, cls_target)
             loss_obj = loss_obj + self.bce_obj(pred[..., 4], target_obj) * self.balance[level]
-        loss_box, loss_obj, loss_cls = loss_box * self.gains.box, loss_obj * self.gains.obj, loss_cls * self.gains.cls
-        batch_size = preds[0].shape[0]
-        return (loss_box + loss_obj + loss_cls) * batch_size, torch.cat((loss_box, loss_obj, loss_cls)).detach()
+        return loss_box * self.gains.box, loss_obj * self.gains.obj, loss_cls * self.gains.cls
 
     def build_targets(self, level: int, shape: torch.Size, targets: torch.Tensor) -> MatchedTargets:
         """Assign (n, 6) normalised targets [image, cls, cx, cy, w, h] to the anchors and cells of one level of a
@@ -132,7 +142,7 @@ class ComputeLoss:
         candidates = _Candidates(  # every target once per anchor, anchor-major: (na * n,)
             image=targets[:, 0].repeat(na), cls=targets[:, 1].repeat(na),
             xy=(targets[:, 2:4] * grid_size).repeat(na, 1), wh=(targets[:, 4:6] * grid_size).repeat(na, 1),
-            anchor=torch.arange(na, device=device).repeat_interleave(n))
+            anchor=torch.arange(na, device=device).repeat_interleave(n), target=torch.arange(n, device=device).repeat(na))
         if n:
             ratio = candidates.wh / anchors[candidates.anchor]  # (na * n, 2)
             candidates = candidates.select(torch.max(ratio, 1 / ratio).max(1)[0] < self.anchor_t)
@@ -142,7 +152,8 @@ class ComputeLoss:
         grid_y = cell[:, 1].clamp_(0, ny - 1)
         box = torch.cat((candidates.xy - torch.stack((grid_x, grid_y), 1), candidates.wh), 1)
         return MatchedTargets(image=candidates.image.long(), anchor=candidates.anchor, grid_y=grid_y, grid_x=grid_x,
-                              box=box, cls=candidates.cls.long(), anchor_wh=anchors[candidates.anchor])
+                              box=box, cls=candidates.cls.long(), anchor_wh=anchors[candidates.anchor],
+                              target=candidates.target)
 
 
 @dataclass
@@ -154,6 +165,7 @@ class _Candidates:
     xy: torch.Tensor  # (k, 2) centre in grid units
     wh: torch.Tensor  # (k, 2) size in grid units
     anchor: torch.Tensor  # (k,) long
+    target: torch.Tensor  # (k,) long: the target's row
 
     def select(self, keep: torch.Tensor) -> _Candidates:
         """The rows where ``keep`` is True (a (k,) mask, or (r, k) over ``r`` stacked copies of every field)."""

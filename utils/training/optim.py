@@ -63,6 +63,40 @@ def scaled_weight_decay(weight_decay: float, total_batch: int, accumulate: int,
     return weight_decay * total_batch * accumulate / nominal_batch
 
 
+@dataclass(frozen=True)
+class BatchScaling:
+    """The large-batch rule (docs/cluster.md) for a total batch above the nominal one, k = batch / nominal: lr0 x k
+    for SGD (linear scaling, Goyal et al. 2017), lr0 x sqrt(k) for Adam and AdamW (square-root scaling); the warmup
+    keeps its length in images, so its minimum of MIN_WARMUP_ITERS counts batches of the nominal size (ceil(100 / k)
+    iterations); weight decay is scaled as at every batch (scaled_weight_decay). k = 1 (nothing changes) at or below
+    the nominal batch and with --no-batch-scaling."""
+
+    k: float = 1.0
+    lr_factor: float = 1.0
+
+    def text(self, total_batch: int, optimizer: str) -> str:
+        """For the log: what the rule did, or '' when it did nothing."""
+        if self.k == 1.0:
+            return ""
+        how = "linear" if self.lr_factor == self.k else "square root"
+        return f"batch {total_batch} = {self.k:g} x {NOMINAL_BATCH}: lr0 x {self.lr_factor:.4g} ({how}, " \
+               f"{optimizer}), warmup at least {min_warmup_iters(self.k)} iterations; "
+
+
+def batch_scaling(optimizer: str, total_batch: int, enabled: bool = True,
+                  nominal_batch: int = NOMINAL_BATCH) -> BatchScaling:
+    """The rule's factors for ``total_batch`` images per step with ``optimizer`` (see BatchScaling)."""
+    if not enabled or total_batch <= nominal_batch:
+        return BatchScaling()
+    k = total_batch / nominal_batch
+    return BatchScaling(k, k if optimizer == "SGD" else math.sqrt(k))
+
+
+def min_warmup_iters(batch_scale: float = 1.0) -> int:
+    """The warmup's minimum in iterations: MIN_WARMUP_ITERS batches of the nominal size."""
+    return math.ceil(MIN_WARMUP_ITERS / batch_scale)
+
+
 def parameter_groups(model: nn.Module) -> tuple[list, list, list]:
     """(decayed weights, normalisation weights, biases): only conv/linear weights get weight decay."""
     decayed, norm_weights, biases = [], [], []
@@ -114,7 +148,9 @@ def choose_optimizer(name: str, hyp: dict, num_classes: int, images: int, batch_
     """--optimizer as given, or for ``auto`` (docs/training-recipe.md): the hyp file's ``optimizer`` entry when it
     has one; else, as ultralytics decides it, SGD (lr0 0.01, momentum 0.9) when the run takes more than
     AUTO_LONG_RUN steps of the nominal batch (ceil(images / max(batch, 64)) * epochs), otherwise AdamW with
-    lr0 = round(0.002 * 5 / (4 + classes), 6), momentum 0.9 and warmup_bias_lr 0. The hyp's other values stay."""
+    lr0 = round(0.002 * 5 / (4 + classes), 6), momentum 0.9 and warmup_bias_lr 0, recorded in the returned hyp
+    with the optimizer's name (``optimizer``: a run or --evolve generation given that hyp keeps these values as
+    they are). The hyp's other values stay."""
     if name not in ("", AUTO):
         return OptimizerChoice(name, hyp)
     if hyp.get("optimizer"):
@@ -128,7 +164,7 @@ def choose_optimizer(name: str, hyp: dict, num_classes: int, images: int, batch_
     values = ", ".join(f"{k}={v:g}" for k, v in changes.items())
     reason = f"auto chose {chosen} ({values}) for {steps} steps of {max(batch_size, NOMINAL_BATCH)} images " \
              f"({'>' if steps > AUTO_LONG_RUN else '<='} {AUTO_LONG_RUN}) and {num_classes} classes: "
-    return OptimizerChoice(chosen, {**hyp, **changes}, reason)
+    return OptimizerChoice(chosen, {**hyp, **changes, "optimizer": chosen}, reason)  # the choice written down too
 
 
 def describe_groups(optimizer: torch.optim.Optimizer) -> str:
@@ -148,16 +184,16 @@ def lr_lambda(epochs: int, lrf: float, cosine: bool = False) -> Callable[[float]
 class LRSchedule:
     """Per-epoch LR factor plus warmup: over the first ``warmup_iters`` iterations the bias group's lr falls
     from ``warmup_bias_lr`` and the others rise from 0 to their scheduled lr, momentum rises from
-    ``warmup_momentum``, and the accumulation grows from 1 to its nominal value."""
+    ``warmup_momentum``, and the accumulation grows from 1 to its nominal value. ``batch_scale``: BatchScaling.k."""
 
     def __init__(self, hyp: dict, epochs: int, batches_per_epoch: int, cosine: bool = False,
-                 accumulate: int = 1) -> None:
+                 accumulate: int = 1, batch_scale: float = 1.0) -> None:
         self.factor = lr_lambda(epochs, hyp["lrf"], cosine)
         self.momentum = hyp["momentum"]
         self.warmup_momentum = hyp.get("warmup_momentum", 0.8)
         self.warmup_bias_lr = hyp.get("warmup_bias_lr", 0.1)
         self.accumulate = accumulate
-        warmup = max(round(hyp.get("warmup_epochs", 3.0) * batches_per_epoch), MIN_WARMUP_ITERS)
+        warmup = max(round(hyp.get("warmup_epochs", 3.0) * batches_per_epoch), min_warmup_iters(batch_scale))
         # never more than half of the run, so short runs still train at full rate
         self.warmup_iters = int(min(warmup, epochs * batches_per_epoch / 2)) if hyp.get("warmup_epochs", 3.0) else 0
 

@@ -1,6 +1,7 @@
-"""Official YOLOv5 release weights (``yolov5{n,s,m,l,x}{,6}.pt`` of v5.0 ... v7.0) read without running pickled code.
+"""Official YOLOv5 release weights (``yolov5{n,s,m,l,x}{,6}.pt`` of v5.0 ... v7.0, ``yolov5{n,...,x}-seg.pt`` of v7.0)
+read without running pickled code.
 
-The release files are torch zip pickles of whole ``models.yolo.Model`` / ``models.yolo.DetectionModel`` objects in
+The release files are torch zip pickles of whole ``models.yolo.Model`` / ``DetectionModel`` / ``SegmentationModel`` in
 fp16. Unpickling them normally imports and calls whatever the file names. Here :mod:`utils.weights.safe_pickle`
 reads them: every class of the model namespaces (``models.*``, ``torch.nn.modules.*``, ...) becomes an inert
 :class:`Record` that keeps its pickled state and is never imported or called; tensors are checked views of the
@@ -40,7 +41,8 @@ from utils.weights.untrusted import (
 )
 
 RELEASE_SOURCE = "yolov5-release"
-MODEL_CLASSES = ("models.yolo.Model", "models.yolo.DetectionModel")  # v5.0/v6.x and v7.0 detection models
+MODEL_CLASSES = ("models.yolo.Model", "models.yolo.DetectionModel",  # v5.0/v6.x and v7.0 detection models
+                 "models.yolo.SegmentationModel")  # v7.0 segmentation models
 RELEASE_MARKERS = ("models.yolo.", "models.common.", "ultralytics.")  # globals of YOLOv5's and ultralytics' pickles
 __all__ = ["Record", "UnsafeGlobalError", "load_release_checkpoint", "read_records", "is_release_file"]
 
@@ -139,8 +141,9 @@ _SETTINGS = {
     "Bottleneck": ("add",),
     "Concat": ("d",),
     "Detect": ("nc", "na", "nl"),
+    "Segment": ("nc", "na", "nl", "nm", "npr", "no"),
 }
-_CLASS_ALIASES = {"DetectionModel": "Model"}  # v7.0's name for the same detection model
+_CLASS_ALIASES = {"DetectionModel": "Model", "SegmentationModel": "Model"}  # v7.0's names for our Model
 
 
 def load_release_checkpoint(path: str | Path) -> dict:
@@ -174,14 +177,14 @@ def convert_records(raw: Any, path: str | Path = "<records>") -> dict:
 
 
 def model_record(raw: Any) -> Record:
-    """The pickled detection model of a release file (its EMA when the file has one, as the reference loads it)."""
+    """The pickled detection or segmentation model of a release file (its EMA when the file has one, as the reference loads it)."""
     if not isinstance(raw, dict):
         raise _FormatError(f"expected a dict with a 'model' entry, found a {type(raw).__name__}")
     record = raw.get("ema") if isinstance(raw.get("ema"), Record) else raw.get("model")
     if not isinstance(record, Record):
         raise _FormatError(f"no pickled model under 'model' or 'ema' (keys: {sorted(map(str, raw))[:8]})")
     if record.global_name not in MODEL_CLASSES:
-        raise _FormatError(f"holds a {record.global_name}; only YOLOv5 detection models "
+        raise _FormatError(f"holds a {record.global_name}; only YOLOv5 detection and segmentation models "
                            f"({' or '.join(MODEL_CLASSES)}) can be loaded")
     return record
 

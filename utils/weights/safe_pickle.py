@@ -156,6 +156,7 @@ class SafeUnpickler(pickle._Unpickler):
             "builtins.frozenset": _plain_set(frozenset), "builtins.slice": _numbers(slice),
             "builtins.complex": _numbers(complex), "torch.Size": _size, "torch.device": _device,
             "_codecs.encode": _encode_bytes, "copyreg._reconstructor": self._reconstructor,
+            "builtins.getattr": self._class_attribute,
             "numpy.dtype": self._numpy_dtype, "numpy.core.multiarray.scalar": _numpy_scalar,
             "numpy._core.multiarray.scalar": _numpy_scalar, "numpy.core.multiarray._reconstruct": self._reconstruct,
             "numpy._core.multiarray._reconstruct": self._reconstruct,
@@ -230,6 +231,13 @@ class SafeUnpickler(pickle._Unpickler):
         if cls not in self._made_types or base is not object or state is not None:
             raise UnsafeGlobalError("copyreg._reconstructor", f"it asks to rebuild {_describe(cls)} with")
         return cls.__new__(cls)
+
+    def _class_attribute(self, cls: Any, name: Any) -> str:
+        """``getattr(cls, name)`` where ``cls`` is a record class of this load (YOLOv5's Segment head keeps
+        ``Detect.forward``): the attribute is never looked up; its dotted name stands for it."""
+        if cls not in self._made_types or not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_]\w{0,63}", name):
+            raise UnsafeGlobalError("builtins.getattr", "it asks to call", f" on {_describe(cls)}")
+        return f"{cls.global_name}.{name}"
 
     def _numpy_dtype(self, code: Any, align: Any = False, copy_: Any = True) -> Record:
         """``numpy.dtype('f8', ...)``: a record of the type code (its BUILD state is kept, never applied)."""

@@ -8,7 +8,8 @@ record, tensors are checked views of the file's storages, anything else is refus
 records we take the flat state dict and the YAML dict, check that the YAML builds exactly the stored tensors (on the
 meta device), build our own Model from it through the open registry, compare the module tree (classes, children and
 the settings no tensor shape shows), load every tensor strictly, and return a checkpoint of this project.
-Segmentation models (``SegmentationModel``) are refused with one line until the segment task exists.
+Segmentation models (``SegmentationModel``, yolov8n-seg ... yolo11x-seg) are read the same way; their checkpoints
+record the task ``segment``.
 """
 
 from __future__ import annotations
@@ -36,14 +37,16 @@ from utils.weights.release_reader import (
 from utils.weights.untrusted import UntrustedFileError, check_config_against_state
 
 ULTRALYTICS_SOURCE = "ultralytics-release"
-MODEL_CLASSES = ("ultralytics.nn.tasks.DetectionModel",)
+MODEL_CLASSES = ("ultralytics.nn.tasks.DetectionModel", "ultralytics.nn.tasks.SegmentationModel")
 MARKER = "ultralytics."  # globals that make a file an ultralytics pickle
-HEAD_CLASS = "ultralytics.nn.modules.head.Detect"
+HEAD_CLASSES = ("ultralytics.nn.modules.head.Detect", "ultralytics.nn.modules.head.Segment")
 
 # Settings that change the output without changing any tensor's shape, compared module by module (our class names).
 SETTINGS = {
     "Conv2d": ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups"),
     "MaxPool2d": ("kernel_size", "stride", "padding", "dilation", "ceil_mode"),
+    "ConvTranspose2d": ("in_channels", "out_channels", "kernel_size", "stride", "padding", "output_padding",
+                        "dilation", "groups"),
     "Upsample": ("scale_factor", "mode"),
     "BatchNorm2d": ("eps",),
     "Bottleneck": ("add",),
@@ -55,8 +58,10 @@ SETTINGS = {
     "DFL": ("c1",),
     "AnchorFreeDetect": ("nc", "nl", "reg_max", "no"),
     "EndToEndDetect": ("nc", "nl", "reg_max", "no"),
+    "AnchorFreeSegmentHead": ("nc", "nl", "reg_max", "no", "nm", "npr"),
 }
-ALIASES = {"DetectionModel": ("Model",), "Detect": ("AnchorFreeDetect", "EndToEndDetect")}
+ALIASES = {"DetectionModel": ("Model",), "SegmentationModel": ("Model",),
+           "Detect": ("AnchorFreeDetect", "EndToEndDetect"), "Segment": ("AnchorFreeSegmentHead",)}
 
 
 def is_ultralytics_model(raw: Any) -> bool:
@@ -85,14 +90,14 @@ def convert_records(raw: Any, path: str | Path = "<records>") -> dict:
 
 
 def model_record(raw: Any) -> Record:
-    """The pickled detection model (its EMA when the file has one, as ultralytics loads it)."""
+    """The pickled detection or segmentation model (its EMA when the file has one, as ultralytics loads it)."""
     if not isinstance(raw, dict):
         raise _FormatError(f"expected a dict with a 'model' entry, found a {type(raw).__name__}")
     record = raw.get("ema") if isinstance(raw.get("ema"), Record) else raw.get("model")
     if not isinstance(record, Record):
         raise _FormatError(f"no pickled model under 'model' or 'ema' (keys: {sorted(map(str, raw))[:8]})")
     if record.global_name not in MODEL_CLASSES:
-        raise _FormatError(f"holds a {record.global_name}; only ultralytics detection models "
+        raise _FormatError(f"holds a {record.global_name}; only ultralytics detection and segmentation models "
                            f"({', '.join(MODEL_CLASSES)}) can be loaded")
     return record
 
@@ -103,8 +108,8 @@ def release_model(record: Record) -> Model:
     layers = _child(record, "model")
     head_index = list(_children(layers))[-1]
     head = _children(layers)[head_index]
-    if head.global_name != HEAD_CLASS:
-        raise _FormatError(f"the last layer is a {head.global_name}, not a detection head ({HEAD_CLASS})")
+    if head.global_name not in HEAD_CLASSES:
+        raise _FormatError(f"the last layer is a {head.global_name}, not a head of {', '.join(HEAD_CLASSES)}")
     stride = head.attrs.get("stride", record.attrs.get("stride"))
     if not isinstance(stride, torch.Tensor) or stride.dim() != 1 or not 1 <= stride.numel() <= 8:
         raise _FormatError(f"the head ({head.global_name}) has no strides")

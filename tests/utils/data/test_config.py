@@ -41,10 +41,31 @@ def test_yaml_paths_names_and_errors(tmp_path: Path) -> None:
 
 
 def test_shipped_yamls_parse() -> None:
-    for name in ("coco128.yaml", "coco.yaml"):
+    for name in ("coco128.yaml", "coco.yaml", "coco128-seg.yaml"):
         data = data_config._read_yaml(data_config.ROOT / "data" / name)
         nc, names = data_config._parse_names(data, Path(name))
         assert nc == 80 and len(names) == 80 and data["download"]
+    seg = data_config._read_yaml(data_config.ROOT / "data" / "coco128-seg.yaml")
+    assert seg["path"] == "coco128-seg" and seg["download"].endswith("/coco128-seg.zip")
+    assert seg["names"] == data_config._read_yaml(data_config.ROOT / "data" / "coco128.yaml")["names"]
+
+
+def test_a_downloaded_segment_set_reads_its_outlines(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What coco128-seg.yaml does on first use: the zip fetched into the data home, its segment rows read."""
+    served = tmp_path / "served"
+    served.mkdir()
+    with zipfile.ZipFile(served / "mini-seg.zip", "w") as z:
+        z.writestr("mini-seg/images/train/a.jpg", cv2.imencode(".jpg", np.zeros((20, 20, 3), np.uint8))[1].tobytes())
+        z.writestr("mini-seg/labels/train/a.txt", "0 0.1 0.1 0.9 0.1 0.5 0.8\n")
+    data = tmp_path / "cfg" / "mini-seg.yaml"
+    data.parent.mkdir()
+    monkeypatch.setenv("YOLO_DATA_DIR", str(tmp_path / "home"))
+    with serve_folder(served) as url:
+        data.write_text(f"path: mini-seg\ntrain: images/train\nval: images/train\nnc: 1\n"
+                        f"download: {url}/mini-seg.zip\n")
+        config = load_data_config(data)
+    dataset = YoloDataset(config.train, img_size=32, nc=1, task="segment")
+    assert dataset.scan.found == 1 and np.allclose(dataset.segments[0][0], [[0.1, 0.1], [0.9, 0.1], [0.5, 0.8]])
 
 
 def test_safe_extract_refuses_escaping_members(tmp_path: Path) -> None:

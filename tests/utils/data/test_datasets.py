@@ -136,3 +136,111 @@ def test_batches_are_channels_last_with_the_same_pixels(tiny_dataset: Path) -> N
             h, w = img.shape[1:]
             assert torch.equal(imgs[i, :, :h, :w], img) and (imgs[i, :, h:] == 114).all()
     assert not ds.npy_cached  # no --cache disk folder: no image looks for a .npy
+
+
+# ------------------------------------------------------------------------------------------ segment samples
+def _segment_set(tmp_path: Path, n_train: int = 8) -> object:
+    import yaml
+
+    data = tmp_path / "seg.yaml"
+    data.write_text(yaml.safe_dump({"synthetic": {"task": "segment", "n_train": n_train, "n_val": 4,
+                                                  "img_size": [64, 80]},
+                                    "path": str(tmp_path / "set"), "train": "images/train", "val": "images/val",
+                                    "nc": 3, "names": ["circle", "square", "triangle"]}))
+    return load_data_config(data)
+
+
+def test_segment_batches_carry_index_masks_in_the_targets_order(tmp_path: Path) -> None:
+    from utils.hyp import load_hyp
+    from utils.masks import polygons_to_masks
+
+    cfg = _segment_set(tmp_path)
+    hyp = {**load_hyp(), "mixup": 0.5, "copy_paste": 0.5, "degrees": 10.0, "flipud": 0.5}
+    ds = YoloDataset(cfg.train, img_size=64, augment=True, hyp=hyp, task="segment", nc=3)
+    imgs, targets, _, _, extras = ds.collate_fn([ds[(i, (0, 0, i))] for i in range(8)])
+    masks = extras["masks"]
+    assert masks.shape == (8, 16, 16) and "outlines" not in extras  # 1/4 of 64; outlines only for validation
+    with pytest.raises(DataError, match="--quad is for detection"):
+        ds.collate_quad([ds[i] for i in range(4)])
+    for image in range(8):
+        rows = targets[targets[:, 0] == image]
+        assert int(masks[image].max()) == len(rows) > 0
+        areas = [int((masks[image] == r + 1).sum()) for r in range(len(rows))]
+        for r, (_, _, cx, cy, w, h) in enumerate(rows.tolist()):
+            ys, xs = np.nonzero((masks[image] == r + 1).numpy())
+            if len(xs):  # each object's pixels lie inside its box (boxes come from the moved outlines)
+                assert xs.min() + 0.5 >= (cx - w / 2) * 16 - 1e-4 and xs.max() + 0.5 <= (cx + w / 2) * 16 + 1e-4
+                assert ys.min() + 0.5 >= (cy - h / 2) * 16 - 1e-4 and ys.max() + 0.5 <= (cy + h / 2) * 16 + 1e-4
+        assert sum(areas) == int((masks[image] > 0).sum())
+    # validation: the outlines come back in the targets' order and fill the index image's pixels
+    val = YoloDataset(cfg.val, img_size=64, rect=True, batch_size=4, stride=32, pad=0.5, task="segment", nc=3)
+    imgs, targets, _, _, extras = val.collate_fn([val[i] for i in range(4)])
+    h, w = imgs.shape[2:]
+    for image, outlines in enumerate(extras["outlines"]):
+        filled = polygons_to_masks(list(outlines * (w, h)), (h, w), 4)
+        index = extras["masks"][image].numpy()
+        assert len(outlines) == int((targets[:, 0] == image).sum()) == index.max()
+        for r, mask in enumerate(filled):
+            assert ((index == r + 1) <= mask.astype(bool)).all()  # on top of what its outline fills
+
+
+def test_segment_scan_caches_the_outlines_beside_the_box_cache(tmp_path: Path) -> None:
+    from utils.data.label_cache import cached_scan, img2label_paths, list_image_files
+    from utils.data.segments import check_segment_sample
+
+    cfg = _segment_set(tmp_path)
+    first = YoloDataset(cfg.train, img_size=64, task="segment", nc=3)
+    files = list_image_files(cfg.train)
+    cached, path = cached_scan(files, img2label_paths(files), 3, check=check_segment_sample, kind="segments")
+    assert path.name == "train.segments.cache" and path.is_file()
+    assert [len(s) for s in cached.segments] == [len(lab) for lab in first.labels]
+    for image, outlines in enumerate(cached.segments):
+        for outline, kept in zip(outlines, first.segments[image]):
+            assert outline.shape[1] == 2 and len(outline) >= 3 and np.array_equal(outline, kept)
+    with pytest.raises(DataError, match="unknown task"):
+        YoloDataset(cfg.train, img_size=64, task="keypoints", nc=3)
+    from utils.data.annotations import AnnotationSplit
+
+    voc = AnnotationSplit("voc", tmp_path / "Annotations", tmp_path / "JPEGImages")
+    with pytest.raises(DataError, match="voc annotations hold no outlines; a segmenter needs them"):
+        YoloDataset([voc], img_size=64, task="segment", nc=3)
+
+
+def test_coco_json_outlines_train_a_segmenter(tmp_path: Path) -> None:
+    """A coco: split read by a segmenter: polygons (parts joined), RLE masks (traced), boxes without an outline
+    (their box), crowd annotations left out; a malformed segmentation makes its image corrupt; a second scan reads
+    the outlines from the split's own cache."""
+    import json
+
+    from utils.data.annotations import AnnotationSplit
+    from utils.masks import polygons_to_masks, rle_encode
+
+    images = tmp_path / "images"
+    images.mkdir()
+    for name in ("a.jpg", "b.jpg"):
+        write_jpg(images / name)  # 48 x 40
+    rle_mask = np.zeros((40, 48), np.uint8)
+    rle_mask[10:20, 30:44] = 1
+    part1, part2 = [2, 2, 12, 2, 12, 12, 2, 12], [20, 20, 28, 20, 28, 30]
+    annotations = [
+        {"id": 1, "image_id": 1, "category_id": 1, "bbox": [2, 2, 26, 28], "segmentation": [part1, part2]},
+        {"id": 2, "image_id": 1, "category_id": 2, "bbox": [30, 10, 14, 10], "segmentation": rle_encode(rle_mask[None])[0]},
+        {"id": 3, "image_id": 1, "category_id": 3, "bbox": [5, 25, 10, 10]},
+        {"id": 4, "image_id": 1, "category_id": 1, "bbox": [0, 0, 5, 5], "iscrowd": 1,
+         "segmentation": rle_encode(rle_mask[None])[0]},
+        {"id": 5, "image_id": 2, "category_id": 1, "bbox": [2, 2, 10, 10], "segmentation": [[1, 2, "x", 4, 5, 6]]},
+    ]
+    (tmp_path / "instances.json").write_text(json.dumps({
+        "images": [{"id": 1, "file_name": "a.jpg", "width": 48, "height": 40},
+                   {"id": 2, "file_name": "b.jpg", "width": 48, "height": 40}],
+        "categories": [{"id": i + 1, "name": n} for i, n in enumerate(("a", "b", "c"))], "annotations": annotations}))
+    split = AnnotationSplit("coco", tmp_path / "instances.json", images, names=("a", "b", "c"))
+    for _ in range(2):  # scanned, then from the cache
+        ds = YoloDataset([split], img_size=48, task="segment", nc=3)
+        assert ds.scan.found == 1 and ds.scan.corrupt == 1 and [len(s) for s in ds.segments] == [3]
+        joined, traced, box = ds.segments[0]
+        masks = polygons_to_masks([o * (48, 40) for o in (joined, traced, box)], (40, 48))
+        parts = polygons_to_masks([np.reshape(part1, (-1, 2)), np.reshape(part2, (-1, 2))], (40, 48)).max(0)
+        assert (masks[0] == parts).all() and (masks[1] == rle_mask).all() and masks[2].sum() == 100
+    assert (tmp_path / "instances.all.segments.cache").is_file()
+    assert any("bad segmentation" in w for w in ds.scan.warnings)

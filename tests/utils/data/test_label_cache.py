@@ -162,3 +162,10 @@ def test_process_pool_scan_matches_the_thread_scan(tmp_path: Path, monkeypatch: 
     assert processes.summary().line() == threads.summary().line()
     assert processes.summary().line() == "7 found, 1 missing, 1 empty, 11 corrupt, 1 duplicate rows removed"
     assert [len(lab) for lab in processes.labels] == [len(lab) for lab in threads.labels]
+
+
+@pytest.mark.parametrize("n_items, world", [(21, 2), (5, 4), (3, 5), (100_000, 3)])
+def test_shares_of_a_shared_scan_cover_every_item_once_in_order(n_items: int, world: int) -> None:
+    shares = [label_cache.share_of(n_items, rank, world) for rank in range(world)]
+    assert [i for share in shares for i in share] == list(range(n_items))
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1

@@ -157,3 +157,90 @@ def test_model_input_casts_to_the_layout_asked_with_the_plain_values() -> None:
             x = model_input(imgs, torch.device("cpu"), channels_last)
             assert torch.equal(x, nchw.float() / 255) and x.dtype == torch.float32
             assert x.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+
+
+# ------------------------------------------------------------------------------------------ segmenters
+class MaskOracle(torch.nn.Module):
+    """A stand-in segmenter (end-to-end rows with ``nm`` coefficients, and prototypes at 1/4): per batch, in the
+    loader's order, each label found 0-2 times with a jittered box, a random score and its mask (prototype j is
+    object j's mask from the batch's index image, moved by up to one prototype pixel), plus false positives."""
+
+    def __init__(self, loader, nc: int, nm: int = 24, seed: int = 0) -> None:
+        from utils.predictions import OutputContract
+
+        super().__init__()
+        self.contract = OutputContract("xyxy_score_cls", nc, nm)
+        rng = np.random.default_rng(seed)
+        self.outputs = [self._batch(imgs, targets, extras["masks"], nm, rng)
+                        for imgs, targets, _, _, extras in loader]
+        self.calls = 0
+
+    @staticmethod
+    def _batch(imgs, targets, index_masks, nm, rng):
+        b, _, h, w = imgs.shape
+        protos = torch.full((b, nm, h // 4, w // 4), -8.0)
+        rows = torch.zeros(b, 3 * nm, 6 + nm)
+        for i in range(b):
+            mine = targets[targets[:, 0] == i]
+            found = 0
+            for j, (_, cls, cx, cy, bw, bh) in enumerate(mine.tolist()):
+                shifted = torch.roll(index_masks[i] == j + 1, tuple(int(v) for v in rng.integers(-1, 2, 2)), (0, 1))
+                protos[i, j][shifted] = 8.0
+                for _ in range(int(rng.choice([0, 1, 1, 2]))):
+                    box = np.array([cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2]) * (w, h, w, h)
+                    box += rng.normal(0, 1.5, 4)
+                    rows[i, found, :6] = torch.tensor([*box, rng.uniform(0.05, 1), cls])
+                    rows[i, found, 6 + j] = 1.0
+                    found += 1
+            for _ in range(int(rng.integers(0, 3))):  # false positives: a random box and a random object's mask
+                x, y = rng.uniform(0, w - 20), rng.uniform(0, h - 20)
+                rows[i, found, :6] = torch.tensor([x, y, x + 20, y + 20, rng.uniform(0.05, 0.6), rng.integers(0, 3)])
+                rows[i, found, 6 + int(rng.integers(0, nm))] = 1.0
+                found += 1
+        return rows, protos
+
+    def forward(self, x: torch.Tensor):
+        out = self.outputs[self.calls]
+        self.calls += 1
+        return out
+
+
+def test_mask_map_of_a_segmenter_agrees_with_cocoeval_segm(tmp_path):
+    """evaluate() on a segmenter reports box and mask metrics apart, writes RLE masks in the predictions JSON, and
+    its mask mAP equals pycocotools' COCOeval ``segm`` on that file against ground truth the test writes (the
+    labels' outlines filled at each image's original size)."""
+    import yaml
+
+    from utils.data.config import load_data_config
+    from utils.evaluation.outputs import coco_evaluate
+    from utils.masks import polygons_to_masks, rle_encode
+
+    (tmp_path / "seg.yaml").write_text(yaml.safe_dump({
+        "synthetic": {"task": "segment", "n_train": 2, "n_val": 16, "img_size": [64, 96], "seed": 5},
+        "path": str(tmp_path / "set"), "train": "images/train", "val": "images/val", "nc": NC,
+        "names": SYNTHETIC_NAMES}))
+    data = load_data_config(tmp_path / "seg.yaml")
+    options = DatasetOptions(img_size=96, batch_size=8, rect=True, pad=0.5, nc=NC, names=SYNTHETIC_NAMES,
+                             task="segment")
+    loader, dataset = create_dataloader(data.val, options, workers=0, shard_eval=True)
+    result = evaluate(MaskOracle(loader, NC), loader, device="cpu", names=SYNTHETIC_NAMES, save_dir=tmp_path,
+                      save_json=True)
+    gt = {"images": [], "annotations": [], "categories": [{"id": c, "name": n} for c, n in enumerate(SYNTHETIC_NAMES)]}
+    for path, labels, outlines, (w, h) in zip(dataset.im_files, dataset.labels, dataset.segments, dataset.shapes):
+        image_id, (w, h) = int(Path(path).stem), (int(w), int(h))
+        gt["images"].append({"id": image_id, "width": w, "height": h, "file_name": Path(path).name})
+        masks = polygons_to_masks([o * (w, h) for o in outlines], (h, w))
+        for (c, cx, cy, bw, bh), mask in zip(labels.tolist(), masks):
+            gt["annotations"].append({"id": len(gt["annotations"]) + 1, "image_id": image_id, "category_id": int(c),
+                                      "bbox": [(cx - bw / 2) * w, (cy - bh / 2) * h, bw * w, bh * h], "iscrowd": 0,
+                                      "area": int(mask.sum()), "segmentation": rle_encode(mask[None])[0]})
+    (tmp_path / "gt.json").write_text(json.dumps(gt))
+    rows = json.loads(result.json_path.read_text())
+    assert rows and all(set(r["segmentation"]) == {"size", "counts"} for r in rows)
+    segm = coco_evaluate(tmp_path / "gt.json", result.json_path, iou_type="segm")
+    bbox = coco_evaluate(tmp_path / "gt.json", result.json_path, iou_type="bbox")
+    mask = result.mask.mean_results()
+    assert 0.1 < segm[0] < 0.9 and abs(mask[3] - segm[0]) < 0.005 and abs(mask[2] - segm[1]) < 0.005
+    assert abs(result.map - bbox[0]) < 0.005 and abs(result.map50 - bbox[1]) < 0.005
+    assert abs(result.map - mask[3]) > 0.005  # boxes and masks scored apart
+    assert list(result.named_results())[4:] == ["mask_precision", "mask_recall", "mask_mAP_0.5", "mask_mAP_0.5:0.95"]

@@ -44,7 +44,7 @@ from utils.weights.checkpoint import CheckpointError, load_checkpoint
 from utils.weights.release_reader import read_records
 
 SEED, CASES = 20261201, 400
-REFUSED = ["os.system", "builtins.eval", "builtins.getattr", "builtins.setattr", "subprocess.call", "torch.load",
+REFUSED = ["os.system", "builtins.eval", "builtins.setattr", "subprocess.call", "torch.load",
            "torch.save", "numpy.load", "functools.partial", "posix.remove", "models.common.conv", "builtins.type"]
 RECORDS = ["models.yolo.Model", "models.common.Conv", "torch.nn.modules.conv.Conv2d", "argparse.Namespace"]
 STATE_KEYS = ["__defaults__", "__kwdefaults__", "__dict__", "__code__", "__class__", "__setstate__", "x", "dtype"]

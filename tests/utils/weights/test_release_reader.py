@@ -248,6 +248,17 @@ def code_payloads(marker: Path) -> dict[str, Call]:
     }
 
 
+def test_getattr_names_a_model_class_attribute_and_never_looks_it_up(tmp_path: Path) -> None:
+    """YOLOv5's segmentation files pickle ``getattr(models.yolo.Detect, 'forward')``: it reads as the dotted name;
+    getattr on anything but a model class of the file is refused."""
+    attribute = Call(Global("builtins", "getattr"), Global("models.yolo", "Detect"), "forward")
+    assert read_records(craft(tmp_path / "ok.pt", {"detect": attribute}))["detect"] == "models.yolo.Detect.forward"
+    for target in ("text", Global("torch._utils", "_rebuild_tensor_v2")):  # allowed objects, not model classes
+        path = craft(tmp_path / "evil.pt", {"x": Call(Global("builtins", "getattr"), target, "join")})
+        with pytest.raises(CheckpointError, match="refused.*getattr"):
+            read_records(path)
+
+
 @pytest.mark.parametrize("target", ["os.system", "builtins.eval", "subprocess.call"])
 def test_top_level_code_call_refused(tmp_path: Path, target: str) -> None:
     marker = tmp_path / "code-ran"
@@ -320,9 +331,9 @@ def _inconsistent_anchor_grid(raw: dict) -> None:
     _module(raw, "model.24").attrs["_buffers"]["anchor_grid"] = torch.ones(3, 1, 3, 1, 1, 2, dtype=torch.float16)
 
 
-def _segmentation_model(raw: dict) -> None:
-    raw["model"] = Record.__new__(type("SegmentationModel", (Record,),
-                                       {"global_name": "models.yolo.SegmentationModel"}))
+def _classification_model(raw: dict) -> None:
+    raw["model"] = Record.__new__(type("ClassificationModel", (Record,),
+                                       {"global_name": "models.yolo.ClassificationModel"}))
 
 
 @pytest.mark.parametrize("mutate, expected", [
@@ -331,7 +342,7 @@ def _segmentation_model(raw: dict) -> None:
     (_extra_buffer, "tensor model.4.cv2.bn.surprise (3,) has no place in the model"),
     (_change_stride, "model.model.1.conv.stride is (1, 1) in the file but (2, 2)"),
     (_inconsistent_anchor_grid, "model.24.anchor_grid disagrees with model.24.anchors x stride"),
-    (_segmentation_model, "holds a models.yolo.SegmentationModel; only YOLOv5 detection models"),
+    (_classification_model, "holds a models.yolo.ClassificationModel; only YOLOv5 detection and segmentation"),
 ])
 def test_file_that_does_not_map_is_refused_naming_the_first_mismatch(mutate: Any, expected: str) -> None:
     raw = read_records(FIXTURES / "yolov5n-v7.0.pt")

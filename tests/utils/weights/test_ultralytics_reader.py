@@ -109,6 +109,32 @@ def test_scan_finds_ultralytics_globals() -> None:
     assert is_release_file(path)
 
 
+@pytest.mark.parametrize("name", ["yolov8n-seg", "yolo11n-seg"])
+def test_segmentation_files_load_and_match_outputs_and_prototypes(name: str, tmp_path: Path) -> None:
+    """yolov8n-seg and yolo11n-seg: read by the restricted reader into our Segment models; rows (boxes, scores, 32
+    coefficients) and prototypes equal ultralytics' within 1e-4 of each part's scale, fused or not; the checkpoint
+    records the task and rebuilds after a save."""
+    ckpt = load_checkpoint(FIXTURES / f"{name}.pt")
+    assert (ckpt["family"], ckpt["task"]) == (name[:-5], "segment")
+    assert ckpt["release"]["model_class"] == "ultralytics.nn.tasks.SegmentationModel"
+    assert ckpt["model_yaml"]["yaml_file"] == f"{name}.yaml" and ckpt["model_yaml"]["scale"] == "n"
+    model = model_from_checkpoint(ckpt).eval()
+    data = np.load(FIXTURES / f"{name}.npz")
+    assert sum(p.numel() for p in model.parameters()) == int(data["params"])
+    expected = torch.from_numpy(data["output"]).transpose(1, 2)  # (b, 4 + nc + nm, n) -> (b, n, 4 + nc + nm)
+    expected_protos = torch.from_numpy(data["protos"])
+    for candidate in (model, copy.deepcopy(model).fuse()):
+        with torch.no_grad():
+            rows, protos = candidate(torch.from_numpy(data["input"]))
+        assert rows.shape == expected.shape == (2, 756, 116) and protos.shape == expected_protos.shape
+        for part in (slice(0, 4), slice(4, 84), slice(84, None)):  # boxes, scores, coefficients
+            scale = expected[..., part].abs().max()
+            assert (rows[..., part] - expected[..., part]).abs().max() / scale < RELATIVE, (name, part)
+        assert (protos - expected_protos).abs().max() / expected_protos.abs().max() < RELATIVE
+    again = load_checkpoint(save_checkpoint(ckpt, tmp_path / f"{name}.pt"))
+    assert again["task"] == "segment" and model_from_checkpoint(again).head.nm == 32
+
+
 # ------------------------------------------------------------------------------------------ refusals
 def copy_records(obj: Any) -> Any:
     """A deep copy of read records (a Record's state is copied, its class kept; tensors are shared, never changed)."""
@@ -139,11 +165,11 @@ def _flat(record: Record, prefix: str = "") -> dict[str, torch.Tensor]:
     return out
 
 
-def _segmentation(raw: dict) -> None:
-    kind = type("SegmentationModel", (Record,), {"global_name": "ultralytics.nn.tasks.SegmentationModel"})
-    segment = Record.__new__(kind)
-    segment.__setstate__(raw["model"].attrs)
-    raw["model"] = segment
+def _classification(raw: dict) -> None:
+    kind = type("ClassificationModel", (Record,), {"global_name": "ultralytics.nn.tasks.ClassificationModel"})
+    classifier = Record.__new__(kind)
+    classifier.__setstate__(raw["model"].attrs)
+    raw["model"] = classifier
 
 
 def _attribute(dotted: str, name: str, value: Any) -> Callable[[dict], None]:
@@ -163,7 +189,8 @@ def _yaml(key: str, value: Any) -> Callable[[dict], None]:
 
 
 REFUSALS = {
-    "segmentation": (_segmentation, "holds a ultralytics.nn.tasks.SegmentationModel; only ultralytics detection"),
+    "classification": (_classification, "holds a ultralytics.nn.tasks.ClassificationModel; only ultralytics "
+                                         "detection and segmentation"),
     "missing tensor": (_drop_tensor, "tensor model.23.one2one_cv2.0.2.bias (4,) is missing from the file"),
     "linear SPPF input": (_attribute("model.9", "add", False), "model.model.9.add is False in the file but True"),
     "attention heads": (_attribute("model.10.m.0.attn", "num_heads", 4), "attn.num_heads is 4 in the file but 2"),
