@@ -34,6 +34,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
+from utils.data.config import DataError
 from utils.data.datasets import DatasetOptions, YoloDataset
 from utils.data.image_io import ImageRefused, decode_image
 from utils.data.shard_urls import ShardSpec
@@ -135,7 +136,7 @@ class SamplePool(YoloDataset):
         self.rng = np.random.default_rng(opts.seed)
         self.im_files, self.read_files, self.labels, self.images = [], [], [], []
         self.shapes = np.zeros((0, 2))
-        self.batch_index = self.batch_shapes = self.ram = None
+        self.batch_index = self.batch_shapes = self.ram = self.segments = None  # boxes only (masks: not yet)
         self.npy_cached, self.next_slot = False, 0
 
     def add(self, name: str, image: np.ndarray, labels: np.ndarray) -> int:
@@ -384,6 +385,8 @@ class Samples:
 
 def load_stream(spec: ShardSpec, options: DatasetOptions, *, training: bool) -> tuple[StreamDataset, ShardSplit]:
     """The index of ``spec`` read once per rank (no scan), and the rank's stream of it."""
+    if options.task != "detect":
+        raise DataError(f"{options.prefix}{spec.pattern}: shards hold boxes; train --task {options.task} on files")
     split = ShardSplit(read_index(spec, options.nc, options.prefix), options.single_cls)
     if options.cache == "ram":
         LOGGER.warning(f"{options.prefix}WARNING: --cache ram does not apply to streamed shards; use --cache disk to "
