@@ -15,7 +15,7 @@ from tests.helpers import RangeHandler, make_shard_set, s3_server, serve_folder
 from utils.data.config import DataError, load_data_config
 from utils.data.convert import main as convert_main
 from utils.data.datasets import DatasetOptions, YoloDataset
-from utils.data.loader import create_dataloader, set_epoch, set_start
+from utils.data.loader import close_mosaic, create_dataloader, set_epoch, set_start
 from utils.data.shard_urls import ShardSpecError, expand_braces, index_name, parse_shard_spec
 from utils.data.shards import ShardRefused, parse_sample
 from utils.data.stream import EpochPlan, SamplePool, buffer_order, rank_positions
@@ -99,6 +99,8 @@ def test_every_sample_once_per_epoch_over_ranks_and_workers(shard_set: Path) -> 
     assert _epoch(loader) == single
     set_epoch(loader, 2)
     assert _epoch(loader) == again
+    assert close_mosaic(loader) and not loader.dataset.mosaic  # the workers restart without mosaic
+    assert _epoch(loader) == again
 
 
 def test_mid_epoch_resume_at_another_world_size_is_exact(shard_set: Path) -> None:
@@ -148,6 +150,10 @@ def test_shard_patterns_and_urls(tmp_path: Path) -> None:
     yaml_file.write_text(yaml.safe_dump({"train": "../t-{0..1}.tar", "val": "t.tar", "nc": 1}))
     with pytest.raises(DataError, match="leads outside"):
         load_data_config(yaml_file)
+    yaml_file.write_text(yaml.safe_dump({"train": "s3://bucket/t-{0..1}.tar", "val": "s3://bucket/v.tar", "nc": 1}))
+    options = DatasetOptions(img_size=64, batch_size=2, nc=1, task="segment")
+    with pytest.raises(DataError, match="shards hold boxes; train --task segment on files"):
+        create_dataloader(load_data_config(yaml_file).train, options, workers=0)  # before any request
 
 
 def _member(name: str, data: bytes, kind: bytes = tarfile.REGTYPE, size: int | None = None) -> bytes:
@@ -209,8 +215,7 @@ def s3_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]:
         yield env
 
 
-def test_shards_stream_from_s3_and_stay_in_the_disk_cache(shard_set: Path, s3_env: dict, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_shards_stream_from_s3_and_stay_in_the_disk_cache(shard_set: Path, s3_env: dict, tmp_path: Path) -> None:
     import boto3
 
     client = boto3.client("s3")
@@ -230,13 +235,15 @@ def test_shards_stream_from_s3_and_stay_in_the_disk_cache(shard_set: Path, s3_en
     assert _epoch(loader) == local
     cached = sorted((tmp_path / "home" / "shards").rglob("*.shard"))
     assert len(cached) == 4
-    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
+    for path in (shard_set.parent / "shards").glob("*.tar"):  # gone from the bucket: read from the cache
+        client.delete_object(Bucket="yolo-shards", Key=f"coco/{path.name}")
     set_epoch(loader, 1)
     assert _epoch(loader) == local
     # under a cap of two shards' bytes, the least recently used are removed
+    for path in (shard_set.parent / "shards").glob("*.tar"):
+        client.upload_file(str(path), "yolo-shards", f"coco/{path.name}")
     for path in cached:
         path.unlink()
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_env["AWS_ENDPOINT_URL"])
     loader = _loader(data, batch=4, cache="disk")[0]
     loader.dataset.cache_cap = 2 * max(p.stat().st_size for p in (shard_set.parent / "shards").glob("*.tar"))
     assert _epoch(loader) == local
