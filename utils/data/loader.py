@@ -154,7 +154,7 @@ def build_dataloader(dataset: Dataset, batch_size: int, *, shuffle: bool, worker
 
 
 PREFETCH = 4  # batches each worker prepares ahead
-_SHM_WARNED: set[str] = set()  # the shared-memory warning is shown once per process, not once per loader
+_SHM_WARNED: set[str] = set()  # warnings shown once per process, not once per loader or epoch
 
 
 def in_flight_bytes(workers: int, batch_nbytes: int) -> int:
@@ -215,9 +215,15 @@ def close_mosaic(loader: DataLoader) -> bool:
 
 
 def set_weights(loader: DataLoader, weights: np.ndarray | None) -> None:
-    """--image-weights: draw the epoch's order in proportion to per-image ``weights`` (no-op for other samplers)."""
+    """--image-weights: draw the epoch's order in proportion to per-image ``weights`` (no-op for other samplers;
+    streamed shards keep their plan, with one warning)."""
     if hasattr(loader.sampler, "set_weights"):
         loader.sampler.set_weights(weights)
+    elif weights is not None and isinstance(getattr(loader, "dataset", None), StreamDataset) and \
+            "image-weights" not in _SHM_WARNED:
+        _SHM_WARNED.add("image-weights")
+        LOGGER.warning("WARNING: --image-weights does not apply to streamed shards: every image is trained once "
+                       "an epoch")
 
 
 def image_weights(labels: Sequence[np.ndarray], nc: int, maps: np.ndarray) -> np.ndarray:

@@ -12,10 +12,11 @@ import pytest
 import yaml
 
 from tests.helpers import RangeHandler, make_shard_set, s3_server, serve_folder
+from utils.data import loader as loader_module
 from utils.data.config import DataError, load_data_config
 from utils.data.convert import main as convert_main
 from utils.data.datasets import DatasetOptions, YoloDataset
-from utils.data.loader import close_mosaic, create_dataloader, set_epoch, set_start
+from utils.data.loader import close_mosaic, create_dataloader, set_epoch, set_start, set_weights
 from utils.data.shard_urls import ShardSpecError, expand_braces, index_name, parse_shard_spec
 from utils.data.shards import ShardRefused, parse_sample
 from utils.data.stream import EpochPlan, SamplePool, buffer_order, rank_positions
@@ -75,8 +76,13 @@ def test_convert_writes_webdataset_shards_and_their_index(shard_set: Path) -> No
     assert (folder.parent / "other" / "train-000000.tar").read_text() == "mine"
 
 
-def test_index_gives_labels_and_sizes_without_reading_a_shard(shard_set: Path) -> None:
+def test_index_gives_labels_and_sizes_without_reading_a_shard(shard_set: Path, yolo_log: list[str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     loader, split = _loader(shard_set)
+    monkeypatch.setattr(loader_module, "_SHM_WARNED", set())
+    for _ in range(2):
+        set_weights(loader, np.ones(len(split)))
+    assert len([m for m in yolo_log if "--image-weights does not apply to streamed shards" in m]) == 1
     original = YoloDataset(shard_set.parent.parent / "synthetic" / "images" / "train", img_size=64, nc=3)
     assert len(split) == N_IMAGES and split.scan.line() == "16 found, 0 missing, 0 empty, 0 corrupt"
     assert np.array_equal(split.shapes, original.shapes)
