@@ -364,15 +364,15 @@ def _merged(parts: Sequence[dict[str, Any]], im_files: Sequence[str], repair_dir
     machine repaired is repaired here too, into this machine's ``repair_dir``, unless that copy exists."""
     counts = np.concatenate([p["counts"] for p in parts])
     labels = np.split(np.concatenate([p["labels"] for p in parts]), np.cumsum(counts)[:-1]) if len(counts) else []
-    repaired = []
-    for path, flag in zip(im_files, (f for p in parts for f in p["repaired"])):
-        copy = repair_dir / copy_name(path, ".jpg")
-        if flag and not copy.is_file():
+    repaired = [""] * len(im_files)
+    for i in np.flatnonzero([f for p in parts for f in p["repaired"]]):
+        copy = repair_dir / copy_name(im_files[i], ".jpg")
+        if not copy.is_file():
             with contextlib.suppress(OSError, ValueError):  # as scan_files: read the original as it is
-                copy = repair_jpeg(path, repair_dir)
-        repaired.append(str(copy) if flag and copy.is_file() else "")
+                copy = repair_jpeg(im_files[i], repair_dir)
+        repaired[i] = str(copy) if copy.is_file() else ""
     return ScanResult(list(im_files), np.concatenate([p["states"] for p in parts]),
-                      np.concatenate([p["shapes"] for p in parts]), [lab.copy() for lab in labels],
+                      np.concatenate([p["shapes"] for p in parts]), labels,
                       np.concatenate([p["duplicates"] for p in parts]), [m for p in parts for m in p["messages"]],
                       repaired, _merged_segments(parts))
 

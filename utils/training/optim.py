@@ -66,10 +66,11 @@ def scaled_weight_decay(weight_decay: float, total_batch: int, accumulate: int,
 @dataclass(frozen=True)
 class BatchScaling:
     """The large-batch rule (docs/cluster.md) for a total batch above the nominal one, k = batch / nominal: lr0 x k
-    for SGD (linear scaling, Goyal et al. 2017), lr0 x sqrt(k) for Adam and AdamW (square-root scaling); the warmup
-    keeps its length in images, so its minimum of MIN_WARMUP_ITERS counts batches of the nominal size (ceil(100 / k)
-    iterations); weight decay is scaled as at every batch (scaled_weight_decay). k = 1 (nothing changes) at or below
-    the nominal batch and with --no-batch-scaling."""
+    for every optimizer (linear scaling: Goyal et al. 2017 for SGD, the convention of DeiT and MAE for AdamW); the
+    warmup keeps its length in images, warmup_epochs, without the minimum of MIN_WARMUP_ITERS iterations that guards
+    small batches (at k times fewer iterations per epoch it would stretch the warmup k times); weight decay is scaled
+    as at every batch (scaled_weight_decay). k = 1 (nothing changes) at or below the nominal batch and with
+    --no-batch-scaling."""
 
     k: float = 1.0
     lr_factor: float = 1.0
@@ -78,9 +79,8 @@ class BatchScaling:
         """For the log: what the rule did, or '' when it did nothing."""
         if self.k == 1.0:
             return ""
-        how = "linear" if self.lr_factor == self.k else "square root"
-        return f"batch {total_batch} = {self.k:g} x {NOMINAL_BATCH}: lr0 x {self.lr_factor:.4g} ({how}, " \
-               f"{optimizer}), warmup at least {min_warmup_iters(self.k)} iterations; "
+        return f"batch {total_batch} = {self.k:g} x {NOMINAL_BATCH}: lr0 x {self.lr_factor:.4g} ({optimizer}), " \
+               "warmup warmup_epochs without a minimum; "
 
 
 def batch_scaling(optimizer: str, total_batch: int, enabled: bool = True,
@@ -89,12 +89,12 @@ def batch_scaling(optimizer: str, total_batch: int, enabled: bool = True,
     if not enabled or total_batch <= nominal_batch:
         return BatchScaling()
     k = total_batch / nominal_batch
-    return BatchScaling(k, k if optimizer == "SGD" else math.sqrt(k))
+    return BatchScaling(k, k)
 
 
 def min_warmup_iters(batch_scale: float = 1.0) -> int:
-    """The warmup's minimum in iterations: MIN_WARMUP_ITERS batches of the nominal size."""
-    return math.ceil(MIN_WARMUP_ITERS / batch_scale)
+    """The warmup's minimum in iterations: MIN_WARMUP_ITERS, none under the large-batch rule (batch_scale > 1)."""
+    return 0 if batch_scale > 1 else MIN_WARMUP_ITERS
 
 
 def parameter_groups(model: nn.Module) -> tuple[list, list, list]:
