@@ -140,6 +140,8 @@ def test_a_segmenter_without_data_takes_the_synthetic_set_with_outlines(tmp_path
     defaults = RunConfig.from_options(train.parse_opt([]))
     config = lambda *a: RunConfig.from_options(train.parse_opt(["--project", str(tmp_path), *a]))  # noqa: E731
     assert Path(prepare_run(config("--cfg", "yolo11n-seg.yaml"), defaults)[0].data).name == "synthetic-seg.yaml"
+    seg = prepare_run(config("--cfg", "yolov5n-seg.yaml"), defaults)[0]  # the same images: the same tuned hyps
+    assert Path(seg.data).name == "synthetic-seg.yaml" and Path(seg.hyp).name == "hyp.synthetic.yaml"
     assert Path(prepare_run(config("--cfg", "yolov5n.yaml"), defaults)[0].data).name == "synthetic.yaml"
     given = str(tmp_path / "mine.yaml")
     assert prepare_run(config("--cfg", "yolov5n-seg.yaml", "--data", given), defaults)[0].data == given
