@@ -12,9 +12,11 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/*
 
 # Datasets (the synthetic set, coco128 downloads) go to /usr/src/datasets: mount a host folder there to keep them.
+# TORCH_DISABLE_SHARE_RDZV_TCP_STORE: a node may join an elastic torchrun job (docs/cluster.md).
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    YOLO_DATA_DIR=/usr/src/datasets
+    YOLO_DATA_DIR=/usr/src/datasets \
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 
 WORKDIR /usr/src/app
 

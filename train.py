@@ -33,6 +33,7 @@ from utils.training.evolve import evolve
 from utils.training.fitness import fitness
 from utils.training.loop import Trainer
 from utils.training.optim import AUTO, OPTIMIZERS
+from utils.training.run_plan import forget_run_dir
 
 AMP_MODES = ("auto", "on", "off")
 
@@ -103,7 +104,8 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
 @dataclass
 class TrainResult:
     """What a training run returns: the last validation's metrics (precision, recall, mAP_0.5, mAP_0.5:0.95; the
-    same on every rank), the run folder and the hyperparameters. With --evolve: the fittest generation's."""
+    same on every rank), the run folder and the hyperparameters it trained with (after --optimizer auto's rule).
+    With --evolve: the fittest generation's."""
 
     metrics: dict[str, float]
     save_dir: Path
@@ -118,12 +120,12 @@ def main(opt: argparse.Namespace, hooks: Sequence[HookBase] = ()) -> TrainResult
         print_options("train", config.options())
         user_hooks = [*(load_hook(spec) for spec in config.hook), *hooks]
         if not config.evolve:
-            return TrainResult(train(hyp, config, device, user_hooks), Path(config.save_dir), hyp)
+            return train(hyp, config, device, user_hooks)
         generations: list[TrainResult] = []
 
-        def generation(h: dict, c: RunConfig, d: torch.device) -> dict[str, float]:
-            generations.append(TrainResult(train(h, c, d, user_hooks), Path(c.save_dir), h))
-            return generations[-1].metrics
+        def generation(h: dict, c: RunConfig, d: torch.device) -> tuple[dict[str, float], dict]:
+            generations.append(train(h, c, d, user_hooks))
+            return generations[-1].metrics, generations[-1].hyp
 
         evolve(hyp, config, device, generation)
         return max(generations, key=lambda r: fitness(list(r.metrics.values())))
@@ -147,12 +149,15 @@ def _launched(argv: list[str], hooks: tuple[HookBase, ...]) -> api.RankOutcome:
     return api.outcome(lambda: main(parse_opt(argv), hooks))
 
 
-def train(hyp: dict, config: RunConfig, device: torch.device, hooks: Sequence[HookBase] = ()) -> dict[str, float]:
-    """Build the run and train it for ``config.epochs`` (all ranks); returns the final metrics (same on every rank)."""
+def train(hyp: dict, config: RunConfig, device: torch.device, hooks: Sequence[HookBase] = ()) -> TrainResult:
+    """Build the run and train it for ``config.epochs`` (all ranks); returns the final metrics (same on every rank)
+    and the hyperparameters the run trained with (``hyp`` after --optimizer auto's rule, as hyp.yaml records)."""
     trainer = build_trainer(config, hyp, device, hooks)
     try:
         with trainer.stop:  # SIGTERM/SIGINT/SIGUSR1: save last.pt at the next step every rank agrees on
-            return trainer.fit()
+            result = TrainResult(trainer.fit(), Path(config.save_dir), dict(trainer.hyp))
+        forget_run_dir(config)  # finished: a later torchrun job with the same --rdzv-id starts a new run
+        return result
     except RuntimeError as e:  # a data-loader worker killed anyway (before it could ignore the signal)
         if trainer.stop.requested and "DataLoader worker" in str(e):
             raise StopRequested(trainer.stop.signum, f"stopped by {signal_name(trainer.stop.signum)}: a data-loader "

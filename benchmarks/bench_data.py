@@ -5,6 +5,7 @@ scaling, and the label scan; optionally against an older checkout timed alternat
     python benchmarks/bench_data.py --compare /tmp/old-h13       # also an older checkout (git archive/worktree)
     python benchmarks/bench_data.py --source-px 480 640          # COCO-like sources instead of small ones
     python benchmarks/bench_data.py --quick                      # 3 repeats, 1 and 2 workers: about a minute
+    python benchmarks/bench_data.py --shards                     # streamed S3 shards (loopback) vs the files
 
 Per worker: one process with one thread (as a DataLoader worker) builds ``--samples`` training samples of
 ``--img`` px and collates them into batches; "mosaic" is mosaic + perspective + HSV + flips with
@@ -16,6 +17,11 @@ DataLoader with 1, 2, 4 workers (this tree only; the main process only receives 
 fp32 matmul on one thread is timed before and after (benchmarks/harness.py): "matmuls/img" is the time per
 image in units of it, comparable between runs on a loaded machine; images/s are absolute (this machine, as
 loaded now). Figures are medians [min-max].
+
+``--shards``: the same synthetic images written as tar shards (python -m utils.data.convert --to shards), served by
+moto's S3-compatible server on loopback, against the same images as files: training epochs (mosaic, ``--img``, the
+last ``--workers`` count, one rank) through the loaders train.py builds, alternating, and each one's start-up per
+rank: reading the shard index from S3 (no scan), and a label scan without its cache; medians and ratios.
 """
 
 from __future__ import annotations
@@ -53,10 +59,13 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cache-images", type=int, default=64, help="images for the RAM-cache memory figure (0: skip)")
     parser.add_argument("--compare", type=Path, default=None, help="an older checkout to time in the same run")
     parser.add_argument("--quick", action="store_true", help="3 repeats, workers 1 2, no scan")
+    parser.add_argument("--shards", action="store_true", help="streamed shards from loopback S3 vs the same files")
+    parser.add_argument("--shard-images", type=int, default=256, help="--shards: images in the set (4 shards)")
     parser.add_argument("--serve", nargs=2, metavar=("TREE", "DATA"), help=argparse.SUPPRESS)
     opt = parser.parse_args(argv)
     if opt.quick:
         opt.repeats, opt.workers, opt.scan_images, opt.loader_samples, opt.cache_images = 3, [1, 2], 0, 64, 16
+        opt.shard_images = min(opt.shard_images, 64)
     return opt
 
 
@@ -271,10 +280,122 @@ def cache_memory(images: Path, img: int) -> list[str]:
             f"{two:.0f} MB in all (summed PSS), {two / max(one, 1e-9):.2f}x one process: one copy per machine"]
 
 
+# ---------------------------------------------------------------------------------------------------- --shards
+def _s3_server() -> tuple[Any, dict[str, str]]:
+    """moto's S3 server in its own process on a free loopback port (as a server is another machine: it takes no
+    time from this process's interpreter), and the environment a client needs to reach it."""
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                break
+        time.sleep(0.1)
+    return server, {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "bench",
+                    "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def _shard_sets(folder: Path, opt: argparse.Namespace) -> tuple[Path, Path]:
+    """Data YAMLs of the same synthetic images: as files, and as 4 tar shards uploaded to the S3 server."""
+    import boto3
+    import yaml
+
+    from utils.data.convert import main as convert
+    from utils.data.synthetic import SYNTHETIC_NAMES, ensure_synthetic
+
+    root = ensure_synthetic(folder / "set", n_train=opt.shard_images, n_val=1, img_size=tuple(opt.source_px), seed=0)
+    per = -(-opt.shard_images // 4)
+    convert(["--from", "yolo", "--to", "shards", "--images", str(root / "images" / "train"), "--names",
+             *SYNTHETIC_NAMES, "--out", str(folder / "shards"), "--shard-samples", str(per)])
+    client = boto3.client("s3")
+    client.create_bucket(Bucket="bench")
+    for path in (folder / "shards").iterdir():
+        client.upload_file(str(path), "bench", f"set/{path.name}")
+    files, shards = folder / "files.yaml", folder / "shards.yaml"
+    common = {"names": list(SYNTHETIC_NAMES)}
+    files.write_text(yaml.safe_dump({"path": str(root), "train": "images/train", "val": "images/val", **common}))
+    pattern = "s3://bench/set/train-{000000..000003}.tar"
+    shards.write_text(yaml.safe_dump({"train": pattern, "val": pattern, **common}))
+    return files, shards
+
+
+def _startup(data: Path, opt: argparse.Namespace, workers: int) -> tuple[float, Any]:
+    """Seconds from the data YAML to a ready training loader (the label scan without a cache for files, the index
+    read for shards), and the loader."""
+    from utils.data.config import load_data_config
+    from utils.data.datasets import DatasetOptions
+    from utils.data.loader import create_dataloader
+    from utils.hyp import load_hyp
+
+    for cache in Path(load_data_config(data).root).rglob("*.cache"):
+        cache.unlink()  # the files' start-up scans, as a first run on a machine does
+    start = time.perf_counter()
+    options = DatasetOptions(img_size=opt.img, batch_size=opt.batch, augment=True, hyp=load_hyp(), nc=3, seed=0)
+    loader, _ = create_dataloader(load_data_config(data).train, options, workers=workers, shuffle=True)
+    return time.perf_counter() - start, loader
+
+
+def _epoch_seconds(loader: Any, epoch: int) -> float:
+    from utils.data.loader import set_epoch
+
+    set_epoch(loader, epoch)
+    start = time.perf_counter()
+    for _ in loader:
+        pass
+    return time.perf_counter() - start
+
+
+def bench_shards(opt: argparse.Namespace) -> list[str]:
+    """Images/s and start-up per rank: streamed S3 shards against the same files, alternating; the rows to print."""
+    import os
+
+    from benchmarks.harness import Stats
+
+    workers = opt.workers[-1]
+    server, env = _s3_server()
+    os.environ.update(env)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            files, shards = _shard_sets(Path(tmp), opt)
+            startup: dict[str, list[float]] = {"files": [], "shards": []}
+            epochs: dict[str, list[float]] = {"files": [], "shards": []}
+            for r in range(opt.repeats):
+                for name, data in (("files", files), ("shards", shards))[::1 if r % 2 == 0 else -1]:
+                    seconds, loader = _startup(data, opt, workers)
+                    startup[name].append(seconds)
+                    if r == 0:
+                        _epoch_seconds(loader, 0)  # the first epoch of each warms the caches, untimed
+                    epochs[name].append(opt.shard_images / _epoch_seconds(loader, r + 1))
+    finally:
+        server.terminate()
+        server.wait(30)
+    ips = {name: Stats.of(values) for name, values in epochs.items()}
+    ratio = Stats.of(s / f for s, f in zip(epochs["shards"], epochs["files"]))
+    up = {name: Stats.of(values) for name, values in startup.items()}
+    up_ratio = Stats.of(s / f for s, f in zip(startup["shards"], startup["files"]))
+    return [f"--shards: {opt.shard_images} images ({opt.source_px[0]}-{opt.source_px[1]} px) in 4 shards on loopback "
+            f"S3, mosaic at {opt.img} px, batch {opt.batch}, {workers} workers, {opt.repeats} alternating runs",
+            f"  images/s: files {ips['files'].fmt(1)}, S3 shards {ips['shards'].fmt(1)}; shards/files "
+            f"{ratio.fmt(2)}x (median [min-max])",
+            f"  start-up per rank: files (label scan) {up['files'].fmt(3)} s, S3 shards (index) "
+            f"{up['shards'].fmt(3)} s; shards/files {up_ratio.fmt(2)}x"]
+
+
 def main(opt: argparse.Namespace) -> None:
     """Generate a temporary synthetic set, start one process per tree, measure, print the figures."""
     if opt.serve:
         return serve(*opt.serve, opt.img, opt.batch)
+    if opt.shards:
+        sys.path.insert(0, str(ROOT))
+        print("\n".join(bench_shards(opt)))
+        return None
     sys.path.insert(0, str(ROOT))
     import torch
 

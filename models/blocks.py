@@ -116,16 +116,17 @@ class Attention(nn.Module):
         self.pe = Conv(dim, dim, 3, 1, groups=dim, act=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, c, h, w = x.shape
         heads, kd, hd = self.num_heads, self.key_dim, self.head_dim
-        q, k, v = self.qkv(x).reshape(b, heads, 2 * kd + hd, h * w).split([kd, kd, hd], dim=2)  # (b, heads, d, hw)
+        # no arithmetic on sizes (h * w): a trace then holds no size-to-int ops, which Core ML cannot convert
+        qkv = self.qkv(x).flatten(2).unflatten(1, (heads, 2 * kd + hd))  # (b, heads, 2 kd + hd, hw)
+        q, k, v = qkv.split([kd, kd, hd], dim=2)
         if exporting():  # plain products: what every export format can express
             weights = ((q.transpose(-2, -1) @ k) * self.scale).softmax(dim=-1)  # (b, heads, hw, hw)
             out = v @ weights.transpose(-2, -1)  # (b, heads, hd, hw)
         else:  # the same attention by torch's fused kernel
             out = F.scaled_dot_product_attention(q.transpose(-2, -1), k.transpose(-2, -1), v.transpose(-2, -1),
                                                  scale=self.scale).transpose(-2, -1)
-        out = out.reshape(b, c, h, w) + self.pe(v.reshape(b, c, h, w))
+        out = out.reshape(x.shape) + self.pe(v.reshape(x.shape))
         return self.proj(out)
 
 

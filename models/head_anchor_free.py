@@ -153,6 +153,11 @@ class AnchorFreeDetect(nn.Module):
         out = self.branches(xs, self.cv2, self.cv3)
         return out if self.training else self.decode(out)
 
+    def inference_rows(self, out: dict[str, Any]) -> torch.Tensor:
+        """A train-mode output -> the raw rows eval mode decodes, (b, 4 * reg_max + nc, n), levels P3 first: where
+        an export whose decode runs outside its graph ends (NCNN of YOLO26, utils/deploy/head_maps.py)."""
+        return torch.cat((out["boxes"], out["scores"]), 1)
+
     def branches(self, xs: list[torch.Tensor], box_branches: nn.ModuleList,
                  cls_branches: nn.ModuleList) -> dict[str, Any]:
         """The raw outputs of one set of branches over the levels ``xs`` (the train-mode dict)."""

@@ -64,6 +64,10 @@ class EndToEndDetect(AnchorFreeDetect):
             return self.decode_one2many(xs)
         return self.select(self.decode_one2one(xs))
 
+    def inference_rows(self, out: dict[str, Any]) -> torch.Tensor:
+        """The raw rows of the branches eval mode runs (one-to-one, or one-to-many without end_to_end)."""
+        return super().inference_rows(out["one2one" if self.end_to_end else "one2many"])
+
     def decode_one2one(self, xs: list[torch.Tensor], xywh: bool = False) -> torch.Tensor:
         """The one-to-one branches decoded, before selection: (b, n, 4 + nc), boxes xyxy (or xywh) in pixels."""
         return self.decode(self.branches(xs, self.one2one_cv2, self.one2one_cv3), xywh=xywh)

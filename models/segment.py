@@ -98,6 +98,15 @@ class Segment(Detect):
         self.m = nn.ModuleList(nn.Conv2d(c, self.no * self.na, 1) for c in ch)  # replaces Detect's, same place
         self.proto = Proto(ch[0], self.npr, self.nm, upsample="nearest")
 
+    @classmethod
+    def decoder(cls, nc: int, anchors: Sequence[Sequence[float]], nm: int) -> Segment:
+        """A Segment head without convolutions, for its ``decode`` alone (an export whose graph ends at the raw
+        maps, as NCNN's does); the caller sets ``stride``."""
+        head = cls.__new__(cls)
+        Detect.__init__(head, nc, anchors, ())
+        head.nm, head.npr, head.no = int(nm), 0, 5 + nc + int(nm)
+        return head
+
     @property
     def contract(self) -> OutputContract:
         return OutputContract("xywh_obj_cls", self.nc, self.nm)

@@ -63,6 +63,22 @@ def serve_folder(folder: Path) -> Iterator[str]:
         httpd.server_close()
 
 
+@contextlib.contextmanager
+def s3_server() -> Iterator[dict[str, str]]:
+    """moto's S3-compatible server on 127.0.0.1 (a free port) from a thread; yields the environment a client needs
+    to reach it (endpoint and test credentials, as the usual AWS variables)."""
+    from moto.server import ThreadedMotoServer
+
+    port = free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        yield {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "testing",
+               "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+    finally:
+        server.stop()
+
+
 # ------------------------------------------------------------------------------------------------ processes
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
@@ -204,6 +220,25 @@ def make_set(root: Path, files: dict[str, tuple[Callable[[Path], None], str | No
         if label is not None:
             (root / "labels" / "train" / f"{Path(name).stem}.txt").write_text(label)
     return root / "images" / "train"
+
+
+def make_shard_set(folder: Path, n_images: int = 16, per_shard: int = 4, val: str | None = None) -> Path:
+    """The synthetic set's ``n_images`` training images (64-96 px) written as tar shards by ``python -m
+    utils.data.convert --to shards`` into ``folder/data/shards``, and a data YAML naming them for train and for val
+    (unless ``val`` names other shards)."""
+    import yaml
+
+    from utils.data.convert import main as convert_main
+    from utils.data.synthetic import SYNTHETIC_NAMES, ensure_synthetic
+
+    root = ensure_synthetic(folder / "synthetic", n_train=n_images, n_val=4, img_size=(64, 96), seed=0)
+    assert convert_main(["--from", "yolo", "--to", "shards", "--images", str(root / "images" / "train"), "--names",
+                         *SYNTHETIC_NAMES, "--out", str(folder / "data" / "shards"),
+                         "--shard-samples", str(per_shard)]) == 0
+    pattern = f"shards/train-{{000000..{-(-n_images // per_shard) - 1:06d}}}.tar"
+    data = folder / "data" / "shards.yaml"
+    data.write_text(yaml.safe_dump({"train": pattern, "val": val or pattern, "names": list(SYNTHETIC_NAMES)}))
+    return data
 
 
 # ------------------------------------------------------------------------------------------ oracle detector

@@ -289,7 +289,8 @@ def test_ncnn_export_gives_the_pt_boxes_in_every_runner(weights: Path, tmp_path:
 
 @pytest.mark.slow
 def test_coreml_package_is_written_and_read_back_but_not_run_here(weights: Path, tmp_path: Path) -> None:
-    pytest.importorskip("coremltools")
+    if formats.missing_packages(formats.get_format("coreml").export_packages):  # not imported here: see require()
+        pytest.skip("coremltools is not installed")
     local = tmp_path / "c.pt"
     local.write_bytes(weights.read_bytes())
     result = export.main(export.parse_opt(["--weights", str(local), "--img-size", "64", "--include", "coreml"]))[0]
@@ -332,3 +333,91 @@ def test_bench_export_times_every_format_in_turns(tiny_exports: dict[str, Path],
     assert set(medians) == {"pt", "onnx"} and min(medians.values()) > 0
     # one warm-up each, then 5 rounds of 2 calls of each: a change of load falls on both alike
     assert calls == [".pt", ".onnx"] + [".pt", ".pt", ".onnx", ".onnx"] * 5
+
+
+# ------------------------------------------------------------------------------------------ segmenters
+def tiny_anchor_free_segmenter(folder: Path) -> Path:
+    """yolo11n-seg at 1/8 width, 3 classes, seed-0 random weights (the anchor-free Segment head)."""
+    from models.yolo import Model
+    from utils.safe_yaml import load_yaml
+    from utils.weights.checkpoint import new_checkpoint, save_checkpoint
+
+    cfg = {**load_yaml(Path(export.__file__).parent / "models" / "yolo11-seg.yaml"), "scale": "n", "nc": 3}
+    cfg["scales"]["n"] = [0.5, 0.125, 1024]
+    torch.manual_seed(0)
+    model = Model(cfg)
+    model.names = list(NAMES)
+    folder.mkdir(parents=True, exist_ok=True)
+    return save_checkpoint(new_checkpoint(model), folder / "seg11.pt")
+
+
+def assert_runs_like_the_pt(exported: Path, weights: Path, images: torch.Tensor, atol: float = 1e-4) -> None:
+    """The runtime returns (rows, prototypes) equal to the .pt's, and the post-processed masks are the same."""
+    from utils.masks import process_masks
+    from utils.predictions import postprocess
+
+    model = InferenceModel(exported)
+    assert model.segments and model.contract.nm == 32
+    (rows, protos), (ref_rows, ref_protos) = model(images), pytorch_output(weights, images)
+    assert protos.shape == ref_protos.shape == (len(images), 32, images.shape[2] // 4, images.shape[3] // 4)
+    assert (protos - ref_protos).abs().max() < atol * (1 + ref_protos.abs().max())
+    for image_rows, image_protos, ref, ref_image_protos in zip(rows, protos, ref_rows, ref_protos):
+        det = postprocess(image_rows[None], model.contract, 0.001, max_det=5)[0]
+        expected = postprocess(ref[None], model.contract, 0.001, max_det=5)[0]
+        assert torch.allclose(det, expected, atol=1e-3)
+        masks = process_masks(image_protos, det[:, 6:], det[:, :4], images.shape[2:])
+        expected_masks = process_masks(ref_image_protos, expected[:, 6:], expected[:, :4], images.shape[2:])
+        assert (masks != expected_masks).float().mean() < 1e-3
+
+
+def test_segmenter_exports_carry_the_prototypes_and_run_in_detect(tiny_seg_weights: Path, tmp_path: Path) -> None:
+    """TorchScript, ONNX and OpenVINO of the tiny yolov5n-seg: verified (coefficients and prototypes too), the
+    prototypes a second output, and detect.py gives the .pt's outlines from each."""
+    import detect
+
+    local = tmp_path / "seg.pt"
+    local.write_bytes(tiny_seg_weights.read_bytes())
+    results = export.main(export.parse_opt(["--weights", str(local), "--img-size", "64", "--include", "torchscript",
+                                            "onnx", "openvino", "--dynamic"]))
+    assert all(r.error is None and r.verification.mask_error < 1e-3 for r in results), results
+    assert "masks" in results[0].verification.describe()
+    proto = onnx.load(str(local.with_suffix(".onnx")))
+    assert [o.name for o in proto.graph.output] == ["output0", "output1"]
+    images = real_images((64, 96), 2)
+    for result in results:
+        if result.format != "torchscript":  # a dynamic TorchScript file is checked by its own size above
+            assert_runs_like_the_pt(result.file, local, images)
+    source = tmp_path / "scene.png"
+    cv2 = pytest.importorskip("cv2")
+    cv2.imwrite(str(source), (real_images((64, 64), 1)[0].permute(1, 2, 0).numpy()[..., ::-1] * 255).astype(np.uint8))
+    outlines = {}
+    for weights in (local, local.with_suffix(".onnx"), tmp_path / "seg_openvino_model"):
+        found = detect.run(weights=weights, source=source, img_size=64, conf_thres=0.001, max_det=5, nosave=True,
+                           project=tmp_path / "runs", trust_weights=True)
+        outlines[weights.name] = found.outlines[0]
+    assert len(outlines["seg.pt"]) == 5
+    for name, found in outlines.items():
+        assert len(found) == 5 and all(np.array_equal(a, b) for a, b in zip(found, outlines["seg.pt"])), name
+
+
+def test_anchor_free_segmenter_exports_to_onnx(tmp_path: Path) -> None:
+    weights = tiny_anchor_free_segmenter(tmp_path)
+    result = export.main(export.parse_opt(["--weights", str(weights), "--img-size", "64", "--include", "onnx"]))[0]
+    assert result.error is None and result.verification.mask_error < 1e-3
+    assert_runs_like_the_pt(result.file, weights, real_images((64, 64), 1))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(formats.missing_packages((("tensorflow", "x"), ("ai_edge_litert", "x"), ("pnnx", "x"),
+                                              ("ncnn", "x"))) != [], reason="pip install -r requirements-export.txt")
+def test_segmenter_tflite_and_ncnn_run_like_the_pt(tiny_seg_weights: Path, tmp_path: Path) -> None:
+    """The tiny yolov5n-seg to TFLite (our TensorFlow translation, prototypes NHWC in the file) and NCNN (its raw
+    maps decoded here by the Segment head rebuilt from the metadata, the prototypes its last output)."""
+    local = tmp_path / "seg.pt"
+    local.write_bytes(tiny_seg_weights.read_bytes())
+    results = export.main(export.parse_opt(["--weights", str(local), "--img-size", "64", "--include", "tflite",
+                                            "ncnn"]))
+    assert all(r.error is None and r.verification.mask_error < 1e-3 for r in results), results
+    images = real_images((64, 64), 2)  # the NCNN runner takes one image a call; TFLite its fixed batch of 1
+    for result in results:
+        assert_runs_like_the_pt(result.file, local, images)

@@ -85,13 +85,17 @@ def test_the_ddp_commands_are_torchrun_on_one_and_on_several_machines() -> None:
 
 
 def test_the_models_table_is_the_models() -> None:
+    """Each family's row: the five scales' parameter counts and GFLOPs, as the builder's tests check them."""
+    from tests.models.test_families import DOC_SIZES
     from tests.models.test_yolo import REFERENCE
 
-    rows = re.findall(r"^\| `(yolov5\w)` \| detection \| ([\d,]+) \| ([\d.]+) \|$", sections()["Models and tasks"],
-                      re.M)
-    assert [name for name, _, _ in rows] == [f"yolov5{s}" for s in "nsmlx"]
-    for name, params, gflops in rows:
-        assert (int(params.replace(",", "")), float(gflops)) == REFERENCE[name]
+    rows = re.findall(r"^\| `(\w+)n` \.\.\. `\w+x` \| [^|]+ \| ([\d, /]+) \| ([\d. /]+) \|$",
+                      sections()["Models and tasks"], re.M)
+    assert [family for family, _, _ in rows] == ["yolov5", "yolov8", "yolo11", "yolo26"]
+    for family, params, gflops in rows:
+        expected = [(REFERENCE | DOC_SIZES)[f"{family}{scale}"] for scale in "nsmlx"]
+        assert [int(p.replace(",", "")) for p in params.split(" / ")] == [p for p, _ in expected]
+        assert [float(g) for g in gflops.split(" / ")] == [g for _, g in expected]
 
 
 def heading_anchors(page: Path) -> set[str]:

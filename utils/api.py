@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from utils.cli import PeerLost
+from utils.distributed.launcher import SEPARATE_STORES
 from utils.distributed.signals import StopRequested
 from utils.errors import UserError
 
@@ -130,10 +131,12 @@ def first_error(outcomes: Mapping[int, RankOutcome]) -> BaseException | None:
 @contextlib.contextmanager
 def _process_state_kept() -> Iterator[None]:
     """The launcher installs its own handlers for SIGTERM, SIGINT, SIGHUP and SIGQUIT in the calling process and
-    sets an environment variable; put both back when it is done (a notebook's Ctrl-C must stay KeyboardInterrupt)."""
+    sets an environment variable; put both back when it is done (a notebook's Ctrl-C must stay KeyboardInterrupt).
+    Meanwhile the workers get a store of their own (SEPARATE_STORES), as every elastic job of ours should."""
     signals = [getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT") if hasattr(signal, name)]
     handlers = {sig: signal.getsignal(sig) for sig in signals}
-    env = {name: os.environ.get(name) for name in ("TORCHELASTIC_SIGNALS_TO_HANDLE",)}
+    env = {name: os.environ.get(name) for name in ("TORCHELASTIC_SIGNALS_TO_HANDLE", SEPARATE_STORES)}
+    os.environ[SEPARATE_STORES] = "1"
     try:
         yield
     finally:

@@ -134,3 +134,36 @@ class FreezeInCollective(HookBase):
             freeze.start()
         else:
             time.sleep(self.seconds)
+
+
+class HoldAt(HookBase):
+    """After batch 0 of ``epoch`` on ``rank`` of a group of ``world`` processes, once per test (``marker`` does not
+    exist yet): write ``pid parent-pid`` to ``marker`` and wait there, up to ``limit_s``, until a SIGTERM comes (it
+    then reaches the run's own handler too) or the process is killed. So a test changes the membership of a torchrun
+    job while it is at a known step: a node joins (its agent SIGTERMs this worker) or a node is lost."""
+
+    def __init__(self, marker: str, rank: int = 0, epoch: int = 1, world: int = 1, limit_s: float = 120.0) -> None:
+        self.marker, self.rank, self.epoch, self.world, self.limit_s = Path(marker), rank, epoch, world, limit_s
+
+    def after_step(self, trainer: TrainerView, step: StepInfo) -> None:
+        if (step.epoch, step.batch, dist.get_rank(), dist.get_world_size()) != (self.epoch, 0, self.rank, self.world) \
+                or self.marker.exists():
+            return
+        termed = threading.Event()
+        previous = signal.getsignal(signal.SIGTERM)
+
+        def chained(signum: int, frame: Any) -> None:
+            termed.set()
+            if callable(previous):
+                previous(signum, frame)
+
+        signal.signal(signal.SIGTERM, chained)
+        try:
+            tmp = self.marker.with_name(self.marker.name + ".tmp")
+            tmp.write_text(f"{os.getpid()} {os.getppid()}\n")
+            tmp.replace(self.marker)
+            deadline = time.monotonic() + self.limit_s
+            while not termed.is_set() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            signal.signal(signal.SIGTERM, previous)

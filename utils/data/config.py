@@ -3,7 +3,7 @@
 A data YAML names image folders or ``.txt`` lists (``train``, ``val``, optional ``test``) relative to its
 ``path``, the class count ``nc`` and ``names``, and optionally a ``download`` URL used when a split is missing
 (then the registered converter named by ``convert``). A split may instead be a mapping naming a COCO JSON file or a
-folder of VOC XML files (utils.data.formats).
+folder of VOC XML files (utils.data.formats), or tar shards by local path or URL (utils.data.shard_urls).
 YAMLs may come from strangers: class names must be plain one-line strings of at most MAX_NAME_LENGTH
 characters (never lists that aliases could expand); downloads go through utils.data.download, only into the
 data set's folder.
@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from utils.data.shard_urls import ShardSpec, ShardSpecError, is_shard_spec, parse_shard_spec
 from utils.distributed import comm as dist
 from utils.errors import UserError
 from utils.log import LOGGER
@@ -145,7 +146,16 @@ def _split_paths(value: Any, root: Path, names: list[str], yaml_file: Path, key:
         raise DataError(f"{yaml_file}: '{key}' must be a path or a list of paths (or an annotation mapping), at "
                         f"most {MAX_SPLIT_ENTRIES} entries")
     return [split_from_mapping(v, root, names, yaml_file) if isinstance(v, dict) else
+            _shards(v, root, yaml_file, key) if is_shard_spec(v) else
             confined(v, root, f"{yaml_file}: '{key}' entry", DataError) for v in values]
+
+
+def _shards(value: str, root: Path, yaml_file: Path, key: str) -> ShardSpec:
+    """A split entry naming tar shards (utils.data.shard_urls): local ones confined to the data set's folder."""
+    try:
+        return parse_shard_spec(value, root, lambda p: confined(p, root, f"{yaml_file}: '{key}' shards", DataError))
+    except ShardSpecError as e:
+        raise DataError(f"{yaml_file}: '{key}': {e}") from None
 
 
 def check_converter(name: Any, yaml_file: Path) -> None:

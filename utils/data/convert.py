@@ -7,6 +7,14 @@ the same counted warnings).
         --list VOC2007/ImageSets/Main/val.txt --names aeroplane bicycle ... --out voc-yolo
     python -m utils.data.convert --from yolo --images set/images/train --names cat dog --out instances_train.json
 
+``--to shards`` writes any of them as tar shards (utils.data.shards) for streaming, by local path or from object
+storage:
+
+    python -m utils.data.convert --from yolo --to shards --images set/images/train --names cat dog --out shards
+
+writes ``OUT/train-000000.tar ...`` (``--shard-samples`` images each) and ``OUT/train.index.json`` (``--prefix``
+names them); a data YAML then names ``train: shards/train-{000000..000003}.tar`` or their URL.
+
 ``--to yolo`` writes ``OUT/images/`` (hard links, or copies across file systems) and ``OUT/labels/`` in the
 layout a data YAML's YOLO split reads; ``--to coco`` writes one annotation file (category ids 1..nc). Nothing is
 written outside ``--out``, and no file is replaced that this command did not write (its list, ``.yolo-convert``,
@@ -18,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sys
 from collections.abc import Sequence
@@ -31,6 +40,7 @@ from utils.data.config import DataError
 from utils.data.formats import scan_sources
 from utils.data.label_cache import STATES, ScanResult
 from utils.data.regular_files import read_regular
+from utils.data.shards import SampleSource, shard_names, write_shards
 from utils.errors import UserError
 from utils.log import LOGGER, setup_logging
 from utils.paths import confined
@@ -127,11 +137,41 @@ def _names(opt: argparse.Namespace) -> list[str]:
     raise DataError(f"--from {opt.from_format} needs --names (the class names in class-index order)")
 
 
-def convert(opt: argparse.Namespace) -> Path:
-    """Run one conversion; returns what it wrote (the output folder or JSON file)."""
-    names = _names(opt)
+def export_shards(result: ScanResult, out: Path, prefix: str, per_shard: int, names: list[str]) -> Path:
+    """The usable images of a checked scan and their labels into tar shards and their index in ``out`` (the
+    targets claimed first: nothing of the user's is replaced). Returns the index path."""
+    out = out.resolve()
+    keep = [i for i, state in enumerate(result.states) if STATES[state] != "corrupt"]
+    if not keep:
+        raise DataError("no usable images to write into shards")
+    samples = [SampleSource(Path(result.read_path(i)), label_text(result.labels[i]), result.labels[i],
+                            (int(result.shapes[i][0]), int(result.shapes[i][1]))) for i in keep]
+    count = -(-len(samples) // per_shard)
+    Written(out).claim([out / name for name in shard_names(prefix, count)] + [out / f"{prefix}.index.json"])
+    index = write_shards(samples, out, prefix, per_shard, names)
+    LOGGER.info(f"Wrote {len(samples)} images and their labels into {count} shards {out}/{prefix}-"
+                f"{{000000..{count - 1:06d}}}.tar and their index {index.name}")
+    return index
+
+
+def _scan(opt: argparse.Namespace, names: list[str]) -> ScanResult:
     if opt.from_format == "yolo":
-        result, _, _ = scan_sources([opt.images], len(names))
+        return scan_sources([opt.images], len(names))[0]
+    if opt.annotations is None:
+        raise DataError(f"--from {opt.from_format} needs --annotations")
+    split = AnnotationSplit(opt.from_format, opt.annotations, opt.images, opt.list, tuple(names), opt.keep_crowd)
+    return scan_sources(split, len(names))[0]
+
+
+def convert(opt: argparse.Namespace) -> Path:
+    """Run one conversion; returns what it wrote (the output folder, JSON file or shard index)."""
+    names = _names(opt)
+    if opt.to_format == "shards":
+        if not 1 <= opt.shard_samples <= 1_000_000 or not re.fullmatch(r"[A-Za-z0-9_]{1,64}", opt.prefix):
+            raise DataError("--shard-samples must be 1..1000000 and --prefix 1-64 letters, digits or _")
+        return export_shards(_scan(opt, names), opt.out, opt.prefix, opt.shard_samples, names)
+    result = _scan(opt, names)
+    if opt.from_format == "yolo":
         keep = [i for i, s in enumerate(result.states) if STATES[s] != "corrupt"]
         doc = coco_document([result.im_files[i] for i in keep], [result.labels[i] for i in keep],
                             result.shapes[keep], names, opt.images)
@@ -140,10 +180,6 @@ def convert(opt: argparse.Namespace) -> Path:
         out.write_text(json.dumps(doc))
         LOGGER.info(f"Wrote {len(doc['images'])} images and {len(doc['annotations'])} boxes to {opt.out}")
         return opt.out
-    if opt.annotations is None:
-        raise DataError(f"--from {opt.from_format} needs --annotations")
-    split = AnnotationSplit(opt.from_format, opt.annotations, opt.images, opt.list, tuple(names), opt.keep_crowd)
-    result, _, _ = scan_sources(split, len(names))
     written = export_yolo(result, opt.images, opt.out)
     LOGGER.info(f"Wrote {written} images and their labels to {opt.out}/images and {opt.out}/labels "
                 f"(classes: {', '.join(names)})")
@@ -155,17 +191,22 @@ def parse_opt(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m utils.data.convert", description="Convert detection labels "
                                 "between YOLO txt, COCO JSON and Pascal VOC XML")
     p.add_argument("--from", dest="from_format", required=True, choices=("coco", "voc", "yolo"))
-    p.add_argument("--to", dest="to_format", choices=("yolo", "coco"), help="default: yolo, or coco from yolo")
+    p.add_argument("--to", dest="to_format", choices=("yolo", "coco", "shards"),
+                   help="default: yolo, or coco from yolo; shards: tar shards and their index (any --from)")
     p.add_argument("--annotations", type=Path, help="COCO JSON file, or the folder of VOC XML files")
     p.add_argument("--images", type=Path, required=True, help="the image folder")
     p.add_argument("--list", type=Path, help="VOC: a list of image ids (ImageSets/Main/*.txt)")
     p.add_argument("--names", nargs="+", help="class names in class-index order (COCO: read from the file)")
     p.add_argument("--keep-crowd", action="store_true", help="keep crowd boxes / difficult objects")
-    p.add_argument("--out", type=Path, required=True, help="output folder (--to yolo) or JSON file (--to coco)")
+    p.add_argument("--out", type=Path, required=True, help="output folder (--to yolo, shards) or JSON file "
+                   "(--to coco)")
+    p.add_argument("--shard-samples", type=int, default=1000, help="--to shards: images per shard")
+    p.add_argument("--prefix", default="train", help="--to shards: the shards' name, PREFIX-000000.tar ...")
     opt = p.parse_args(argv)
     opt.to_format = opt.to_format or ("coco" if opt.from_format == "yolo" else "yolo")
-    if (opt.from_format == "yolo") != (opt.to_format == "coco"):
-        p.error(f"--from {opt.from_format} --to {opt.to_format}: supported are coco/voc -> yolo and yolo -> coco")
+    if opt.to_format != "shards" and (opt.from_format == "yolo") != (opt.to_format == "coco"):
+        p.error(f"--from {opt.from_format} --to {opt.to_format}: supported are coco/voc -> yolo, yolo -> coco and "
+                "any -> shards")
     return opt
 
 

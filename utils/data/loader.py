@@ -19,8 +19,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from utils.data.config import DataError
 from utils.data.datasets import DatasetOptions, YoloDataset
 from utils.data.ram_cache import plan_shared_memory, shm_free, size_text
+from utils.data.shard_urls import ShardSpec
+from utils.data.stream import StreamDataset, load_stream, rank_positions
 from utils.device import available_cores
 from utils.distributed import comm as dist
 from utils.distributed.signals import protect_worker
@@ -68,9 +71,7 @@ class ResumableSampler(Sampler):
 
     def _my_positions(self) -> list[int]:
         """This rank's positions in the epoch order: start + rank, start + rank + W, ... (wrapped padding)."""
-        remaining = self.dataset_len - self.start
-        padded = math.ceil(remaining / self.world_size) * self.world_size
-        return [self.start + (p % remaining) for p in range(self.rank, padded, self.world_size)] if remaining else []
+        return rank_positions(self.dataset_len, self.start, self.rank, self.world_size)
 
     def __iter__(self) -> Iterator:
         order = self.epoch_order()
@@ -186,10 +187,15 @@ def shm_workers(workers: int, batch_nbytes: int, prefix: str = "") -> int:
     return fitting
 
 
+def _ordered(loader: DataLoader) -> Any:
+    """What orders the loader's samples: its sampler, or a streamed dataset (utils.data.stream)."""
+    return loader.dataset if isinstance(getattr(loader, "dataset", None), StreamDataset) else loader.sampler
+
+
 def set_epoch(loader: DataLoader, epoch: int) -> None:
     """Select the epoch's sample order (no-op for samplers without epochs)."""
-    if hasattr(loader.sampler, "set_epoch"):
-        loader.sampler.set_epoch(epoch)
+    if hasattr(_ordered(loader), "set_epoch"):
+        _ordered(loader).set_epoch(epoch)
 
 
 def close_mosaic(loader: DataLoader) -> bool:
@@ -226,8 +232,8 @@ def image_weights(labels: Sequence[np.ndarray], nc: int, maps: np.ndarray) -> np
 
 def set_start(loader: DataLoader, samples_consumed: int) -> None:
     """Resume mid-epoch: skip the first ``samples_consumed`` samples (global, all ranks) of this epoch."""
-    if hasattr(loader.sampler, "set_start"):
-        loader.sampler.set_start(samples_consumed)
+    if hasattr(_ordered(loader), "set_start"):
+        _ordered(loader).set_start(samples_consumed)
 
 
 def create_dataloader(sources: str | Path | Sequence[str | Path], options: DatasetOptions, *, workers: int = 8,
@@ -240,6 +246,10 @@ def create_dataloader(sources: str | Path | Sequence[str | Path], options: Datas
     (positions r, r + W, ...) still share one shape. ``reserved_cores``: see worker_count. All ranks must call it.
     """
     world, batch_size = dist.get_world_size(), options.batch_size
+    items = list(sources) if isinstance(sources, list | tuple) else [sources]
+    if any(isinstance(s, ShardSpec) for s in items):
+        return stream_loader(items, options, workers, training=(shuffle or options.augment) and not shard_eval,
+                             reserved_cores=reserved_cores)
     if options.rect and shuffle:
         LOGGER.warning(f"{options.prefix}WARNING: --rect keeps images sorted by aspect ratio; shuffle is turned off")
     with dist.zero_first(local=True):  # the label cache is written once per machine, then read
@@ -253,3 +263,20 @@ def create_dataloader(sources: str | Path | Sequence[str | Path], options: Datas
                               collate=dataset.collate_quad if quad else None, reserved_cores=reserved_cores,
                               prefix=options.prefix)
     return loader, dataset
+
+
+def stream_loader(items: list, options: DatasetOptions, workers: int, *, training: bool,
+                  reserved_cores: int = 0) -> tuple[DataLoader, Any]:
+    """The loader of a split in tar shards (utils.data.stream): batches made in persistent workers, which read
+    each epoch's position from the dataset's shared memory. All ranks must call it."""
+    if len(items) != 1:
+        raise DataError(f"{options.prefix}a split in shards names one shard pattern (got {len(items)} entries)")
+    if options.rect and training:
+        LOGGER.warning(f"{options.prefix}WARNING: --rect does not apply to streamed shards; square batches are used")
+    dataset, split = load_stream(items[0], options, training=training)
+    num_workers = shm_workers(worker_count(workers, options.batch_size, reserved_cores),
+                              dataset.batch_nbytes(options.batch_size), options.prefix)
+    loader = DataLoader(dataset, batch_size=None, num_workers=num_workers, pin_memory=torch.cuda.is_available(),
+                        worker_init_fn=_seed_worker, persistent_workers=num_workers > 0,
+                        prefetch_factor=PREFETCH if num_workers > 0 else None)
+    return loader, split

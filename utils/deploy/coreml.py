@@ -1,5 +1,5 @@
 """CoreML: ``<stem>.mlpackage`` (an ML program) converted by coremltools from a TorchScript trace, with the
-metadata as user-defined strings. Core ML runs only on Apple systems: here the package is read back and checked
+metadata as user-defined strings; a segmenter's prototypes are its second output. Core ML runs only on Apple systems: here the package is read back and checked
 (input, output, metadata), not run."""
 
 from __future__ import annotations
@@ -13,9 +13,11 @@ import torch
 from torch import nn
 
 from utils.deploy.formats import (
+    OUTPUT_NAMES,
     ExportFormat,
     ExportOptions,
     FormatError,
+    output_count,
     parse_json_metadata,
     quiet_jit_warnings,
     require,
@@ -41,7 +43,8 @@ class CoreMLFormat(ExportFormat):
             traced = torch.jit.trace(model.float(), images.float(), strict=False, check_trace=False)
         precision = ct.precision.FLOAT16 if options.half else ct.precision.FLOAT32
         converted = ct.convert(traced, inputs=[ct.TensorType(name="images", shape=tuple(images.shape))],
-                               outputs=[ct.TensorType(name="output0")], convert_to="mlprogram",
+                               outputs=[ct.TensorType(name=name) for name in OUTPUT_NAMES[:output_count(model)]],
+                               convert_to="mlprogram",
                                compute_precision=precision, minimum_deployment_target=ct.target.iOS15)
         for key, value in meta.items():
             converted.user_defined_metadata[key] = json.dumps(value)

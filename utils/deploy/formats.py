@@ -102,7 +102,11 @@ def missing_packages(packages: tuple[tuple[str, str], ...]) -> list[str]:
 
 
 def require(packages: tuple[tuple[str, str], ...], purpose: str) -> None:
-    """FormatError naming what to pip install when any of ``packages`` is missing."""
+    """FormatError naming what to pip install when any of ``packages`` is missing. Loads torch's compiler stack
+    first: once TensorFlow (imported by coremltools and our TF formats) is loaded, a later import of triton (torchvision
+    and torch._dynamo import it) crashes the process (triton 3.8, TensorFlow 2.21); in the other order both work."""
+    import torch._dynamo  # noqa: F401  (loads triton where it is installed)
+
     missing = missing_packages(packages)
     if missing:
         raise FormatError(f"{purpose} needs {', '.join(missing)}: pip install {' '.join(missing)} "
@@ -176,6 +180,15 @@ def export_metadata(model: nn.Module, img_size: tuple[int, int], batch_size: int
             "img_size": [int(img_size[0]), int(img_size[1])], "batch_size": int(batch_size), "dynamic": bool(dynamic),
             "device": next(model.parameters()).device.type, "strides": [float(s) for s in model.stride.tolist()],
             "num_anchors": len(anchors[0]), "half": bool(half), "head": head}
+
+
+OUTPUT_NAMES = ("output0", "output1")  # the rows, and a segmenter's prototypes (a detector has only the first)
+
+
+def output_count(model: nn.Module) -> int:
+    """How many outputs an export of ``model`` has: the rows, and a segmenter's prototypes (its contract has
+    ``nm``)."""
+    return 2 if model.head.contract.nm else 1
 
 
 MAX_METADATA_TEXT = 1 << 20  # bytes of an exported file's metadata text (80 class names: ~1 KB)

@@ -22,12 +22,14 @@ import torch
 from torch import nn
 
 from utils.deploy.formats import (
+    OUTPUT_NAMES,
     ExportFormat,
     ExportOptions,
     FormatError,
     LoadedModel,
     LoadOptions,
     first_line,
+    output_count,
     parse_json_metadata,
     quiet_jit_warnings,
     require,
@@ -46,11 +48,12 @@ def onnx_export_parameters() -> Collection[str]:
     return inspect.signature(torch.onnx.export).parameters.keys()
 
 
-def onnx_export_kwargs(options: ExportOptions, parameters: Collection[str] | None = None) -> dict:
-    """torch.onnx.export's keywords for these options, only those ``parameters`` (this torch's) has."""
+def onnx_export_kwargs(options: ExportOptions, parameters: Collection[str] | None = None, outputs: int = 1) -> dict:
+    """torch.onnx.export's keywords for these options, only those ``parameters`` (this torch's) has; ``outputs``: 2
+    for a segmenter (rows, prototypes)."""
     parameters = onnx_export_parameters() if parameters is None else parameters
-    kwargs: dict = {"opset_version": options.opset, "input_names": ["images"], "output_names": ["output0"],
-                    "verbose": bool(options.verbose)}
+    kwargs: dict = {"opset_version": options.opset, "input_names": ["images"],
+                    "output_names": list(OUTPUT_NAMES[:outputs]), "verbose": bool(options.verbose)}
     if "dynamo" in parameters:
         kwargs["dynamo"] = options.dynamo
     elif options.dynamo:
@@ -60,7 +63,10 @@ def onnx_export_kwargs(options: ExportOptions, parameters: Collection[str] | Non
         kwargs["dynamic_shapes"] = ({0: dim("batch", min=1, max=1024), 2: dim.AUTO, 3: dim.AUTO},)
     elif options.dynamic:
         kwargs["dynamic_axes"] = {"images": {0: "batch", 2: "height", 3: "width"},
-                                  "output0": {0: "batch", 1: "anchors"}}
+                                  "output0": {0: "batch", 1: "anchors"},
+                                  "output1": {0: "batch", 2: "mask_height", 3: "mask_width"}}
+        kwargs["dynamic_axes"] = {k: v for k, v in kwargs["dynamic_axes"].items() if k in ["images",
+                                                                                        *OUTPUT_NAMES[:outputs]]}
     return kwargs
 
 
@@ -93,7 +99,7 @@ def write_onnx(model: nn.Module, images: torch.Tensor, file: Path, meta: dict, o
     import onnx
 
     with quiet_jit_warnings():
-        torch.onnx.export(model, (images,), str(file), **onnx_export_kwargs(options))
+        torch.onnx.export(model, (images,), str(file), **onnx_export_kwargs(options, outputs=output_count(model)))
     proto = onnx.load(str(file))
     if options.simplify:
         proto = simplify_onnx(proto)
@@ -284,9 +290,9 @@ class OnnxFormat(ExportFormat):
         meta = {k: parse_json_metadata(v, file) for k, v in raw.items() if k in METADATA_KEYS}
         half = model_input.type == "tensor(float16)"
 
-        def run(images: torch.Tensor) -> torch.Tensor:
+        def run(images: torch.Tensor) -> tuple[torch.Tensor, ...]:
             array = images.detach().cpu().numpy().astype(np.float16 if half else np.float32, copy=False)
-            return torch.from_numpy(np.asarray(session.run(None, {model_input.name: array})[0]))
+            return tuple(torch.from_numpy(np.asarray(out)) for out in session.run(None, {model_input.name: array}))
 
         return LoadedModel(run, meta, list(model_input.shape), torch.float16 if half else torch.float32)
 

@@ -131,9 +131,10 @@ class OpenVinoFormat(ExportFormat):
         half = model_input.get_element_type() == openvino.Type.f16
         shape = [d.get_length() if d.is_static else "?" for d in model_input.get_partial_shape()]
 
-        def run(images: torch.Tensor) -> torch.Tensor:
+        def run(images: torch.Tensor) -> tuple[torch.Tensor, ...]:
             array = images.detach().cpu().numpy().astype(np.float16 if half else np.float32, copy=False)
-            return torch.from_numpy(np.asarray(compiled(array)[compiled.output(0)]))
+            results = compiled(array)  # the rows, then a segmenter's prototypes (the ONNX file's output order)
+            return tuple(torch.from_numpy(np.asarray(results[output])) for output in compiled.outputs)
 
         return LoadedModel(run, meta if isinstance(meta, dict) else {}, shape,
                            torch.float16 if half else torch.float32)

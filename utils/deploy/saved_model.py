@@ -88,11 +88,14 @@ class SavedModelFormat(ExportFormat):
                               "it with export.py --include saved_model") from None
         spec = serve.structured_input_signature[1]["images"]
         b, h, w, _ = spec.shape.as_list()
-        output_name = next(iter(serve.structured_outputs))
+        output_names = sorted(serve.structured_outputs)  # output_0: the rows; output_1: a segmenter's prototypes
 
-        def run(images: torch.Tensor) -> torch.Tensor:
-            output = serve(images=tf.constant(nhwc_array(images)))[output_name]
-            return torch.from_numpy(np.asarray(output.numpy()))
+        def run(images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+            found = serve(images=tf.constant(nhwc_array(images)))
+            parts = [torch.from_numpy(np.asarray(found[name].numpy())) for name in output_names]
+            if len(parts) == 1:
+                return parts[0]
+            return parts[0], *(part.permute(0, 3, 1, 2) for part in parts[1:])  # prototypes NHWC -> NCHW
 
         return LoadedModel(run, meta if isinstance(meta, dict) else {}, [b, 3, h, w])
 

@@ -6,10 +6,11 @@ translation is refused with one line naming it.
 The graph takes (b, h, w, 3) float images in [0, 1] and returns what the .pt returns in eval mode, the head's
 decoded (b, n, columns) rows as its output contract lays them out: YOLOv5 (b, n, 5 + nc); YOLOv8/YOLO11 (b, n,
 4 + nc) after the DFL decode; YOLO26 its final (b, k, 6) rows, top-k included (TFLite has TOPK_V2 and GATHER as
-builtins). With ``raw_maps`` it stops at the head's convolutions, one NHWC map per level, which --int8 uses so
+builtins). A segmenter returns ``(rows, prototypes)`` as the .pt does, its prototypes NHWC (b, h/4, w/4, nm) and
+its rows carrying the nm mask coefficients last. With ``raw_maps`` (detectors only) it stops at the head's convolutions, one NHWC map per level, which --int8 uses so
 the decode stays float outside the integer graph: (b, ny, nx, na * (5 + nc)) for YOLOv5, the box and class
 branches concatenated, (b, ny, nx, 4 * reg_max + nc), for the anchor-free heads (YOLO26: its one-to-one branches);
-``RawMapDecoder`` turns the latter back into the decoded rows.
+``utils.deploy.head_maps.RawMapDecoder`` turns the latter back into the decoded rows.
 """
 
 from __future__ import annotations
@@ -26,9 +27,8 @@ from models.common import C3, SPP, SPPF, Bottleneck, Concat, Conv, Focus
 from models.head import Detect
 from models.head_anchor_free import AnchorFreeDetect, make_anchors
 from models.head_end_to_end import EndToEndDetect
-from models.registry import LIMITS
+from models.segment import AnchorFreeSegmentHead, Proto, Segment
 from utils.deploy.formats import FormatError
-from utils.predictions import ContractError, OutputContract
 
 TENSORFLOW = (("tensorflow", "tensorflow-cpu"),)  # (module, pip package) the TensorFlow formats export with
 
@@ -44,7 +44,8 @@ class Translator:
         Bottleneck: "bottleneck", C3: "c3", C3k: "c3", C2f: "c2f", C3k2: "c2f", SPPF: "sppf", SPP: "spp",
         Focus: "focus", Concat: "concat", nn.Upsample: "upsample", Attention: "attention",
         PSABlock: "psa_block", C2PSA: "c2psa", Detect: "detect", AnchorFreeDetect: "anchor_free_detect",
-        EndToEndDetect: "end_to_end_detect", nn.Identity: "identity"}
+        EndToEndDetect: "end_to_end_detect", nn.Identity: "identity", nn.ConvTranspose2d: "conv_transpose2d",
+        Proto: "proto", Segment: "segment", AnchorFreeSegmentHead: "anchor_free_segment"}
 
     def __init__(self, tf: Any, raw_maps: bool = False) -> None:
         self.tf, self.raw_maps = tf, raw_maps
@@ -107,6 +108,21 @@ class Translator:
             outs = [tf.nn.conv2d(part, kernel, (sh, sw), padding) for part, kernel in zip(parts, kernels)]
             return outs[0] if len(outs) == 1 else tf.concat(outs, -1)
         return run, self.constant(bias.numpy())
+
+    def conv_transpose2d(self, conv: nn.ConvTranspose2d) -> Layer:
+        """A transposed convolution whose kernel equals its stride (Proto's learned 2x upsample): the output cells
+        do not overlap, so it is a 1x1 convolution to (k * k * c_out) channels, then depth-to-space."""
+        k, stride = conv.kernel_size, conv.stride
+        if k != stride or k[0] != k[1] or conv.padding != (0, 0) or conv.output_padding != (0, 0) or \
+                conv.groups != 1 or conv.dilation != (1, 1):
+            raise FormatError(f"the TensorFlow export translates transposed convolutions whose kernel is their "
+                              f"stride only, not {conv}")
+        weight = conv.weight.detach().float().cpu()  # (c_in, c_out, k, k)
+        bias = conv.bias.detach().float().cpu() if conv.bias is not None else torch.zeros(conv.out_channels)
+        kernel = self.constant(weight.permute(0, 2, 3, 1).reshape(1, 1, conv.in_channels, -1).numpy())
+        bias = self.constant(bias.repeat(k[0] * k[1]).numpy())  # channel = (row * k + column) * c_out + o
+        tf, block = self.tf, k[0]
+        return lambda x: tf.nn.depth_to_space(tf.nn.bias_add(tf.nn.conv2d(x, kernel, 1, "VALID"), bias), block)
 
     def conv_block(self, module: Conv) -> Layer:
         conv = self.conv2d(module.conv, module.bn)
@@ -229,20 +245,51 @@ class Translator:
             return cv2(tf.concat([a, m(b)], -1))
         return run
 
-    def detect(self, module: Detect) -> Layer:
+    def proto(self, module: Proto) -> Layer:
+        cv1, upsample, cv2, cv3 = (self.translate(m) for m in (module.cv1, module.upsample, module.cv2, module.cv3))
+        return lambda x: cv3(cv2(upsample(cv1(x))))
+
+    def segment(self, module: Segment) -> Layer:
+        """YOLOv5's Segment: Detect's rows, the mask coefficients left raw, and the prototypes of the P3 map."""
+        if self.raw_maps:
+            raise FormatError("the TensorFlow export of a segmenter has no raw-map (INT8) form; export it in float")
+        rows, proto = self.detect(module, scored=5 + module.nc), self.proto(module.proto)
+        return lambda xs: (rows(xs), proto(xs[0]))
+
+    def anchor_free_segment(self, module: AnchorFreeSegmentHead) -> Layer:
+        """YOLOv8/YOLO11's Segment: the anchor-free rows with cv4's coefficients appended (level by level, row-major,
+        as the head flattens them), and the prototypes of the P3 map."""
+        if self.raw_maps:
+            raise FormatError("the TensorFlow export of a segmenter has no raw-map (INT8) form; export it in float")
+        rows, proto = self.anchor_free_detect(module), self.proto(module.proto)
+        branches, nm, tf = [self.translate(branch) for branch in module.cv4], module.nm, self.tf
+
+        def run(xs: list) -> Any:
+            batch = -1 if xs[0].shape[0] is None else xs[0].shape[0]
+            coefficients = tf.concat([tf.reshape(branch(x), (batch, x.shape[1] * x.shape[2], nm))
+                                      for branch, x in zip(branches, xs)], 1)
+            return tf.concat([rows(xs), coefficients], -1), proto(xs[0])
+        return run
+
+    def detect(self, module: Detect, scored: int | None = None) -> Layer:
+        """YOLOv5's Detect; ``scored``: how many leading columns of a row go through the sigmoid (all of them
+        unless given: a Segment's mask coefficients stay raw)."""
         convs = [self.conv2d(conv) for conv in module.m]
         anchors, strides = module.anchors.float().cpu().numpy(), module.stride.float().cpu().numpy()
         na, no, tf = module.na, module.no, self.tf
+        scored = no if scored is None else scored
 
         def decode(level: int, x: Any) -> Any:
             """PyTorch's Detect.decode of one level's map, its grid built from the (static) map size."""
             b, ny, nx = x.shape[0], x.shape[1], x.shape[2]
-            y = tf.sigmoid(tf.transpose(tf.reshape(x, (-1 if b is None else b, ny, nx, na, no)), (0, 3, 1, 2, 4)))
+            raw = tf.transpose(tf.reshape(x, (-1 if b is None else b, ny, nx, na, no)), (0, 3, 1, 2, 4))
+            y = tf.sigmoid(raw[..., :scored])
             xv, yv = np.meshgrid(np.arange(nx, dtype=np.float32), np.arange(ny, dtype=np.float32))
             grid = np.stack((xv, yv), -1).reshape(1, 1, ny, nx, 2)
             xy = (y[..., :2] * 2 - 0.5 + grid) * float(strides[level])
             wh = tf.square(y[..., 2:4] * 2) * anchors[level].reshape(1, na, 1, 1, 2)
-            return tf.reshape(tf.concat([xy, wh, y[..., 4:]], -1), (-1 if b is None else b, na * ny * nx, no))
+            parts = [xy, wh, y[..., 4:]] + ([raw[..., scored:]] if scored < no else [])
+            return tf.reshape(tf.concat(parts, -1), (-1 if b is None else b, na * ny * nx, no))
 
         def run(xs: list) -> Any:
             maps = [conv(x) for conv, x in zip(convs, xs)]
@@ -348,64 +395,6 @@ def top_rows(tf: Any, nc: int, max_det: int) -> Layer:
         boxes = tf.gather(boxes, tf.gather(cells, flat // nc, batch_dims=1), batch_dims=1)
         return tf.concat([boxes, top[..., None], tf.cast(flat % nc, boxes.dtype)[..., None]], -1)
     return run
-
-
-class RawMapDecoder:
-    """An anchor-free head's raw maps (``raw_maps``: NHWC, one (b, ny, nx, 4 * reg_max + nc) per level, P3 first,
-    as an INT8 .tflite returns them) -> the rows the head's recorded contract lays out, in float, by the head's own
-    decode (and YOLO26's selection): the head class rebuilt from its export metadata (``head.export_metadata()``:
-    contract, stride, reg_max, max_det), its convolutions unused. Metadata from a file is checked first: a value
-    out of range is a one-line FormatError."""
-
-    def __init__(self, head_meta: Any, source: object = "the file") -> None:
-        contract, strides, reg_max, max_det = checked_head_metadata(head_meta, source)
-        if contract.layout not in ("xywh_cls", "xyxy_score_cls") or contract.nm:
-            raise FormatError(f"{source}: raw maps of a {contract.layout} head with {contract.nm} mask coefficients "
-                              "are not decoded here (anchor-free detection heads only)")
-        self.contract, self.end_to_end, self.source = contract, contract.end_to_end, source
-        channels = [4] * len(strides)  # the convolutions are never run: the smallest that builds
-        self.head = (EndToEndDetect(contract.nc, reg_max, False, channels, max_det) if self.end_to_end
-                     else AnchorFreeDetect(contract.nc, reg_max, False, channels)).eval()
-        self.head.set_strides(torch.tensor(strides, dtype=torch.float32))
-
-    def __call__(self, maps: Sequence[torch.Tensor]) -> torch.Tensor:
-        head, box_channels = self.head, 4 * self.head.reg_max
-        if len(maps) != head.nl or any(m.dim() != 4 or m.shape[-1] != box_channels + head.nc for m in maps):
-            raise FormatError(f"{self.source}: expected {head.nl} maps of (b, ny, nx, {box_channels + head.nc}), "
-                              f"got {[tuple(m.shape) for m in maps]}")
-        b = maps[0].shape[0]
-        rows = [m.float().reshape(b, -1, box_channels + head.nc) for m in maps]  # (b, ny * nx, 4 reg_max + nc)
-        boxes = torch.cat([r[..., :box_channels] for r in rows], 1).transpose(1, 2)  # (b, 4 reg_max, n)
-        scores = torch.cat([r[..., box_channels:] for r in rows], 1).transpose(1, 2)  # (b, nc, n)
-        points, strides = head.anchors([(int(m.shape[1]), int(m.shape[2])) for m in maps], boxes)
-        with torch.no_grad():
-            decoded = head.decode({"boxes": boxes, "scores": scores, "anchor_points": points,
-                                   "stride_tensor": strides}, xywh=not self.end_to_end)
-            return head.select(decoded) if self.end_to_end else decoded
-
-
-def checked_head_metadata(meta: Any, source: object) -> tuple[OutputContract, list[float], int, int]:
-    """(contract, strides, reg_max, max_det) from ``source``'s head metadata, each checked (one-line FormatError)."""
-    if not isinstance(meta, dict):
-        raise FormatError(f"{source} returns head maps but carries no head metadata; re-export it with export.py")
-    try:
-        contract = OutputContract.from_metadata(meta.get("contract"))
-    except ContractError as e:
-        raise FormatError(f"{source}: {e}") from None
-    strides, reg_max, max_det = meta.get("stride"), meta.get("reg_max", 16), meta.get("max_det", 300)
-    if not (isinstance(strides, list) and 1 <= len(strides) <= LIMITS["levels"]
-            and all(is_count(s, 1024) for s in strides)):
-        raise FormatError(f"{source}: its head metadata's stride must be 1..{LIMITS['levels']} numbers in 1..1024")
-    if not is_count(reg_max, LIMITS["reg_max"]) or not is_count(max_det, 100_000):
-        raise FormatError(f"{source}: its head metadata's reg_max (1..{LIMITS['reg_max']}) or max_det (1..100000) is "
-                          "out of range")
-    return contract, [float(s) for s in strides], int(reg_max), int(max_det)
-
-
-def is_count(value: Any, top: float) -> bool:
-    """A number in 1..top that is a whole number (a stride, a bin count, a row count)."""
-    return (isinstance(value, int | float) and not isinstance(value, bool) and 1 <= value <= top
-            and float(value).is_integer())
 
 
 def silu(tf: Any, x: Any) -> Any:

@@ -8,7 +8,8 @@ INT8 file returns the head's maps (float32) and the boxes are decoded here in fl
 head, by the head's own decode rebuilt from its metadata for the others), because one 8-bit tensor
 holding pixels (0..640) and probabilities (0..1) would step boxes by 2.5 px or scores by 0.4. The metadata
 (stride, names, image size, anchors) is a JSON buffer in the flatbuffer's own metadata table, named
-``yolo_metadata``.
+``yolo_metadata``. A segmenter's float file returns the rows and its prototypes (NHWC in the file, NCHW here); it
+has no INT8 form.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from utils.deploy.formats import (
     parse_json_metadata,
     require,
 )
-from utils.deploy.ncnn import head_from_metadata
-from utils.deploy.tf_graph import TENSORFLOW, RawMapDecoder, import_tensorflow, nhwc_array, tf_module
+from utils.deploy.head_maps import RawMapDecoder, head_from_metadata, mask_count
+from utils.deploy.tf_graph import TENSORFLOW, import_tensorflow, nhwc_array, tf_module
 
 METADATA_NAME = "yolo_metadata"
 TFLITE_IDENTIFIER = b"TFL3"
@@ -89,7 +90,7 @@ def convert(tf: Any, module: Any, options: ExportOptions,
 def maps_decoder(meta: dict, file: Path) -> Callable[[list[torch.Tensor]], torch.Tensor]:
     """How an INT8 file's head maps (NHWC, P3 first) become the rows of its contract, in float: an anchor-based
     head's by its anchors (the YOLOv5 Detect rebuilt from the metadata), any other head's by its own decode rebuilt
-    from its export metadata (tf_graph.RawMapDecoder); a one-line FormatError for a file that carries neither."""
+    from its export metadata (head_maps.RawMapDecoder); a one-line FormatError for a file that carries neither."""
     if "anchors" in meta:
         detect = head_from_metadata(meta, file)
         return lambda maps: detect.decode_into([x.permute(0, 3, 1, 2) for x in maps])  # seen as (b, na*no, ny, nx)
@@ -137,13 +138,21 @@ class TfliteFormat(ExportFormat):
             raise FormatError(f"{file} is not a readable TFLite model ({first_line(e)})") from None
         model_input = interpreter.get_input_details()[0]
         outputs = sorted(interpreter.get_output_details(), key=lambda d: -int(np.prod(d["shape"])))  # P3 first
-        decode = maps_decoder(meta, file) if len(outputs) > 1 else None
+        segments = mask_count(meta) > 0
+        if segments:  # the rows (rank 3), then the prototypes (rank 4, NHWC)
+            outputs = sorted(outputs, key=lambda d: len(d["shape"]))
+            if [len(d["shape"]) for d in outputs] != [3, 4]:
+                raise FormatError(f"{file} is a segmenter but its outputs are not rows and prototypes; re-export it "
+                                  "with export.py")
+        decode = maps_decoder(meta, file) if len(outputs) > 1 and not segments else None
         b, h, w, _ = (int(d) for d in model_input["shape"])
 
-        def run(images: torch.Tensor) -> torch.Tensor:
+        def run(images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
             interpreter.set_tensor(model_input["index"], nhwc_array(images))
             interpreter.invoke()
             found = [torch.from_numpy(interpreter.get_tensor(d["index"]).copy()) for d in outputs]
+            if segments:
+                return found[0], found[1].permute(0, 3, 1, 2)
             return found[0] if decode is None else decode(found)
 
         return LoadedModel(run, meta, [b, 3, h, w])

@@ -1,6 +1,6 @@
 """Proof that an export computes what the .pt computes: float formats against PyTorch on the same letterboxed
-batches (each output component on its own scale, read as the output contract lays the rows out), INT8 formats by
-mAP on --data against the float model."""
+batches (each output component on its own scale, read as the output contract lays the rows out; a segmenter's mask
+coefficients and prototypes too), INT8 formats by mAP on --data against the float model."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ class Verification:
 
     box_error: float | None = None  # fraction of the input's longer side
     score_error: float | None = None
+    mask_error: float | None = None  # segmenters: coefficients and prototypes, relative to their largest magnitude
     map_reference: float | None = None  # mAP@.5:.95 of the float model on --data
     map_export: float | None = None
     read_back: str | None = None  # a format without a runtime here: what was read back from the written file
@@ -37,7 +38,8 @@ class Verification:
         if self.map_export is not None:
             return (f"mAP@.5:.95 {self.map_export:.4f} vs {self.map_reference:.4f} float "
                     f"(drop {self.map_reference - self.map_export:+.4f}, limit {MAX_INT8_MAP_DROP})")
-        return f"max error boxes {self.box_error:.1e} x size, scores {self.score_error:.1e}"
+        masks = "" if self.mask_error is None else f", masks {self.mask_error:.1e}"
+        return f"max error boxes {self.box_error:.1e} x size, scores {self.score_error:.1e}{masks}"
 
 
 def output_errors(reference: torch.Tensor, output: torch.Tensor, contract: OutputContract | None = None,
@@ -69,6 +71,20 @@ def output_errors(reference: torch.Tensor, output: torch.Tensor, contract: Outpu
     return float(difference[..., :4].max()), float(difference[..., scores].max())
 
 
+def mask_errors(reference: tuple[torch.Tensor, torch.Tensor], output: tuple[torch.Tensor, torch.Tensor],
+                contract: OutputContract) -> float:
+    """A segmenter's largest difference in its mask coefficients (the rows' last ``nm`` columns) and in its
+    prototypes, each relative to its largest magnitude in PyTorch's output (neither is bounded like a score); the
+    coefficients of an end-to-end head's rows, which may be paired differently, are left to ``output_errors``."""
+    (reference_rows, reference_protos), (rows, protos) = reference, output
+    if reference_protos.shape != protos.shape:
+        raise VerificationError(f"prototypes of shape {tuple(protos.shape)}, PyTorch's {tuple(reference_protos.shape)}")
+    pairs = [(reference_protos.float().cpu(), protos.float().cpu())]
+    if not contract.end_to_end:
+        pairs.append((reference_rows[..., -contract.nm:].float().cpu(), rows[..., -contract.nm:].float().cpu()))
+    return max(float((a - b).abs().max() / a.abs().max().clamp(min=1e-6)) for a, b in pairs if a.numel())
+
+
 def _paired_rows(reference: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
     """``output``'s rows (n, 6 + nm) reordered to pair ``reference``'s: for each reference row, the output row of
     the same class with the nearest box (largest coordinate difference)."""
@@ -86,15 +102,23 @@ def verify_float(file: Path, model: nn.Module, checks: list[torch.Tensor], toler
     if inference.contract != model.head.contract:
         raise VerificationError(f"{file} records the output contract {inference.contract}, the model has "
                                 f"{model.head.contract}")
-    worst = Verification(box_error=0.0, score_error=0.0)
+    segments = inference.contract.nm > 0
+    worst = Verification(box_error=0.0, score_error=0.0, mask_error=0.0 if segments else None)
     with torch.no_grad():
         for images in checks:
-            box_px, score = output_errors(model(images), inference(images), inference.contract, tolerance.score)
+            reference, output = model(images), inference(images)
+            rows = (reference[0], output[0]) if segments else (reference, output)
+            box_px, score = output_errors(*rows, inference.contract, tolerance.score)
             box = box_px / max(images.shape[-2:])
             if box > tolerance.box or score > tolerance.score:
                 raise VerificationError(f"output differs from PyTorch: boxes by {box_px:.2e} px ({box:.1e} x image "
                                         f"size), scores by {score:.1e} (limit {tolerance.describe()})")
-            worst = Verification(max(worst.box_error, box), max(worst.score_error, score))
+            mask = mask_errors(reference, output, inference.contract) if segments else None
+            if mask is not None and mask > tolerance.score:
+                raise VerificationError(f"mask coefficients or prototypes differ from PyTorch's by {mask:.1e} of "
+                                        f"their largest magnitude (limit {tolerance.score:.0e})")
+            worst = Verification(max(worst.box_error, box), max(worst.score_error, score),
+                                 None if mask is None else max(worst.mask_error, mask))
     return worst
 
 
@@ -102,13 +126,15 @@ def verify_written(fmt: ExportFormat, file: Path, images: torch.Tensor, meta: di
     """A format that cannot run here: its own tools read the file back, with the input shape, one output and the
     metadata export.py wrote; VerificationError otherwise."""
     found = fmt.read_back(file)
+    outputs = 2 if (meta.get("head") or {}).get("nm") else 1  # a segmenter's prototypes are its second output
     problems = [what for what, ok in (("input", found["inputs"] == {"images": list(images.shape)}),
-                                      ("output", len(found["outputs"]) == 1), ("metadata", found["meta"] == meta))
+                                      ("output", len(found["outputs"]) == outputs), ("metadata", found["meta"] == meta))
                 if not ok]
     if problems:
         raise VerificationError(f"{file} read back with a different {', '.join(problems)}: {found}")
-    return Verification(read_back=f"read back: input images {list(images.shape)}, output {found['outputs'][0]}, "
-                                  f"metadata; not run ({fmt.runs_where.split(';')[0]})")
+    return Verification(read_back=f"read back: input images {list(images.shape)}, output "
+                                  f"{', '.join(map(str, found['outputs']))}, metadata; not run "
+                                  f"({fmt.runs_where.split(';')[0]})")
 
 
 def spread(items: list, count: int) -> list:
@@ -121,18 +147,23 @@ def spread(items: list, count: int) -> list:
 def calibration_batches(data_yaml: str, options: ExportOptions, stride: int) -> list[torch.Tensor]:
     """At most ``options.calib_images`` training images of ``data_yaml``, letterboxed to the export's input size,
     in batches of the export's batch size (float in [0, 1])."""
-    import cv2
-
     from utils.data.config import load_data_config
+    from utils.data.image_io import ImageRefused, read_image
     from utils.data.label_cache import list_image_files
     from utils.data.sources import letterbox_image
 
     files = spread(list_image_files(load_data_config(data_yaml).train), options.calib_images)
-    images = []
+    images, refused = [], 0
     for file in files:
-        image = cv2.imread(file)
-        if image is not None:
-            images.append(torch.from_numpy(letterbox_image(image, options.img_size, stride, auto=False)[0]))
+        try:  # the same bounded, header-checked reader as training: a calibration image is a file from a stranger
+            image = read_image(file)
+        except ImageRefused as e:
+            refused += 1
+            LOGGER.warning(f"INT8 calibration: {file} skipped: {e}")
+            continue
+        images.append(torch.from_numpy(letterbox_image(image, options.img_size, stride, auto=False)[0]))
+    if refused:
+        LOGGER.warning(f"INT8 calibration: {refused} of {len(files)} images skipped")
     if not images:
         raise FormatError(f"--data {data_yaml}: no readable training images to calibrate --int8 on")
     usable = len(images) - len(images) % options.batch_size or len(images)

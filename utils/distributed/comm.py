@@ -78,6 +78,13 @@ def restart_count() -> int:
     return launch_env().restart_count
 
 
+def torchrun_job_id() -> str:
+    """torchrun's rendezvous id (``--rdzv-id``) of this job; "" outside torchrun or when it is torch's default
+    "none" (one id would then name every job)."""
+    run_id = launch_env().run_id
+    return "" if run_id in ("", "none") else run_id
+
+
 def scheduler_job() -> SchedulerJob | None:
     """The Slurm job of this process (its id and requeue count), or None outside Slurm."""
     return launch_env().job

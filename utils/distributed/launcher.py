@@ -14,6 +14,10 @@ from dataclasses import dataclass
 from utils.errors import UserError
 
 SLURM_PORT_BASE, SLURM_PORT_SPAN = 20000, 20000  # srun without MASTER_PORT: port 20000 + job id mod 20000
+# Set to 1 in the environment of torchrun's agent (not the workers'): each rendezvous round then gives the workers a
+# store of their own. torch 2.14's default, the agent's store shared across rounds, keeps the first round's address
+# when a node joins, and both agents then time out in the next rendezvous (docs/cluster.md).
+SEPARATE_STORES = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 
 
 class DistError(UserError, RuntimeError):
@@ -42,6 +46,7 @@ class DistEnv:
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
     agent_store: bool = False
+    run_id: str = ""  # torchrun's --rdzv-id (TORCHELASTIC_RUN_ID); "" outside torchrun
     launcher: str = "none"  # 'torchrun' | 'slurm' | 'none'
     job: SchedulerJob | None = None
 
@@ -72,6 +77,7 @@ def read_env(local_rank_flag: int = -1, env: Mapping[str, str] | None = None) ->
         master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
         master_port=int(env.get("MASTER_PORT", 29500)),
         agent_store=env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true",
+        run_id=env.get("TORCHELASTIC_RUN_ID", ""),
         launcher="torchrun" if world_size > 1 else "none",
         job=job,
     )

@@ -77,8 +77,9 @@ class GracefulStop:
     Handlers are installed only in the main thread (Python allows no other); elsewhere it is inert.
     """
 
-    def __init__(self, signals: tuple[int, ...] = STOP_SIGNALS) -> None:
+    def __init__(self, signals: tuple[int, ...] = STOP_SIGNALS, elastic: bool = False) -> None:
         self.signals = signals
+        self.elastic = elastic  # under torchrun's elastic agent, whose SIGTERM may be a restart (a node joined)
         self.signum: int | None = None  # the first signal received here
         self.agreed_signum: int | None = None  # the signal every rank agreed to stop on
         self.where = ""  # what was running when it stopped, for the exit message
@@ -148,5 +149,7 @@ class GracefulStop:
         """End training on this rank with StopRequested after rank 0 saved the step."""
         signum = self.agreed_signum or signal.SIGTERM
         then = "the job can be requeued" if signum in REQUEUE_SIGNALS else "continue with --resume"
+        if self.elastic and signum == signal.SIGTERM:
+            then = "torchrun's next round (a node joined or left) continues from it, or " + then
         raise StopRequested(signum, f"stopped by {signal_name(signum)} at epoch {epoch}, batch {batch}; "
                                     f"last.pt saved; {then}")

@@ -183,7 +183,7 @@ def new_trainer(config: RunConfig, hyp: dict, device: torch.device, model: nn.Mo
                    updater=updater, ema=ema, family=family, compute_loss=loss, loss_names=tuple(loss.names),
                    loss=loss, train_loader=data.train_loader, val_loader=data.val_loader, names=data.names,
                    hooks=Hooks(), state=TrainState(position, maps=np.zeros(len(data.names))), amp=amp,
-                   stopper=EarlyStopping(config.patience), stop=GracefulStop(),
+                   stopper=EarlyStopping(config.patience), stop=GracefulStop(elastic=bool(dist.torchrun_job_id())),
                    save_interval=SaveInterval(config.save_interval_steps, config.save_interval_minutes),
                    background=BackgroundTasks(main_process), grid=grid, is_coco=data.is_coco,
                    show_progress=main_process, plots=main_process and not config.noplots, saves=main_process)

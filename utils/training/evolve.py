@@ -54,9 +54,14 @@ def mutate(base: dict, history: list[tuple[float, dict]], rng: np.random.Generat
 
 
 def evolve(base_hyp: dict, config: RunConfig, device: torch.device,
-           train: Callable[[dict, RunConfig, torch.device], dict[str, float]]) -> dict:
+           train: Callable[[dict, RunConfig, torch.device], tuple[dict[str, float], dict]]) -> dict:
     """--evolve N: N short ``train`` runs (final-epoch validation only, final checkpoint only), each with hyps
-    mutated from the fittest so far; writes evolve.csv and hyp_evolve.yaml (the best). All ranks must call it."""
+    mutated from the fittest so far; writes evolve.csv and hyp_evolve.yaml (the best). All ranks must call it.
+
+    ``train`` returns the metrics and the hyperparameters the run trained with, which are what the history keeps:
+    with --optimizer auto the first run's rule sets lr0, momentum and warmup_bias_lr and names its optimizer in the
+    hyp (``optimizer``), so later generations mutate those values and train with them (the rule defers to a hyp's
+    own optimizer entry), and evolve.csv records what each run used."""
     config = config.replace(noval=True, nosave=True)
     bounds = {**EVOLVE_BOUNDS, **model_family(config).evolve_bounds}
     evolve_dir = dist.main_decides(lambda: increment_path(Path(config.project) / f"{config.name}-evolve",
@@ -64,8 +69,8 @@ def evolve(base_hyp: dict, config: RunConfig, device: torch.device,
     rng, history = np.random.default_rng(config.seed), []
     for generation in range(config.evolve):
         hyp = dist.main_decides(lambda: mutate(base_hyp, history, rng, bounds=bounds))
-        metrics = train(hyp, config.replace(save_dir=str(evolve_dir / f"gen{generation}")), device)
-        history.append((fitness(list(metrics.values())), hyp))
+        metrics, used = train(hyp, config.replace(save_dir=str(evolve_dir / f"gen{generation}")), device)
+        history.append((fitness(list(metrics.values())), used))
         if dist.is_main_process():
             _write_evolution(evolve_dir, history, metrics)
     LOGGER.info(f"Hyperparameter evolution finished: {len(history)} runs; best hyps in {evolve_dir}/hyp_evolve.yaml")

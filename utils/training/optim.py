@@ -114,7 +114,9 @@ def choose_optimizer(name: str, hyp: dict, num_classes: int, images: int, batch_
     """--optimizer as given, or for ``auto`` (docs/training-recipe.md): the hyp file's ``optimizer`` entry when it
     has one; else, as ultralytics decides it, SGD (lr0 0.01, momentum 0.9) when the run takes more than
     AUTO_LONG_RUN steps of the nominal batch (ceil(images / max(batch, 64)) * epochs), otherwise AdamW with
-    lr0 = round(0.002 * 5 / (4 + classes), 6), momentum 0.9 and warmup_bias_lr 0. The hyp's other values stay."""
+    lr0 = round(0.002 * 5 / (4 + classes), 6), momentum 0.9 and warmup_bias_lr 0, recorded in the returned hyp
+    with the optimizer's name (``optimizer``: a run or --evolve generation given that hyp keeps these values as
+    they are). The hyp's other values stay."""
     if name not in ("", AUTO):
         return OptimizerChoice(name, hyp)
     if hyp.get("optimizer"):
@@ -128,7 +130,7 @@ def choose_optimizer(name: str, hyp: dict, num_classes: int, images: int, batch_
     values = ", ".join(f"{k}={v:g}" for k, v in changes.items())
     reason = f"auto chose {chosen} ({values}) for {steps} steps of {max(batch_size, NOMINAL_BATCH)} images " \
              f"({'>' if steps > AUTO_LONG_RUN else '<='} {AUTO_LONG_RUN}) and {num_classes} classes: "
-    return OptimizerChoice(chosen, {**hyp, **changes}, reason)
+    return OptimizerChoice(chosen, {**hyp, **changes, "optimizer": chosen}, reason)  # the choice written down too
 
 
 def describe_groups(optimizer: torch.optim.Optimizer) -> str:

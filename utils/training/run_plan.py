@@ -5,8 +5,14 @@ How a run folder survives a torchrun restart: the first attempt's rank 0 picks t
 which lives as long as the torchrun job and is shared by all ranks and nodes. When the agent
 restarts the group (``TORCHELASTIC_RESTART_COUNT`` > 0), rank 0 reads the folder back from the
 store and the run continues from its ``weights/last.pt``, with no ``--resume`` flag. A new
-torchrun job has a new store, so it never picks up another job's folder. Without an agent store
-(not launched by torchrun) a restart cannot be recognised and the run starts a new folder.
+torchrun job has a new store, so it never picks up another job's folder.
+
+Elastic membership (``--nnodes MIN:MAX``) needs the agent to give the workers a store of their own
+(``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: torch 2.14's shared store breaks the rendezvous after a node joins), and
+a node joining restarts the group without counting a restart. There the folder is recorded in
+``<project>/.jobs/torchrun-<rdzv id>`` (the project folder shared by the nodes): while that record exists, every
+start of the job continues its run, and a run that finishes removes it. Without either (not launched by torchrun,
+or torchrun's default id "none") a restart cannot be recognised and the run starts a new folder.
 """
 
 from __future__ import annotations
@@ -40,16 +46,19 @@ def run_dir_of(checkpoint: Path) -> Path:
 def recorded_run_dir(config: RunConfig) -> tuple[Path, str] | None:
     """The run folder an earlier attempt of this job recorded, and why it is resumed: a torchrun restart (kept in
     the agent's store) or a requeued Slurm job (kept in ``<project>/.jobs/slurm-<job id>``). None otherwise."""
+    store = dist.job_store()
+    if dist.restart_count() > 0 and store is not None and store.check([RUN_DIR_KEY]):
+        return Path(store.get(RUN_DIR_KEY).decode()), f"elastic restart {dist.restart_count()}"
+    membership = _torchrun_record(config) if store is None else None
+    if membership is not None and membership.is_file():
+        return _read_record(membership), f"torchrun job {dist.torchrun_job_id()!r}: a restart or a node joined"
     if dist.restart_count() > 0:
-        store = dist.job_store()
-        if store is not None and store.check([RUN_DIR_KEY]):
-            return Path(store.get(RUN_DIR_KEY).decode()), f"elastic restart {dist.restart_count()}"
-        LOGGER.warning("WARNING: elastic restart without an agent store: the earlier attempt's run folder is "
-                       "unknown, so this attempt starts a new run")
+        LOGGER.warning("WARNING: elastic restart without an agent store or a --rdzv-id: the earlier attempt's run "
+                       "folder is unknown, so this attempt starts a new run")
     job = dist.scheduler_job()
     record = _job_record(config, job)
     if job is not None and job.restarts > 0 and record is not None and record.is_file():
-        return Path(record.read_text().strip()), f"requeued Slurm job {job.job_id} (restart {job.restarts})"
+        return _read_record(record), f"requeued Slurm job {job.job_id} (restart {job.restarts})"
     return None
 
 
@@ -57,18 +66,44 @@ def _job_record(config: RunConfig, job: dist.SchedulerJob | None) -> Path | None
     return Path(config.project) / ".jobs" / f"slurm-{job.job_id}" if job is not None else None
 
 
+def _torchrun_record(config: RunConfig) -> Path | None:
+    """``<project>/.jobs/torchrun-<rdzv id>`` for a torchrun job whose workers have no agent store; else None."""
+    job_id = dist.torchrun_job_id()
+    if not job_id or dist.launch_env().agent_store:
+        return None
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in job_id)[:100]
+    return Path(config.project) / ".jobs" / f"torchrun-{safe}"
+
+
+def _read_record(record: Path) -> Path:
+    return Path(record.read_text().strip())
+
+
+def _write_record(record: Path, folder: str) -> None:
+    record.parent.mkdir(parents=True, exist_ok=True)
+    tmp = record.with_name(f"{record.name}.tmp")
+    tmp.write_text(folder + "\n")
+    tmp.replace(record)
+
+
 def record_run_dir(config: RunConfig, save_dir: Path) -> None:
-    """Remember the run folder for later attempts of this job: torchrun restarts, requeued Slurm jobs."""
+    """Remember the run folder for later attempts of this job: torchrun restarts and membership changes, requeued
+    Slurm jobs."""
     folder = str(Path(save_dir).resolve())
     store = dist.job_store()
     if store is not None:
         store.set(RUN_DIR_KEY, folder)
-    record = _job_record(config, dist.scheduler_job())
-    if record is not None:
-        record.parent.mkdir(parents=True, exist_ok=True)
-        tmp = record.with_name(f"{record.name}.tmp")
-        tmp.write_text(folder + "\n")
-        tmp.replace(record)
+    for record in (_torchrun_record(config), _job_record(config, dist.scheduler_job())):
+        if record is not None:
+            _write_record(record, folder)
+
+
+def forget_run_dir(config: RunConfig) -> None:
+    """A finished run: rank 0 removes the torchrun job's record, so a later job with the same --rdzv-id starts a new
+    run (the other ranks do nothing)."""
+    record = _torchrun_record(config)
+    if record is not None and dist.is_main_process():
+        record.unlink(missing_ok=True)
 
 
 def latest_checkpoint(search_dir: str | Path) -> Path | None:

@@ -187,7 +187,7 @@ def test_an_anchor_free_heads_export_records_its_contract_and_verifies_by_it(tin
 
 def test_an_int8_tflites_maps_are_decoded_by_the_anchors_or_by_the_heads_own_metadata() -> None:
     from utils.deploy.formats import FormatError
-    from utils.deploy.tf_graph import RawMapDecoder
+    from utils.deploy.head_maps import RawMapDecoder
     from utils.deploy.tflite import maps_decoder
 
     anchors = [[[10.0, 13.0]], [[30.0, 61.0]]]

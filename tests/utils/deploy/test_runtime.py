@@ -120,7 +120,7 @@ def test_bad_openvino_and_ncnn_metadata_is_the_format_error(tmp_path: Path) -> N
 
 def test_anchors_and_strides_for_the_head_are_checked(tmp_path: Path) -> None:
     from utils.deploy.formats import FormatError
-    from utils.deploy.ncnn import head_from_metadata
+    from utils.deploy.head_maps import head_from_metadata
 
     good = {"stride": 32, "names": ["a"], "strides": [8.0, 16.0, 32.0], "anchors": [[[1, 2]] * 3] * 3}
     assert head_from_metadata(good).nc == 1

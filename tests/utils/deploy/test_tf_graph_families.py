@@ -114,7 +114,7 @@ def head_inputs(model: nn.Module, images: torch.Tensor) -> list[torch.Tensor]:
 @pytest.mark.parametrize("name", FAMILIES)
 def test_raw_maps_are_the_heads_convolutions_and_decode_back(tf: Any, fused: dict[str, nn.Module],
                                                              images: torch.Tensor, name: str) -> None:
-    from utils.deploy.tf_graph import RawMapDecoder
+    from utils.deploy.head_maps import RawMapDecoder
 
     model = fused[name]
     head = model.head
@@ -148,7 +148,8 @@ def tflite_outputs(content: bytes, images: torch.Tensor) -> tuple[list[torch.Ten
 @pytest.mark.slow
 def test_tflite_float_keeps_the_top_k_and_int8_ends_at_the_maps(tf: Any, fused: dict[str, nn.Module],
                                                                  images: torch.Tensor) -> None:
-    from utils.deploy.tf_graph import RawMapDecoder, tf_module
+    from utils.deploy.head_maps import RawMapDecoder
+    from utils.deploy.tf_graph import tf_module
     from utils.deploy.tflite import convert
 
     one = images[:1]
@@ -247,7 +248,7 @@ def test_a_layer_without_translation_is_refused_in_one_line(tf: Any, fused: dict
     (lambda m: m.clear(), "no output contract recorded"),
 ])
 def test_raw_map_decoder_refuses_bad_metadata_in_one_line(fused: dict[str, nn.Module], edit, message: str) -> None:
-    from utils.deploy.tf_graph import RawMapDecoder
+    from utils.deploy.head_maps import RawMapDecoder
 
     meta = fused["yolo26n"].head.export_metadata()
     edit(meta)
@@ -259,3 +260,27 @@ def test_raw_map_decoder_refuses_bad_metadata_in_one_line(fused: dict[str, nn.Mo
     decoder = RawMapDecoder(fused["yolo26n"].head.export_metadata())
     with pytest.raises(FormatError, match=r"expected 3 maps of \(b, ny, nx, 84\)"):
         decoder([torch.zeros(1, 8, 8, 84), torch.zeros(1, 4, 4, 85), torch.zeros(1, 2, 2, 84)])
+
+
+# ------------------------------------------------------------------------------------------ segmenters
+def test_segmenters_translate_to_rows_and_prototypes(tf: Any, images: torch.Tensor, tiny_seg_weights: Path) -> None:
+    """yolo11n-seg (the ultralytics fixture: the learned 2x upsample as 1x1 convolution + depth-to-space, cv4) and
+    the tiny yolov5n-seg (nearest upsample, raw coefficients after the sigmoid columns): the graph returns the fused
+    model's rows, coefficients included, and its prototypes (NHWC); no raw-map form."""
+    from utils.deploy.tf_graph import nhwc_array, tf_module
+
+    b, _, h, w = images.shape
+    for path in (FIXTURES / "yolo11n-seg.pt", tiny_seg_weights):
+        model = load_model(path, fuse=True)[0].float().eval()
+        with torch.no_grad():
+            rows, protos = model(images)
+        found_rows, found_protos = tf_module(tf, model, (b, h, w, 3)).serve(tf.constant(nhwc_array(images)))
+        found_rows, found_protos = torch.from_numpy(found_rows.numpy()), torch.from_numpy(found_protos.numpy())
+        assert found_protos.shape == (b, h // 4, w // 4, 32) and found_rows.shape == rows.shape
+        nm_start = rows.shape[-1] - 32
+        assert_same_rows(found_rows[..., :nm_start], rows[..., :nm_start], end_to_end=False)
+        for found, expected in ((found_rows[..., nm_start:], rows[..., nm_start:]),
+                                (found_protos.permute(0, 3, 1, 2), protos)):
+            assert (found - expected).abs().max() <= RELATIVE * expected.abs().max()
+        with pytest.raises(FormatError, match="segmenter has no raw-map"):
+            tf_module(tf, model, (b, h, w, 3), raw_maps=True)

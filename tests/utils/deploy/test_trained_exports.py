@@ -239,7 +239,7 @@ def decoded_by_head(file: Path, images: torch.Tensor) -> torch.Tensor:
     """The INT8 TFLite file's three raw maps for one image, decoded by the Detect head's plain decode()."""
     from ai_edge_litert.interpreter import Interpreter
 
-    from utils.deploy.ncnn import head_from_metadata
+    from utils.deploy.head_maps import head_from_metadata
     from utils.deploy.tf_graph import nhwc_array
     from utils.deploy.tflite import read_metadata
 

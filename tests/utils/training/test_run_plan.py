@@ -79,6 +79,27 @@ def test_restart_without_agent_store_starts_new_run(tmp_path: Path, monkeypatch:
     assert plan_run(opts(tmp_path)).reason == "new run"
 
 
+def test_torchrun_job_without_agent_store_continues_its_run_until_it_finishes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers with a store of their own (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1): a node joining restarts them with
+    the same restart count, so the record in the project folder, not the count, says the run goes on."""
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "False")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job/1")
+    first = plan_run(opts(tmp_path))
+    record = tmp_path / "runs" / ".jobs" / "torchrun-job_1"
+    assert record.read_text().strip() == str(first.save_dir.resolve()) and first.reason == "new run"
+    last = write_last(first.save_dir, epoch=2)
+    again = plan_run(opts(tmp_path))  # the next rendezvous round (a node joined): same count, same run
+    assert again == run_plan.RunPlan(first.save_dir.resolve(), last.resolve(),
+                                     "torchrun job 'job/1': a restart or a node joined")
+    run_plan.forget_run_dir(opts(tmp_path))  # the run finished
+    assert not record.exists() and plan_run(opts(tmp_path)).save_dir.name == "exp2"  # a new job, the same id
+    record.unlink()
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun's default id names every job: no record
+    assert plan_run(opts(tmp_path)).save_dir.name == "exp3" and list(record.parent.iterdir()) == []
+
+
 def test_requeued_slurm_job_resumes_its_own_run_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
     monkeypatch.setenv("SLURM_JOB_ID", "4242")

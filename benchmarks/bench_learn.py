@@ -1,0 +1,266 @@
+"""How fast our models learn against ultralytics': each model trained from scratch by our train.py and by ultralytics
+on the same generated data set, with the same epochs, image size and batch, in one run; each run's best mAP@.5:.95,
+the same weights' mAP@.5:.95 measured by our test.py, its wall time, and the ratios of each pair.
+
+    python benchmarks/bench_learn.py                                # yolo11n pair + our yolov5n, 15 epochs, 160 px
+    python benchmarks/bench_learn.py --models yolo11n yolo26n --repeats 3
+    python benchmarks/bench_learn.py --quick --ours-only            # 2 epochs of 16 images: our pipeline only
+
+ultralytics is no dependency of this project: the first run installs it (``pip install ultralytics``) into a virtual
+environment of its own (``--venv``, made with ``--system-site-packages`` so that it reuses the installed torch), and
+its training process runs offline (``YOLO_OFFLINE``, its settings and font in a scratch folder, and without any
+network where ``unshare -n`` works). The data set is generated (utils/data/synthetic.py: shapes on textured
+backgrounds at 128-160 px, --images train and a quarter as many val images) into a temporary folder, in the YOLO
+layout both read, one identical copy per side (each writes its own label cache beside the labels). Each side uses
+its own defaults otherwise (hyperparameters, optimizer rule, workers, threads); every run is one process, timed
+from start to exit. Runs alternate (ours, theirs, ours, ...), so repeated runs share the machine's load; with
+--repeats N each figure is the median of N runs and the ratios are ratios of medians.
+
+Two mAP@.5:.95 figures per run: the best over the epochs as the trainer itself validated them (its results.csv),
+and its best.pt validated by our test.py (same metric code, NMS settings, validation images and image size for
+both sides; ultralytics' best.pt is read by our ultralytics release reader, without unpickling code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.harness import Stats, header  # noqa: E402
+
+# our model name -> the ultralytics model YAML trained against it (a model without one is trained by us only)
+ULTRALYTICS_MODELS = {"yolov8n": "yolov8n.yaml", "yolo11n": "yolo11n.yaml", "yolo26n": "yolo26n.yaml"}
+OUR_MAP = "metrics/mAP_0.5:0.95"
+THEIR_MAP = "metrics/mAP50-95(B)"
+DEFAULT_VENV = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "yolo-ddp" / "ultralytics-venv"
+
+# The ultralytics side: one process in its own venv; argv[1] is a JSON of its arguments.
+THEIR_TRAIN = """
+import json, sys
+from ultralytics import YOLO
+a = json.loads(sys.argv[1])
+YOLO(a.pop("model")).train(**a)
+"""
+
+
+@dataclass(frozen=True)
+class Run:
+    """One training run: the best mAP@.5:.95 its trainer validated, its best.pt's by our test.py, its wall time."""
+
+    model: str
+    side: str  # "ours" or "ultralytics"
+    trainer_map: float
+    our_map: float
+    seconds: float
+
+
+def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="+", default=["yolo11n", "yolov5n"],
+                   help=f"our model names; those in {sorted(ULTRALYTICS_MODELS)} are trained by ultralytics too")
+    p.add_argument("--epochs", type=int, default=15)
+    p.add_argument("--img", type=int, default=160, help="training and validation image size")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--images", type=int, default=400, help="generated training images (val: a quarter as many)")
+    p.add_argument("--repeats", type=int, default=1, help="runs of each trainer (figures are their medians)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--venv", type=Path, default=DEFAULT_VENV, help="ultralytics' virtual environment (made once)")
+    p.add_argument("--keep", type=Path, default=None,
+                   help="a new folder to keep the data and runs in (default: a temporary one, removed)")
+    p.add_argument("--ours-only", action="store_true", help="train our models only (no ultralytics)")
+    p.add_argument("--quick", action="store_true", help="2 epochs of 16 images at 64 px, batch 8: the pipeline")
+    opt = p.parse_args(argv)
+    if opt.quick:
+        opt.epochs, opt.images, opt.img, opt.batch_size = 2, 16, 64, 8
+    if opt.repeats < 1:
+        p.error("--repeats must be >= 1")
+    return opt
+
+
+def make_data(folder: Path, images: int, seed: int = 0) -> dict[str, Path]:
+    """The generated set, one identical copy per side, each under its own data YAML (not named synthetic.yaml, so
+    our side trains with its family's default hyperparameters): {"ours": yaml, "ultralytics": yaml}."""
+    import yaml
+
+    from utils.data.synthetic import SYNTHETIC_NAMES, ensure_synthetic
+
+    source = ensure_synthetic(folder / "generated", n_train=images, n_val=max(images // 4, 4), img_size=(128, 160),
+                              seed=seed)
+    yamls = {}
+    for side in ("ours", "ultralytics"):
+        root = folder / side
+        for split in ("train", "val"):
+            for kind in ("images", "labels"):
+                shutil.copytree(source / kind / split, root / kind / split)
+        yamls[side] = folder / f"shapes-{side}.yaml"
+        yamls[side].write_text(yaml.safe_dump({"path": str(root), "train": "images/train", "val": "images/val",
+                                               "nc": len(SYNTHETIC_NAMES), "names": list(SYNTHETIC_NAMES)}))
+    return yamls
+
+
+def best_map(results_csv: Path, column: str) -> float:
+    """The best value of ``column`` over the epochs of a results.csv (ours or ultralytics', spaces stripped)."""
+    with open(results_csv, newline="") as f:
+        rows = [{k.strip(): v for k, v in row.items()} for row in csv.DictReader(f)]
+    if not rows or column not in rows[0]:
+        raise ValueError(f"{results_csv} has no epochs with {column!r}")
+    return max(float(r[column]) for r in rows)
+
+
+def our_test_map(weights: Path, data: Path, opt: argparse.Namespace) -> float:
+    """mAP@.5:.95 of ``weights`` (ours or ultralytics') on ``data``'s validation images by our test.py (its
+    outputs in a ``test`` folder beside the weights' run folder)."""
+    import test
+
+    run_folder = weights.parents[1]
+    return float(test.run(weights=str(weights), data=str(data), img=opt.img, batch_size=opt.batch_size,
+                          device=opt.device, workers=0, project=str(run_folder.parent / "test"),
+                          name=run_folder.name).map)
+
+
+def run_process(command: list[str], name: str, env: dict[str, str] | None = None) -> float:
+    """Run one training process; its wall time in seconds (a failure ends the benchmark with its last lines)."""
+    start = time.perf_counter()
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
+    seconds = time.perf_counter() - start
+    if done.returncode != 0:
+        raise SystemExit(f"{name} failed ({done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
+    return seconds
+
+
+def run_ours(model: str, opt: argparse.Namespace, data: Path, runs: Path, name: str) -> Run:
+    """Our train.py with its defaults for ``model``; the run folder is ``runs / name``."""
+    command = [sys.executable, str(ROOT / "train.py"), "--cfg", model, "--data", str(data), "--epochs",
+               str(opt.epochs), "--img", str(opt.img), "--batch-size", str(opt.batch_size), "--seed", str(opt.seed),
+               "--device", opt.device, "--noplots", "--loggers", "csv", "--project", str(runs), "--name", name]
+    seconds = run_process(command, f"our {model}")
+    folder = runs / name
+    return Run(model, "ours", best_map(folder / "results.csv", OUR_MAP),
+               our_test_map(folder / "weights" / "best.pt", data, opt), seconds)
+
+
+def ensure_ultralytics(venv: Path) -> Path:
+    """The Python of ``venv``, made with ultralytics installed in it when it has none yet."""
+    python = venv / "bin" / "python"
+    if python.exists() and subprocess.run([python, "-c", "import ultralytics"], capture_output=True).returncode == 0:
+        return python
+    print(f"installing ultralytics into {venv} (once)", flush=True)
+    for command in ([sys.executable, "-m", "venv", "--system-site-packages", str(venv)],
+                    [python, "-m", "pip", "install", "--quiet", "ultralytics"]):
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"could not install ultralytics: {' '.join(map(str, command))} failed:\n"
+                             f"{done.stderr[-2000:]}")
+    return python
+
+
+def offline_env(config_dir: Path) -> dict[str, str]:
+    """ultralytics' environment: offline, no auto-installs, its settings in ``config_dir`` with a font there (so
+    that its data check does not fetch one)."""
+    config_dir.mkdir(parents=True, exist_ok=True)
+    import matplotlib
+
+    font = Path(matplotlib.get_data_path()) / "fonts" / "ttf" / "DejaVuSans.ttf"
+    for name in ("Arial.ttf", "Arial.Unicode.ttf"):
+        if not (config_dir / name).exists():
+            shutil.copyfile(font, config_dir / name)
+    return {**os.environ, "YOLO_OFFLINE": "true", "YOLO_AUTOINSTALL": "false", "YOLO_VERBOSE": "false",
+            "YOLO_CONFIG_DIR": str(config_dir)}
+
+
+def without_network() -> list[str]:
+    """``unshare -n`` (a new network namespace: no network at all) where it works here, else nothing."""
+    unshare = shutil.which("unshare")
+    if unshare and subprocess.run([unshare, "-n", "true"], capture_output=True).returncode == 0:
+        return [unshare, "-n"]
+    return []
+
+
+def their_arguments(model: str, opt: argparse.Namespace, data: Path, runs: Path, name: str) -> dict:
+    """ultralytics' ``YOLO(model).train(...)`` arguments: the same epochs, image size, batch, seed and device."""
+    return {"model": ULTRALYTICS_MODELS[model], "data": str(data), "epochs": opt.epochs, "imgsz": opt.img,
+            "batch": opt.batch_size, "seed": opt.seed, "device": opt.device, "project": str(runs), "name": name,
+            "exist_ok": False, "plots": False, "verbose": False}
+
+
+def run_theirs(model: str, opt: argparse.Namespace, data: dict[str, Path], runs: Path, name: str, python: Path,
+               env: dict[str, str]) -> Run:
+    """ultralytics' trainer with its defaults for ``model`` on its copy of the data; the run folder is
+    ``runs / name``; its best.pt is tested on our copy (the same images; each side keeps its own label caches)."""
+    command = [*without_network(), str(python), "-c", THEIR_TRAIN,
+               json.dumps(their_arguments(model, opt, data["ultralytics"], runs, name))]
+    seconds = run_process(command, f"ultralytics {model}", env)
+    folder = runs / name
+    return Run(model, "ultralytics", best_map(folder / "results.csv", THEIR_MAP),
+               our_test_map(folder / "weights" / "best.pt", data["ours"], opt), seconds)
+
+
+def summarise(runs: list[Run]) -> list[str]:
+    """The table: per model and side the medians [min-max] of the runs, and per pair ours / theirs."""
+    lines = [f"{'model':<9}{'trainer':<13}{'runs':>5}{'mAP@.5:.95 (own val)':>24}{'mAP@.5:.95 (our test.py)':>28}"
+             f"{'time (s)':>22}"]
+    medians: dict[tuple[str, str], tuple[float, float, float]] = {}
+    for model in dict.fromkeys(r.model for r in runs):
+        for side in ("ours", "ultralytics"):
+            mine = [r for r in runs if r.model == model and r.side == side]
+            if not mine:
+                continue
+            own, ours_test, seconds = (Stats.of(getattr(r, k) for r in mine)
+                                       for k in ("trainer_map", "our_map", "seconds"))
+            medians[model, side] = own.median, ours_test.median, seconds.median
+            lines.append(f"{model:<9}{side:<13}{len(mine):>5}{own.fmt(4, 24)}{ours_test.fmt(4, 28)}"
+                         f"{seconds.fmt(1, 22)}")
+    for model in dict.fromkeys(r.model for r in runs):
+        if (model, "ours") in medians and (model, "ultralytics") in medians:
+            (o_own, o_test, o_s), (t_own, t_test, t_s) = medians[model, "ours"], medians[model, "ultralytics"]
+            lines.append(f"{model} ours / ultralytics: mAP@.5:.95 {o_own / max(t_own, 1e-9):.2f}x (own val), "
+                         f"{o_test / max(t_test, 1e-9):.2f}x (our test.py); time {o_s / t_s:.2f}x")
+    return lines
+
+
+def main(opt: argparse.Namespace) -> list[Run]:
+    print(header(f"bench_learn: {' '.join(opt.models)}, {opt.epochs} epochs, {opt.images} generated images, "
+                 f"{opt.img} px, batch {opt.batch_size}, seed {opt.seed}, {opt.repeats} run(s) each", opt.device))
+    theirs = [] if opt.ours_only else [m for m in opt.models if m in ULTRALYTICS_MODELS]
+    python = ensure_ultralytics(opt.venv) if theirs else None
+    if python is not None:
+        version = subprocess.run([python, "-c", "import ultralytics; print(ultralytics.__version__)"],
+                                 capture_output=True, text=True).stdout.strip()
+        print(f"ultralytics {version} in {opt.venv}")
+    results: list[Run] = []
+    with tempfile.TemporaryDirectory(prefix="bench_learn_") as scratch:
+        folder = Path(scratch) if opt.keep is None else opt.keep
+        if opt.keep is not None:
+            folder.mkdir(parents=True)  # a new folder: nothing of the user's is overwritten
+        data = make_data(folder, opt.images, opt.seed)
+        env = offline_env(folder / "ultralytics-config") if theirs else None
+        for repeat in range(opt.repeats):
+            for model in opt.models:
+                name = f"{model}-{repeat}"
+                results.append(run_ours(model, opt, data["ours"], folder / "ours", name))
+                print(f"  {results[-1]}", flush=True)
+                if model in theirs:
+                    results.append(run_theirs(model, opt, data, folder / "ultralytics", name,
+                                              python, env))
+                    print(f"  {results[-1]}", flush=True)
+    for line in summarise(results):
+        print(line)
+    return results
+
+
+if __name__ == "__main__":
+    main(parse_opt())

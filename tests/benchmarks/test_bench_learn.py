@@ -1,0 +1,80 @@
+"""benchmarks/bench_learn.py without ultralytics: the data set in both layouts, our side's run end to end at a tiny
+size, what it reads from either trainer's results.csv, what ultralytics would be asked, and the table."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from benchmarks.bench_learn import (
+    OUR_MAP,
+    THEIR_MAP,
+    Run,
+    best_map,
+    make_data,
+    offline_env,
+    parse_opt,
+    run_ours,
+    summarise,
+    their_arguments,
+)
+from utils.safe_yaml import load_yaml
+
+
+def test_the_data_in_both_layouts_and_our_side_end_to_end(tmp_path: Path) -> None:
+    data = make_data(tmp_path, 8)
+    assert set(data) == {"ours", "ultralytics"}
+    copies = [load_yaml(data[side]) for side in ("ours", "ultralytics")]
+    assert all(c["names"] == ["circle", "square", "triangle"] and c["nc"] == 3 for c in copies)
+    for split, count in (("train", 8), ("val", 4)):
+        ours, theirs = (sorted((Path(c["path"]) / "images" / split).glob("*.jpg")) for c in copies)
+        assert len(ours) == count and [p.name for p in ours] == [p.name for p in theirs]
+        assert all(a.read_bytes() == b.read_bytes() for a, b in zip(ours, theirs))  # identical images
+        labels = Path(copies[1]["path"]) / "labels" / split
+        assert sorted(p.stem for p in labels.glob("*.txt")) == [p.stem for p in theirs]
+
+    opt = parse_opt(["--epochs", "1", "--img", "64", "--batch-size", "8", "--ours-only"])
+    run = run_ours("yolo11n", opt, data["ours"], tmp_path / "runs", "tiny")
+    folder = tmp_path / "runs" / "tiny"
+    assert (folder / "weights" / "best.pt").is_file()
+    assert (tmp_path / "runs" / "test" / "tiny").is_dir()  # our test.py's outputs beside the run, not in runs/
+    assert run.model == "yolo11n" and run.side == "ours" and run.seconds > 0
+    assert run.trainer_map == best_map(folder / "results.csv", OUR_MAP)
+    assert 0.0 <= run.trainer_map <= 1.0 and 0.0 <= run.our_map <= 1.0 and math.isfinite(run.our_map)
+
+
+def test_the_best_epoch_of_either_results_csv(tmp_path: Path) -> None:
+    theirs = tmp_path / "theirs.csv"
+    theirs.write_text("epoch,time,metrics/mAP50(B),metrics/mAP50-95(B)\n1,3.0,0.2,0.05\n2,6.0,0.3,0.12\n"
+                      "3,9.0,0.35,0.10\n")
+    assert best_map(theirs, THEIR_MAP) == 0.12
+    ours = tmp_path / "ours.csv"
+    ours.write_text("       epoch,  metrics/mAP_0.5, metrics/mAP_0.5:0.95\n 0, 0.1, 0.07\n 1, 0.2, 0.03\n")
+    assert best_map(ours, OUR_MAP) == 0.07  # columns padded with spaces are read too
+    with pytest.raises(ValueError, match="no epochs"):
+        best_map(ours, THEIR_MAP)
+
+
+def test_ultralytics_is_asked_for_the_same_schedule_offline(tmp_path: Path) -> None:
+    opt = parse_opt(["--epochs", "7", "--img", "96", "--batch-size", "4", "--seed", "3"])
+    asked = their_arguments("yolo11n", opt, tmp_path / "d.yaml", tmp_path / "runs", "yolo11n-0")
+    assert asked["model"] == "yolo11n.yaml" and (asked["epochs"], asked["imgsz"], asked["batch"]) == (7, 96, 4)
+    assert asked["seed"] == 3 and asked["project"] == str(tmp_path / "runs") and asked["plots"] is False
+    env = offline_env(tmp_path / "config")
+    assert env["YOLO_OFFLINE"] == "true" and env["YOLO_CONFIG_DIR"] == str(tmp_path / "config")
+    assert (tmp_path / "config" / "Arial.ttf").stat().st_size > 0  # its data check finds a font: nothing fetched
+    assert parse_opt([]).models == ["yolo11n", "yolov5n"]
+
+
+def test_the_table_gives_medians_and_the_ratios_of_each_pair() -> None:
+    runs = [Run("yolo11n", "ours", 0.30, 0.28, 100.0), Run("yolo11n", "ultralytics", 0.20, 0.21, 300.0),
+            Run("yolo11n", "ours", 0.40, 0.36, 140.0), Run("yolo11n", "ultralytics", 0.30, 0.29, 200.0),
+            Run("yolov5n", "ours", 0.10, 0.09, 50.0)]
+    lines = summarise(runs)
+    assert lines[1].split()[:3] == ["yolo11n", "ours", "2"] and "120.0 [100.0-140.0]" in lines[1]
+    assert "0.3500 [0.3000-0.4000]" in lines[1] and "250.0 [200.0-300.0]" in lines[2]
+    assert lines[3].startswith("yolov5n  ours")
+    assert lines[-1] == "yolo11n ours / ultralytics: mAP@.5:.95 1.40x (own val), 1.28x (our test.py); time 0.48x"
+    assert len(lines) == 5  # yolov5n has no pair: no ratio line
