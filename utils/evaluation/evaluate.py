@@ -371,7 +371,7 @@ def _run_shard(model: nn.Module, loader: Any, device: torch.device, names: Seque
                                  ignore_of(paths[i]), None if outlines is None else protos[i],
                                  None if outlines is None else outlines[i]) for i, det in enumerate(dets)]
         if plot_dir is not None and batch_index < PLOTTED_BATCHES:
-            _plot_batch(imgs, targets.cpu(), [d.cpu() for d in dets], paths, names, plot_dir, batch_index)
+            _plot_batch(imgs, targets.cpu(), [d[:, :6].cpu() for d in dets], paths, names, plot_dir, batch_index)
     return {"records": records, "times": timer.totals, "loss": loss_sum,
             "batches": batches, "shape": batch_shape, "confusion": confusion.matrix}
 
