@@ -63,3 +63,30 @@ def test_evolve_mutates_and_records_the_values_an_auto_optimizer_run_trains_with
     assert any(used[1][k] != used[0][k] for k in ("lr0", "momentum", "box", "cls", "dfl", "hsv_h", "scale"))
     assert result.hyp in used and result.hyp["lr0"] != 0.01
     assert yaml.safe_load((evolve_dir / "hyp_evolve.yaml").read_text())["optimizer"] == "AdamW"
+
+
+@pytest.mark.slow
+@pytest.mark.ddp
+def test_yolo26_stopped_mid_epoch_resumes_in_two_gloo_processes(family_cfgs, tiny_dataset, tmp_path) -> None:
+    """YOLO26 (its loss told the epoch, two branch sets) stopped by SIGTERM after batch 1 of epoch 0 in one process,
+    resumed by torchrun in 2 gloo processes at batch 2 of the same epoch, to the end: both epochs in results.csv,
+    every step counted once, the checkpoint still a YOLO26 one."""
+    from tests.helpers import ROOT as REPO
+    from tests.helpers import csv_epochs, finish, start, torchrun_cmd, train_args
+    from tests.plugins.faults import FailAt
+    from utils.cli import run_main
+    from utils.weights.checkpoint import load_checkpoint
+
+    project, run_dir = tmp_path / "runs", tmp_path / "runs" / "exp"
+    argv = train_args(tiny_dataset, family_cfgs["yolo26"], project, "--name", "exp", "--noval", epochs=2)
+    code = run_main(lambda opt: train.main(opt, [FailAt(rank=0, epoch=0, batch=1, action="term")]),
+                    train.parse_opt(argv[1:]), "train")
+    assert code == 143
+    position = load_checkpoint(run_dir / "weights" / "last.pt")["train_state"]["position"]
+    assert (position["epoch"], position["samples_seen"]) == (0, 16)  # batches 0 and 1 of 8 images
+    code, out = finish(start(torchrun_cmd(2, str(REPO / "train.py"), "--resume", str(run_dir))))
+    assert code == 0, out[-3000:]
+    assert "processes 1 -> 2, batch per process 8 -> 4" in out and "Resuming from epoch 0 of 2, batch 2" in out
+    assert csv_epochs(run_dir) == ["0", "1"]
+    ckpt = load_checkpoint(run_dir / "weights" / "last.pt")
+    assert ckpt["family"] == "yolo26" and ckpt["train_state"]["states"]["updater"]["iteration"] == 6
