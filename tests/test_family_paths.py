@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import cv2
 import pytest
 import torch
 import yaml
@@ -90,3 +91,27 @@ def test_yolo26_stopped_mid_epoch_resumes_in_two_gloo_processes(family_cfgs, tin
     assert csv_epochs(run_dir) == ["0", "1"]
     ckpt = load_checkpoint(run_dir / "weights" / "last.pt")
     assert ckpt["family"] == "yolo26" and ckpt["train_state"]["states"]["updater"]["iteration"] == 6
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_trackers_image_logging_draws_each_familys_boxes(family: str, family_cfgs, tmp_path) -> None:
+    """The trackers' validation images: each head's output through the one post-processing call, boxes drawn."""
+    from types import SimpleNamespace
+
+    from models.yolo import Model
+    from utils.loggers.tracking import draw_predictions
+
+    torch.manual_seed(0)
+    model = Model(family_cfgs[family]).eval()
+    head = model.head
+    for branch in [*head.cv3, *getattr(head, "one2one_cv3", [])]:
+        torch.nn.init.constant_(branch[-1].bias, 6.0)  # every class scored ~1: boxes certain to be drawn
+    image = torch.full((3, 64, 64), 114, dtype=torch.uint8)
+    view = SimpleNamespace(ema_model=model, names=["a", "b", "c"],
+                           val_loader=SimpleNamespace(dataset=[(image, None, f"images/val/{i}.jpg", None)
+                                                               for i in range(2)]))
+    written = draw_predictions(view, tmp_path / "drawn")
+    assert [p.name for p in written] == ["0.jpg", "1.jpg"]
+    drawn = cv2.imread(str(written[0]))
+    assert drawn.shape == (64, 64, 3) and (abs(drawn.astype(int) - 114).max(-1) > 40).sum() > 50  # box lines
+    assert model.training is False
