@@ -17,6 +17,7 @@ import train
 from utils.deploy.formats import FLOAT_TOLERANCE, MAX_INT8_MAP_DROP, export_format_names
 from utils.deploy.runtime import InferenceModel
 from utils.deploy.verify import output_errors
+from utils.predictions import OutputContract
 from utils.weights.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -94,11 +95,11 @@ def test_ncnn_of_the_end_to_end_head_gives_the_pt_rows_in_detect_py(finetuned, t
     result = export_one(weights, "--include", "ncnn")
     folder = result.file
     assert result.error is None
-    assert folder == weights.with_name("last_ncnn_model")
+    assert folder == weights.with_name("last_ncnn_model") and result.verification is not None  # within tolerance
     images = torch.rand(2, 3, 64, 64)
     reference, output = InferenceModel(weights)(images), InferenceModel(folder)(images)
     assert output.shape == reference.shape == (2, 8 * 8 + 4 * 4 + 2 * 2, 6)  # every cell of 64 px, best first
-    box_px, score = output_errors(reference, output)
+    box_px, score = output_errors(reference, output, OutputContract("xyxy_score_cls", 3))
     assert box_px / 64 <= FLOAT_TOLERANCE.box and score <= FLOAT_TOLERANCE.score
     found = detect.run(weights=folder, source=tiny_dataset.parent / "synthetic" / "images" / "val", img=64,
                        conf_thres=0.0, max_det=20, device="cpu", nosave=True)
