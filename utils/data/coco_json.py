@@ -28,7 +28,7 @@ from utils.data.annotations import (
     path_inside,
     short,
 )
-from utils.data.config import MAX_NAME_LENGTH, DataError
+from utils.data.errors import MAX_NAME_LENGTH, DataError
 from utils.data.regular_files import read_regular
 
 MAX_COCO_BYTES = 16 << 30  # an annotation file (COCO train2017: 448 MB); larger ones are refused from their size
