@@ -115,3 +115,28 @@ def test_trackers_image_logging_draws_each_familys_boxes(family: str, family_cfg
     drawn = cv2.imread(str(written[0]))
     assert drawn.shape == (64, 64, 3) and (abs(drawn.astype(int) - 114).max(-1) > 40).sum() > 50  # box lines
     assert model.training is False
+
+
+def test_tta_runs_for_an_anchor_free_family_in_test_and_detect(family_cfgs, tiny_dataset, tmp_path) -> None:
+    """--augment applies to one-row-per-cell heads (YOLOv8/YOLO11): three passes merged before NMS, in test.py and
+    detect.py; the end-to-end head refuses it in one line (tests/test_release_finetune.py)."""
+    import detect
+    import test as test_script
+    from models.yolo import Model
+    from utils.evaluation.tta import augmented_forward, layout_of
+    from utils.weights.checkpoint import new_checkpoint, save_checkpoint
+
+    torch.manual_seed(0)
+    model = Model(family_cfgs["yolo11"]).eval()
+    model.names = ["circle", "square", "triangle"]
+    weights = save_checkpoint(new_checkpoint(model), tmp_path / "yolo11-tiny.pt")
+    images = torch.rand(1, 3, 64, 64)
+    with torch.no_grad():
+        plain, merged = model(images), augmented_forward(model, images, layout_of(model))
+    assert merged.shape[0] == 1 and merged.shape[2] == plain.shape[2] and merged.shape[1] > plain.shape[1]
+    result = test_script.run(weights=weights, data=tiny_dataset, img=64, device="cpu", workers=0, augment=True,
+                             project=tmp_path, name="val")
+    assert result.seen == 12
+    found = detect.run(weights=weights, source=tiny_dataset.parent / "synthetic" / "images" / "val", img=64,
+                       augment=True, conf_thres=0.0, max_det=5, device="cpu", nosave=True)
+    assert len(found.detections) == 12 and all(d.shape == (5, 6) for _, d in found.detections)
