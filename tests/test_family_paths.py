@@ -140,3 +140,22 @@ def test_tta_runs_for_an_anchor_free_family_in_test_and_detect(family_cfgs, tiny
     found = detect.run(weights=weights, source=tiny_dataset.parent / "synthetic" / "images" / "val", img=64,
                        augment=True, conf_thres=0.0, max_det=5, device="cpu", nosave=True)
     assert len(found.detections) == 12 and all(d.shape == (5, 6) for _, d in found.detections)
+
+
+@pytest.mark.slow
+def test_every_non_tensorflow_format_of_an_anchor_free_family_exports_verified(family_cfgs, tmp_path) -> None:
+    """TorchScript, ONNX, OpenVINO, NCNN (decoded graph) and Core ML (attention included) of a tiny YOLO11 (YOLOv8's
+    head and blocks are a subset of its), each verified by export.py; SavedModel and TFLite of all three families:
+    tests/utils/deploy/test_tf_graph_families.py; YOLO26 in every format: tests/test_release_finetune.py."""
+    family = "yolo11"
+    import export
+    from models.yolo import Model
+    from utils.weights.checkpoint import new_checkpoint, save_checkpoint
+
+    torch.manual_seed(0)
+    model = Model(family_cfgs[family]).eval()
+    weights = save_checkpoint(new_checkpoint(model), tmp_path / f"{family}.pt")
+    names = ["torchscript", "onnx", "openvino", "ncnn", "coreml"]
+    results = export.main(export.parse_opt(["--weights", str(weights), "--img-size", "64", "--include", *names]))
+    assert [r.format for r in results] == names
+    assert all(r.error is None and r.file.exists() and r.verification is not None for r in results)
