@@ -20,7 +20,7 @@ import numpy as np
 
 from utils.data.annotations import AnnotationFormat, AnnotationSplit, concat_results, scan_annotations
 from utils.data.coco_json import coco_files, parse_coco, parse_coco_outlines
-from utils.data.config import DataError
+from utils.data.errors import DataError
 from utils.data.label_cache import (
     ScanResult,
     cache_dir_for,

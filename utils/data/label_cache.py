@@ -24,7 +24,7 @@ import cv2
 import numpy as np
 from tqdm import tqdm
 
-from utils.data.config import DataError
+from utils.data.errors import DataError
 from utils.data.image_io import ImageHeader, ImageRefused, exif_size, opened_image, read_image, size_refusal
 from utils.data.regular_files import FileRefused, open_regular, read_regular
 from utils.device import available_cores

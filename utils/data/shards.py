@@ -28,7 +28,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from utils.data.config import DataError
+from utils.data.errors import DataError
 from utils.data.image_io import MAX_IMAGE_FILE_BYTES
 from utils.data.label_cache import MAX_LABEL_BYTES, ScanSummary, check_label_rows
 from utils.data.regular_files import read_regular

@@ -34,7 +34,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
-from utils.data.config import DataError
+from utils.data.errors import DataError
 from utils.data.datasets import DatasetOptions, YoloDataset
 from utils.data.image_io import ImageRefused, decode_image
 from utils.data.shard_urls import ShardSpec
