@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from utils.data.errors import DataError
 from utils.data.datasets import DatasetOptions, YoloDataset
+from utils.data.errors import DataError
 from utils.data.formats import shared_scan_sources
 from utils.data.ram_cache import plan_shared_memory, shm_free, size_text
 from utils.data.shard_urls import ShardSpec
