@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import export
+import test as test_script
 from utils.cli import run_main
 from utils.deploy import formats
 from utils.deploy.formats import ExportOptions, Tolerance
@@ -370,9 +371,22 @@ def assert_runs_like_the_pt(exported: Path, weights: Path, images: torch.Tensor,
         assert (masks != expected_masks).float().mean() < 1e-3
 
 
+def seg_data_yaml(folder: Path) -> Path:
+    """A data YAML of the synthetic set with outlines: 8 validation images of 64-80 px (generated on first use)."""
+    import yaml
+
+    folder.mkdir(parents=True, exist_ok=True)
+    spec = {"task": "segment", "n_train": 1, "n_val": 8, "img_size": [64, 80]}
+    (folder / "seg.yaml").write_text(yaml.safe_dump({"synthetic": spec, "path": str(folder / "set"),
+                                                     "train": "images/train", "val": "images/val", "nc": 3,
+                                                     "names": NAMES}))
+    return folder / "seg.yaml"
+
+
 def test_segmenter_exports_carry_the_prototypes_and_run_in_detect(tiny_seg_weights: Path, tmp_path: Path) -> None:
     """TorchScript, ONNX and OpenVINO of the tiny yolov5n-seg: verified (coefficients and prototypes too), the
-    prototypes a second output, and detect.py gives the .pt's outlines from each."""
+    prototypes a second output; detect.py gives the .pt's outlines from each, and test.py the .pt's masks (RLE in
+    its predictions JSON) from the ONNX file."""
     import detect
 
     local = tmp_path / "seg.pt"
@@ -398,6 +412,18 @@ def test_segmenter_exports_carry_the_prototypes_and_run_in_detect(tiny_seg_weigh
     assert len(outlines["seg.pt"]) == 5
     for name, found in outlines.items():
         assert len(found) == 5 and all(np.array_equal(a, b) for a, b in zip(found, outlines["seg.pt"])), name
+    predictions = {}
+    data = seg_data_yaml(tmp_path / "data")
+    for weights in (local, local.with_suffix(".onnx")):  # test.py through the runtime: the same masks in its JSON
+        result = test_script.run(weights=weights, data=data, img_size=64, batch_size=8, workers=0, max_det=20,
+                                 save_json=True, project=tmp_path / "val", name=weights.suffix[1:])
+        assert result.mask is not None and result.seen == 8
+        predictions[weights.suffix] = sorted(json.loads(result.json_path.read_text()),
+                                             key=lambda p: (p["image_id"], -p["score"]))
+    assert len(predictions[".pt"]) == len(predictions[".onnx"]) == 8 * 20
+    same = [a["segmentation"] == b["segmentation"] and a["category_id"] == b["category_id"]
+            for a, b in zip(predictions[".pt"], predictions[".onnx"])]
+    assert np.mean(same) > 0.9  # rows of near-equal scores may swap places
 
 
 def test_anchor_free_segmenter_exports_to_onnx(tmp_path: Path) -> None:
