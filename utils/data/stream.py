@@ -34,7 +34,6 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
-from utils.data.errors import DataError
 from utils.data.datasets import DatasetOptions, YoloDataset
 from utils.data.image_io import ImageRefused, decode_image
 from utils.data.shard_urls import ShardSpec
@@ -385,8 +384,6 @@ class Samples:
 
 def load_stream(spec: ShardSpec, options: DatasetOptions, *, training: bool) -> tuple[StreamDataset, ShardSplit]:
     """The index of ``spec`` read once per rank (no scan), and the rank's stream of it."""
-    if options.task != "detect":
-        raise DataError(f"{options.prefix}{spec.pattern}: shards hold boxes; train --task {options.task} on files")
     split = ShardSplit(read_index(spec, options.nc, options.prefix), options.single_cls)
     if options.cache == "ram":
         LOGGER.warning(f"{options.prefix}WARNING: --cache ram does not apply to streamed shards; use --cache disk to "
