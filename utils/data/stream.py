@@ -385,8 +385,6 @@ class Samples:
 
 def load_stream(spec: ShardSpec, options: DatasetOptions, *, training: bool) -> tuple[StreamDataset, ShardSplit]:
     """The index of ``spec`` read once per rank (no scan), and the rank's stream of it."""
-    if options.task != "detect":
-        raise DataError(f"{options.prefix}{spec.pattern}: shards hold boxes; train --task {options.task} on files")
     split = ShardSplit(read_index(spec, options.nc, options.prefix), options.single_cls)
     if options.cache == "ram":
         LOGGER.warning(f"{options.prefix}WARNING: --cache ram does not apply to streamed shards; use --cache disk to "
