@@ -47,10 +47,14 @@ OUR_MAP = "metrics/mAP_0.5:0.95"
 THEIR_MAP = "metrics/mAP50-95(B)"
 DEFAULT_VENV = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "yolo-ddp" / "ultralytics-venv"
 
-# The ultralytics side: one process in its own venv; argv[1] is a JSON of its arguments.
-THEIR_TRAIN = """
+# The ultralytics side: one process in its own venv; argv[1] is a JSON of its arguments. Its integrations with
+# trackers installed here (MLflow, Comet, ClearML, ...) and its usage reports are switched off in its settings.
+THEIR_INTEGRATIONS = ("sync", "clearml", "comet", "dvc", "mlflow", "raytune", "tensorboard", "wandb", "neptune", "hub")
+THEIR_TRAIN = f"""
 import json, sys
 from ultralytics import YOLO
+from ultralytics.utils import SETTINGS
+SETTINGS.update({{k: False for k in {THEIR_INTEGRATIONS!r} if k in SETTINGS}})
 a = json.loads(sys.argv[1])
 YOLO(a.pop("model")).train(**a)
 """
@@ -132,10 +136,11 @@ def our_test_map(weights: Path, data: Path, opt: argparse.Namespace) -> float:
                           name=run_folder.name).map)
 
 
-def run_process(command: list[str], name: str, env: dict[str, str] | None = None) -> float:
-    """Run one training process; its wall time in seconds (a failure ends the benchmark with its last lines)."""
+def run_process(command: list[str], name: str, cwd: Path, env: dict[str, str] | None = None) -> float:
+    """Run one training process in ``cwd``; its wall time in seconds (a failure ends the benchmark with its last
+    lines)."""
     start = time.perf_counter()
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
+    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=env)
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"{name} failed ({done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
@@ -147,7 +152,7 @@ def run_ours(model: str, opt: argparse.Namespace, data: Path, runs: Path, name: 
     command = [sys.executable, str(ROOT / "train.py"), "--cfg", model, "--data", str(data), "--epochs",
                str(opt.epochs), "--img", str(opt.img), "--batch-size", str(opt.batch_size), "--seed", str(opt.seed),
                "--device", opt.device, "--noplots", "--loggers", "csv", "--project", str(runs), "--name", name]
-    seconds = run_process(command, f"our {model}")
+    seconds = run_process(command, f"our {model}", ROOT)
     folder = runs / name
     return Run(model, "ours", best_map(folder / "results.csv", OUR_MAP),
                our_test_map(folder / "weights" / "best.pt", data, opt), seconds)
@@ -203,7 +208,8 @@ def run_theirs(model: str, opt: argparse.Namespace, data: dict[str, Path], runs:
     ``runs / name``; its best.pt is tested on our copy (the same images; each side keeps its own label caches)."""
     command = [*without_network(), str(python), "-c", THEIR_TRAIN,
                json.dumps(their_arguments(model, opt, data["ultralytics"], runs, name))]
-    seconds = run_process(command, f"ultralytics {model}", env)
+    runs.mkdir(parents=True, exist_ok=True)  # its working folder: whatever it writes beside its run stays there
+    seconds = run_process(command, f"ultralytics {model}", runs, env)
     folder = runs / name
     return Run(model, "ultralytics", best_map(folder / "results.csv", THEIR_MAP),
                our_test_map(folder / "weights" / "best.pt", data["ours"], opt), seconds)

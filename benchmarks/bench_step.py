@@ -95,7 +95,6 @@ def build_step(cfg: str, img_size: int, batch: int, bf16: bool):
     from utils.device import autocast
     from utils.training.builder import build_model
     from utils.training.config import RunConfig
-    from utils.training.loss import ComputeLoss
     from utils.training.optim import build_optimizer
 
     try:
@@ -107,7 +106,7 @@ def build_step(cfg: str, img_size: int, batch: int, bf16: bool):
     torch.manual_seed(0)
     model, _ = build_model(RunConfig(cfg=cfg, img_size=img_size), 3, ["a", "b", "c"], cpu)
     model.train()
-    loss_fn = ComputeLoss(model, HYP, img_size)
+    loss_fn = family_loss(model, img_size)
     optimizer = build_optimizer(model, "SGD", HYP["lr0"], HYP["momentum"], HYP["weight_decay"])
     imgs, targets, _, _ = make_batch(batch, img_size, 0)
 
@@ -120,6 +119,21 @@ def build_step(cfg: str, img_size: int, batch: int, bf16: bool):
         optimizer.zero_grad(set_to_none=True)
 
     return step, model
+
+
+def family_loss(model: torch.nn.Module, img_size: int):
+    """The loss train.py trains ``model`` with: its head's family's, with the family's default hyperparameters; a
+    checkout from before families had YOLOv5's alone (with HYP)."""
+    try:
+        from utils.hyp import load_hyp
+        from utils.training.families import get_family
+    except ImportError:
+        from utils.training.loss import ComputeLoss
+
+        return ComputeLoss(model, HYP, img_size)
+    family = get_family(model.head.family)
+    hyp = load_hyp(family.hyp_file, family.required_hyp, family.name)
+    return family.loss(model, {**hyp, "img_size": img_size})
 
 
 def serve(tree: str, batch: int, threads: int, clock_name: str) -> None:

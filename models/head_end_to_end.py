@@ -86,6 +86,6 @@ class EndToEndDetect(AnchorFreeDetect):
         cells = scores.amax(-1).topk(k, dim=1).indices  # (b, k)
         scores = scores.gather(1, cells.unsqueeze(-1).expand(-1, -1, self.nc))  # (b, k, nc)
         top, flat = scores.flatten(1).topk(k, dim=1)  # (b, k)
-        cell = cells.gather(1, flat // self.nc)  # (b, k) indices into n
+        cell = cells.gather(1, (flat // self.nc).long())  # (b, k) indices into n (long: Core ML divides in float)
         boxes = boxes.gather(1, cell.unsqueeze(-1).expand(-1, -1, 4))
         return torch.cat((boxes, top.unsqueeze(-1), (flat % self.nc).unsqueeze(-1).to(boxes.dtype)), -1)

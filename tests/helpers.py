@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib.util
+import io
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -50,10 +52,29 @@ class QuietHandler(SimpleHTTPRequestHandler):
         pass
 
 
+class RangeHandler(QuietHandler):
+    """Also answers ``Range: bytes=a-b`` requests (206 with that part), as object stores and web servers do."""
+
+    def send_head(self):  # noqa: ANN201 (the base class's contract: a file object or None)
+        wanted = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("Range", ""))
+        path = Path(self.translate_path(self.path))
+        if wanted is None or not path.is_file():
+            return super().send_head()
+        data = path.read_bytes()
+        start, end = int(wanted[1]), min(int(wanted[2] or len(data) - 1), len(data) - 1)
+        self.send_response(206)
+        for name, value in (("Content-Type", "application/octet-stream"), ("Accept-Ranges", "bytes"),
+                            ("Content-Range", f"bytes {start}-{end}/{len(data)}"),
+                            ("Content-Length", str(end - start + 1))):
+            self.send_header(name, value)
+        self.end_headers()
+        return io.BytesIO(data[start:end + 1])
+
+
 @contextlib.contextmanager
-def serve_folder(folder: Path) -> Iterator[str]:
+def serve_folder(folder: Path, handler: type[SimpleHTTPRequestHandler] = QuietHandler) -> Iterator[str]:
     """An HTTP server on 127.0.0.1 (a free port) serving ``folder`` from a thread; yields its base URL."""
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(folder)))
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(handler, directory=str(folder)))
     thread = threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:

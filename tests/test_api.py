@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import yaml
 
 import detect
 import export
@@ -144,7 +145,9 @@ def test_train_run_returns_the_final_metrics_and_the_run_folder(tiny_dataset: Pa
     row = results_row(result.save_dir)
     assert [result.metrics[k] for k in result.metrics] == pytest.approx(
         [row[f"metrics/{k}"] for k in result.metrics], abs=1e-5)
-    assert result.hyp["lr0"] == pytest.approx(0.01)
+    # what the run trained with: --optimizer auto's AdamW and its lr0 for 3 classes, not the file's SGD lr0 0.01
+    assert (result.hyp["optimizer"], result.hyp["lr0"]) == ("AdamW", 0.001429)
+    assert result.hyp == yaml.safe_load((result.save_dir / "hyp.yaml").read_text())
 
 
 def test_train_run_with_evolve_returns_the_fittest_generation(tiny_dataset: Path, tiny_cfg_file: Path,

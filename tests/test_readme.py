@@ -89,11 +89,14 @@ def test_the_models_table_is_the_models() -> None:
     from tests.models.test_families import DOC_SIZES
     from tests.models.test_yolo import REFERENCE
 
-    rows = re.findall(r"^\| `(\w+)n` \.\.\. `\w+x` \| [^|]+ \| ([\d, /]+) \| ([\d. /]+) \|$",
+    from tests.models.test_segment import DOC_SIZES as SEG_SIZES
+
+    rows = re.findall(r"^\| `(\w+)n(-seg)?` \.\.\. `\w+x(?:-seg)?` \| [^|]+ \| ([\d, /]+) \| ([\d. /]+) \|$",
                       sections()["Models and tasks"], re.M)
-    assert [family for family, _, _ in rows] == ["yolov5", "yolov8", "yolo11", "yolo26"]
-    for family, params, gflops in rows:
-        expected = [(REFERENCE | DOC_SIZES)[f"{family}{scale}"] for scale in "nsmlx"]
+    assert [family + seg for family, seg, _, _ in rows] == ["yolov5", "yolov8", "yolo11", "yolo26", "yolov5-seg",
+                                                            "yolov8-seg", "yolo11-seg"]
+    for family, seg, params, gflops in rows:
+        expected = [(REFERENCE | DOC_SIZES | SEG_SIZES)[f"{family}{scale}{seg}"] for scale in "nsmlx"]
         assert [int(p.replace(",", "")) for p in params.split(" / ")] == [p for p, _ in expected]
         assert [float(g) for g in gflops.split(" / ")] == [g for _, g in expected]
 

@@ -22,6 +22,7 @@ import yaml
 
 from tests.helpers import ROOT, csv_epochs, finish, start, torchrun_cmd
 from tests.plugins.faults import FailAt
+from utils.errors import UserError
 from utils.weights.checkpoint import load_checkpoint
 
 MASK_COLUMNS = ["metrics/mask_precision", "metrics/mask_recall", "metrics/mask_mAP_0.5", "metrics/mask_mAP_0.5:0.95"]
@@ -104,6 +105,8 @@ def test_yolov5n_seg_trains_resumes_exactly_and_tests_with_masks(tmp_path: Path,
     assert abs(float(result.mask.mean_results()[3]) - float(row["metrics/mask_mAP_0.5:0.95"])) < 1e-6
     predictions = json.loads((tmp_path / "test" / "exp" / "predictions.json").read_text())
     assert predictions and all(set(p["segmentation"]) == {"size", "counts"} for p in predictions)
+    with pytest.raises(UserError, match="is a segmenter, whose masks it does not merge"):
+        test_script.run(weights=str(project / "whole" / "weights" / "last.pt"), data=str(data), augment=True)
 
 
 @pytest.mark.ddp
@@ -140,6 +143,8 @@ def test_a_segmenter_without_data_takes_the_synthetic_set_with_outlines(tmp_path
     defaults = RunConfig.from_options(train.parse_opt([]))
     config = lambda *a: RunConfig.from_options(train.parse_opt(["--project", str(tmp_path), *a]))  # noqa: E731
     assert Path(prepare_run(config("--cfg", "yolo11n-seg.yaml"), defaults)[0].data).name == "synthetic-seg.yaml"
+    seg = prepare_run(config("--cfg", "yolov5n-seg.yaml"), defaults)[0]  # the same images: the same tuned hyps
+    assert Path(seg.data).name == "synthetic-seg.yaml" and Path(seg.hyp).name == "hyp.synthetic.yaml"
     assert Path(prepare_run(config("--cfg", "yolov5n.yaml"), defaults)[0].data).name == "synthetic.yaml"
     given = str(tmp_path / "mine.yaml")
     assert prepare_run(config("--cfg", "yolov5n-seg.yaml", "--data", given), defaults)[0].data == given

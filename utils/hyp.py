@@ -20,6 +20,7 @@ from utils.safe_yaml import YamlError, load_yaml, shown
 HYPS_DIR = ROOT / "data" / "hyps"
 SCRATCH_HYP = HYPS_DIR / "hyp.scratch.yaml"
 SYNTHETIC_HYP = HYPS_DIR / "hyp.synthetic.yaml"  # tuned so the no-argument run converges in minutes
+SYNTHETIC_DATA = ("synthetic.yaml", "synthetic-seg.yaml")  # the built-in sets (the same images) it is tuned for
 REQUIRED = ("lr0", "lrf", "momentum", "weight_decay")  # every family's optimizer and schedule read these
 TEXT_KEYS = ("optimizer",)  # the only entries that are not numbers
 
@@ -40,7 +41,7 @@ def find_hyp_file(path: str | Path) -> Path:
 def default_hyp_file(data: str | Path | None) -> Path:
     """YOLOv5's hyp file without --hyp: the synthetic set's tuned one for the built-in data, else the scratch one
     (a run's default is its family's: utils.training.families.Family.default_hyp_file)."""
-    synthetic = data is not None and Path(str(data)).name == "synthetic.yaml" and SYNTHETIC_HYP.is_file()
+    synthetic = data is not None and Path(str(data)).name in SYNTHETIC_DATA and SYNTHETIC_HYP.is_file()
     return SYNTHETIC_HYP if synthetic else SCRATCH_HYP
 
 

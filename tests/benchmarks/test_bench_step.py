@@ -21,6 +21,17 @@ def test_the_timed_step_is_a_real_training_step() -> None:
     assert model.model[0].conv.weight.is_contiguous(memory_format=torch.channels_last)  # as train.py on the CPU
 
 
+def test_the_step_of_an_anchor_free_model_uses_its_family_loss() -> None:
+    from utils.training.loss_anchor_free import AnchorFreeLoss
+
+    step, model = bench_step.build_step("yolov8n", 64, 2, bf16=False)
+    loss = bench_step.family_loss(model, 64)
+    assert isinstance(loss, AnchorFreeLoss) and loss.gains == (7.5, 0.5, 1.5)  # hyp.anchor-free.yaml's gains
+    before = [p.detach().clone() for p in model.parameters()]
+    step()
+    assert sum(not torch.equal(a, b) for a, b in zip(before, model.parameters())) > len(before) // 2
+
+
 def test_a_step_process_times_the_step_of_the_checkout_it_serves() -> None:
     opt = bench_step.parse_opt(["--batch-size", "2", "--threads", "1", "--clock", "cpu"])
     process = bench_step.StepProcess(bench_step.ROOT, opt)

@@ -1,17 +1,20 @@
 """Worker for tests/test_data_ddp.py: two gloo ranks build the synthetic set and the label cache once.
 
-Run under ``torch.distributed.run --nproc_per_node 2``. Usage: ``data_ddp_worker.py DATA_DIR OUT_DIR``.
+Run under ``torch.distributed.run --nproc_per_node 2``. Usage: ``data_ddp_worker.py DATA_DIR OUT_DIR [SPLIT]``.
 Each rank counts the generations and cache writes it performed itself and writes
-``OUT_DIR/rank<r>.json`` with those counts, its scan summary and its sample order.
+``OUT_DIR/rank<r>.json`` with those counts, its scan summary and its sample order. With SPLIT (a YOLO txt images
+folder), the ranks then scan it together (utils.data.formats.shared_scan_sources) and each records how many images
+it checked and a digest of the scan it ended with.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 from pathlib import Path
 
-from utils.data import datasets, label_cache, synthetic
+from utils.data import datasets, formats, label_cache, synthetic
 from utils.data.datasets import DatasetOptions
 from utils.data.loader import create_dataloader, set_epoch
 from utils.distributed import comm as dist
@@ -45,9 +48,35 @@ def main(data_dir: Path, out_dir: Path) -> None:
         maps = {word for line in open("/proc/self/maps") for word in line.split() if "yolo-ram-" in word}
         result = {"rank": dist.get_rank(), **counts, "found": dataset.scan.found, "order": order,
                   "decoded_in_epoch": reads[0], "cache_files": sorted(maps), "cached": len(dataset.ram)}
+        if len(sys.argv) > 3:
+            result.update(shared_scan(Path(sys.argv[3])))
         (out_dir / f"rank{dist.get_rank()}.json").write_text(json.dumps(result))
     finally:
         dist.cleanup()
+
+
+def digest(scan: label_cache.ScanResult) -> str:
+    """Every field of a scan, hashed (equal scans, equal digests)."""
+    h = hashlib.sha1()
+    for array in (scan.states, scan.shapes, scan.duplicates, *scan.labels):
+        h.update(array.tobytes())
+    h.update(json.dumps([scan.im_files, scan.messages, scan.repaired]).encode())
+    return h.hexdigest()
+
+
+def shared_scan(images: Path) -> dict:
+    checked, real_scan = [], label_cache.scan_files
+
+    def counting_scan(im_files, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003, ANN202
+        checked.append(len(im_files))
+        return real_scan(im_files, *args, **kwargs)
+
+    label_cache.scan_files = counting_scan
+    try:
+        scan = formats.shared_scan_sources(images, nc=3)
+    finally:
+        label_cache.scan_files = real_scan
+    return {"shared_checked": checked, "shared_digest": digest(scan)}
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
 1. train.py on one GPU: AMP decided on and used, 2 epochs of the tiny synthetic set;
 2. the NCCL branches of utils.distributed.comm (barrier naming its device, reductions, the step vote) in a 1-rank group;
 3. train.py under torchrun with 2 ranks on the GPU (gloo: NCCL needs a GPU per rank), DDP with device_ids and AMP;
+   then with --batch-size -1: AutoBatch under DDP (each rank measures the GPU, the ranks agree, the total is logged);
 4. detect.py with --half against fp32; test.py with --half; export.py on the GPU (TorchScript and ONNX, verified);
 5. the NMS and release-weight tests, whose CUDA cases run only there.
 Prints one line per check (PASS/FAIL, seconds, what it saw) and a summary; exits non-zero when a check failed.
@@ -84,6 +85,10 @@ def main(out_dir: Path) -> int:
     run("torchrun 2 ranks on the GPU (gloo, DDP device_ids, AMP)",
         [py, "-m", "torch.distributed.run", "--nproc_per_node", "2", "train.py", *common, "--epochs", "1",
          "--device", "0,0", "--backend", "gloo", "--name", "ddp"], expect=r"batch 8 per rank, 2 ranks")
+    run("AutoBatch under torchrun: 2 ranks measure the GPU and agree",
+        [py, "-m", "torch.distributed.run", "--nproc_per_node", "2", "train.py", *common, "--batch-size", "-1",
+         "--epochs", "1", "--device", "0,0", "--backend", "gloo", "--name", "autobatch"],
+        expect=r"AutoBatch: \d+ images per rank fit 80% .* total batch \d+")
     weights = out_dir / "runs" / "gpu" / "weights" / "best.pt"
     full = run("detect.py fp32 on GPU", [py, "detect.py", "--weights", str(weights), "--source", "data/images",
                                          "--device", "0", "--conf-thres", "0.01", "--nosave", "--save-txt",

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from utils.data.config import DataError
+from utils.data.errors import DataError
 from utils.data.label_cache import (
     ScanResult,
     cache_arrays,

@@ -28,7 +28,7 @@ from utils.data.annotations import (
     path_inside,
     short,
 )
-from utils.data.config import MAX_NAME_LENGTH, DataError
+from utils.data.errors import MAX_NAME_LENGTH, DataError
 from utils.data.regular_files import read_regular
 from utils.data.segments import coco_segmentation, instance_polygon
 

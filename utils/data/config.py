@@ -15,22 +15,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from utils.data.download import download_dataset
+from utils.data.errors import MAX_NAME_LENGTH, DataError
+from utils.data.formats import split_from_mapping
 from utils.data.shard_urls import ShardSpec, ShardSpecError, is_shard_spec, parse_shard_spec
+from utils.data.zoo import CONVERTERS
 from utils.distributed import comm as dist
-from utils.errors import UserError
 from utils.log import LOGGER
 from utils.paths import ROOT, confined, confined_to_any, data_home
 from utils.safe_yaml import YamlError, load_yaml, shown
 
 DEFAULT_DATA = ROOT / "data" / "synthetic.yaml"
 TASK_DEFAULT_DATA = {"segment": ROOT / "data" / "synthetic-seg.yaml"}  # a task's built-in set, when not detect
-MAX_NAME_LENGTH = 128
 MAX_CLASSES = 10_000
 MAX_SPLIT_ENTRIES = 1000
-
-
-class DataError(UserError):
-    """A data set problem the user can fix: a missing or malformed YAML, split or image list."""
 
 
 @dataclass
@@ -139,8 +137,6 @@ def _dataset_root(data: dict, yaml_file: Path) -> Path:
 def _split_paths(value: Any, root: Path, names: list[str], yaml_file: Path, key: str = "split") -> list[Any]:
     """A split's entries: YOLO folders and lists as paths, mappings as annotation splits (utils.data.formats); each
     path resolved and confined to the data set's folder ``root``."""
-    from utils.data.formats import split_from_mapping  # local: formats imports this module
-
     values = value if isinstance(value, list | tuple) else [value]
     if len(values) > MAX_SPLIT_ENTRIES or not all((isinstance(v, str) and v) or isinstance(v, dict) for v in values):
         raise DataError(f"{yaml_file}: '{key}' must be a path or a list of paths (or an annotation mapping), at "
@@ -160,8 +156,6 @@ def _shards(value: str, root: Path, yaml_file: Path, key: str) -> ShardSpec:
 
 def check_converter(name: Any, yaml_file: Path) -> None:
     """A YAML's ``convert`` must name a registered converter (utils.data.zoo); None means none."""
-    from utils.data.zoo import CONVERTERS  # local: the converters import this module
-
     if name is not None and (not isinstance(name, str) or name not in CONVERTERS):
         raise DataError(f"{yaml_file}: convert: {shown(name)} is not a known converter "
                         f"({', '.join(sorted(CONVERTERS))})")
@@ -169,8 +163,6 @@ def check_converter(name: Any, yaml_file: Path) -> None:
 
 def run_converter(name: Any, root: Path, names: list[str], yaml_file: Path) -> None:
     """Run the YAML's named converter on freshly downloaded files (never code from the YAML)."""
-    from utils.data.zoo import CONVERTERS
-
     if name is not None:
         LOGGER.info(f"Converting {root} with the '{name}' converter of {yaml_file.name} ...")
         CONVERTERS[name](root, names)
@@ -193,8 +185,6 @@ def load_data_config(path: str | Path | None = None) -> DataConfig:
     splits = {k: _split_paths(data[k], root, names, yaml_file, k) for k in ("train", "val", "test") if data.get(k)}
     missing = [p for paths in splits.values() for p in paths if not p.exists()]
     if missing and data.get("download"):
-        from utils.data.download import download_dataset  # it imports DataError from here
-
         with dist.zero_first(local=True):
             if dist.is_local_main_process() and not all(p.exists() for p in missing):
                 download_dataset(data["download"], root, homes=[data_home(), yaml_file.parent])

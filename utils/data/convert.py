@@ -36,7 +36,7 @@ import numpy as np
 
 from utils.data.annotations import AnnotationSplit
 from utils.data.coco_json import coco_document, read_coco
-from utils.data.config import DataError
+from utils.data.errors import DataError
 from utils.data.formats import scan_sources
 from utils.data.label_cache import STATES, ScanResult
 from utils.data.regular_files import read_regular

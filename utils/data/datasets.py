@@ -45,7 +45,7 @@ from utils.data.augment import (
     random_perspective,
     warp_mosaic,
 )
-from utils.data.config import DataError
+from utils.data.errors import DataError
 from utils.data.formats import ignore_regions, scan_sources
 from utils.data.image_io import ImageRefused, read_cached_array, read_image
 from utils.data.label_cache import STATES, copy_name, img2label_paths

@@ -21,7 +21,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from utils import http_fetch
-from utils.data.config import DataError
+from utils.data.errors import DataError
 from utils.log import LOGGER
 from utils.paths import confined, data_home
 from utils.safe_yaml import shown

@@ -20,12 +20,20 @@ import numpy as np
 
 from utils.data.annotations import AnnotationFormat, AnnotationSplit, concat_results, scan_annotations
 from utils.data.coco_json import coco_files, parse_coco, parse_coco_outlines
-from utils.data.config import DataError
-from utils.data.label_cache import ScanResult, cache_dir_for, cached_scan, img2label_paths, list_image_files
+from utils.data.errors import DataError
+from utils.data.label_cache import (
+    ScanResult,
+    cache_dir_for,
+    cached_scan,
+    img2label_paths,
+    list_image_files,
+    shared_scan,
+)
 from utils.data.segments import check_segment_sample
 from utils.data.synthetic import ensure_synthetic
 from utils.data.synthetic_seg import ensure_synthetic_seg
 from utils.data.voc import parse_voc, voc_files
+from utils.distributed import comm as dist
 from utils.paths import confined
 from utils.safe_yaml import shown
 
@@ -84,6 +92,20 @@ def scan_sources(sources: Any, nc: int | None, prefix: str = "",
     if not parts or not sum(len(r.im_files) for r, _, _ in parts):
         raise DataError(f"no images found in {', '.join(map(str, items))}")
     return concat_results([r for r, _, _ in parts]), parts[0][1], parts[0][2]
+
+
+def shared_scan_sources(sources: Any, nc: int | None, prefix: str = "", segments: bool = False) -> ScanResult | None:
+    """Under DDP, before the dataset is built: the YOLO txt files of a split are scanned by every rank together
+    when a cache is missing or stale (utils.data.label_cache.shared_scan), so the dataset then reads the cache;
+    ``segments`` as scan_sources'. Returns that scan (None when nothing was scanned). Annotation-file splits are
+    read as before. All ranks must call it; a no-op for one process."""
+    items = list(sources) if isinstance(sources, list | tuple) else [sources]
+    yolo = [s for s in items if not isinstance(s, AnnotationSplit)]
+    if dist.get_world_size() == 1 or not yolo:
+        return None
+    im_files = list_image_files(yolo)
+    check = {"check": check_segment_sample, "kind": "segments"} if segments else {}
+    return shared_scan(im_files, img2label_paths(im_files), nc, prefix, **check)
 
 
 def ignore_regions(sources: Any, single_cls: bool = False) -> dict[str, np.ndarray]:

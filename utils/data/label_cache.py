@@ -24,7 +24,7 @@ import cv2
 import numpy as np
 from tqdm import tqdm
 
-from utils.data.config import DataError
+from utils.data.errors import DataError
 from utils.data.image_io import ImageHeader, ImageRefused, exif_size, opened_image, read_image, size_refusal
 from utils.data.regular_files import FileRefused, open_regular, read_regular
 from utils.device import available_cores
@@ -277,10 +277,11 @@ def files_hash(im_files: Sequence[str], label_files: Sequence[str], nc: int | No
     return h.hexdigest()
 
 
-def _check_pool(n_items: int) -> Any:
-    """A process pool sized to the cores (decoding and parsing hold the GIL); threads for small scans, where
-    starting processes costs more than it saves, and where forking is unavailable (daemonic loader workers)."""
-    workers = max(min(available_cores(), n_items), 1)
+def _check_pool(n_items: int, cores: int | None = None) -> Any:
+    """A process pool sized to the cores (``cores``, default all of this process's; decoding and parsing hold the
+    GIL); threads for small scans, where starting processes costs more than it saves, and where forking is
+    unavailable (daemonic loader workers)."""
+    workers = max(min(cores or available_cores(), n_items), 1)
     can_fork = "fork" in multiprocessing.get_all_start_methods() and not multiprocessing.current_process().daemon
     if workers > 1 and n_items >= PROCESS_POOL_MIN and can_fork:
         return multiprocessing.get_context("fork").Pool(workers)
@@ -288,16 +289,17 @@ def _check_pool(n_items: int) -> Any:
 
 
 def scan_files(im_files: Sequence[str], label_files: Sequence[Any], nc: int | None, desc: str = "",
-               show: bool = True, repair_dir: Path | None = None, check: Any = check_sample) -> ScanResult:
-    """Check every pair on a pool sized to the cores, with a progress bar when ``show``; damaged images that can
-    be repaired get a repaired copy in ``repair_dir``. ``check`` reads one pair's labels (the default: a YOLO txt
-    file; utils.data.annotations passes the boxes an annotation file gave). A ``check`` that returns a seventh
-    value, each object's outline (utils.data.segments), makes a scan that keeps them."""
+               show: bool = True, repair_dir: Path | None = None, check: Any = check_sample,
+               cores: int | None = None) -> ScanResult:
+    """Check every pair on a pool sized to the cores (``cores``, default all), with a progress bar when ``show``;
+    damaged images that can be repaired get a repaired copy in ``repair_dir``. ``check`` reads one pair's labels
+    (the default: a YOLO txt file; utils.data.annotations passes the boxes an annotation file gave). A ``check``
+    that returns a seventh value, each object's outline (utils.data.segments), makes a scan that keeps them."""
     n = len(im_files)
     states, shapes = np.zeros(n, np.int8), np.zeros((n, 2), np.int32)
     labels, duplicates, messages, repaired, segments = [], np.zeros(n, np.int32), [], [], []
     counts = dict.fromkeys(STATES, 0)
-    with _check_pool(n) as pool:
+    with _check_pool(n, cores) as pool:
         jobs = [(im, lb, nc, repair_dir) for im, lb in zip(im_files, label_files)]
         bar = tqdm(pool.imap(check, jobs, chunksize=16), total=n, desc=desc, disable=not show, leave=False,
                    unit="img")
@@ -337,6 +339,78 @@ def cache_path_for(label_files: Sequence[str], kind: str = "") -> Path:
     """``<labels dir>.cache`` next to the first label file's folder (``<labels dir>.<kind>.cache`` for a scan of
     another kind, so box and outline scans of one folder keep their own caches)."""
     return Path(label_files[0]).parent.with_suffix(f".{kind}.cache" if kind else ".cache")
+
+
+def share_of(n_items: int, rank: int, world: int) -> range:
+    """Rank ``rank``'s contiguous share of ``n_items`` split over ``world`` ranks (sizes differ by at most one)."""
+    base, extra = divmod(n_items, world)
+    start = rank * base + min(rank, extra)
+    return range(start, start + base + (rank < extra))
+
+
+def _packed(result: ScanResult) -> dict[str, Any]:
+    """A scan as a few plain arrays, for the gather (one pickled array per image would cost far more)."""
+    return {"states": result.states, "shapes": result.shapes, "duplicates": result.duplicates,
+            "counts": np.array([len(lab) for lab in result.labels], np.int64),
+            "labels": np.concatenate(result.labels, 0) if result.labels else np.zeros((0, 5), np.float32),
+            "messages": result.messages, "repaired": [bool(r) for r in result.repaired],
+            "segments": None if result.segments is None else (
+                np.array([len(image) for image in result.segments], np.int64),
+                *pack_segments([s for image in result.segments for s in image]))}
+
+
+def _merged(parts: Sequence[dict[str, Any]], im_files: Sequence[str], repair_dir: Path) -> ScanResult:
+    """The gathered shares, in rank order, as one scan of ``im_files`` (this machine's paths). An image another
+    machine repaired is repaired here too, into this machine's ``repair_dir``, unless that copy exists."""
+    counts = np.concatenate([p["counts"] for p in parts])
+    labels = np.split(np.concatenate([p["labels"] for p in parts]), np.cumsum(counts)[:-1]) if len(counts) else []
+    repaired = [""] * len(im_files)
+    for i in np.flatnonzero([f for p in parts for f in p["repaired"]]):
+        copy = repair_dir / copy_name(im_files[i], ".jpg")
+        if not copy.is_file():
+            with contextlib.suppress(OSError, ValueError):  # as scan_files: read the original as it is
+                copy = repair_jpeg(im_files[i], repair_dir)
+        repaired[i] = str(copy) if copy.is_file() else ""
+    return ScanResult(list(im_files), np.concatenate([p["states"] for p in parts]),
+                      np.concatenate([p["shapes"] for p in parts]), labels,
+                      np.concatenate([p["duplicates"] for p in parts]), [m for p in parts for m in p["messages"]],
+                      repaired, _merged_segments(parts))
+
+
+def _merged_segments(parts: Sequence[dict[str, Any]]) -> list[list[np.ndarray | None]] | None:
+    """The gathered shares' outlines per image (None for a box scan)."""
+    if any(p["segments"] is None for p in parts):
+        return None
+    merged = []
+    for per_image, points, offsets in (p["segments"] for p in parts):
+        outlines = unpack_segments(points, offsets)
+        bounds = np.concatenate(([0], np.cumsum(per_image)))
+        merged += [outlines[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
+    return merged
+
+
+def shared_scan(im_files: Sequence[str], label_files: Sequence[str], nc: int | None, prefix: str = "",
+                check: Any = check_sample, kind: str = "") -> ScanResult | None:
+    """Under DDP: the scan of a YOLO txt split shared by every rank of every machine, when any rank lacks a valid
+    cache. Each rank checks its contiguous share with its share of its machine's cores, the shares are gathered
+    (equal to one process's scan), and rank 0 writes the cache; on a machine that does not see rank 0's file, its
+    local rank 0 writes its own. None when every rank's cache was valid (nothing scanned). ``check`` and ``kind``
+    as cached_scan's. All ranks must call it."""
+    path, file_hash = cache_path_for(label_files, kind), files_hash(im_files, label_files, nc, kind)
+    if all(dist.all_gather_object(load_cache(path, file_hash) is not None, long=True)):
+        return None
+    share, world = share_of(len(im_files), dist.get_rank(), dist.get_world_size()), dist.get_world_size()
+    repair_dir = cache_dir_for(label_files) / "repaired"
+    desc = f"{prefix}Scanning '{path.parent / path.stem}' images and labels ({world} ranks, this one's share)..."
+    mine = scan_files(im_files[share.start:share.stop], label_files[share.start:share.stop], nc, desc=desc,
+                      show=dist.is_main_process(), repair_dir=repair_dir, cores=dist.cpu_share(), check=check)
+    result = _merged(dist.all_gather_object(_packed(mine), long=True), im_files, repair_dir)
+    if dist.is_main_process() and save_cache(path, result, file_hash):
+        LOGGER.info(f"{prefix}New cache created: {path}")
+    dist.barrier(long=True)  # rank 0's file is whole before another machine looks for it
+    if dist.is_local_main_process() and not dist.is_main_process() and load_cache(path, file_hash) is None:
+        save_cache(path, result, file_hash)
+    return result
 
 
 def cache_dir_for(label_files: Sequence[str]) -> Path:

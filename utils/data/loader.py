@@ -19,8 +19,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-from utils.data.config import DataError
 from utils.data.datasets import DatasetOptions, YoloDataset
+from utils.data.errors import DataError
+from utils.data.formats import shared_scan_sources
 from utils.data.ram_cache import plan_shared_memory, shm_free, size_text
 from utils.data.shard_urls import ShardSpec
 from utils.data.stream import StreamDataset, load_stream, rank_positions
@@ -153,7 +154,7 @@ def build_dataloader(dataset: Dataset, batch_size: int, *, shuffle: bool, worker
 
 
 PREFETCH = 4  # batches each worker prepares ahead
-_SHM_WARNED: set[str] = set()  # the shared-memory warning is shown once per process, not once per loader
+_SHM_WARNED: set[str] = set()  # warnings shown once per process, not once per loader or epoch
 
 
 def in_flight_bytes(workers: int, batch_nbytes: int) -> int:
@@ -214,9 +215,15 @@ def close_mosaic(loader: DataLoader) -> bool:
 
 
 def set_weights(loader: DataLoader, weights: np.ndarray | None) -> None:
-    """--image-weights: draw the epoch's order in proportion to per-image ``weights`` (no-op for other samplers)."""
+    """--image-weights: draw the epoch's order in proportion to per-image ``weights`` (no-op for other samplers;
+    streamed shards keep their plan, with one warning)."""
     if hasattr(loader.sampler, "set_weights"):
         loader.sampler.set_weights(weights)
+    elif weights is not None and isinstance(getattr(loader, "dataset", None), StreamDataset) and \
+            "image-weights" not in _SHM_WARNED:
+        _SHM_WARNED.add("image-weights")
+        LOGGER.warning("WARNING: --image-weights does not apply to streamed shards: every image is trained once "
+                       "an epoch")
 
 
 def image_weights(labels: Sequence[np.ndarray], nc: int, maps: np.ndarray) -> np.ndarray:
@@ -239,7 +246,8 @@ def set_start(loader: DataLoader, samples_consumed: int) -> None:
 def create_dataloader(sources: str | Path | Sequence[str | Path], options: DatasetOptions, *, workers: int = 8,
                       shuffle: bool = False, shard_eval: bool = False, quad: bool = False,
                       reserved_cores: int = 0) -> tuple[DataLoader, YoloDataset]:
-    """Build the dataset zero-first (label cache and disk cache written once per machine), then its loader;
+    """Scan the labels with every rank (utils.data.formats.shared_scan_sources), build the dataset zero-first (the
+    disk cache written once per machine), then its loader;
     ``options.batch_size`` is the batch per rank.
 
     With ``rect``, batch shapes are grouped over ``batch_size * world`` images, so each rank's batches
@@ -252,7 +260,9 @@ def create_dataloader(sources: str | Path | Sequence[str | Path], options: Datas
                              reserved_cores=reserved_cores)
     if options.rect and shuffle:
         LOGGER.warning(f"{options.prefix}WARNING: --rect keeps images sorted by aspect ratio; shuffle is turned off")
-    with dist.zero_first(local=True):  # the label cache is written once per machine, then read
+    shared_scan_sources(sources, options.nc, options.prefix,  # every rank scans its share when a cache is stale
+                        segments=options.task == "segment")
+    with dist.zero_first(local=True):  # then the cache is read (or, unwritable, scanned by local rank 0 first)
         dataset = YoloDataset(sources, options, batch_size=batch_size * world if options.rect else batch_size,
                               cache=None)
     if options.cache:  # every rank takes part (a shared RAM cache, or a share of the disk cache)
@@ -271,6 +281,9 @@ def stream_loader(items: list, options: DatasetOptions, workers: int, *, trainin
     each epoch's position from the dataset's shared memory. All ranks must call it."""
     if len(items) != 1:
         raise DataError(f"{options.prefix}a split in shards names one shard pattern (got {len(items)} entries)")
+    if options.task != "detect":
+        raise DataError(f"{options.prefix}tar shards hold boxes only; a {options.task} model reads YOLO segment "
+                        "labels or COCO JSON")
     if options.rect and training:
         LOGGER.warning(f"{options.prefix}WARNING: --rect does not apply to streamed shards; square batches are used")
     dataset, split = load_stream(items[0], options, training=training)

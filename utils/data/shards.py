@@ -28,7 +28,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from utils.data.config import DataError
+from utils.data.errors import DataError
 from utils.data.image_io import MAX_IMAGE_FILE_BYTES
 from utils.data.label_cache import MAX_LABEL_BYTES, ScanSummary, check_label_rows
 from utils.data.regular_files import read_regular
@@ -37,7 +37,7 @@ from utils.log import LOGGER
 from utils.paths import IMG_SUFFIXES
 
 INDEX_FORMAT, INDEX_VERSION = "yolo-ddp shards", 1
-MAX_INDEX_BYTES = 256 << 20
+MAX_INDEX_BYTES = 128 << 20
 BLOCK = 512  # tar's block
 KEY = re.compile(r"[A-Za-z0-9_]{1,64}")
 SHARD_NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}\.tar")

@@ -27,8 +27,8 @@ import cv2
 import numpy as np
 
 from utils.data.augment import letterbox
-from utils.data.config import DataError
 from utils.data.download import read_url
+from utils.data.errors import DataError
 from utils.data.image_io import ImageRefused, decode_image, pixel_limit_refusal, read_image
 from utils.data.regular_files import kind_of
 from utils.errors import UserError

@@ -34,12 +34,13 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
-from utils.data.config import DataError
 from utils.data.datasets import DatasetOptions, YoloDataset
+from utils.data.errors import DataError
 from utils.data.image_io import ImageRefused, decode_image
 from utils.data.shard_urls import ShardSpec
 from utils.data.shards import Opener, ShardIndex, opener, read_index, read_samples
 from utils.distributed import comm as dist
+from utils.hyp import load_hyp
 from utils.log import LOGGER
 from utils.paths import data_home
 
@@ -129,13 +130,13 @@ class SamplePool(YoloDataset):
     def __init__(self, options: DatasetOptions) -> None:  # not super().__init__: it scans files, a pool has none
         self.options = opts = options
         self.img_size, self.augment, self.rect, self.stride = opts.img_size, opts.augment, False, opts.stride
-        self.hyp = dict(opts.hyp or {})
+        self.hyp = dict(load_hyp() if opts.hyp is None and opts.augment else opts.hyp or {})  # as YoloDataset's
         self.mosaic = opts.augment and self.hyp.get("mosaic", 0) > 0
         self.names, self.seed = list(opts.names or []), opts.seed
         self.rng = np.random.default_rng(opts.seed)
         self.im_files, self.read_files, self.labels, self.images = [], [], [], []
         self.shapes = np.zeros((0, 2))
-        self.batch_index = self.batch_shapes = self.ram = None
+        self.batch_index = self.batch_shapes = self.ram = self.segments = None  # boxes only (masks: not yet)
         self.npy_cached, self.next_slot = False, 0
 
     def add(self, name: str, image: np.ndarray, labels: np.ndarray) -> int:
@@ -228,7 +229,9 @@ class StreamDataset(torch.utils.data.IterableDataset):
         self.batch, self.seed = options.batch_size, options.seed
         self.position = torch.zeros(2, dtype=torch.int64).share_memory_()  # (epoch, start), seen by live workers
         self._open: tuple[int, Opener] | None = None  # (pid, opener) of this process
-        self.mosaic = options.augment and (options.hyp or {}).get("mosaic", 0) > 0
+        if options.augment and options.hyp is None:  # the scratch hyps, as YoloDataset augments without any
+            self.options = options = replace(options, hyp=load_hyp())
+        self.mosaic = options.augment and options.hyp.get("mosaic", 0) > 0
         spec = split.index.spec
         self.cache_folder = shard_cache_folder(spec) if cache_disk and not spec.local else None
         if self.cache_folder is not None:
@@ -297,17 +300,19 @@ class StreamDataset(torch.utils.data.IterableDataset):
             samples.close()
 
     def _item(self, pool: SamplePool, position: int, sid: int, data: bytes | str) -> tuple:
-        name = self.split.im_files[sid]
+        """Sample ``sid`` decoded into the pool and augmented; a sample refused here (a damaged member or image)
+        becomes a grey background of its size without boxes, with a warning, so the batch keeps its size."""
+        name, labels = self.split.im_files[sid], self.split.labels[sid]
         try:
             if isinstance(data, str):
                 raise ImageRefused(data)
-            slot = pool.add(name, decode_image(data), self.split.labels[sid])
+            image = decode_image(data)
         except ImageRefused as e:
-            if not pool.images:
-                raise DataError(f"{name}: {e}") from None
-            LOGGER.warning(f"WARNING: {name}: {e}; a sample of the pool is trained in its place")
-            slot = (pool.next_slot - 1) % len(pool.images)
-        return pool[(slot, (self.epoch, position))]
+            LOGGER.warning(f"WARNING: {name}: ignoring corrupt image: {e}; a grey background without boxes is trained "
+                           "in its place")
+            w, h = (int(v) for v in self.split.shapes[sid])
+            image, labels = np.full((h, w, 3), 114, np.uint8), labels[:0]
+        return pool[(pool.add(name, image, labels), (self.epoch, position))]
 
 
 class PartReader(threading.Thread):

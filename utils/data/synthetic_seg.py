@@ -24,7 +24,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from utils.data.config import DataError
+from utils.data.errors import DataError
 from utils.data.segments import polygon_rows, segment_rows_text
 from utils.data.synthetic import (
     MANIFEST,

@@ -30,7 +30,7 @@ from utils.data.annotations import (
     path_inside,
     short,
 )
-from utils.data.config import DataError
+from utils.data.errors import DataError
 from utils.data.regular_files import FileRefused, read_regular
 from utils.errors import UserError
 from utils.paths import IMG_SUFFIXES, confined

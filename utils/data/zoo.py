@@ -19,8 +19,8 @@ import numpy as np
 
 from utils.data.annotations import AnnotationSplit, ImageEntry, corner_rows, path_inside
 from utils.data.coco_json import coco_entries, read_coco
-from utils.data.config import DataError
 from utils.data.convert import label_text, place_file
+from utils.data.errors import DataError
 from utils.data.image_io import exif_size, opened_image
 from utils.data.regular_files import open_regular
 from utils.data.voc import parse_voc

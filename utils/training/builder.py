@@ -37,6 +37,7 @@ from utils.loggers.registry import LoggerContext, build_loggers
 from utils.plots.figures import plot_labels
 from utils.training.amp import decide_amp
 from utils.training.autoanchor import check_anchors
+from utils.training.autobatch import AUTO_BATCH, auto_batch
 from utils.training.checkpointer import Checkpointer, SaveInterval
 from utils.training.config import RunConfig
 from utils.training.early_stop import EarlyStopping
@@ -52,6 +53,7 @@ from utils.training.optim import (
     OptimizerChoice,
     WeightUpdater,
     accumulate_steps,
+    batch_scaling,
     build_optimizer,
     choose_optimizer,
     describe_groups,
@@ -98,7 +100,8 @@ def prepare_run(config: RunConfig, defaults: RunConfig) -> tuple[RunConfig, dict
             hyp = ckpt.get("hyp") or {}
             LOGGER.info(f"Resuming ({plan.reason}) from {path}")
         config = config.replace(save_dir=str(plan.save_dir))
-    dist.batch_per_rank(config.batch_size)
+    if config.batch_size != AUTO_BATCH:  # else measured when the model is built (build_trainer)
+        dist.batch_per_rank(config.batch_size)
     family_name, task = model_kind(config, ckpt)
     family = get_family(family_name)
     if task in TASK_DEFAULT_DATA and Path(config.data or DEFAULT_DATA) == DEFAULT_DATA:
@@ -134,8 +137,8 @@ def model_family(config: RunConfig, ckpt: dict | None = None) -> Family:
 def build_trainer(config: RunConfig, hyp: dict, device: torch.device, hooks: Sequence[HookBase] = (),
                   data: TrainData | None = None) -> Trainer:
     """The run (``data``: its batches, else loaded from --data): every rank builds the same model; a resumed run
-    restores its state before the run folder is written. All ranks must call it."""
-    dist.batch_per_rank(config.batch_size)
+    restores its state before the run folder is written. ``--batch-size -1``: AutoBatch (utils.training.autobatch)
+    once the model is built. All ranks must call it."""
     if config.sync_bn and dist.get_world_size() > 1 and device.type != "cuda":
         raise TrainError("--sync-bn needs CUDA (torch's SyncBatchNorm does not run on CPU); drop it for CPU/gloo runs")
     seed_everything(config.seed)  # the same on every rank: identical initial weights
@@ -146,6 +149,9 @@ def build_trainer(config: RunConfig, hyp: dict, device: torch.device, hooks: Seq
     hyp = load_hyp(hyp, family.required_hyp, family.name)
     grid = max(int(model.stride.max()), 32)
     config = round_img_size(config, grid)
+    if config.batch_size == AUTO_BATCH:
+        config = config.replace(batch_size=auto_batch(model, device, config.img_size))
+    dist.batch_per_rank(config.batch_size)
     reserved = torch.get_num_threads() if device.type == "cpu" else 0  # the cores the CPU training threads need
     data = data or load_train_data(config, hyp, data_cfg, grid, len(names), reserved, task=model.head.task)
     if model.head.anchor_based and not config.noautoanchor and not config.resume and data.dataset is not None:
@@ -272,16 +278,19 @@ def load_train_data(config: RunConfig, hyp: dict, data_cfg: Any, grid: int, nc: 
 
 def build_updater(model: Model, config: RunConfig, choice: OptimizerChoice, batches_per_epoch: int,
                   ema: ModelEMA, scaler: bool) -> WeightUpdater:
-    """Optimizer (``choice``: --optimizer as chosen for this run) with decay scaled to the nominal batch, LR
+    """Optimizer (``choice``: --optimizer as chosen for this run) with decay scaled to the nominal batch, lr0 and
+    warmup by the large-batch rule (optim.BatchScaling; the hyp keeps the unscaled lr0, so a resume scales once), LR
     schedule with warmup, EMA, and the gradient scaler with ``scaler`` (float16 needs it; bfloat16 has float32's
     range)."""
     hyp = choice.hyp
     accumulate = accumulate_steps(config.batch_size)
     decay = scaled_weight_decay(hyp["weight_decay"], config.batch_size, accumulate)
-    optimizer = build_optimizer(model, choice.name, hyp["lr0"], hyp["momentum"], decay)
-    LOGGER.info(f"{colorstr('optimizer:')} {choice.reason}{describe_groups(optimizer)}; accumulate {accumulate} "
-                f"batches, weight_decay {decay:g}")
-    schedule = LRSchedule(hyp, config.epochs, batches_per_epoch, cosine=config.cos_lr, accumulate=accumulate)
+    rule = batch_scaling(choice.name, config.batch_size, enabled=not config.no_batch_scaling)
+    optimizer = build_optimizer(model, choice.name, hyp["lr0"] * rule.lr_factor, hyp["momentum"], decay)
+    LOGGER.info(f"{colorstr('optimizer:')} {choice.reason}{rule.text(config.batch_size, choice.name)}"
+                f"{describe_groups(optimizer)}; accumulate {accumulate} batches, weight_decay {decay:g}")
+    schedule = LRSchedule(hyp, config.epochs, batches_per_epoch, cosine=config.cos_lr, accumulate=accumulate,
+                          batch_scale=rule.k)
     return WeightUpdater(model, optimizer, schedule, ema=ema, amp=scaler)
 
 

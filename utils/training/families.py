@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from utils.errors import UserError
-from utils.hyp import HYPS_DIR, SYNTHETIC_HYP
+from utils.hyp import HYPS_DIR, SYNTHETIC_DATA, SYNTHETIC_HYP
 
 BASE_HYP = ("lr0", "lrf", "momentum", "weight_decay")  # what the optimizer and its schedule read, in every family
 
@@ -79,7 +79,7 @@ class Family:
     def default_hyp_file(self, data: str | Path | None) -> Path:
         """The hyp file used without --hyp: the synthetic set's tuned one for the built-in data (where the family
         has one), else ``hyp_file``."""
-        synthetic = data is not None and Path(str(data)).name == "synthetic.yaml"
+        synthetic = data is not None and Path(str(data)).name in SYNTHETIC_DATA
         tuned = self.synthetic_hyp_file
         return tuned if synthetic and tuned is not None and tuned.is_file() else self.hyp_file
 

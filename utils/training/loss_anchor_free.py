@@ -59,30 +59,32 @@ class AnchorFreeLoss:
                        targets: torch.Tensor) -> tuple[torch.Tensor, Assignment, list[float]]:
         """``terms`` with the assignment they came from and the input's (h, w) in pixels (for a task's own terms,
         the masks of utils.training.loss_segment)."""
-        pred_dist = preds["boxes"].float().permute(0, 2, 1)  # (b, n, 4 * reg_max), float32 under autocast too
-        logits = preds["scores"].float().permute(0, 2, 1)  # (b, n, nc)
+        # (b, n, 4 * reg_max) and (b, n, nc), float32 under autocast too; copied cell-major once, so that the
+        # softmax over each side's bins and the gathers below read contiguous rows
+        pred_dist = preds["boxes"].permute(0, 2, 1).to(torch.float32, memory_format=torch.contiguous_format)
+        logits = preds["scores"].permute(0, 2, 1).to(torch.float32, memory_format=torch.contiguous_format)
         points, strides = preds["anchor_points"], preds["stride_tensor"]  # (n, 2) grid units, (n, 1)
         b = logits.shape[0]
         image_hw = [size * self.strides[0] for size in preds["feature_sizes"][0]]
         gt_labels, gt_boxes, mask_gt = self.targets_by_image(targets.to(logits.device), b, image_hw)
-        pred_boxes = self.decode(points, pred_dist)  # (b, n, 4) xyxy, grid units
-        assigned = self.assigner(logits.detach().sigmoid(), (pred_boxes.detach() * strides).to(gt_boxes.dtype),
+        with torch.no_grad():  # the assigner reads every cell's box; the loss differentiates the assigned ones'
+            pred_boxes = self.decode(points, pred_dist)  # (b, n, 4) xyxy, grid units
+        assigned = self.assigner(logits.detach().sigmoid(), (pred_boxes * strides).to(gt_boxes.dtype),
                                  points * strides, gt_labels, gt_boxes, mask_gt)
         target_scores = self.smoothed(assigned)
         score_sum = target_scores.sum().clamp(min=1)
         cls = F.binary_cross_entropy_with_logits(logits, target_scores.to(logits.dtype), reduction="none").sum() \
             / score_sum
-        box, side = self.box_terms(pred_dist, pred_boxes, points, strides, assigned, target_scores, score_sum,
-                                   image_hw)
+        box, side = self.box_terms(pred_dist, points, strides, assigned, target_scores, score_sum, image_hw)
         gain_box, gain_cls, gain_side = self.gains
         return torch.stack((box * gain_box, cls * gain_cls, side * gain_side)), assigned, image_hw
 
     def decode(self, points: torch.Tensor, pred_dist: torch.Tensor) -> torch.Tensor:
-        """(b, n, 4 * reg_max) side distributions -> (b, n, 4) xyxy boxes in grid units."""
+        """(..., 4 * reg_max) side distributions of cells at ``points`` (..., 2) -> (..., 4) xyxy boxes in grid
+        units."""
         if self.reg_max > 1:
-            b, n, _ = pred_dist.shape
             bins = self.bins.to(device=pred_dist.device, dtype=pred_dist.dtype)
-            pred_dist = pred_dist.reshape(b, n, 4, self.reg_max).softmax(3) @ bins
+            pred_dist = pred_dist.reshape(*pred_dist.shape[:-1], 4, self.reg_max).softmax(-1) @ bins
         return dist2bbox(pred_dist, points, xywh=False)
 
     def smoothed(self, assigned: Assignment) -> torch.Tensor:
@@ -92,18 +94,20 @@ class AnchorFreeLoss:
             scores = scores * (1 - eps) + scores.sum(-1, keepdim=True) * (eps / self.nc)
         return scores
 
-    def box_terms(self, pred_dist: torch.Tensor, pred_boxes: torch.Tensor, points: torch.Tensor,
-                  strides: torch.Tensor, assigned: Assignment, target_scores: torch.Tensor, score_sum: torch.Tensor,
+    def box_terms(self, pred_dist: torch.Tensor, points: torch.Tensor, strides: torch.Tensor, assigned: Assignment,
+                  target_scores: torch.Tensor, score_sum: torch.Tensor,
                   image_hw: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
         """(CIoU loss, DFL or L1 loss) of the foreground cells, each weighted by its target score."""
         fg = assigned.foreground
         weight = target_scores.sum(-1)[fg]  # (f,)
         target_boxes = assigned.boxes / strides  # grid units
-        iou = bbox_iou(pred_boxes[fg], target_boxes[fg], xywh=False, kind="ciou")
+        fg_dist = pred_dist[fg]  # (f, 4 * reg_max): indexed once, one gradient buffer for the box and side terms
+        pred_boxes = self.decode(points.expand(fg.shape[0], -1, -1)[fg], fg_dist)  # (f, 4): only these
+        iou = bbox_iou(pred_boxes, target_boxes[fg], xywh=False, kind="ciou")
         box = ((1.0 - iou) * weight).sum() / score_sum
         if self.reg_max > 1:
             target_sides = bbox2dist(points, target_boxes, self.reg_max - 1)[fg]  # (f, 4)
-            side = (distribution_focal_loss(pred_dist[fg].reshape(-1, self.reg_max), target_sides.reshape(-1))
+            side = (distribution_focal_loss(fg_dist.reshape(-1, self.reg_max), target_sides.reshape(-1))
                     .view(-1, 4).mean(-1) * weight).sum() / score_sum
             return box, side
         scale = strides.new_tensor([image_hw[1], image_hw[0], image_hw[1], image_hw[0]])

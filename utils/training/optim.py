@@ -63,6 +63,40 @@ def scaled_weight_decay(weight_decay: float, total_batch: int, accumulate: int,
     return weight_decay * total_batch * accumulate / nominal_batch
 
 
+@dataclass(frozen=True)
+class BatchScaling:
+    """The large-batch rule (docs/cluster.md) for a total batch above the nominal one, k = batch / nominal: lr0 x k
+    for every optimizer (linear scaling: Goyal et al. 2017 for SGD, the convention of DeiT and MAE for AdamW); the
+    warmup keeps its length in images, warmup_epochs, without the minimum of MIN_WARMUP_ITERS iterations that guards
+    small batches (at k times fewer iterations per epoch it would stretch the warmup k times); weight decay is scaled
+    as at every batch (scaled_weight_decay). k = 1 (nothing changes) at or below the nominal batch and with
+    --no-batch-scaling."""
+
+    k: float = 1.0
+    lr_factor: float = 1.0
+
+    def text(self, total_batch: int, optimizer: str) -> str:
+        """For the log: what the rule did, or '' when it did nothing."""
+        if self.k == 1.0:
+            return ""
+        return f"batch {total_batch} = {self.k:g} x {NOMINAL_BATCH}: lr0 x {self.lr_factor:.4g} ({optimizer}), " \
+               "warmup warmup_epochs without a minimum; "
+
+
+def batch_scaling(optimizer: str, total_batch: int, enabled: bool = True,
+                  nominal_batch: int = NOMINAL_BATCH) -> BatchScaling:
+    """The rule's factors for ``total_batch`` images per step with ``optimizer`` (see BatchScaling)."""
+    if not enabled or total_batch <= nominal_batch:
+        return BatchScaling()
+    k = total_batch / nominal_batch
+    return BatchScaling(k, k)
+
+
+def min_warmup_iters(batch_scale: float = 1.0) -> int:
+    """The warmup's minimum in iterations: MIN_WARMUP_ITERS, none under the large-batch rule (batch_scale > 1)."""
+    return 0 if batch_scale > 1 else MIN_WARMUP_ITERS
+
+
 def parameter_groups(model: nn.Module) -> tuple[list, list, list]:
     """(decayed weights, normalisation weights, biases): only conv/linear weights get weight decay."""
     decayed, norm_weights, biases = [], [], []
@@ -150,16 +184,16 @@ def lr_lambda(epochs: int, lrf: float, cosine: bool = False) -> Callable[[float]
 class LRSchedule:
     """Per-epoch LR factor plus warmup: over the first ``warmup_iters`` iterations the bias group's lr falls
     from ``warmup_bias_lr`` and the others rise from 0 to their scheduled lr, momentum rises from
-    ``warmup_momentum``, and the accumulation grows from 1 to its nominal value."""
+    ``warmup_momentum``, and the accumulation grows from 1 to its nominal value. ``batch_scale``: BatchScaling.k."""
 
     def __init__(self, hyp: dict, epochs: int, batches_per_epoch: int, cosine: bool = False,
-                 accumulate: int = 1) -> None:
+                 accumulate: int = 1, batch_scale: float = 1.0) -> None:
         self.factor = lr_lambda(epochs, hyp["lrf"], cosine)
         self.momentum = hyp["momentum"]
         self.warmup_momentum = hyp.get("warmup_momentum", 0.8)
         self.warmup_bias_lr = hyp.get("warmup_bias_lr", 0.1)
         self.accumulate = accumulate
-        warmup = max(round(hyp.get("warmup_epochs", 3.0) * batches_per_epoch), MIN_WARMUP_ITERS)
+        warmup = max(round(hyp.get("warmup_epochs", 3.0) * batches_per_epoch), min_warmup_iters(batch_scale))
         # never more than half of the run, so short runs still train at full rate
         self.warmup_iters = int(min(warmup, epochs * batches_per_epoch / 2)) if hyp.get("warmup_epochs", 3.0) else 0
 

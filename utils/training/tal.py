@@ -107,14 +107,17 @@ class TaskAlignedAssigner:
     def _one_box_per_cell(positive: torch.Tensor, overlaps: torch.Tensor) -> torch.Tensor:
         """A cell claimed by several boxes keeps the one its prediction overlaps most."""
         claimed = positive.sum(1, keepdim=True) > 1  # (b, 1, n)
-        best = torch.zeros_like(positive).scatter_(1, overlaps.argmax(1, keepdim=True), True)
+        most = overlaps.transpose(1, 2).contiguous().argmax(-1).unsqueeze(1)  # (b, 1, n); along contiguous rows
+        best = torch.zeros_like(positive).scatter_(1, most, True)
         return torch.where(claimed, best, positive)
 
     def _targets(self, positive: torch.Tensor, align: torch.Tensor, overlaps: torch.Tensor, gt_labels: torch.Tensor,
                  gt_bboxes: torch.Tensor) -> Assignment:
         b, m, n = positive.shape
         foreground = positive.any(1)  # (b, n)
-        gt_index = positive.to(torch.uint8).argmax(1)  # (b, n)
+        # the box of each cell: at most one is positive per cell here, so a sum of indices finds it (0 where none,
+        # as argmax gives), without a slow reduction across the box dimension
+        gt_index = (positive * torch.arange(m, device=positive.device).view(1, m, 1)).sum(1)  # (b, n)
         labels = gt_labels.long().view(b, m).gather(1, gt_index).clamp_(0, self.num_classes - 1)
         boxes = gt_bboxes.gather(1, gt_index.unsqueeze(-1).expand(b, n, 4))
         align = align * positive

@@ -32,7 +32,7 @@ import pickle
 import re
 import shutil
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -245,11 +245,23 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu", 
     return ckpt
 
 
-def _load_release_file(path: Path) -> dict | None:
-    """An official YOLOv5 release file converted to our format (read without running its code), else None."""
-    from utils.weights import release_reader  # imports this module: resolved at call time
+# Readers of other projects' release files: name -> (whether a file is theirs, its checkpoint of this project).
+# The reader modules register themselves (utils/weights/release_reader.py); importing this package imports them
+# (utils/weights/__init__.py), so every load_checkpoint() finds them while this module imports none of them.
+RELEASE_READERS: dict[str, tuple[Callable[[Path], bool], Callable[[Path], dict]]] = {}
 
-    return release_reader.load_release_checkpoint(path) if release_reader.is_release_file(path) else None
+
+def register_release_reader(name: str, matches: Callable[[Path], bool], load: Callable[[Path], dict]) -> None:
+    """Let load_checkpoint() read another project's release files: ``load`` reads a file that ``matches``."""
+    RELEASE_READERS[name] = (matches, load)
+
+
+def _load_release_file(path: Path) -> dict | None:
+    """An official release file converted to our format (read without running its code), else None."""
+    for matches, load in RELEASE_READERS.values():
+        if matches(path):
+            return load(path)
+    return None
 
 
 def recorded_family(ckpt: dict) -> tuple[str, str]:

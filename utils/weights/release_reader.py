@@ -16,6 +16,7 @@ from __future__ import annotations
 import pickle
 import pickletools
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ import torch
 from torch import nn
 
 from models.yolo import Model, ModelConfigError
-from utils.weights.checkpoint import CheckpointError, new_checkpoint, plain_names, to_plain
+from utils.weights.checkpoint import CheckpointError, new_checkpoint, plain_names, register_release_reader, to_plain
 from utils.weights.safe_pickle import (
     _LEGACY_MODULES,
     Record,
@@ -155,11 +156,15 @@ def load_release_checkpoint(path: str | Path) -> dict:
     ultralytics file gets :func:`utils.weights.ultralytics_reader.convert_records`' checkpoint instead.
     """
     raw = read_records(path)
-    from utils.weights import ultralytics_reader  # imports this module: resolved at call time
-
-    if ultralytics_reader.is_ultralytics_model(raw):
-        return ultralytics_reader.convert_records(raw, path)
+    for matches, convert in RECORD_CONVERTERS:
+        if matches(raw):
+            return convert(raw, path)
     return convert_records(raw, path)
+
+
+# Other projects' pickled models read by this module's records (ultralytics: utils/weights/ultralytics_reader.py,
+# which registers itself): (whether the records are theirs, their checkpoint of this project).
+RECORD_CONVERTERS: list[tuple[Callable[[Any], bool], Callable[[Any, str | Path], dict]]] = []
 
 
 def convert_records(raw: Any, path: str | Path = "<records>") -> dict:
@@ -323,3 +328,6 @@ def _plain(obj: Any) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.detach().float().cpu().clone() if obj.is_floating_point() else obj.detach().cpu().clone()
     return to_plain(obj)
+
+
+register_release_reader("yolov5", is_release_file, load_release_checkpoint)

@@ -23,6 +23,7 @@ from torch import nn
 from models.yolo import Model, ModelConfigError
 from utils.weights.checkpoint import CheckpointError, new_checkpoint
 from utils.weights.release_reader import (
+    RECORD_CONVERTERS,
     Record,
     _child,
     _children,
@@ -156,3 +157,6 @@ def check_structure(record: Record, module: nn.Module, where: str = "model") -> 
         raise _FormatError(f"{where} has children {list(theirs)[:12]} in the file but {list(mine)[:12]} in the model")
     for name, child in theirs.items():
         check_structure(child, mine[name], f"{where}.{name}")
+
+
+RECORD_CONVERTERS.append((is_ultralytics_model, convert_records))

@@ -162,3 +162,26 @@ def test_process_pool_scan_matches_the_thread_scan(tmp_path: Path, monkeypatch: 
     assert processes.summary().line() == threads.summary().line()
     assert processes.summary().line() == "7 found, 1 missing, 1 empty, 11 corrupt, 1 duplicate rows removed"
     assert [len(lab) for lab in processes.labels] == [len(lab) for lab in threads.labels]
+
+
+@pytest.mark.parametrize("n_items, world", [(21, 2), (5, 4), (3, 5), (100_000, 3)])
+def test_shares_of_a_shared_scan_cover_every_item_once_in_order(n_items: int, world: int) -> None:
+    shares = [label_cache.share_of(n_items, rank, world) for rank in range(world)]
+    assert [i for share in shares for i in share] == list(range(n_items))
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1
+
+
+def test_a_gathered_scan_repairs_here_what_another_machine_repaired(tmp_path: Path) -> None:
+    images = tmp_path / "images"
+    images.mkdir()
+    write_truncated_jpg(images / "cut.jpg")
+    write_jpg(images / "whole.jpg")
+    im_files = [str(images / "cut.jpg"), str(images / "whole.jpg")]
+    there = label_cache.scan_files(im_files, label_cache.img2label_paths(im_files), None, show=False,
+                                   repair_dir=tmp_path / "there")  # the machine that scanned them
+    assert [bool(r) for r in there.repaired] == [True, False]
+    here = tmp_path / "here"
+    merged = label_cache._merged([label_cache._packed(there)], im_files, here)
+    assert merged.repaired == [str(here / label_cache.copy_name(im_files[0], ".jpg")), ""]
+    assert Path(merged.repaired[0]).is_file() and merged.messages == there.messages
+    assert (merged.states == there.states).all() and (merged.shapes == there.shapes).all()

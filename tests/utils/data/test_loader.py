@@ -258,3 +258,14 @@ def test_image_weights_favour_rare_and_badly_detected_classes_and_shard_one_orde
     sampler.set_epoch(3)
     order = sampler.epoch_order()
     assert shards[0] == order[0::2] and shards[1] == order[1::2] + order[:1]  # the last padded by wrapping
+
+
+def test_a_segmenter_is_refused_streamed_shards_in_one_line(tmp_path: Path) -> None:
+    from utils.data.config import DataError
+    from utils.data.datasets import DatasetOptions
+    from utils.data.loader import create_dataloader
+    from utils.data.shard_urls import ShardSpec
+
+    spec = ShardSpec("train-{000..001}.tar", ("a.tar", "b.tar"), str(tmp_path / "index.json"), True)
+    with pytest.raises(DataError, match="tar shards hold boxes only; a segment model reads YOLO segment labels"):
+        create_dataloader([spec], DatasetOptions(img_size=64, task="segment"), workers=0)

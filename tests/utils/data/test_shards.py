@@ -11,15 +11,17 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.helpers import make_shard_set, s3_server
+from tests.helpers import RangeHandler, make_shard_set, s3_server, serve_folder
+from utils.data import loader as loader_module
 from utils.data.config import DataError, load_data_config
 from utils.data.convert import main as convert_main
 from utils.data.datasets import DatasetOptions, YoloDataset
-from utils.data.loader import create_dataloader, set_epoch, set_start
+from utils.data.loader import close_mosaic, create_dataloader, set_epoch, set_start, set_weights
 from utils.data.shard_urls import ShardSpecError, expand_braces, index_name, parse_shard_spec
 from utils.data.shards import ShardRefused, parse_sample
-from utils.data.stream import EpochPlan, buffer_order, rank_positions
+from utils.data.stream import EpochPlan, SamplePool, buffer_order, rank_positions
 from utils.data.synthetic import SYNTHETIC_NAMES
+from utils.hyp import load_hyp
 
 N_IMAGES = 16
 PATTERN = "shards/train-{000000..000003}.tar"
@@ -74,8 +76,13 @@ def test_convert_writes_webdataset_shards_and_their_index(shard_set: Path) -> No
     assert (folder.parent / "other" / "train-000000.tar").read_text() == "mine"
 
 
-def test_index_gives_labels_and_sizes_without_reading_a_shard(shard_set: Path) -> None:
+def test_index_gives_labels_and_sizes_without_reading_a_shard(shard_set: Path, yolo_log: list[str],
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
     loader, split = _loader(shard_set)
+    monkeypatch.setattr(loader_module, "_SHM_WARNED", set())
+    for _ in range(2):
+        set_weights(loader, np.ones(len(split)))
+    assert len([m for m in yolo_log if "--image-weights does not apply to streamed shards" in m]) == 1
     original = YoloDataset(shard_set.parent.parent / "synthetic" / "images" / "train", img_size=64, nc=3)
     assert len(split) == N_IMAGES and split.scan.line() == "16 found, 0 missing, 0 empty, 0 corrupt"
     assert np.array_equal(split.shapes, original.shapes)
@@ -98,6 +105,8 @@ def test_every_sample_once_per_epoch_over_ranks_and_workers(shard_set: Path) -> 
     assert _epoch(loader) == single
     set_epoch(loader, 2)
     assert _epoch(loader) == again
+    assert close_mosaic(loader) and not loader.dataset.mosaic  # the workers restart without mosaic
+    assert _epoch(loader) == again
 
 
 def test_mid_epoch_resume_at_another_world_size_is_exact(shard_set: Path) -> None:
@@ -115,6 +124,21 @@ def test_plan_parts_and_shuffle_buffer() -> None:
     assert sorted(plan.sample(p) for p in range(35)) == list(range(35))
     assert rank_positions(7, 2, 1, 2) == [3, 5, 2]  # 5 left over 2 ranks: padded by wrapping
     assert rank_positions(7, 2, 1, 2, pad=False) == [3, 5]
+
+
+def test_mosaic_takes_its_partners_from_the_worker_pool() -> None:
+    pool = SamplePool(DatasetOptions(img_size=64, augment=True, hyp={**load_hyp(), "mosaic": 1.0}, seed=0))
+    for c in range(3):  # class c only in image c
+        pool.add(f"img{c}", np.full((48, 64, 3), 60 * c, np.uint8), np.array([[c, 0.5, 0.5, 0.6, 0.6]], np.float32))
+    classes = set()
+    for position in range(6):
+        img, targets, path, shapes = pool[(2, (0, position))]
+        assert path == "img2" and shapes is None and img.shape == (3, 64, 64)
+        classes |= set(targets[:, 1].int().tolist())
+    assert len(classes) > 1  # the mosaics hold other images of the pool too
+    pool.mosaic = False  # close_mosaic
+    img, targets, path, shapes = pool[(2, (0, 0))]
+    assert set(targets[:, 1].int().tolist()) == {2} and shapes is not None
 
 
 def test_shard_patterns_and_urls(tmp_path: Path) -> None:
@@ -193,8 +217,7 @@ def s3_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]:
         yield env
 
 
-def test_shards_stream_from_s3_and_stay_in_the_disk_cache(shard_set: Path, s3_env: dict, tmp_path: Path,
-                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+def test_shards_stream_from_s3_and_stay_in_the_disk_cache(shard_set: Path, s3_env: dict, tmp_path: Path) -> None:
     import boto3
 
     client = boto3.client("s3")
@@ -206,7 +229,7 @@ def test_shards_stream_from_s3_and_stay_in_the_disk_cache(shard_set: Path, s3_en
                                     "val": "s3://yolo-shards/coco/train-{000000..000003}.tar",
                                     "names": list(SYNTHETIC_NAMES)}))
     local_pixels, remote_pixels = [], []
-    local = _epoch(_loader(shard_set, batch=4)[0], pixels=local_pixels)
+    local = _epoch(_loader(shard_set, batch=4, workers=2)[0], pixels=local_pixels)
     assert _epoch(_loader(data, batch=4, workers=2)[0], pixels=remote_pixels) == local  # the same batches, bit for bit
     assert all(a[0].equal(b[0]) and a[1].equal(b[1]) for a, b in zip(local_pixels, remote_pixels))
     # --cache disk: each shard fetched once into the data home, read from there while the server is unreachable
@@ -214,17 +237,46 @@ def test_shards_stream_from_s3_and_stay_in_the_disk_cache(shard_set: Path, s3_en
     assert _epoch(loader) == local
     cached = sorted((tmp_path / "home" / "shards").rglob("*.shard"))
     assert len(cached) == 4
-    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
+    for path in (shard_set.parent / "shards").glob("*.tar"):  # gone from the bucket: read from the cache
+        client.delete_object(Bucket="yolo-shards", Key=f"coco/{path.name}")
     set_epoch(loader, 1)
     assert _epoch(loader) == local
     # under a cap of two shards' bytes, the least recently used are removed
+    for path in (shard_set.parent / "shards").glob("*.tar"):
+        client.upload_file(str(path), "yolo-shards", f"coco/{path.name}")
     for path in cached:
         path.unlink()
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_env["AWS_ENDPOINT_URL"])
     loader = _loader(data, batch=4, cache="disk")[0]
     loader.dataset.cache_cap = 2 * max(p.stat().st_size for p in (shard_set.parent / "shards").glob("*.tar"))
     assert _epoch(loader) == local
     assert len(list((tmp_path / "home" / "shards").rglob("*.shard"))) == 2
+
+
+def test_a_damaged_sample_is_a_warning_and_training_goes_on(shard_set: Path, tmp_path: Path,
+                                                             yolo_log: list[str]) -> None:
+    folder = tmp_path / "data" / "shards"
+    folder.mkdir(parents=True)
+    for path in (shard_set.parent / "shards").iterdir():
+        (folder / path.name).write_bytes(path.read_bytes())
+    shard, offset = json.loads((folder / "train.index.json").read_text())["samples"][5][:2]
+    with open(folder / f"train-{shard:06d}.tar", "r+b") as f:
+        f.seek(offset)
+        f.write(b"\x01" * 512)  # sample 5's first member header
+    data = tmp_path / "data" / "d.yaml"
+    data.write_text(yaml.safe_dump({"train": PATTERN, "val": PATTERN, "names": list(SYNTHETIC_NAMES)}))
+    batches = _epoch(_loader(data, batch=4, augment=False)[0])
+    assert len([p for b in batches for p in b]) == N_IMAGES  # every batch whole
+    warnings = [m for m in yolo_log if "000000005.jpg: ignoring corrupt image: sample 000000005: a damaged" in m]
+    assert len(warnings) == 1
+
+
+def test_shards_stream_over_http_byte_ranges(shard_set: Path, tmp_path: Path) -> None:
+    local = _epoch(_loader(shard_set, batch=4)[0])
+    with serve_folder(shard_set.parent, RangeHandler) as url:
+        data = tmp_path / "http.yaml"
+        data.write_text(yaml.safe_dump({"train": f"{url}/{PATTERN}", "val": f"{url}/shards/train-000000.tar",
+                                        "names": list(SYNTHETIC_NAMES)}))
+        assert _epoch(_loader(data, batch=4)[0]) == local
 
 
 def test_s3_errors_are_one_line(s3_env: dict, tmp_path: Path) -> None:

@@ -165,7 +165,7 @@ class MaskOracle(torch.nn.Module):
     loader's order, each label found 0-2 times with a jittered box, a random score and its mask (prototype j is
     object j's mask from the batch's index image, moved by up to one prototype pixel), plus false positives."""
 
-    def __init__(self, loader, nc: int, nm: int = 24, seed: int = 0) -> None:
+    def __init__(self, loader, nc: int, nm: int = 25, seed: int = 0) -> None:
         from utils.predictions import OutputContract
 
         super().__init__()
@@ -224,7 +224,8 @@ def test_mask_map_of_a_segmenter_agrees_with_cocoeval_segm(tmp_path):
                              task="segment")
     loader, dataset = create_dataloader(data.val, options, workers=0, shard_eval=True)
     result = evaluate(MaskOracle(loader, NC), loader, device="cpu", names=SYNTHETIC_NAMES, save_dir=tmp_path,
-                      save_json=True)
+                      save_json=True, plots=True)  # rows of 31 columns: the plots take the first 6
+    assert (tmp_path / "val_batch0_pred.jpg").is_file() and (tmp_path / "val_batch1_pred.jpg").is_file()
     gt = {"images": [], "annotations": [], "categories": [{"id": c, "name": n} for c, n in enumerate(SYNTHETIC_NAMES)]}
     for path, labels, outlines, (w, h) in zip(dataset.im_files, dataset.labels, dataset.segments, dataset.shapes):
         image_id, (w, h) = int(Path(path).stem), (int(w), int(h))

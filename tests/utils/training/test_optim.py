@@ -7,10 +7,12 @@ import torch
 import torch.nn as nn
 
 from utils.training.optim import (
+    BatchScaling,
     LRSchedule,
     ModelEMA,
     WeightUpdater,
     accumulate_steps,
+    batch_scaling,
     build_optimizer,
     freeze_layers,
     lr_lambda,
@@ -152,3 +154,38 @@ def test_freeze_a_count_or_a_list_of_layers() -> None:
     assert frozen(first_two) == ["model.0.weight", "model.0.bias", "model.1.weight", "model.1.bias"]
     assert frozen(picked) == ["model.1.weight", "model.1.bias", "model.3.weight", "model.3.bias"]
     assert frozen(none) == []
+
+
+@pytest.mark.parametrize("optimizer, batch, enabled, k, factor", [
+    ("SGD", 128, True, 2.0, 2.0), ("SGD", 512, True, 8.0, 8.0), ("AdamW", 256, True, 4.0, 4.0),
+    ("Adam", 96, True, 1.5, 1.5), ("SGD", 64, True, 1.0, 1.0), ("AdamW", 16, True, 1.0, 1.0),
+    ("SGD", 512, False, 1.0, 1.0)])
+def test_the_large_batch_rule(optimizer: str, batch: int, enabled: bool, k: float, factor: float) -> None:
+    rule = batch_scaling(optimizer, batch, enabled)
+    assert rule.k == pytest.approx(k) and rule.lr_factor == pytest.approx(factor)
+    assert (rule.text(batch, optimizer) == "") == (k == 1.0)
+
+
+def test_the_warmup_keeps_its_length_in_images_at_a_large_batch():
+    hyp = {**HYP, "warmup_epochs": 3.0}
+    assert LRSchedule(hyp, 100, 4).warmup_iters == 100  # 3 epochs are 12 batches: the minimum, 100 batches
+    assert LRSchedule(hyp, 100, 4, batch_scale=2.0).warmup_iters == 12  # 3 epochs, no minimum above batch 64
+    assert LRSchedule(hyp, 100, 40, batch_scale=8.0).warmup_iters == 120
+    assert LRSchedule(hyp, 2, 4, batch_scale=2.0).warmup_iters == 4  # at most half the run, as at any batch
+
+
+def test_the_updater_scales_lr0_by_the_rule_unless_turned_off(tiny_cfg: dict) -> None:
+    from models.yolo import Model
+    from utils.training.builder import build_updater
+    from utils.training.config import RunConfig
+    from utils.training.optim import OptimizerChoice
+
+    model = Model(tiny_cfg)
+    choice = OptimizerChoice("SGD", {**HYP, "lr0": 0.01})
+    for batch, off, lr0, warmup in [(16, False, 0.01, 100), (256, False, 0.04, 10), (256, True, 0.01, 100)]:
+        config = RunConfig(batch_size=batch, epochs=300, no_batch_scaling=off)
+        updater = build_updater(model, config, choice, 10, ModelEMA(model), scaler=False)
+        assert updater.optimizer.param_groups[0]["initial_lr"] == pytest.approx(lr0)
+        assert updater.schedule.warmup_iters == warmup
+    assert choice.hyp["lr0"] == 0.01  # the hyp keeps the file's lr0 (a resumed run scales it once)
+    assert BatchScaling().text(16, "SGD") == ""
