@@ -286,6 +286,15 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
     return box[0]
 
 
+def broadcast(tensor: torch.Tensor, src: int = 0) -> torch.Tensor:
+    """Rank ``src``'s ``tensor``, in place on every rank (returned; as it is when not distributed). All ranks must
+    call it."""
+    if is_initialized():
+        _waits()
+        tdist.broadcast(tensor, src=src)
+    return tensor
+
+
 def batch_per_rank(total: int) -> int:
     """``--batch-size`` is the total over all ranks: this rank's share, or a DistError when it does not divide."""
     world = get_world_size()

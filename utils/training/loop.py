@@ -235,6 +235,7 @@ class Trainer:
         """Distributed validation of the EMA model on every rank's shard; the same numbers on every rank."""
         options = EvalOptions(single_cls=self.config.single_cls, half=self.amp, save_dir=self.save_dir,
                               plots=final and self.plots, is_coco=self.is_coco and final)
+        self.ema.share_buffers(dist.broadcast)  # every shard judged by rank 0's EMA, the one last.pt holds
         result = evaluate(validation_model(self.ema.ema), self.val_loader, self.device, self.names, options)
         self.state.maps = result.maps  # per-class mAP, for --image-weights
         return result.named_results()

@@ -231,7 +231,9 @@ class ModelEMA:
     """Exponential moving average of the weights (and BN buffers): decay d * (1 - exp(-updates / tau)),
     which starts near 0 so that early epochs are not dominated by the random initialisation.
 
-    Keep one on every rank: updates are identical everywhere, so distributed validation can use it.
+    Keep one on every rank: the parameters' updates are identical everywhere, but each rank's BatchNorm statistics
+    are its own (DDP gives every forward rank 0's, then the rank's batch moves them), so before a distributed
+    validation ``share_buffers`` gives every rank rank 0's (what last.pt holds).
     """
 
     def __init__(self, model: nn.Module, decay: float = 0.9999, tau: float = 2000.0, updates: int = 0) -> None:
@@ -255,6 +257,13 @@ class ModelEMA:
             averaged, latest = (list(side) for side in zip(*pairs))
             torch._foreach_mul_(averaged, d)
             torch._foreach_add_(averaged, latest, alpha=1 - d)
+
+    @torch.no_grad()
+    def share_buffers(self, broadcast: Callable[[torch.Tensor], Any]) -> None:
+        """Every floating-point buffer (BatchNorm statistics) through ``broadcast`` (in place, from rank 0)."""
+        for buffer in self.ema.buffers():
+            if buffer.dtype.is_floating_point:
+                broadcast(buffer)
 
     def state_dict(self) -> dict[str, Any]:
         return {"updates": self.updates, "ema": self.ema.state_dict()}

@@ -40,6 +40,7 @@ def test_collectives_are_no_ops(no_launcher: None) -> None:
     assert dist.all_reduce_sum(t) is t and t.tolist() == [1.0, 2.0]
     assert dist.all_reduce_mean(t).tolist() == [1.0, 2.0]
     assert dist.all_reduce_max(torch.tensor([3.0])).item() == 3.0
+    assert dist.broadcast(t) is t and t.tolist() == [1.0, 2.0]
     dist.check_agreement({"params": 10})
     ran = []
     with dist.zero_first():
@@ -111,6 +112,8 @@ def test_a_single_process_group_runs_real_collectives_and_cleanup_forgets_everyt
         dist.barrier()
         assert dist.all_reduce_max(torch.tensor([3.0])).item() == 3.0
         assert dist.all_gather_object({"a": 1}, long=True) == [{"a": 1}] and dist.broadcast_object(5) == 5
+        sent = torch.tensor([4.0])
+        assert dist.broadcast(sent) is sent and sent.item() == 4.0
         assert dist.main_decides(lambda: "rank 0") == "rank 0"
         dist.check_agreement({"--epochs": 3})
         with pytest.raises(DistError, match="already initialised"):

@@ -99,6 +99,16 @@ def test_ema_decay_ramp_and_update():
     assert restored.updates == 1 and torch.equal(restored.ema.weight, ema.ema.weight)
 
 
+def test_ema_shares_its_batchnorm_statistics_not_its_weights():
+    ema = ModelEMA(nn.Sequential(nn.Conv2d(1, 2, 1), nn.BatchNorm2d(2)))
+    sent: list[torch.Tensor] = []
+    ema.share_buffers(lambda t: sent.append(t) or t.fill_(7.0))  # stands in for rank 0's values arriving
+    bn = ema.ema[1]
+    assert [t.data_ptr() for t in sent] == [bn.running_mean.data_ptr(), bn.running_var.data_ptr()]  # in place
+    assert (bn.running_mean == 7).all() and (bn.running_var == 7).all() and bn.num_batches_tracked == 0
+    assert not (ema.ema[0].weight == 7).any()
+
+
 def _updater(model: nn.Module, accumulate: int, lr: float = 0.1) -> WeightUpdater:
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     for g in opt.param_groups:
