@@ -1,5 +1,5 @@
 """Accuracy at a large total batch: total batch 16 in one process against total batch 128 over 2 ranks, the same
-epochs, with the large-batch rule (docs/cluster.md) and without it (--no-batch-scaling).
+epochs, with the large-batch rule (--batch-scaling, docs/cluster.md) and without it (the default).
 
     python benchmarks/bench_large_batch.py                        # yolov5n, 15 epochs of 512 images at 128 px
     python benchmarks/bench_large_batch.py --epochs 30 --images 1024
@@ -31,8 +31,8 @@ from benchmarks.harness import free_port, header  # noqa: E402
 
 VARIANTS = {  # name -> (processes, total batch, extra train.py flags)
     "b16": (1, 16, []),
-    "b128-rule": (2, 128, []),
-    "b128-norule": (2, 128, ["--no-batch-scaling"]),
+    "b128-rule": (2, 128, ["--batch-scaling"]),
+    "b128-norule": (2, 128, []),
 }
 
 

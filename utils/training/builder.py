@@ -285,7 +285,7 @@ def build_updater(model: Model, config: RunConfig, choice: OptimizerChoice, batc
     hyp = choice.hyp
     accumulate = accumulate_steps(config.batch_size)
     decay = scaled_weight_decay(hyp["weight_decay"], config.batch_size, accumulate)
-    rule = batch_scaling(choice.name, config.batch_size, enabled=not config.no_batch_scaling)
+    rule = batch_scaling(choice.name, config.batch_size, enabled=config.batch_scaling)
     optimizer = build_optimizer(model, choice.name, hyp["lr0"] * rule.lr_factor, hyp["momentum"], decay)
     LOGGER.info(f"{colorstr('optimizer:')} {choice.reason}{rule.text(config.batch_size, choice.name)}"
                 f"{describe_groups(optimizer)}; accumulate {accumulate} batches, weight_decay {decay:g}")

@@ -50,7 +50,7 @@ class RunConfig:
     name: str = "exp"
     exist_ok: bool = False
     cos_lr: bool = False
-    no_batch_scaling: bool = False  # keep lr0 and the warmup at total batches above 64 (utils.training.optim)
+    batch_scaling: bool = False  # the large-batch rule above a total batch of 64 (utils.training.optim)
     label_smoothing: float = 0.0
     patience: int = 100
     freeze: tuple[int, ...] = (0,)

@@ -69,8 +69,8 @@ class BatchScaling:
     for every optimizer (linear scaling: Goyal et al. 2017 for SGD, the convention of DeiT and MAE for AdamW); the
     warmup keeps its length in images, warmup_epochs, without the minimum of MIN_WARMUP_ITERS iterations that guards
     small batches (at k times fewer iterations per epoch it would stretch the warmup k times); weight decay is scaled
-    as at every batch (scaled_weight_decay). k = 1 (nothing changes) at or below the nominal batch and with
-    --no-batch-scaling."""
+    as at every batch (scaled_weight_decay). Used with --batch-scaling only (measured, it did not help at k = 2:
+    docs/cluster.md); k = 1 (nothing changes) at or below the nominal batch."""
 
     k: float = 1.0
     lr_factor: float = 1.0
@@ -83,7 +83,7 @@ class BatchScaling:
                "warmup warmup_epochs without a minimum; "
 
 
-def batch_scaling(optimizer: str, total_batch: int, enabled: bool = True,
+def batch_scaling(optimizer: str, total_batch: int, enabled: bool = False,
                   nominal_batch: int = NOMINAL_BATCH) -> BatchScaling:
     """The rule's factors for ``total_batch`` images per step with ``optimizer`` (see BatchScaling)."""
     if not enabled or total_batch <= nominal_batch:

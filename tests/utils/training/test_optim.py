@@ -193,7 +193,7 @@ def test_the_updater_scales_lr0_by_the_rule_unless_turned_off(tiny_cfg: dict) ->
     model = Model(tiny_cfg)
     choice = OptimizerChoice("SGD", {**HYP, "lr0": 0.01})
     for batch, off, lr0, warmup in [(16, False, 0.01, 100), (256, False, 0.04, 10), (256, True, 0.01, 100)]:
-        config = RunConfig(batch_size=batch, epochs=300, no_batch_scaling=off)
+        config = RunConfig(batch_size=batch, epochs=300, batch_scaling=not off)
         updater = build_updater(model, config, choice, 10, ModelEMA(model), scaler=False)
         assert updater.optimizer.param_groups[0]["initial_lr"] == pytest.approx(lr0)
         assert updater.schedule.warmup_iters == warmup
