@@ -305,6 +305,20 @@ def test_coreml_package_is_written_and_read_back_but_not_run_here(weights: Path,
 
 
 @pytest.mark.slow
+def test_coreml_segmenter_package_carries_the_prototypes_as_a_second_output(tiny_seg_weights: Path,
+                                                                             tmp_path: Path) -> None:
+    if formats.missing_packages(formats.get_format("coreml").export_packages):  # not imported here: see require()
+        pytest.skip("coremltools is not installed")
+    local = tmp_path / "s.pt"
+    local.write_bytes(tiny_seg_weights.read_bytes())
+    result = export.main(export.parse_opt(["--weights", str(local), "--img-size", "64", "--include", "coreml"]))[0]
+    found = formats.get_format("coreml").read_back(result.file)
+    assert found["inputs"] == {"images": [1, 3, 64, 64]} and found["outputs"] == ["output0", "output1"]
+    assert found["meta"]["head"]["task"] == "segment" and found["meta"]["head"]["nm"] == 32
+    assert found["meta"]["head"]["proto_stride"] == 4.0
+
+
+@pytest.mark.slow
 def test_bench_export_prints_one_row_per_format(weights: Path, tiny_dataset: Path, capsys) -> None:
     from benchmarks import bench_export as bench
 
