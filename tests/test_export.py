@@ -14,7 +14,7 @@ import export
 import test as test_script
 from utils.cli import run_main
 from utils.deploy import formats
-from utils.deploy.formats import ExportOptions, Tolerance
+from utils.deploy.formats import MAX_INT8_MAP_DROP, ExportOptions, Tolerance
 from utils.deploy.onnx import onnx_export_kwargs
 from utils.deploy.runtime import InferenceModel
 from utils.deploy.verify import output_errors
@@ -438,6 +438,23 @@ def test_segmenter_exports_carry_the_prototypes_and_run_in_detect(tiny_seg_weigh
     same = [a["segmentation"] == b["segmentation"] and a["category_id"] == b["category_id"]
             for a, b in zip(predictions[".pt"], predictions[".onnx"])]
     assert np.mean(same) > 0.9  # rows of near-equal scores may swap places
+
+
+def test_int8_segmenter_is_verified_on_its_outlined_labels(tiny_seg_weights: Path, tmp_path: Path) -> None:
+    """--int8 measures a segmenter's box mAP on a split whose labels are outlines (read as the task reads them),
+    then test.py runs the INT8 file with box and mask rows."""
+    local = tmp_path / "s.pt"
+    local.write_bytes(tiny_seg_weights.read_bytes())
+    data = seg_data_yaml(tmp_path / "data")
+    (result,) = export.main(export.parse_opt(["--weights", str(local), "--img-size", "64", "--include", "onnx",
+                                              "--int8", "--data", str(data), "--calib-images", "4",
+                                              "--verify-images", "8"]))
+    assert result.error is None and result.file == tmp_path / "s-int8.onnx"
+    verification = result.verification
+    assert verification.map_reference is not None and verification.map_export is not None
+    assert abs(verification.map_reference - verification.map_export) <= MAX_INT8_MAP_DROP
+    found = test_script.run(weights=result.file, data=data, img=64, project=tmp_path / "runs")
+    assert found.mask is not None
 
 
 def test_anchor_free_segmenter_exports_to_onnx(tmp_path: Path) -> None:

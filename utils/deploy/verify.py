@@ -172,8 +172,11 @@ def calibration_batches(data_yaml: str, options: ExportOptions, stride: int) -> 
     return list(batch.split(options.batch_size))
 
 
-def map_on_data(module: nn.Module, data_yaml: str, options: ExportOptions, stride: int) -> float:
-    """mAP@.5:.95 of ``module`` on at most ``options.verify_images`` validation images of ``data_yaml``."""
+def map_on_data(module: nn.Module, data_yaml: str, options: ExportOptions, stride: int,
+                task: str | None = None) -> float:
+    """Box mAP@.5:.95 of ``module`` on at most ``options.verify_images`` validation images of ``data_yaml``, its
+    labels read as ``task`` reads them (a segmenter's split holds outlines; default: the module's head's task)."""
+    task = task or getattr(getattr(module, "head", None), "task", "detect")
     from utils.data.config import load_data_config
     from utils.data.datasets import DatasetOptions
     from utils.data.label_cache import list_image_files
@@ -185,7 +188,7 @@ def map_on_data(module: nn.Module, data_yaml: str, options: ExportOptions, strid
     data = load_data_config(data_yaml)
     files = spread(list_image_files(data.val), options.verify_images)
     dataset_options = DatasetOptions(img_size=options.img_size[0], batch_size=options.batch_size, stride=stride,
-                                     nc=data.nc, names=data.names)
+                                     nc=data.nc, names=data.names, task=task)
     loader, _ = create_dataloader(files, dataset_options, workers=0)
     device = next(iter(module.parameters()), torch.zeros(0)).device
     return evaluate(module, loader, device, data.names, EvalOptions()).map
@@ -195,8 +198,9 @@ def verify_int8(file: Path, model: nn.Module, options: ExportOptions, stride: in
                 reference_map: float | None = None) -> Verification:
     """mAP of the INT8 ``file`` and of the float ``model`` on --data; VerificationError when the drop exceeds
     MAX_INT8_MAP_DROP."""
-    reference = map_on_data(model, options.data, options, stride) if reference_map is None else reference_map
-    exported = map_on_data(InferenceModel(file, trusted=True).as_module(), options.data, options, stride)
+    task = getattr(getattr(model, "head", None), "task", "detect")
+    reference = map_on_data(model, options.data, options, stride, task) if reference_map is None else reference_map
+    exported = map_on_data(InferenceModel(file, trusted=True).as_module(), options.data, options, stride, task)
     result = Verification(map_reference=reference, map_export=exported)
     if reference - exported > MAX_INT8_MAP_DROP:
         raise VerificationError(f"INT8 {result.describe()}")
