@@ -8,7 +8,7 @@ each is generated into a temporary folder under ``--folder`` (default /dev/shm w
 the figures are the checking work, not a disk's latency; 100 000 pairs take about 800 MB there). Each process
 checks with one core, as a machine of its own would with its cores: "1 process" is the scan one process does
 alone (utils.data.label_cache.cached_scan's steps: hash, check every pair, write the cache); "2 ranks" is
-utils.data.label_cache.shared_scan in a 2-process gloo group, each rank checking its half, the halves gathered and
+utils.data.shared_scan.shared_scan in a 2-process gloo group, each rank checking its half, the halves gathered and
 rank 0 writing the cache (the time of the slower rank). The cache is removed before each scan. The two take turns
 (ABAB), and the speed-up is the median of the per-pair ratios. Figures are medians [min-max] of wall time, and
 each process's labels per CPU second with the speed-up in CPU time of the busiest process (what the wall clock
@@ -87,7 +87,7 @@ def _rank(rank: int, port: int, images: str, queue: multiprocessing.Queue) -> No
     os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(WORLD),
                        "LOCAL_WORLD_SIZE": str(WORLD),
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-    from utils.data import label_cache
+    from utils.data import label_cache, shared_scan
     from utils.distributed import comm as dist
 
     dist.init_distributed(device="cpu", backend="gloo", timeout_s=600, long_timeout_s=1200)
@@ -98,7 +98,7 @@ def _rank(rank: int, port: int, images: str, queue: multiprocessing.Queue) -> No
             label_cache.cache_path_for(label_files).unlink(missing_ok=True)
         dist.barrier()
         start, cpu = time.perf_counter(), time.process_time()
-        result = label_cache.shared_scan(im_files, label_files, nc=1)
+        result = shared_scan.shared_scan(im_files, label_files, nc=1)
         gathered = dist.all_gather_object((time.perf_counter() - start, time.process_time() - cpu))
         if rank == 0:
             queue.put((max(s for s, _ in gathered), [c for _, c in gathered], result.summary().found))

@@ -21,15 +21,9 @@ import numpy as np
 from utils.data.annotations import AnnotationFormat, AnnotationSplit, concat_results, scan_annotations
 from utils.data.coco_json import coco_files, parse_coco, parse_coco_outlines
 from utils.data.errors import DataError
-from utils.data.label_cache import (
-    ScanResult,
-    cache_dir_for,
-    cached_scan,
-    img2label_paths,
-    list_image_files,
-    shared_scan,
-)
+from utils.data.label_cache import ScanResult, cache_dir_for, cached_scan, img2label_paths, list_image_files
 from utils.data.segments import check_segment_sample
+from utils.data.shared_scan import shared_scan
 from utils.data.synthetic import ensure_synthetic
 from utils.data.synthetic_seg import ensure_synthetic_seg
 from utils.data.voc import parse_voc, voc_files
@@ -96,7 +90,7 @@ def scan_sources(sources: Any, nc: int | None, prefix: str = "",
 
 def shared_scan_sources(sources: Any, nc: int | None, prefix: str = "", segments: bool = False) -> ScanResult | None:
     """Under DDP, before the dataset is built: the YOLO txt files of a split are scanned by every rank together
-    when a cache is missing or stale (utils.data.label_cache.shared_scan), so the dataset then reads the cache;
+    when a cache is missing or stale (utils.data.shared_scan), so the dataset then reads the cache;
     ``segments`` as scan_sources'. Returns that scan (None when nothing was scanned). Annotation-file splits are
     read as before. All ranks must call it; a no-op for one process."""
     items = list(sources) if isinstance(sources, list | tuple) else [sources]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.helpers import GOOD_LABEL, make_set, png_writer, write_jpg, write_truncated_jpg
-from utils.data import label_cache
+from utils.data import label_cache, shared_scan
 from utils.data.datasets import YoloDataset
 from utils.data.label_cache import img2label_paths
 
@@ -166,7 +166,7 @@ def test_process_pool_scan_matches_the_thread_scan(tmp_path: Path, monkeypatch: 
 
 @pytest.mark.parametrize("n_items, world", [(21, 2), (5, 4), (3, 5), (100_000, 3)])
 def test_shares_of_a_shared_scan_cover_every_item_once_in_order(n_items: int, world: int) -> None:
-    shares = [label_cache.share_of(n_items, rank, world) for rank in range(world)]
+    shares = [shared_scan.share_of(n_items, rank, world) for rank in range(world)]
     assert [i for share in shares for i in share] == list(range(n_items))
     assert max(map(len, shares)) - min(map(len, shares)) <= 1
 
@@ -181,7 +181,7 @@ def test_a_gathered_scan_repairs_here_what_another_machine_repaired(tmp_path: Pa
                                    repair_dir=tmp_path / "there")  # the machine that scanned them
     assert [bool(r) for r in there.repaired] == [True, False]
     here = tmp_path / "here"
-    merged = label_cache._merged([label_cache._packed(there)], im_files, here)
+    merged = shared_scan.merged([shared_scan.packed(there)], im_files, here)
     assert merged.repaired == [str(here / label_cache.copy_name(im_files[0], ".jpg")), ""]
     assert Path(merged.repaired[0]).is_file() and merged.messages == there.messages
     assert (merged.states == there.states).all() and (merged.shapes == there.shapes).all()

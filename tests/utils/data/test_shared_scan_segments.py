@@ -1,5 +1,5 @@
 """The shared label scan gathers outlines too: a segment split's shares, packed as each rank sends them and merged,
-equal the one-process scan (utils.data.label_cache._packed / _merged)."""
+equal the one-process scan (utils.data.shared_scan.packed / merged)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from utils.data import label_cache
+from utils.data import label_cache, shared_scan
 from utils.data.segments import check_segment_sample
 
 
@@ -30,10 +30,10 @@ def test_segment_shares_merge_into_the_one_process_scan(tmp_path: Path) -> None:
     images, labels = write_split(tmp_path)
     whole = label_cache.scan_files(images, labels, 3, show=False, check=check_segment_sample, cores=1)
     assert whole.segments is not None and [len(s) for s in whole.segments] == [2, 0, 1, 1]
-    parts = [label_cache._packed(label_cache.scan_files(images[s.start:s.stop], labels[s.start:s.stop], 3,
+    parts = [shared_scan.packed(label_cache.scan_files(images[s.start:s.stop], labels[s.start:s.stop], 3,
                                                         show=False, check=check_segment_sample, cores=1))
-             for s in (label_cache.share_of(len(images), r, 3) for r in range(3))]
-    merged = label_cache._merged(parts, images, tmp_path / "repaired")
+             for s in (shared_scan.share_of(len(images), r, 3) for r in range(3))]
+    merged = shared_scan.merged(parts, images, tmp_path / "repaired")
     assert merged.segments is not None and len(merged.segments) == len(whole.segments)
     for got, want in zip(merged.segments, whole.segments):
         assert len(got) == len(want)
@@ -45,6 +45,6 @@ def test_segment_shares_merge_into_the_one_process_scan(tmp_path: Path) -> None:
 
 def test_box_shares_merge_with_no_outlines(tmp_path: Path) -> None:
     images, labels = write_split(tmp_path)
-    parts = [label_cache._packed(label_cache.scan_files(images[:2], labels[:2], 3, show=False, cores=1)),
-             label_cache._packed(label_cache.scan_files(images[2:], labels[2:], 3, show=False, cores=1))]
-    assert label_cache._merged(parts, images, tmp_path / "repaired").segments is None
+    parts = [shared_scan.packed(label_cache.scan_files(images[:2], labels[:2], 3, show=False, cores=1)),
+             shared_scan.packed(label_cache.scan_files(images[2:], labels[2:], 3, show=False, cores=1))]
+    assert shared_scan.merged(parts, images, tmp_path / "repaired").segments is None
