@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from utils import api
-from utils.cli import DISTRIBUTED, add_flags, distributed_session, project_dir, run_main, square_size
+from utils.cli import DISTRIBUTED, add_flags, distributed_session, peer_lost, project_dir, run_main, square_size
 from utils.distributed.signals import StopRequested, signal_name
 from utils.hooks import HookBase, load_hook
 from utils.log import print_options
@@ -164,6 +164,8 @@ def train(hyp: dict, config: RunConfig, device: torch.device, hooks: Sequence[Ho
         if trainer.stop.requested and "DataLoader worker" in str(e):
             raise StopRequested(trainer.stop.signum, f"stopped by {signal_name(trainer.stop.signum)}: a data-loader "
                                 f"worker ended before the step could be saved; {trainer.saved_text()}") from None
+        if (lost := peer_lost(e)) is not None:  # a peer is gone: say so before the teardown below
+            raise lost from None
         raise
     finally:
         teardown(trainer, cancelled=trainer.stop.requested or sys.exc_info()[0] is not None)

@@ -18,7 +18,7 @@ import torch
 
 from utils import paths
 from utils.distributed import comm as dist
-from utils.distributed.signals import StopRequested
+from utils.distributed.signals import StopRequested, ignore_launcher_stop
 from utils.errors import UserError
 from utils.log import setup_logging
 from utils.paths import ROOT
@@ -214,12 +214,23 @@ def distributed_session(opt: argparse.Namespace, script: str = "train") -> Itera
         yield device
         clean_exit = True
     except RuntimeError as e:
-        line = dist.peer_failure_line(e)  # read while the watch still has the other ranks' marks
-        if line is None:
+        if (lost := peer_lost(e)) is None:
             raise
-        raise PeerLost(line) from None
+        raise lost from None
     finally:
         dist.cleanup(clean_exit=clean_exit)
+
+
+def peer_lost(error: BaseException) -> PeerLost | None:
+    """PeerLost for a collective that failed because a peer is gone (None for any other error), its line read
+    while the watch still has the other ranks' marks. From then on this rank ignores the launcher's SIGTERM, so
+    its teardown ends with that line rather than with the signal (ignore_launcher_stop). Call it where the error
+    is first caught, before any teardown."""
+    line = dist.peer_failure_line(error)
+    if line is None:
+        return None
+    ignore_launcher_stop()
+    return PeerLost(line)
 
 
 def flag_table(parser: argparse.ArgumentParser) -> str:

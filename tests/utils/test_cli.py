@@ -51,3 +51,23 @@ def test_flag_table_rows() -> None:
     parser.add_argument("--pick", default="a", choices=["a", "b"], help="one")
     assert flag_table(parser).splitlines()[2:] == ["| `--flag` | `off` | a \\| b |",
                                                    "| `--pick` | `a` | one; one of `a`, `b` |"]
+
+
+def test_a_rank_whose_peer_is_gone_ignores_the_launchers_sigterm_from_then_on(monkeypatch) -> None:
+    """peer_lost: the line for a collective that lost its peers, and SIGTERM ignored so the teardown that follows
+    ends with that line; any other error changes nothing."""
+    import signal
+
+    from utils import cli
+
+    previous = signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        monkeypatch.setattr(cli.dist, "peer_failure_line", lambda e: None)
+        assert cli.peer_lost(RuntimeError("another error")) is None
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+        monkeypatch.setattr(cli.dist, "peer_failure_line", lambda e: "rank 0 lost its peers during a collective")
+        lost = cli.peer_lost(RuntimeError("Connection closed by peer"))
+        assert isinstance(lost, PeerLost) and lost.line == "rank 0 lost its peers during a collective"
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -71,6 +71,15 @@ def protect_worker() -> None:
     threading.Thread(target=watch, name="sigterm-watch", daemon=True).start()
 
 
+def ignore_launcher_stop() -> None:
+    """For a rank that is leaving because its peers are gone: ignore the launcher's SIGTERM from here on. torchrun
+    sends it to the ranks still alive as soon as one fails, and its default action would end this rank during its
+    teardown, before it says which rank left; the launcher's SIGKILL after its grace period still ends a rank that
+    does not exit. Main thread only (elsewhere a no-op)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 class GracefulStop:
     """Context manager turning ``signals`` into a stop request; see the module docstring.
 
