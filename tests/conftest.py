@@ -6,7 +6,7 @@ import copy
 import importlib.util
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -125,6 +125,39 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def one_thread_and_clean_logger() -> Iterator[None]:
+    """One torch thread (the 2-core CI machine is shared by parallel jobs; 2 threads then thrash), and the
+    logger's handlers restored after train.main() replaced them. Modules that train in this process use it with
+    ``pytestmark = pytest.mark.usefixtures("one_thread_and_clean_logger")``."""
+    import torch
+
+    from utils.log import LOGGER
+
+    threads, handlers, level = torch.get_num_threads(), list(LOGGER.handlers), LOGGER.level
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+    LOGGER.handlers[:], LOGGER.level = handlers, level
+
+
+@pytest.fixture
+def in_process(monkeypatch: pytest.MonkeyPatch, one_thread_and_clean_logger: None) -> Iterator[Callable[..., int]]:
+    """``run(args, *hooks)``: train.py's main in this process (one torch thread, the logger restored).
+
+    OMP_NUM_THREADS=1 as a user would set it: without it each run measures its thread count, and sums over 1 or 2
+    threads differ in their last bits, so a resumed run could not equal the whole one bit for bit."""
+    import train
+    from utils.cli import run_main
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+    def run(args: list[str], *hooks: object) -> int:
+        return run_main(lambda opt: train.main(opt, hooks), train.parse_opt(args[1:]), "train")
+
+    return run
 
 
 @pytest.fixture(scope="session")

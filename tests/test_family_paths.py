@@ -16,16 +16,7 @@ import train
 ROOT = Path(__file__).resolve().parents[1]
 FAMILIES = ("yolov8", "yolo11", "yolo26")
 
-
-@pytest.fixture(autouse=True)
-def one_thread_and_clean_logger():
-    from utils.log import LOGGER
-
-    threads, handlers, level = torch.get_num_threads(), list(LOGGER.handlers), LOGGER.level
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-    LOGGER.handlers[:], LOGGER.level = handlers, level
+pytestmark = pytest.mark.usefixtures("one_thread_and_clean_logger")
 
 
 @pytest.fixture(scope="session")

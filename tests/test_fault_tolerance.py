@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -33,28 +33,6 @@ def fault(kind: str, **kwargs: object) -> list[str]:
 def launch(nproc: int, args: list[str], *extra: str, restarts: int = 0):
     """train.py (``args`` from train_args) with ``nproc`` processes under torchrun."""
     return start(torchrun_cmd(nproc, *args, *extra, restarts=restarts))
-
-
-@pytest.fixture
-def in_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., int]]:
-    """``run(args, *hooks)``: train.py's main in this process (one torch thread, the logger restored).
-
-    OMP_NUM_THREADS=1 as a user would set it: without it each run measures its thread count, and sums over 1 or 2
-    threads differ in their last bits, so a resumed run could not equal the whole one bit for bit."""
-    import train
-    from utils.cli import run_main
-    from utils.log import LOGGER
-
-    threads, handlers, level = torch.get_num_threads(), list(LOGGER.handlers), LOGGER.level
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    torch.set_num_threads(1)
-
-    def run(args: list[str], *hooks: object) -> int:
-        return run_main(lambda opt: train.main(opt, hooks), train.parse_opt(args[1:]), "train")
-
-    yield run
-    torch.set_num_threads(threads)
-    LOGGER.handlers[:], LOGGER.level = handlers, level
 
 
 @pytest.mark.ddp

@@ -26,7 +26,7 @@ from utils.hooks import HookBase
 from utils.loggers.tracker_queue import CANCELLED_FLUSH_S
 from utils.loggers.tracking import TrackerHook
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread_and_clean_logger")]
 TRACKER_MODULES = ("mlflow", "wandb", "clearml", "comet_ml")
 
 
@@ -97,20 +97,6 @@ def tracker_env(mlflow_server: MlflowServer, tmp_path: Path, monkeypatch: pytest
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     return env
-
-
-@pytest.fixture(autouse=True)
-def one_thread_and_clean_logger():
-    """One torch thread, and the logger's handlers restored after train.main() replaced them."""
-    import torch
-
-    from utils.log import LOGGER
-
-    threads, handlers, level = torch.get_num_threads(), list(LOGGER.handlers), LOGGER.level
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-    LOGGER.handlers[:], LOGGER.level = handlers, level
 
 
 def tiny_args(tiny_cfg_file: Path, tiny_dataset: Path, tmp_path: Path, *extra: str) -> list[str]:

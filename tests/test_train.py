@@ -23,18 +23,7 @@ HYP = {"lr0": 0.01, "lrf": 0.01, "momentum": 0.937, "weight_decay": 5e-4, "warmu
        "box": 0.05, "cls": 0.5, "obj": 1.0, "anchor_t": 4.0}
 YOLOV5_LOSS = ("box", "obj", "cls")  # the YOLOv5 family's loss terms: results.csv's loss columns
 
-
-@pytest.fixture(autouse=True)
-def one_thread_and_clean_logger():
-    """One torch thread (the 2-core CI machine is shared by parallel jobs; 2 threads then thrash), and the
-    logger's handlers restored after train.main() replaced them."""
-    from utils.log import LOGGER
-
-    threads, handlers, level = torch.get_num_threads(), list(LOGGER.handlers), LOGGER.level
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-    LOGGER.handlers[:], LOGGER.level = handlers, level
+pytestmark = pytest.mark.usefixtures("one_thread_and_clean_logger")
 
 
 def tiny_args(tiny_cfg_file, tiny_dataset, tmp_path, *extra: str) -> list[str]:

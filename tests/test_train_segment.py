@@ -13,11 +13,10 @@ from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
 from tests.helpers import ROOT, csv_epochs, finish, start, torchrun_cmd
@@ -58,25 +57,6 @@ def weights_diff(a: Path, b: Path) -> float:
     pairs = [(first["model"], second["model"]),
              (first["train_state"]["states"]["model"], second["train_state"]["states"]["model"])]
     return max((x[k].float() - y[k].float()).abs().max().item() for x, y in pairs for k in x)
-
-
-@pytest.fixture
-def in_process(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., int]]:
-    """``run(args, *hooks)``: train.py's main in this process, one torch thread (sums in a fixed order)."""
-    import train
-    from utils.cli import run_main
-    from utils.log import LOGGER
-
-    threads, handlers, level = torch.get_num_threads(), list(LOGGER.handlers), LOGGER.level
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    torch.set_num_threads(1)
-
-    def run(args: list[str], *hooks: object) -> int:
-        return run_main(lambda opt: train.main(opt, hooks), train.parse_opt(args[1:]), "train")
-
-    yield run
-    torch.set_num_threads(threads)
-    LOGGER.handlers[:], LOGGER.level = handlers, level
 
 
 def test_yolov5n_seg_trains_resumes_exactly_and_tests_with_masks(tmp_path: Path,
