@@ -27,6 +27,9 @@ import argparse
 import csv
 import json
 import os
+import re
+import resource
+import shlex
 import shutil
 import subprocess
 import sys
@@ -68,7 +71,8 @@ class Run:
     side: str  # "ours" or "ultralytics"
     trainer_map: float
     our_map: float
-    seconds: float
+    seconds: float  # wall time, start to exit
+    cpu_seconds: float  # CPU time of the process and the children it waited for (its DataLoader workers)
 
 
 def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
@@ -86,6 +90,7 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--keep", type=Path, default=None,
                    help="a new folder to keep the data and runs in (default: a temporary one, removed)")
     p.add_argument("--ours-only", action="store_true", help="train our models only (no ultralytics)")
+    p.add_argument("--our-flags", default="", help="extra flags for our train.py, e.g. '--amp off' (float32)")
     p.add_argument("--quick", action="store_true", help="2 epochs of 16 images at 64 px, batch 8: the pipeline")
     opt = p.parse_args(argv)
     if opt.quick:
@@ -136,26 +141,38 @@ def our_test_map(weights: Path, data: Path, opt: argparse.Namespace) -> float:
                           name=run_folder.name).map)
 
 
-def run_process(command: list[str], name: str, cwd: Path, env: dict[str, str] | None = None) -> float:
-    """Run one training process in ``cwd``; its wall time in seconds (a failure ends the benchmark with its last
-    lines)."""
-    start = time.perf_counter()
+def children_cpu_seconds() -> float:
+    """User + system CPU seconds of the children this process has waited for, so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_process(command: list[str], name: str, cwd: Path, env: dict[str, str] | None = None) \
+        -> tuple[float, float, str]:
+    """Run one training process in ``cwd``: its wall seconds, its CPU seconds (with the children it waited for)
+    and its output (a failure ends the benchmark with its last lines). Runs are sequential, so the CPU time is this
+    run's alone; on a loaded machine it is the fairer of the two figures."""
+    cpu, start = children_cpu_seconds(), time.perf_counter()
     done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=env)
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, children_cpu_seconds() - cpu
     if done.returncode != 0:
         raise SystemExit(f"{name} failed ({done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
-    return seconds
+    return seconds, cpu, done.stdout + done.stderr
 
 
 def run_ours(model: str, opt: argparse.Namespace, data: Path, runs: Path, name: str) -> Run:
     """Our train.py with its defaults for ``model``; the run folder is ``runs / name``."""
     command = [sys.executable, str(ROOT / "train.py"), "--cfg", model, "--data", str(data), "--epochs",
                str(opt.epochs), "--img", str(opt.img), "--batch-size", str(opt.batch_size), "--seed", str(opt.seed),
-               "--device", opt.device, "--noplots", "--loggers", "csv", "--project", str(runs), "--name", name]
-    seconds = run_process(command, f"our {model}", ROOT)
+               "--device", opt.device, "--noplots", "--loggers", "csv", "--project", str(runs), "--name", name,
+               *shlex.split(opt.our_flags)]
+    seconds, cpu, output = run_process(command, f"our {model}", ROOT)
+    amp = re.search(r"^AMP: .*$", output, re.MULTILINE)
+    if amp:
+        print(f"  our train.py: {amp.group(0)}", flush=True)
     folder = runs / name
     return Run(model, "ours", best_map(folder / "results.csv", OUR_MAP),
-               our_test_map(folder / "weights" / "best.pt", data, opt), seconds)
+               our_test_map(folder / "weights" / "best.pt", data, opt), seconds, cpu)
 
 
 def ensure_ultralytics(venv: Path) -> Path:
@@ -209,32 +226,34 @@ def run_theirs(model: str, opt: argparse.Namespace, data: dict[str, Path], runs:
     command = [*without_network(), str(python), "-c", THEIR_TRAIN,
                json.dumps(their_arguments(model, opt, data["ultralytics"], runs, name))]
     runs.mkdir(parents=True, exist_ok=True)  # its working folder: whatever it writes beside its run stays there
-    seconds = run_process(command, f"ultralytics {model}", runs, env)
+    seconds, cpu, _ = run_process(command, f"ultralytics {model}", runs, env)
     folder = runs / name
     return Run(model, "ultralytics", best_map(folder / "results.csv", THEIR_MAP),
-               our_test_map(folder / "weights" / "best.pt", data["ours"], opt), seconds)
+               our_test_map(folder / "weights" / "best.pt", data["ours"], opt), seconds, cpu)
 
 
 def summarise(runs: list[Run]) -> list[str]:
     """The table: per model and side the medians [min-max] of the runs, and per pair ours / theirs."""
     lines = [f"{'model':<9}{'trainer':<13}{'runs':>5}{'mAP@.5:.95 (own val)':>24}{'mAP@.5:.95 (our test.py)':>28}"
-             f"{'time (s)':>22}"]
-    medians: dict[tuple[str, str], tuple[float, float, float]] = {}
+             f"{'time (s)':>22}{'CPU (s)':>22}"]
+    medians: dict[tuple[str, str], tuple[float, float, float, float]] = {}
     for model in dict.fromkeys(r.model for r in runs):
         for side in ("ours", "ultralytics"):
             mine = [r for r in runs if r.model == model and r.side == side]
             if not mine:
                 continue
-            own, ours_test, seconds = (Stats.of(getattr(r, k) for r in mine)
-                                       for k in ("trainer_map", "our_map", "seconds"))
-            medians[model, side] = own.median, ours_test.median, seconds.median
+            own, ours_test, seconds, cpu = (Stats.of(getattr(r, k) for r in mine)
+                                            for k in ("trainer_map", "our_map", "seconds", "cpu_seconds"))
+            medians[model, side] = own.median, ours_test.median, seconds.median, cpu.median
             lines.append(f"{model:<9}{side:<13}{len(mine):>5}{own.fmt(4, 24)}{ours_test.fmt(4, 28)}"
-                         f"{seconds.fmt(1, 22)}")
+                         f"{seconds.fmt(1, 22)}{cpu.fmt(1, 22)}")
     for model in dict.fromkeys(r.model for r in runs):
         if (model, "ours") in medians and (model, "ultralytics") in medians:
-            (o_own, o_test, o_s), (t_own, t_test, t_s) = medians[model, "ours"], medians[model, "ultralytics"]
+            (o_own, o_test, o_s, o_cpu), (t_own, t_test, t_s, t_cpu) = medians[model, "ours"], \
+                medians[model, "ultralytics"]
             lines.append(f"{model} ours / ultralytics: mAP@.5:.95 {o_own / max(t_own, 1e-9):.2f}x (own val), "
-                         f"{o_test / max(t_test, 1e-9):.2f}x (our test.py); time {o_s / t_s:.2f}x")
+                         f"{o_test / max(t_test, 1e-9):.2f}x (our test.py); time {o_s / t_s:.2f}x, "
+                         f"CPU time {o_cpu / max(t_cpu, 1e-9):.2f}x")
     return lines
 
 

@@ -35,12 +35,13 @@ def test_the_data_in_both_layouts_and_our_side_end_to_end(tmp_path: Path) -> Non
         labels = Path(copies[1]["path"]) / "labels" / split
         assert sorted(p.stem for p in labels.glob("*.txt")) == [p.stem for p in theirs]
 
-    opt = parse_opt(["--epochs", "1", "--img", "64", "--batch-size", "8", "--ours-only"])
+    opt = parse_opt(["--epochs", "1", "--img", "64", "--batch-size", "8", "--ours-only", "--our-flags", "--amp off"])
     run = run_ours("yolo11n", opt, data["ours"], tmp_path / "runs", "tiny")
     folder = tmp_path / "runs" / "tiny"
     assert (folder / "weights" / "best.pt").is_file()
+    assert load_yaml(folder / "opt.yaml")["amp"] == "off"  # --our-flags reached train.py
     assert (tmp_path / "runs" / "test" / "tiny").is_dir()  # our test.py's outputs beside the run, not in runs/
-    assert run.model == "yolo11n" and run.side == "ours" and run.seconds > 0
+    assert run.model == "yolo11n" and run.side == "ours" and run.seconds > 0 and run.cpu_seconds > 0
     assert run.trainer_map == best_map(folder / "results.csv", OUR_MAP)
     assert 0.0 <= run.trainer_map <= 1.0 and 0.0 <= run.our_map <= 1.0 and math.isfinite(run.our_map)
 
@@ -69,12 +70,14 @@ def test_ultralytics_is_asked_for_the_same_schedule_offline(tmp_path: Path) -> N
 
 
 def test_the_table_gives_medians_and_the_ratios_of_each_pair() -> None:
-    runs = [Run("yolo11n", "ours", 0.30, 0.28, 100.0), Run("yolo11n", "ultralytics", 0.20, 0.21, 300.0),
-            Run("yolo11n", "ours", 0.40, 0.36, 140.0), Run("yolo11n", "ultralytics", 0.30, 0.29, 200.0),
-            Run("yolov5n", "ours", 0.10, 0.09, 50.0)]
+    runs = [Run("yolo11n", "ours", 0.30, 0.28, 100.0, 150.0), Run("yolo11n", "ultralytics", 0.20, 0.21, 300.0, 500.0),
+            Run("yolo11n", "ours", 0.40, 0.36, 140.0, 250.0), Run("yolo11n", "ultralytics", 0.30, 0.29, 200.0, 300.0),
+            Run("yolov5n", "ours", 0.10, 0.09, 50.0, 60.0)]
     lines = summarise(runs)
     assert lines[1].split()[:3] == ["yolo11n", "ours", "2"] and "120.0 [100.0-140.0]" in lines[1]
     assert "0.3500 [0.3000-0.4000]" in lines[1] and "250.0 [200.0-300.0]" in lines[2]
+    assert "200.0 [150.0-250.0]" in lines[1] and "400.0 [300.0-500.0]" in lines[2]  # CPU seconds
     assert lines[3].startswith("yolov5n  ours")
-    assert lines[-1] == "yolo11n ours / ultralytics: mAP@.5:.95 1.40x (own val), 1.28x (our test.py); time 0.48x"
+    assert lines[-1] == "yolo11n ours / ultralytics: mAP@.5:.95 1.40x (own val), 1.28x (our test.py); time 0.48x, " \
+                        "CPU time 0.50x"
     assert len(lines) == 5  # yolov5n has no pair: no ratio line
