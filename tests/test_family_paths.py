@@ -107,7 +107,7 @@ def test_an_anchor_free_family_trains_and_validates_in_two_gloo_processes(family
         (row,) = list(csv.DictReader(f))
     assert [k for k in row if k.endswith("_loss")] == ["train/box_loss", "train/cls_loss", "train/dfl_loss"], row
     assert all(0 < float(row[f"train/{name}_loss"]) < 100 for name in ("box", "cls", "dfl")), row
-    assert {"metrics/precision", "metrics/mAP_0.5:0.95"} <= set(row) and row["x/lr0"] == "0.001429"  # auto: AdamW
+    assert {"metrics/precision", "metrics/recall", "metrics/mAP_0.5", "metrics/mAP_0.5:0.95"} <= set(row)
     ckpt = load_checkpoint(run_dir / "weights" / "last.pt")
     assert (ckpt["family"], ckpt["task"]) == (family, "detect")
     assert ckpt["train_state"]["states"]["updater"]["iteration"] == 3  # 24 images, 8 a step (4 on each rank)
