@@ -4,6 +4,7 @@ TTA where it applies. Tiny models: the family YAMLs at 1/16 width, 64 px, 1 epoc
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import cv2
@@ -84,6 +85,36 @@ def test_yolo26_stopped_mid_epoch_resumes_in_two_gloo_processes(family_cfgs, tin
     assert ckpt["family"] == "yolo26" and ckpt["train_state"]["states"]["updater"]["iteration"] == 6
 
 
+@pytest.mark.slow
+@pytest.mark.ddp
+@pytest.mark.parametrize("family", ["yolov8", "yolo11"])
+def test_an_anchor_free_family_trains_and_validates_in_two_gloo_processes(family: str, family_cfgs, tiny_dataset,
+                                                                          tmp_path) -> None:
+    """YOLOv8 and YOLO11 (YOLO26: the resume test above) under torchrun, 2 gloo processes, 1 epoch with sharded
+    validation: both ranks exit 0, results.csv holds the family's named losses (box, cls, dfl; no obj) and the
+    metrics, last.pt rebuilds as the family's model with every step counted once."""
+    import csv
+
+    from tests.helpers import run_job, torchrun_cmd, train_args
+    from utils.weights.checkpoint import load_checkpoint, model_from_checkpoint
+
+    run_dir = tmp_path / "exp"
+    code, out = run_job(torchrun_cmd(2, *train_args(tiny_dataset, family_cfgs[family], tmp_path, "--name", "exp",
+                                                    "--ddp-timeout", "120", epochs=1)))
+    assert code == 0, out[-3000:]
+    assert "batch 4 per rank, 2 ranks" in out and out.count("1 epochs completed in") == 1, out[-3000:]
+    with open(run_dir / "results.csv") as f:
+        (row,) = list(csv.DictReader(f))
+    assert [k for k in row if k.endswith("_loss")] == ["train/box_loss", "train/cls_loss", "train/dfl_loss"], row
+    assert all(0 < float(row[f"train/{name}_loss"]) < 100 for name in ("box", "cls", "dfl")), row
+    assert {"metrics/precision", "metrics/recall", "metrics/mAP_0.5", "metrics/mAP_0.5:0.95"} <= set(row)
+    ckpt = load_checkpoint(run_dir / "weights" / "last.pt")
+    assert (ckpt["family"], ckpt["task"]) == (family, "detect")
+    assert ckpt["train_state"]["states"]["updater"]["iteration"] == 3  # 24 images, 8 a step (4 on each rank)
+    model = model_from_checkpoint(ckpt)
+    assert model.head.family == family and model.head.contract.layout == "xywh_cls"
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_trackers_image_logging_draws_each_familys_boxes(family: str, family_cfgs, tmp_path) -> None:
     """The trackers' validation images: each head's output through the one post-processing call, boxes drawn."""
@@ -106,6 +137,88 @@ def test_trackers_image_logging_draws_each_familys_boxes(family: str, family_cfg
     drawn = cv2.imread(str(written[0]))
     assert drawn.shape == (64, 64, 3) and (abs(drawn.astype(int) - 114).max(-1) > 40).sum() > 50  # box lines
     assert model.training is False
+
+
+@pytest.fixture(scope="module")
+def coco_split(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data YAML whose val split is a COCO file of 60 synthetic images (its own image and category ids, crowd
+    boxes): tests/test_datasets.py's."""
+    from tests.test_datasets import _coco_val_set
+
+    return _coco_val_set(tmp_path_factory.mktemp("coco_split") / "synthetic")
+
+
+def in_layout(rows: torch.Tensor, layout: str) -> torch.Tensor:
+    """An oracle's YOLOv5-layout rows (k, 5 + nc) as a head of ``layout`` lays them out: ``xywh_cls`` with the
+    objectness folded into the class scores, ``xyxy_score_cls`` as final detections."""
+    from utils.boxes import xywh2xyxy
+
+    scores = rows[:, 5:] * rows[:, 4:5]
+    if layout == "xywh_cls":
+        return torch.cat((rows[:, :4], scores), 1)
+    conf, cls = scores.max(1, keepdim=True)
+    return torch.cat((xywh2xyxy(rows[:, :4]), conf, cls.float()), 1)
+
+
+@pytest.mark.parametrize("family", ["yolo11", "yolo26"])
+def test_test_py_save_json_of_a_familys_checkpoint_agrees_with_cocoeval(family: str, family_cfgs, coco_split,
+                                                                         tmp_path, monkeypatch) -> None:
+    """test.py --save-json on a COCO-file split with a YOLO11 (NMS) or YOLO26 (final rows, no NMS) checkpoint: its
+    mAP@.5:.95 and mAP@.5 within 0.005 of pycocotools' COCOeval bbox on the JSON it wrote, and equal to what it
+    reports. A tiny model trained for seconds detects nothing, so the model's output rows (its head's shape, read
+    by its head's contract) are replaced by an oracle's, laid out so: jittered labels, some of the wrong class, and
+    spurious boxes, for a mAP well away from 0 and 1."""
+    from models.yolo import Model
+    from tests.helpers import load_script, oracle_batch
+    from tests.test_datasets import _cocoeval
+    from utils.data.synthetic import SYNTHETIC_NAMES
+    from utils.deploy.runtime import InferenceModel
+    from utils.weights.checkpoint import new_checkpoint, save_checkpoint
+
+    test_script = load_script("test")
+    torch.manual_seed(0)
+    model = Model(family_cfgs[family])
+    model.names = list(SYNTHETIC_NAMES)
+    weights = save_checkpoint(new_checkpoint(model), tmp_path / f"{family}.pt")
+    oracle: dict[bytes, torch.Tensor] = {}  # an image's bytes (as the loader gives it) -> its oracle rows
+
+    def create_dataloader(*args, **kwargs):
+        loader, dataset = real_loader(*args, **kwargs)
+        for imgs, targets, paths, *_ in loader:
+            for image, rows in zip(imgs, oracle_batch(imgs, targets, paths)):
+                oracle[image.contiguous().numpy().tobytes()] = rows[rows[:, 4] > 0]
+        return loader, dataset
+
+    def as_module(self: InferenceModel) -> torch.nn.Module:
+        module = real_as_module(self)
+        head_forward, layout = module.forward, module.head.contract.layout
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            out = head_forward(x)
+            replayed = torch.zeros_like(out)  # rows of score 0 beyond the oracle's: below any threshold
+            for i, image in enumerate(x):
+                rows = oracle.get((image * 255).round().to(torch.uint8).contiguous().numpy().tobytes())
+                if rows is not None:  # None: test.py's warm-up call
+                    replayed[i, :len(rows)] = in_layout(rows, layout)
+            return replayed
+
+        module.forward = forward
+        return module
+
+    real_loader, real_as_module = test_script.create_dataloader, InferenceModel.as_module
+    monkeypatch.setattr(test_script, "create_dataloader", create_dataloader)
+    monkeypatch.setattr(InferenceModel, "as_module", as_module)
+    result = test_script.run(weights=weights, data=coco_split, img=96, batch_size=16, device="cpu", workers=0,
+                             save_json=True, project=tmp_path / "runs", name="val")
+    assert result.seen == 60 and len(oracle) == 60
+    rows = json.loads(result.json_path.read_text())
+    assert {r["category_id"] for r in rows} == {2, 5, 9}  # the file's own category ids
+    n_oracle = sum(len(r) for r in oracle.values())
+    assert len(rows) == n_oracle if family == "yolo26" else 0.9 * n_oracle < len(rows) <= n_oracle  # NMS or none
+    assert 0.1 < result.map < result.map50 < 0.99
+    coco_map, coco_map50 = _cocoeval(coco_split.parent / "instances_val.json", result.json_path)
+    assert abs(result.map - coco_map) < 0.005 and abs(result.map50 - coco_map50) < 0.005
+    assert result.coco_map == pytest.approx(coco_map)  # what --save-json reports: COCOeval on the split's file
 
 
 def test_tta_runs_for_an_anchor_free_family_in_test_and_detect(family_cfgs, tiny_dataset, tmp_path) -> None:
@@ -134,19 +247,31 @@ def test_tta_runs_for_an_anchor_free_family_in_test_and_detect(family_cfgs, tiny
 
 
 @pytest.mark.slow
-def test_every_non_tensorflow_format_of_an_anchor_free_family_exports_verified(family_cfgs, tmp_path) -> None:
-    """TorchScript, ONNX, OpenVINO, NCNN (decoded graph) and Core ML (attention included) of a tiny YOLO11 (YOLOv8's
-    head and blocks are a subset of its), each verified by export.py; SavedModel and TFLite of all three families:
+@pytest.mark.parametrize("family, names", [("yolo11", ["torchscript", "onnx", "openvino", "ncnn", "coreml"]),
+                                           ("yolov8", ["torchscript", "onnx"])])
+def test_every_non_tensorflow_format_of_an_anchor_free_family_exports_verified(family: str, names: list[str],
+                                                                             family_cfgs, tmp_path) -> None:
+    """TorchScript, ONNX, OpenVINO, NCNN (decoded graph) and Core ML (attention included) of a tiny YOLO11, and
+    TorchScript and ONNX of a tiny YOLOv8 (its C2f blocks and plain class branch; the rest of its head and blocks
+    are YOLO11's), each verified against the .pt by export.py; the TorchScript and ONNX files read back by the
+    runtime give the .pt's detections. SavedModel and TFLite of all three families:
     tests/utils/deploy/test_tf_graph_families.py; YOLO26 in every format: tests/test_release_finetune.py."""
-    family = "yolo11"
     import export
     from models.yolo import Model
+    from utils.deploy.runtime import InferenceModel
+    from utils.predictions import OutputContract
     from utils.weights.checkpoint import new_checkpoint, save_checkpoint
 
     torch.manual_seed(0)
     model = Model(family_cfgs[family]).eval()
     weights = save_checkpoint(new_checkpoint(model), tmp_path / f"{family}.pt")
-    names = ["torchscript", "onnx", "openvino", "ncnn", "coreml"]
     results = export.main(export.parse_opt(["--weights", str(weights), "--img-size", "64", "--include", *names]))
     assert [r.format for r in results] == names
     assert all(r.error is None and r.file.exists() and r.verification is not None for r in results)
+    images = torch.rand(1, 3, 64, 64)
+    with torch.no_grad():
+        expected = model(images)
+    for result in results[:2]:  # the rows as the .pt's: read by the runtime with the contract the file records
+        exported = InferenceModel(result.file, trusted=True)
+        assert exported.contract == OutputContract("xywh_cls", 3), result.format
+        torch.testing.assert_close(exported(images).float(), expected, atol=1e-3, rtol=1e-4)
