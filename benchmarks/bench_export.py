@@ -95,7 +95,7 @@ def measure(name: str, file: Path, export_s: float, opt: argparse.Namespace) -> 
     options = ExportOptions(img_size=(opt.img_size, opt.img_size), verify_images=opt.val_images)
     files = [file] if file.is_file() else [f for f in file.rglob("*") if f.is_file()]
     model = InferenceModel(file, trusted=True)
-    result = evaluate_on_data(model.as_module(), opt.data, options, model.stride)
+    result = evaluate_on_data(model.as_module(), opt.data, options, model.stride, model.task)
     mask_map50 = None if result.mask is None else float(result.mask.mean_results()[2])
     return Row(name, sum(f.stat().st_size for f in files) / 1e6, export_s, result.map, result.map50, mask_map50,
                file=file)

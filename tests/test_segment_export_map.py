@@ -21,7 +21,7 @@ import yaml
 
 import export
 import test as test_script
-from tests.helpers import ROOT
+from tests.helpers import ROOT, one_thread_and_logger_kept
 from utils.evaluation.evaluate import EvalResult
 
 pytestmark = pytest.mark.usefixtures("one_thread_and_clean_logger")
@@ -47,16 +47,18 @@ def overfit_data(folder: Path) -> Path:
     return folder / "seg.yaml"
 
 
-@pytest.fixture
-def trained_segmenter(tmp_path: Path) -> tuple[Path, Path]:
+@pytest.fixture(scope="module")
+def trained_segmenter(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """(weights, data YAML): yolov5n-seg trained 100 epochs; batch 64 holds the 8 images, so no accumulation."""
     import train
 
+    tmp_path = tmp_path_factory.mktemp("trained-seg")
     data = overfit_data(tmp_path / "data")
-    result = train.run(data=str(data), cfg="yolov5n-seg.yaml", hyp=str(data.parent / "hyp.yaml"), weights="",
-                       img_size=64, batch_size=64, epochs=100, workers=0, device="cpu", amp="off", seed=0,
-                       project=str(tmp_path / "runs"), name="seg", noautoanchor=True, noplots=True, noval=True,
-                       nosave=True)
+    with one_thread_and_logger_kept():
+        result = train.run(data=str(data), cfg="yolov5n-seg.yaml", hyp=str(data.parent / "hyp.yaml"), weights="",
+                           img_size=64, batch_size=64, epochs=100, workers=0, device="cpu", amp="off", seed=0,
+                           project=str(tmp_path / "runs"), name="seg", noautoanchor=True, noplots=True,
+                           noval=True, nosave=True)
     weights = tmp_path / "exports" / "seg.pt"
     weights.parent.mkdir()
     shutil.copyfile(result.save_dir / "weights" / "last.pt", weights)
@@ -108,7 +110,23 @@ def test_every_export_of_a_trained_segmenter_validates_within_0005_of_the_pt(tra
     static.parent.mkdir()
     shutil.copyfile(weights, static)
     model = InferenceModel(static, trusted=True)  # its own file
-    square = figures(evaluate_on_data(model.as_module(), str(data), ExportOptions(img_size=(64, 64)), model.stride))
+    square = figures(evaluate_on_data(model.as_module(), str(data), ExportOptions(img_size=(64, 64)), model.stride,
+                                      model.task))
     assert square["mask mAP@.5"] > MIN_MASK_MAP50, square
     for file in export_all(static):
         assert_within(validate(file, data, project), square, f"static {file.name}")
+
+
+def test_bench_export_gives_a_segmenters_mask_map_beside_the_pts(trained_segmenter: tuple[Path, Path],
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks import bench_export as bench
+
+    weights, data = trained_segmenter
+    rows = bench.main(bench.parse_opt(["--weights", str(weights), "--data", str(data), "--img-size", "64",
+                                       "--formats", "onnx", "coreml", "--runs", "2", "--warmup", "0"]))
+    assert [r.name for r in rows] == ["pytorch (.pt)", "onnx", "coreml"]
+    pt, onnx, coreml = rows
+    assert pt.mask_map50 > MIN_MASK_MAP50 and abs(onnx.mask_map50 - pt.mask_map50) <= MAX_DIFF, rows
+    assert abs(onnx.map50 - pt.map50) <= MAX_DIFF and coreml.mask_map50 is None and "no runtime here" in coreml.note
+    table = capsys.readouterr().out.split("format ")[-1]
+    assert "mask mAP@.5" in table and f"{pt.mask_map50:.4f}  +0.0000" in table
