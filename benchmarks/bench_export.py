@@ -1,12 +1,14 @@
-"""Every export format of one weights file side by side: size, export time, mAP@.5:.95 on --data and latency per
-image at 1 thread and all threads, each with its ratio to the .pt (YOLOv5's benchmarks.py is the reference).
+"""Every export format of one weights file side by side: size, export time, mAP@.5:.95 and mAP@.5 on --data (a
+segmenter's mask mAP@.5 too, with its difference from the .pt's) and latency per image at 1 thread and all threads,
+each with its ratio to the .pt (YOLOv5's benchmarks.py is the reference).
 
     python benchmarks/bench_export.py --weights best.pt --data data/synthetic.yaml --img-size 160
     python benchmarks/bench_export.py --weights yolov5n.pt --data coco128.yaml --formats onnx openvino --int8
 
 Formats whose packages are missing are listed with the one line saying what to install. Each export is written
 by export.py (so verified as export.py verifies it) into a temporary folder; mAP is measured on at most
-``--val-images`` validation images of --data; latency is the median of ``--runs`` calls on one letterboxed image
+``--val-images`` validation images of --data, every format (the .pt too) on the same square --img-size inputs
+with test.py's thresholds; latency is the median of ``--runs`` calls on one letterboxed image
 through InferenceModel (the code path detect.py uses) after ``--warmup`` calls. The latencies are measured after
 every export, all formats in turns (``ROUNDS`` rounds, each timing a block of calls of every format), so that a
 change of load on a shared machine falls on every format alike and the ratios (INT8 against float) hold.
@@ -33,7 +35,7 @@ import export  # noqa: E402
 from benchmarks.harness import CLOCKS, Stats, add_timing_flags, header, load_average, time_call  # noqa: E402
 from utils.deploy.formats import ExportOptions, export_format_names, get_format  # noqa: E402
 from utils.deploy.runtime import InferenceModel  # noqa: E402
-from utils.deploy.verify import calibration_batches, map_on_data  # noqa: E402
+from utils.deploy.verify import calibration_batches, evaluate_on_data  # noqa: E402
 from utils.errors import UserError  # noqa: E402
 from utils.log import setup_logging  # noqa: E402
 
@@ -47,7 +49,9 @@ class Row:
     name: str
     size_mb: float = 0.0
     export_s: float = 0.0
-    map: float | None = None
+    map: float | None = None  # box mAP@.5:.95
+    map50: float | None = None  # box mAP@.5
+    mask_map50: float | None = None  # a segmenter's mask mAP@.5
     ms_one: float | None = None
     ms_all: float | None = None
     note: str = ""
@@ -87,12 +91,14 @@ def latencies(files: dict[str, Path], image: torch.Tensor, threads: int, opt: ar
 
 
 def measure(name: str, file: Path, export_s: float, opt: argparse.Namespace) -> Row:
-    """Size and mAP of one written file (its latencies come later, with every format's)."""
+    """Size and mAPs of one written file (its latencies come later, with every format's)."""
     options = ExportOptions(img_size=(opt.img_size, opt.img_size), verify_images=opt.val_images)
     files = [file] if file.is_file() else [f for f in file.rglob("*") if f.is_file()]
     model = InferenceModel(file, trusted=True)
-    return Row(name, sum(f.stat().st_size for f in files) / 1e6, export_s,
-               map_on_data(model.as_module(), opt.data, options, model.stride), file=file)
+    result = evaluate_on_data(model.as_module(), opt.data, options, model.stride, model.task)
+    mask_map50 = None if result.mask is None else float(result.mask.mean_results()[2])
+    return Row(name, sum(f.stat().st_size for f in files) / 1e6, export_s, result.map, result.map50, mask_map50,
+               file=file)
 
 
 def add_latencies(rows: list[Row], image: torch.Tensor, opt: argparse.Namespace) -> None:
@@ -121,18 +127,26 @@ def bench_format(name: str, int8: bool, weights: Path, opt: argparse.Namespace) 
 
 
 def print_table(rows: list[Row]) -> None:
-    base = rows[0]
-    print(f"{'format':<18}{'size MB':>9}{'export s':>10}{'mAP@.5:.95':>12}{'ms 1 thr':>10}{'ratio':>7}"
-          f"{'ms all':>9}{'ratio':>7}  note")
+    """One line per format; a segmenter's table adds its mask mAP@.5 and that figure's difference from the .pt's."""
+    base, masks = rows[0], rows[0].mask_map50 is not None
+    print(f"{'format':<18}{'size MB':>9}{'export s':>10}{'mAP@.5:.95':>12}{'mAP@.5':>8}"
+          + (f"{'mask mAP@.5':>13}{'vs .pt':>9}" if masks else "")
+          + f"{'ms 1 thr':>10}{'ratio':>7}{'ms all':>9}{'ratio':>7}  note")
     for r in rows:
         def cell(value: float | None, ref: float | None, width: int) -> str:
             if value is None:
                 return f"{'-':>{width}}{'-':>7}"
             return f"{value:>{width}.1f}{value / ref:>6.2f}x" if ref else f"{value:>{width}.1f}{'-':>7}"
 
-        mAP = "-" if r.map is None else f"{r.map:.4f}"
-        print(f"{r.name:<18}{r.size_mb:>9.1f}{r.export_s:>10.1f}{mAP:>12}{cell(r.ms_one, base.ms_one, 10)}"
-              f"{cell(r.ms_all, base.ms_all, 9)}  {r.note}")
+        def figure(value: float | None, width: int, sign: str = "") -> str:
+            return f"{'-':>{width}}" if value is None else f"{value:>{sign}{width}.4f}"
+
+        mask = ""
+        if masks:
+            diff = None if r.mask_map50 is None else r.mask_map50 - base.mask_map50
+            mask = figure(r.mask_map50, 13) + figure(diff, 9, "+")
+        print(f"{r.name:<18}{r.size_mb:>9.1f}{r.export_s:>10.1f}{figure(r.map, 12)}{figure(r.map50, 8)}{mask}"
+              f"{cell(r.ms_one, base.ms_one, 10)}{cell(r.ms_all, base.ms_all, 9)}  {r.note}")
 
 
 def main(opt: argparse.Namespace) -> list[Row]:

@@ -132,15 +132,10 @@ def one_thread_and_clean_logger() -> Iterator[None]:
     """One torch thread (the 2-core CI machine is shared by parallel jobs; 2 threads then thrash), and the
     logger's handlers restored after train.main() replaced them. Modules that train in this process use it with
     ``pytestmark = pytest.mark.usefixtures("one_thread_and_clean_logger")``."""
-    import torch
+    from tests.helpers import one_thread_and_logger_kept
 
-    from utils.log import LOGGER
-
-    threads, handlers, level = torch.get_num_threads(), list(LOGGER.handlers), LOGGER.level
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-    LOGGER.handlers[:], LOGGER.level = handlers, level
+    with one_thread_and_logger_kept():
+        yield
 
 
 @pytest.fixture

@@ -31,6 +31,21 @@ JOB_TIMEOUT_S = 180  # bound for one launched job on a loaded 2-core machine; a 
 GOOD_LABEL = "0 0.5 0.5 0.25 0.25\n"
 
 
+@contextlib.contextmanager
+def one_thread_and_logger_kept() -> Iterator[None]:
+    """One torch thread inside, and the thread count and the logger's handlers and level (which train.main()
+    replaces) restored on leaving."""
+    from utils.log import LOGGER
+
+    threads, handlers, level = torch.get_num_threads(), list(LOGGER.handlers), LOGGER.level
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        LOGGER.handlers[:], LOGGER.level = handlers, level
+
+
 def load_script(name: str):
     """A script of the project (train, test, ...) loaded by its path, never by ``import test`` (which may find
     Python's own test package). test.py is registered under the name val.py uses, so both share one module."""

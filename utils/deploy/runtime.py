@@ -169,6 +169,11 @@ class InferenceModel:
         """Whether it is a segmenter: calls return (rows, prototypes)."""
         return self.contract.nm > 0
 
+    @property
+    def task(self) -> str:
+        """The task whose labels score it: 'segment' (a split's outlines are read) or 'detect'."""
+        return "segment" if self.segments else "detect"
+
     @torch.no_grad()
     def __call__(self, images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Decoded predictions (b, n, contract columns) for a float image batch (b, 3, h, w) in [0, 1]; for a

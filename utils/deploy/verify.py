@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -15,6 +16,9 @@ from utils.deploy.formats import MAX_INT8_MAP_DROP, ExportFormat, ExportOptions,
 from utils.deploy.runtime import InferenceModel
 from utils.log import LOGGER
 from utils.predictions import OutputContract
+
+if TYPE_CHECKING:
+    from utils.evaluation.evaluate import EvalResult
 
 
 class VerificationError(RuntimeError):
@@ -176,6 +180,13 @@ def map_on_data(module: nn.Module, data_yaml: str, options: ExportOptions, strid
                 task: str | None = None) -> float:
     """Box mAP@.5:.95 of ``module`` on at most ``options.verify_images`` validation images of ``data_yaml``, its
     labels read as ``task`` reads them (a segmenter's split holds outlines; default: the module's head's task)."""
+    return evaluate_on_data(module, data_yaml, options, stride, task).map
+
+
+def evaluate_on_data(module: nn.Module, data_yaml: str, options: ExportOptions, stride: int,
+                     task: str | None = None) -> EvalResult:
+    """map_on_data's validation pass (square ``options.img_size`` inputs, test.py's thresholds) and all it measured:
+    box P, R, mAP@.5 and mAP@.5:.95, and a segmenter's mask metrics beside them."""
     task = task or getattr(getattr(module, "head", None), "task", "detect")
     from utils.data.config import load_data_config
     from utils.data.datasets import DatasetOptions
@@ -191,7 +202,7 @@ def map_on_data(module: nn.Module, data_yaml: str, options: ExportOptions, strid
                                      nc=data.nc, names=data.names, task=task)
     loader, _ = create_dataloader(files, dataset_options, workers=0)
     device = next(iter(module.parameters()), torch.zeros(0)).device
-    return evaluate(module, loader, device, data.names, EvalOptions()).map
+    return evaluate(module, loader, device, data.names, EvalOptions())
 
 
 def verify_int8(file: Path, model: nn.Module, options: ExportOptions, stride: int,
