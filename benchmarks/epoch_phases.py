@@ -1,13 +1,15 @@
 """Where the CPU time of a train.py run goes, phase by phase (run by ``bench_step.py --epoch`` in a child process).
 
     python benchmarks/epoch_phases.py --tree . --out phases.json -- --cfg yolov5n --img 320 --epochs 1
+    python benchmarks/epoch_phases.py --clock wall --tree . --out phases.json -- --cfg yolo11n --epochs 15
 
 It imports train.py from ``--tree`` (this checkout, or another one for a before/after comparison), wraps the
 functions that make up each phase with a timer of the training thread's CPU time (``time.thread_time``) and runs
 ``train.main``. A phase's time is exclusive: a phase inside another (the data wait inside validation) is counted
 once, under "validation: data". Functions a tree does not have are skipped, so older trees can be measured too.
 The JSON holds the phases, the training thread's total, the other threads' (plots drawn in the background) and
-the DataLoader workers' CPU seconds.
+the DataLoader workers' CPU seconds. With ``--clock wall`` the phases are wall seconds of the training thread
+instead (waits included: a phase's share of the run's wall time), the other figures stay CPU seconds.
 """
 
 from __future__ import annotations
@@ -136,12 +138,16 @@ def install(clock: PhaseClock) -> list[str]:
     return missing
 
 
-def run(tree: Path, train_args: list[str]) -> dict:
-    """Import train.py from ``tree`` (timed as start-up imports), patch, train; the CPU seconds by phase."""
+CLOCKS = {"cpu": time.thread_time, "wall": time.perf_counter}  # --clock: what a phase's seconds are
+
+
+def run(tree: Path, train_args: list[str], clock_name: str = "cpu") -> dict:
+    """Import train.py from ``tree`` (timed as start-up imports), patch, train; the seconds by phase on
+    ``clock_name``'s clock (CLOCKS)."""
     start_thread, start_process = time.thread_time(), time.process_time()
     os.chdir(tree)
     sys.path.insert(0, str(tree))
-    clock = PhaseClock()
+    clock = PhaseClock(CLOCKS[clock_name])
     clock.enter("start-up imports (train.py and what it imports)")
     train = importlib.import_module("train")
     clock.leave()
@@ -152,7 +158,7 @@ def run(tree: Path, train_args: list[str]) -> dict:
     clock.leave()
     thread_total = time.thread_time() - start_thread
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return {"phases": dict(clock.seconds), "training_thread_s": thread_total,
+    return {"phases": dict(clock.seconds), "clock": clock_name, "training_thread_s": thread_total,
             "other_threads_s": max(time.process_time() - start_process - thread_total, 0.0),
             "workers_s": children.ru_utime + children.ru_stime, "missing": missing}
 
@@ -177,10 +183,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tree", type=Path, default=Path(__file__).resolve().parents[1], help="checkout to run")
     p.add_argument("--out", type=Path, required=True, help="JSON file for the phases")
+    p.add_argument("--clock", choices=sorted(CLOCKS), default="cpu",
+                   help="phases in the training thread's CPU seconds or in wall seconds")
     p.add_argument("train_args", nargs=argparse.REMAINDER, help="train.py's arguments after --")
     opt = p.parse_args()
     args = opt.train_args[1:] if opt.train_args[:1] == ["--"] else opt.train_args
-    result = run(opt.tree.resolve(), args)
+    result = run(opt.tree.resolve(), args, opt.clock)
     opt.out.write_text(json.dumps(result))
 
 

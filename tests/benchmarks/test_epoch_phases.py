@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 from benchmarks import epoch_phases
 from benchmarks.epoch_phases import STEP_LOOP, PhaseClock, shares
+from tests.helpers import ROOT, train_args
 
 
 def test_nested_phases_are_counted_once_and_validation_names_its_parts() -> None:
@@ -36,3 +44,19 @@ def test_shares_of_the_model_for_the_run_and_for_a_recurring_epoch() -> None:
     assert got["total_s"] == 100.0 and got["model_s"] == 80.0 and abs(got["not_model"] - 0.2) < 1e-12
     assert got["recurring_s"] == 87.0 and abs(got["recurring_not_model"] - 7 / 87) < 1e-12
     assert epoch_phases.OTHER_THREADS in epoch_phases.ONCE_PER_RUN
+
+
+def test_a_tiny_run_timed_on_the_wall_clock(tmp_path: Path, tiny_dataset: Path, tiny_cfg_file: Path) -> None:
+    out = tmp_path / "phases.json"
+    command = [sys.executable, str(ROOT / "benchmarks" / "epoch_phases.py"), "--clock", "wall", "--tree", str(ROOT),
+               "--out", str(out), "--", *train_args(tiny_dataset, tiny_cfg_file, tmp_path / "runs", epochs=1)[1:]]
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    wall = time.perf_counter() - start
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["clock"] == "wall" and result["missing"] == []
+    phases = result["phases"]
+    assert phases["forward"] > 0 and phases["backward"] > 0 and phases["checkpoint saving"] > 0
+    assert sum(phases.values()) <= wall  # wall seconds of one thread, each counted once: within the process's life
+    assert (tmp_path / "runs" / "exp" / "weights" / "last.pt").is_file()
