@@ -115,6 +115,23 @@ def s3_server() -> Iterator[dict[str, str]]:
         server.stop()
 
 
+
+@contextlib.contextmanager
+def gcs_server() -> Iterator[dict[str, str]]:
+    """gcp-storage-emulator's GCS-compatible server on 127.0.0.1 (a free port, in memory) from a thread; yields the
+    environment a client needs to reach it: ``STORAGE_EMULATOR_HOST`` (gcsfs sends every request there, the gRPC
+    bucket-layout probe included) and ``NO_GCE_CHECK`` (no probe of the cloud metadata address while gcsfs looks for
+    credentials; it falls back to anonymous ones, which the emulator accepts)."""
+    from gcp_storage_emulator.server import create_server
+
+    port = free_port()
+    server = create_server("127.0.0.1", port, in_memory=True)
+    server.start()
+    try:
+        yield {"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}", "NO_GCE_CHECK": "true"}
+    finally:
+        server.stop()
+
 # ------------------------------------------------------------------------------------------------ processes
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.helpers import RangeHandler, make_shard_set, s3_server, serve_folder
+from tests.helpers import RangeHandler, gcs_server, make_shard_set, s3_server, serve_folder
 from utils.data import loader as loader_module
 from utils.data.config import DataError, load_data_config
 from utils.data.convert import main as convert_main
@@ -251,6 +251,27 @@ def test_shards_stream_from_s3_and_stay_in_the_disk_cache(shard_set: Path, s3_en
     assert _epoch(loader) == local
     assert len(list((tmp_path / "home" / "shards").rglob("*.shard"))) == 2
 
+
+
+def test_shards_stream_from_gcs(shard_set: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import fsspec
+
+    with gcs_server() as env:  # the emulator's address in the environment, as a client finds it there
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        fs = fsspec.filesystem("gs", skip_instance_cache=True)
+        fs.mkdir("yolo-shards")
+        for path in (shard_set.parent / "shards").iterdir():
+            fs.put_file(str(path), f"yolo-shards/coco/{path.name}")
+        data = tmp_path / "gs.yaml"
+        data.write_text(yaml.safe_dump({"train": "gs://yolo-shards/coco/train-{000000..000003}.tar",
+                                        "val": "gs://yolo-shards/coco/train-000000.tar",
+                                        "names": list(SYNTHETIC_NAMES)}))
+        local_pixels, remote_pixels = [], []
+        local = _epoch(_loader(shard_set, batch=4, augment=False)[0], pixels=local_pixels)
+        remote = _epoch(_loader(data, batch=4, augment=False)[0], pixels=remote_pixels)
+    assert remote == local and len({p for b in remote for p in b}) == N_IMAGES  # every image once, in the same order
+    assert all(a[0].equal(b[0]) and a[1].equal(b[1]) for a, b in zip(local_pixels, remote_pixels))  # and its labels
 
 def test_a_damaged_sample_is_a_warning_and_training_goes_on(shard_set: Path, tmp_path: Path,
                                                              yolo_log: list[str]) -> None:
