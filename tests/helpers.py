@@ -115,7 +115,6 @@ def s3_server() -> Iterator[dict[str, str]]:
         server.stop()
 
 
-
 @contextlib.contextmanager
 def gcs_server() -> Iterator[dict[str, str]]:
     """gcp-storage-emulator's GCS-compatible server on 127.0.0.1 (a free port, in memory) from a thread; yields the
@@ -131,6 +130,7 @@ def gcs_server() -> Iterator[dict[str, str]]:
         yield {"STORAGE_EMULATOR_HOST": f"http://127.0.0.1:{port}", "NO_GCE_CHECK": "true"}
     finally:
         server.stop()
+
 
 # ------------------------------------------------------------------------------------------------ processes
 def free_port() -> int:

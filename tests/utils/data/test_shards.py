@@ -252,7 +252,6 @@ def test_shards_stream_from_s3_and_stay_in_the_disk_cache(shard_set: Path, s3_en
     assert len(list((tmp_path / "home" / "shards").rglob("*.shard"))) == 2
 
 
-
 def test_shards_stream_from_gcs(shard_set: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import fsspec
 
