@@ -272,6 +272,7 @@ def test_shards_stream_from_gcs(shard_set: Path, monkeypatch: pytest.MonkeyPatch
     assert remote == local and len({p for b in remote for p in b}) == N_IMAGES  # every image once, in the same order
     assert all(a[0].equal(b[0]) and a[1].equal(b[1]) for a, b in zip(local_pixels, remote_pixels))  # and its labels
 
+
 def test_a_damaged_sample_is_a_warning_and_training_goes_on(shard_set: Path, tmp_path: Path,
                                                              yolo_log: list[str]) -> None:
     folder = tmp_path / "data" / "shards"
