@@ -11,9 +11,11 @@ images, the family's scratch hyperparameters, --optimizer auto); with ``--classe
 labelled ``shape``: at 64 px the three shapes' classes are not learned within such runs (the class loss stays flat)
 and the class-aware mAP@.5 swings by tenths between epochs. Each variant is one train.py run (``--workers 0``, the
 same --seed, validation after every epoch); the 2-rank ones run under ``torch.distributed.run --nproc_per_node 2``
-on the CPU (gloo). Printed: each variant's mAP@.5 after the last epoch, its mean over the last 5 epochs and its
-best, the optimizer line train.py logged (where the rule shows), and the differences to batch 16 (the goal: within
-0.02 of mAP@.5).
+on the CPU (gloo). Printed: each variant's mAP@.5 after the last epoch, its mean over the last 5 epochs, its best,
+last.pt's mAP@.5 on square 64-px canvases (``square``: train.py validates at 64 px on 96-px canvases, a third of
+them padding, and its figures swing with that; val_maps), the optimizer line train.py logged (where the rule
+shows), and the differences to batch 16 (the goal: within 0.02 of mAP@.5). ``--evaluate WEIGHTS --data YAML``
+prints both mAP@.5 figures of checkpoints trained elsewhere.
 """
 
 from __future__ import annotations
@@ -52,6 +54,9 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS),
                    help="the runs to make (b16 is the base of the differences when it runs)")
     p.add_argument("--quick", action="store_true", help="2 epochs of 64 images at 64 px: checks the pipeline")
+    p.add_argument("--evaluate", nargs="+", type=Path, default=[], metavar="WEIGHTS",
+                   help="train nothing: evaluate these checkpoints on --data's val split, both ways (see val_maps)")
+    p.add_argument("--data", type=Path, help="the data YAML of --evaluate")
     opt = p.parse_args(argv)
     if opt.quick:
         opt.epochs, opt.images, opt.img = 2, 64, 64
@@ -84,8 +89,31 @@ def optimizer_line(log: str) -> str:
     return f"{built.group(1) if built else '?'}; {rule.group(0)[:-1] if rule else 'no rule'}"
 
 
-def run_variant(name: str, opt: argparse.Namespace, data: Path, folder: Path) -> tuple[list[float], float, str]:
-    """One train.py run of the variant: (mAP@.5 after each epoch, seconds, the optimizer line)."""
+def val_maps(weights: Path, data: Path, img: int) -> tuple[float, float]:
+    """mAP@.5 of ``weights`` on the val split of ``data``: on the canvases train.py validates on (rect batches, each
+    side rounded up from ``img`` + half a stride: 96 px at 64), and on square ``img`` canvases (no padding beyond
+    the letterbox's), where a model trained at a small ``img`` is judged at the scale and context it trained at."""
+    from utils.data.datasets import DatasetOptions
+    from utils.data.loader import create_dataloader
+    from utils.evaluation.evaluate import EvalOptions, evaluate
+    from utils.safe_yaml import load_yaml
+    from utils.weights.checkpoint import load_model
+
+    model, ckpt = load_model(weights, "cpu")
+    config = load_yaml(data)
+    names = list(config["names"])
+    maps = []
+    for rect, pad in ((True, 0.5), (False, 0.0)):
+        options = DatasetOptions(img_size=img, batch_size=32, stride=32, hyp=ckpt.get("hyp") or {}, rect=rect,
+                                 pad=pad, nc=len(names))
+        loader, _ = create_dataloader(str(Path(config["path"]) / config["val"]), options, workers=0, shuffle=False)
+        maps.append(evaluate(model, loader, "cpu", names, EvalOptions()).named_results()["mAP_0.5"])
+    return maps[0], maps[1]
+
+
+def run_variant(name: str, opt: argparse.Namespace, data: Path, folder: Path) -> tuple[list[float], float, float, str]:
+    """One train.py run of the variant: (mAP@.5 after each epoch, mAP@.5 of last.pt on square canvases, seconds, the
+    optimizer line)."""
     processes, batch, flags = VARIANTS[name]
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
                 "--master-addr", "127.0.0.1", "--master-port", str(free_port())] if processes > 1 else [sys.executable]
@@ -98,10 +126,17 @@ def run_variant(name: str, opt: argparse.Namespace, data: Path, folder: Path) ->
     seconds = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"{name}: train.py failed ({done.returncode}):\n{(done.stdout + done.stderr)[-2000:]}")
-    return epoch_maps(folder / "runs" / name / "results.csv"), seconds, optimizer_line(done.stdout + done.stderr)
+    run = folder / "runs" / name
+    return (epoch_maps(run / "results.csv"), val_maps(run / "weights" / "last.pt", data, opt.img)[1], seconds,
+            optimizer_line(done.stdout + done.stderr))
 
 
-def main(opt: argparse.Namespace) -> dict[str, tuple[list[float], float, str]]:
+def main(opt: argparse.Namespace) -> dict[str, tuple[list[float], float, float, str]]:
+    if opt.evaluate:
+        print(f"{'mAP@.5':>8}{'square':>8}  weights (mAP@.5 on train.py's validation canvases, then on {opt.img} px)")
+        for weights in opt.evaluate:
+            print("".join(f"{value:>8.4f}" for value in val_maps(weights, opt.data, opt.img)) + f"  {weights}")
+        return {}
     print(header(f"bench_large_batch: {opt.cfg}, {opt.epochs} epochs, {opt.images} generated images, {opt.img} px, "
                  f"{opt.classes} class(es), seed {opt.seed}: total batch 16 (1 process) vs 128 (2 ranks)"))
     with tempfile.TemporaryDirectory(prefix="bench_large_batch_") as scratch:
@@ -109,12 +144,12 @@ def main(opt: argparse.Namespace) -> dict[str, tuple[list[float], float, str]]:
         data = make_data(folder, opt.images)
         data = one_class(data) if opt.classes == 1 else data
         outcomes = {name: run_variant(name, opt, data, folder) for name in opt.variants}
-    last = {name: maps[-1] for name, (maps, _, _) in outcomes.items()}
+    last = {name: outcome[0][-1] for name, outcome in outcomes.items()}
     base = last.get("b16", 0.0)
-    print(f"{'variant':<13}{'mAP@.5':>8}{'- b16':>8}{'last 5':>8}{'best':>7}{'time (s)':>10}  optimizer")
-    for name, (maps, seconds, line) in outcomes.items():
+    print(f"{'variant':<13}{'mAP@.5':>8}{'- b16':>8}{'last 5':>8}{'best':>7}{'square':>8}{'time (s)':>10}  optimizer")
+    for name, (maps, square, seconds, line) in outcomes.items():
         print(f"{name:<13}{maps[-1]:>8.4f}{maps[-1] - base:>+8.4f}{sum(maps[-5:]) / len(maps[-5:]):>8.4f}"
-              f"{max(maps):>7.4f}{seconds:>10.1f}  {line}")
+              f"{max(maps):>7.4f}{square:>8.4f}{seconds:>10.1f}  {line}")
     if len(outcomes) == len(VARIANTS):
         rule, norule = last["b128-rule"], last["b128-norule"]
         print(f"the rule's effect at batch 128: mAP@.5 {norule:.4f} -> {rule:.4f} ({rule - norule:+.4f}); "
