@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(p, "workers", "project", "name", "exist_ok")
     p.add_argument("--cos-lr", action="store_true", help="cosine LR schedule")
     p.add_argument("--batch-scaling", action="store_true",
-                   help="at a total batch above 64, scale lr0 with it and drop the warmup's minimum (docs/cluster.md)")
+                   help="above a total batch of 64, the large-batch rule for lr0, warmup and EMA (docs/cluster.md)")
     p.add_argument("--label-smoothing", type=float, default=0.0, help="label smoothing epsilon for the class targets")
     p.add_argument("--patience", type=int, default=100, help="epochs without improvement before stopping")
     p.add_argument("--freeze", nargs="+", type=int, default=[0], help="freeze the first N layers, or layers i j k")

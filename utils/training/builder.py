@@ -278,15 +278,16 @@ def load_train_data(config: RunConfig, hyp: dict, data_cfg: Any, grid: int, nc: 
 
 def build_updater(model: Model, config: RunConfig, choice: OptimizerChoice, batches_per_epoch: int,
                   ema: ModelEMA, scaler: bool) -> WeightUpdater:
-    """Optimizer (``choice``: --optimizer as chosen for this run) with decay scaled to the nominal batch, lr0 and
-    warmup by the large-batch rule (optim.BatchScaling; the hyp keeps the unscaled lr0, so a resume scales once), LR
-    schedule with warmup, EMA, and the gradient scaler with ``scaler`` (float16 needs it; bfloat16 has float32's
-    range)."""
+    """Optimizer (``choice``: --optimizer as chosen for this run) with decay scaled to the nominal batch, lr0, warmup
+    and ``ema``'s horizon by the large-batch rule (optim.BatchScaling; the hyp keeps the unscaled lr0, so a resume
+    scales once), LR schedule with warmup, EMA, and the gradient scaler with ``scaler`` (float16 needs it; bfloat16
+    has float32's range)."""
     hyp = choice.hyp
     accumulate = accumulate_steps(config.batch_size)
     decay = scaled_weight_decay(hyp["weight_decay"], config.batch_size, accumulate)
     rule = batch_scaling(choice.name, config.batch_size, enabled=config.batch_scaling)
     optimizer = build_optimizer(model, choice.name, hyp["lr0"] * rule.lr_factor, hyp["momentum"], decay)
+    rule.scale_ema(ema)
     LOGGER.info(f"{colorstr('optimizer:')} {choice.reason}{rule.text(config.batch_size, choice.name)}"
                 f"{describe_groups(optimizer)}; accumulate {accumulate} batches, weight_decay {decay:g}")
     schedule = LRSchedule(hyp, config.epochs, batches_per_epoch, cosine=config.cos_lr, accumulate=accumulate,

@@ -65,12 +65,17 @@ def scaled_weight_decay(weight_decay: float, total_batch: int, accumulate: int,
 
 @dataclass(frozen=True)
 class BatchScaling:
-    """The large-batch rule (docs/cluster.md) for a total batch above the nominal one, k = batch / nominal: lr0 x k
-    for every optimizer (linear scaling: Goyal et al. 2017 for SGD, the convention of DeiT and MAE for AdamW); the
-    warmup keeps its length in images, warmup_epochs, without the minimum of MIN_WARMUP_ITERS iterations that guards
-    small batches (at k times fewer iterations per epoch it would stretch the warmup k times); weight decay is scaled
-    as at every batch (scaled_weight_decay). Used with --batch-scaling only (measured, it did not help at k = 2:
-    docs/cluster.md); k = 1 (nothing changes) at or below the nominal batch."""
+    """The large-batch rule (docs/cluster.md) for a total batch above the nominal one, k = batch / nominal.
+
+    The loss sums over the images of a step (the family's loss times the batch, times the world size), so a step's
+    gradient already grows k times: SGD's step grows with it, and the linear scaling rule (Goyal et al. 2017) holds
+    without touching lr0 (lr_factor 1; a further x k would scale it k squared). Adam and AdamW divide the gradient's
+    scale away, so their lr0 is scaled: x sqrt(k), the square-root rule for adaptive methods (Malladi et al. 2022).
+    The warmup keeps its length in images, warmup_epochs, without the minimum of MIN_WARMUP_ITERS iterations that
+    guards small batches (at k times fewer iterations per epoch it would stretch the warmup k times). The EMA keeps
+    its horizon in images: each of its updates stands for k nominal steps, so decay ** k and tau / k (Busbridge et
+    al. 2023). Weight decay is scaled as at every batch (scaled_weight_decay). Used with --batch-scaling only; k = 1
+    (nothing changes) at or below the nominal batch."""
 
     k: float = 1.0
     lr_factor: float = 1.0
@@ -80,7 +85,11 @@ class BatchScaling:
         if self.k == 1.0:
             return ""
         return f"batch {total_batch} = {self.k:g} x {NOMINAL_BATCH}: lr0 x {self.lr_factor:.4g} ({optimizer}), " \
-               "warmup warmup_epochs without a minimum; "
+               f"warmup warmup_epochs without a minimum, EMA decay ** {self.k:g}; "
+
+    def scale_ema(self, ema: ModelEMA) -> None:
+        """Give ``ema`` the same horizon in images as at the nominal batch (decay ** k, tau / k)."""
+        ema.decay, ema.tau = ema.decay ** self.k, ema.tau / self.k
 
 
 def batch_scaling(optimizer: str, total_batch: int, enabled: bool = False,
@@ -89,7 +98,7 @@ def batch_scaling(optimizer: str, total_batch: int, enabled: bool = False,
     if not enabled or total_batch <= nominal_batch:
         return BatchScaling()
     k = total_batch / nominal_batch
-    return BatchScaling(k, k)
+    return BatchScaling(k, 1.0 if optimizer.lower() == "sgd" else math.sqrt(k))
 
 
 def min_warmup_iters(batch_scale: float = 1.0) -> int:

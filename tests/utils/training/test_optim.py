@@ -167,9 +167,9 @@ def test_freeze_a_count_or_a_list_of_layers() -> None:
 
 
 @pytest.mark.parametrize("optimizer, batch, enabled, k, factor", [
-    ("SGD", 128, True, 2.0, 2.0), ("SGD", 512, True, 8.0, 8.0), ("AdamW", 256, True, 4.0, 4.0),
-    ("Adam", 96, True, 1.5, 1.5), ("SGD", 64, True, 1.0, 1.0), ("AdamW", 16, True, 1.0, 1.0),
-    ("SGD", 512, False, 1.0, 1.0)])
+    ("SGD", 128, True, 2.0, 1.0), ("SGD", 512, True, 8.0, 1.0), ("AdamW", 256, True, 4.0, 2.0),
+    ("Adam", 96, True, 1.5, 1.5 ** 0.5), ("SGD", 64, True, 1.0, 1.0), ("AdamW", 16, True, 1.0, 1.0),
+    ("AdamW", 512, False, 1.0, 1.0)])
 def test_the_large_batch_rule(optimizer: str, batch: int, enabled: bool, k: float, factor: float) -> None:
     rule = batch_scaling(optimizer, batch, enabled)
     assert rule.k == pytest.approx(k) and rule.lr_factor == pytest.approx(factor)
@@ -184,18 +184,21 @@ def test_the_warmup_keeps_its_length_in_images_at_a_large_batch():
     assert LRSchedule(hyp, 2, 4, batch_scale=2.0).warmup_iters == 4  # at most half the run, as at any batch
 
 
-def test_the_updater_scales_lr0_by_the_rule_unless_turned_off(tiny_cfg: dict) -> None:
+def test_the_updater_scales_lr0_warmup_and_ema_by_the_rule_unless_turned_off(tiny_cfg: dict) -> None:
     from models.yolo import Model
     from utils.training.builder import build_updater
     from utils.training.config import RunConfig
     from utils.training.optim import OptimizerChoice
 
     model = Model(tiny_cfg)
-    choice = OptimizerChoice("SGD", {**HYP, "lr0": 0.01})
-    for batch, off, lr0, warmup in [(16, False, 0.01, 100), (256, False, 0.04, 10), (256, True, 0.01, 100)]:
-        config = RunConfig(batch_size=batch, epochs=300, batch_scaling=not off)
+    runs = [("AdamW", 16, True, 0.01, 100, 2000), ("AdamW", 256, True, 0.02, 10, 500),  # lr0 x sqrt(4) for AdamW
+            ("AdamW", 256, False, 0.01, 100, 2000), ("SGD", 256, True, 0.01, 10, 500)]  # SGD's loss scales already
+    for name, batch, rule, lr0, warmup, tau in runs:
+        choice = OptimizerChoice(name, {**HYP, "lr0": 0.01})
+        config = RunConfig(batch_size=batch, epochs=300, batch_scaling=rule)
         updater = build_updater(model, config, choice, 10, ModelEMA(model), scaler=False)
         assert updater.optimizer.param_groups[0]["initial_lr"] == pytest.approx(lr0)
         assert updater.schedule.warmup_iters == warmup
-    assert choice.hyp["lr0"] == 0.01  # the hyp keeps the file's lr0 (a resumed run scales it once)
+        assert updater.ema.tau == tau and updater.ema.decay == pytest.approx(0.9999 ** (2000 / tau))
+        assert choice.hyp["lr0"] == 0.01  # the hyp keeps the file's lr0 (a resumed run scales it once)
     assert BatchScaling().text(16, "SGD") == ""
