@@ -1,5 +1,6 @@
 """train.py's speed flags --amp, --channels-last and --compile: their parsing, what the builder makes of them and
-how a resumed run treats them (the --amp decision itself: tests/utils/training/test_amp.py)."""
+how a resumed run treats them (the --amp decision itself: tests/utils/training/test_amp.py); --single-cls on a
+set of several classes."""
 
 from __future__ import annotations
 
@@ -58,3 +59,20 @@ def test_channels_last_and_compile_flags(tiny_cfg_file: Path, monkeypatch: pytes
     compiled = compile_model(model, fast)
     assert isinstance(compiled, Compiled) and unwrap(compiled) is model
     assert unwrap(torch.nn.DataParallel(compiled)) is model  # any order of wrappers
+
+
+
+def test_single_cls_trains_on_every_image_of_a_multi_class_set(tmp_path: Path, tiny_dataset: Path,
+                                                               tiny_cfg_file: Path) -> None:
+    """--single-cls on a 3-class set: the labels are checked against the data's 3 classes, then become class 0 (no
+    image refused as 'class label 2 >= nc 1': every validation image was, and the run stopped), and the model has
+    one class, named 'item'."""
+    from tests.helpers import one_thread_and_logger_kept, train_args
+    from utils.weights.checkpoint import load_checkpoint
+
+    with one_thread_and_logger_kept():
+        result = train.main(train.parse_opt(train_args(tiny_dataset, tiny_cfg_file, tmp_path, "--single-cls",
+                                                       epochs=1)[1:]))
+    assert set(result.metrics) >= {"mAP_0.5", "mAP_0.5:0.95"}
+    ckpt = load_checkpoint(result.save_dir / "weights" / "last.pt")
+    assert (ckpt["nc"], ckpt["names"]) == (1, ["item"])

@@ -153,7 +153,8 @@ def build_trainer(config: RunConfig, hyp: dict, device: torch.device, hooks: Seq
         config = config.replace(batch_size=auto_batch(model, device, config.img_size))
     dist.batch_per_rank(config.batch_size)
     reserved = torch.get_num_threads() if device.type == "cpu" else 0  # the cores the CPU training threads need
-    data = data or load_train_data(config, hyp, data_cfg, grid, len(names), reserved, task=model.head.task)
+    data = data or load_train_data(config, hyp, data_cfg, grid, len(data_cfg.names), reserved,
+                                   task=model.head.task)  # labels checked against the data's classes
     if model.head.anchor_based and not config.noautoanchor and not config.resume and data.dataset is not None:
         check_anchors(data.dataset, model, thr=hyp["anchor_t"], img_size=config.img_size)  # rank 0 decides
     dist.check_agreement(fingerprint(model, config.options(), hyp, data.dataset))
@@ -257,7 +258,8 @@ def load_train_data(config: RunConfig, hyp: dict, data_cfg: Any, grid: int, nc: 
                     reserved_cores: int = 0, task: str = "detect") -> TrainData:
     """Train loader (distributed sampler, augmented) and the sharded val loader of --data; batch is per rank;
     the workers get the rank's cores less ``reserved_cores`` (utils.data.loader.worker_count); the samples carry
-    what the model's ``task`` trains on (outlines and masks for ``segment``)."""
+    what the model's ``task`` trains on (outlines and masks for ``segment``). ``nc`` is the data set's class count,
+    which its labels are checked against; with --single-cls they become class 0 after the check."""
     batch = dist.batch_per_rank(config.batch_size)
     common = DatasetOptions(img_size=config.img_size, batch_size=batch, stride=grid, hyp=hyp, cache=config.cache,
                             seed=config.seed, single_cls=config.single_cls, nc=nc, task=task)
