@@ -1,6 +1,7 @@
 """torch.hub entry points: ``torch.hub.load(REPO_DIR, "yolov5s", source="local", pretrained=True, classes=80)``;
 ``yolov5n`` ... ``yolov5x``, ``yolov8n`` ... ``yolov8x``, ``yolo11n`` ... ``yolo11x`` and ``yolo26n`` ... ``yolo26x``;
-the segmenters ``yolov5n_seg`` ... ``yolov5x_seg``, ``yolov8n_seg`` ... ``yolov8x_seg``, ``yolo11n_seg`` ... ``yolo11x_seg``.
+the segmenters ``yolov5n_seg`` ... ``yolov5x_seg``, ``yolov8n_seg`` ... ``yolov8x_seg``, ``yolo11n_seg`` ...
+``yolo11x_seg``.
 
 Each returns a :class:`models.hub.Detector` (images in, detections in original pixels out; see models/hub.py).
 ``pretrained=True`` fetches the official release file (``yolov5s.pt``, ``yolo11n.pt``, ...; cached, see

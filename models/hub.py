@@ -6,7 +6,8 @@ It letterboxes them to one batch shape, runs the model, post-processes its outpu
 says (utils.predictions.postprocess: NMS, or thresholds only for an end-to-end head) and maps the boxes back to each
 original image: ``Detections.xyxy[i]`` is a (k, 6) tensor [x1, y1, x2, y2, score, class] in that image's pixels.
 A segmenter's detections also have masks: ``Detections.masks[i]`` (k, h, w) bool at that image's size (the model's
-prototypes through utils.masks.process_masks, then resized). A float tensor batch (b, 3, h, w) in [0, 1] is passed straight to the model (raw decoded predictions).
+prototypes through utils.masks.process_masks, then resized). A float tensor batch (b, 3, h, w) in [0, 1] is passed
+straight to the model (raw decoded predictions).
 """
 
 from __future__ import annotations

@@ -23,6 +23,16 @@ import torch
 
 from utils.boxes import xywhn2xyxy, xyxy2xywhn
 from utils.data.annotations import no_regions
+from utils.data.augment import (
+    apply_hsv,
+    flip_lr,
+    flip_ud,
+    hsv_table,
+    letterbox,
+    mixup,
+    random_perspective,
+    warp_mosaic,
+)
 from utils.data.augment_masks import (
     RESAMPLE_POINTS,
     copy_paste,
@@ -34,16 +44,6 @@ from utils.data.augment_masks import (
     to_normalized,
     to_pixels,
     warp_mosaic_segments,
-)
-from utils.data.augment import (
-    apply_hsv,
-    flip_lr,
-    flip_ud,
-    hsv_table,
-    letterbox,
-    mixup,
-    random_perspective,
-    warp_mosaic,
 )
 from utils.data.errors import DataError
 from utils.data.formats import ignore_regions, scan_sources

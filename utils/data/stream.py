@@ -35,7 +35,6 @@ import numpy as np
 import torch
 
 from utils.data.datasets import DatasetOptions, YoloDataset
-from utils.data.errors import DataError
 from utils.data.image_io import ImageRefused, decode_image
 from utils.data.shard_urls import ShardSpec
 from utils.data.shards import Opener, ShardIndex, opener, read_index, read_samples

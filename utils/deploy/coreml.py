@@ -1,5 +1,6 @@
 """CoreML: ``<stem>.mlpackage`` (an ML program) converted by coremltools from a TorchScript trace, with the
-metadata as user-defined strings; a segmenter's prototypes are its second output. Core ML runs only on Apple systems: here the package is read back and checked
+metadata as user-defined strings; a segmenter's prototypes are its second output. Core ML runs only on Apple systems:
+here the package is read back and checked
 (input, output, metadata), not run."""
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ from torch import nn
 from models.head import Detect
 from models.head_anchor_free import AnchorFreeDetect
 from models.head_end_to_end import EndToEndDetect
-from models.segment import Segment
 from models.registry import LIMITS
+from models.segment import Segment
 from utils.deploy.formats import FormatError, check_metadata
 from utils.predictions import MAX_MASKS, ContractError, OutputContract
 

@@ -7,7 +7,8 @@ The graph takes (b, h, w, 3) float images in [0, 1] and returns what the .pt ret
 decoded (b, n, columns) rows as its output contract lays them out: YOLOv5 (b, n, 5 + nc); YOLOv8/YOLO11 (b, n,
 4 + nc) after the DFL decode; YOLO26 its final (b, k, 6) rows, top-k included (TFLite has TOPK_V2 and GATHER as
 builtins). A segmenter returns ``(rows, prototypes)`` as the .pt does, its prototypes NHWC (b, h/4, w/4, nm) and
-its rows carrying the nm mask coefficients last. With ``raw_maps`` (detectors only) it stops at the head's convolutions, one NHWC map per level, which --int8 uses so
+its rows carrying the nm mask coefficients last. With ``raw_maps`` (detectors only) it stops at the head's
+convolutions, one NHWC map per level, which --int8 uses so
 the decode stays float outside the integer graph: (b, ny, nx, na * (5 + nc)) for YOLOv5, the box and class
 branches concatenated, (b, ny, nx, 4 * reg_max + nc), for the anchor-free heads (YOLO26: its one-to-one branches);
 ``utils.deploy.head_maps.RawMapDecoder`` turns the latter back into the decoded rows.

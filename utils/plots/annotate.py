@@ -70,7 +70,8 @@ def draw_detections(img_bgr: np.ndarray, boxes_xyxy: np.ndarray | Sequence, clas
     return img_bgr
 
 
-def draw_masks(img_bgr: np.ndarray, masks: np.ndarray, classes: np.ndarray | Sequence, alpha: float = 0.5) -> np.ndarray:
+def draw_masks(img_bgr: np.ndarray, masks: np.ndarray, classes: np.ndarray | Sequence,
+               alpha: float = 0.5) -> np.ndarray:
     """Blend instance masks (k, h, w) bool, the image's size, onto a uint8 BGR image in place, each in its class
     colour with opacity ``alpha`` (later masks over earlier ones); returns it."""
     classes = np.asarray(classes).reshape(-1).astype(int)

@@ -52,7 +52,6 @@ from utils.training.train_state import TrainState
 from utils.weights.checkpoint import CheckpointError, new_checkpoint, to_plain
 
 
-
 @dataclass
 class Trainer:
     """One training run: what it is asked (``config``, ``hyp``), what it trains with (model, its ``family``'s loss,

@@ -142,7 +142,8 @@ class ComputeLoss:
         candidates = _Candidates(  # every target once per anchor, anchor-major: (na * n,)
             image=targets[:, 0].repeat(na), cls=targets[:, 1].repeat(na),
             xy=(targets[:, 2:4] * grid_size).repeat(na, 1), wh=(targets[:, 4:6] * grid_size).repeat(na, 1),
-            anchor=torch.arange(na, device=device).repeat_interleave(n), target=torch.arange(n, device=device).repeat(na))
+            anchor=torch.arange(na, device=device).repeat_interleave(n),
+            target=torch.arange(n, device=device).repeat(na))
         if n:
             ratio = candidates.wh / anchors[candidates.anchor]  # (na * n, 2)
             candidates = candidates.select(torch.max(ratio, 1 / ratio).max(1)[0] < self.anchor_t)

@@ -182,7 +182,8 @@ def convert_records(raw: Any, path: str | Path = "<records>") -> dict:
 
 
 def model_record(raw: Any) -> Record:
-    """The pickled detection or segmentation model of a release file (its EMA when the file has one, as the reference loads it)."""
+    """The pickled detection or segmentation model of a release file (its EMA when the file has one, as the
+    reference loads it)."""
     if not isinstance(raw, dict):
         raise _FormatError(f"expected a dict with a 'model' entry, found a {type(raw).__name__}")
     record = raw.get("ema") if isinstance(raw.get("ema"), Record) else raw.get("model")

@@ -224,7 +224,8 @@ def test_coco_json_outlines_train_a_segmenter(tmp_path: Path) -> None:
     part1, part2 = [2, 2, 12, 2, 12, 12, 2, 12], [20, 20, 28, 20, 28, 30]
     annotations = [
         {"id": 1, "image_id": 1, "category_id": 1, "bbox": [2, 2, 26, 28], "segmentation": [part1, part2]},
-        {"id": 2, "image_id": 1, "category_id": 2, "bbox": [30, 10, 14, 10], "segmentation": rle_encode(rle_mask[None])[0]},
+        {"id": 2, "image_id": 1, "category_id": 2, "bbox": [30, 10, 14, 10],
+         "segmentation": rle_encode(rle_mask[None])[0]},
         {"id": 3, "image_id": 1, "category_id": 3, "bbox": [5, 25, 10, 10]},
         {"id": 4, "image_id": 1, "category_id": 1, "bbox": [0, 0, 5, 5], "iscrowd": 1,
          "segmentation": rle_encode(rle_mask[None])[0]},
