@@ -38,7 +38,6 @@ class _State:
     long_group: Any = None  # gloo group with a long timeout, for "rank 0 is busy" waits
     watch: MarkWatch | None = None  # this rank's mark and the stuck-rank watch (utils.distributed.watchdog)
     job_store: Any = None  # client of torchrun's agent store, opened on first use by job_store()
-    threads_measured: bool = False  # configure_threads measured the thread count (remeasure_threads may redo it)
 
 
 _STATE = _State()
@@ -215,8 +214,8 @@ def configure_threads() -> int:
     a user's, so with several local ranks "1" is read as torchrun's default and replaced by this
     rank's share of the cores (cores // local world size; 1 on a 2-core machine with 2 ranks anyway).
     Without OMP_NUM_THREADS a single process measures (utils.device.measured_threads, ~0.1 s): all its cores
-    where they are faster than one, else one (busy cores make a parallel region wait for its slowest thread);
-    remeasure_threads measures again later. Call after init_distributed (it needs the local world size).
+    where they are faster than one, else one (busy cores make a parallel region wait for its slowest thread).
+    Call after init_distributed (it needs the local world size).
     """
     value = os.environ.get("OMP_NUM_THREADS", "").strip()
     local_world = get_local_world_size()
@@ -225,21 +224,9 @@ def configure_threads() -> int:
     elif local_world > 1:
         threads = cpu_share()
     else:
-        _STATE.threads_measured = True
         return measured_threads(cpu_share())
     torch.set_num_threads(threads)
     return threads
-
-
-def remeasure_threads() -> tuple[int, int] | None:
-    """Where configure_threads measured the thread count, measure it again (the load on the cores changes; one
-    busy moment at start-up must not hold a whole run to one thread): (before, now) when it changed, else None.
-    A thread count the user or the launcher set is kept."""
-    if not _STATE.threads_measured:
-        return None
-    before = torch.get_num_threads()
-    now = measured_threads(cpu_share())
-    return (before, now) if now != before else None
 
 
 def backend() -> str:

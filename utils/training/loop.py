@@ -228,17 +228,7 @@ class Trainer:
             self.hooks.after_epoch(self.view, epoch, row)  # the Checkpointer first: last.pt, best.pt
         if self.stop.agreed:  # a stop voted during the epoch, still waiting for a point to save: last.pt just was
             self.stop.raise_stop(epoch + 1, 0)
-        if epoch + 1 < self.config.epochs:
-            self.remeasure_threads()
         return dist.main_decides(lambda: self.stopper(epoch, fitness_value))  # every rank leaves together
-
-    def remeasure_threads(self) -> None:
-        """Between epochs on the CPU, the thread count start-up measured is measured again (dist.remeasure_threads):
-        the cores' load changes during a run."""
-        changed = dist.remeasure_threads() if self.device.type == "cpu" else None
-        if changed:
-            LOGGER.info(f"CPU threads {changed[0]} -> {changed[1]}: measured again after the epoch "
-                        f"(utils.device.measured_threads)")
 
     def validate(self, final: bool) -> dict[str, float]:
         """Distributed validation of the EMA model on every rank's shard; the same numbers on every rank."""

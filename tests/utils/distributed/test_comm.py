@@ -131,28 +131,3 @@ def test_rank_state_has_one_source(monkeypatch: pytest.MonkeyPatch, no_launcher:
     assert dist.restart_count() == 2 and dist.restart_count() == dist.launch_env().restart_count
     assert dist.scheduler_job() == SchedulerJob("77", 1) == dist.launch_env().job
     assert dist.node_rank() == 0  # outside a group
-
-
-def test_remeasure_threads_only_where_start_up_measured(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dist, "_STATE", dist._State())  # this test's own module state, put back after it
-    monkeypatch.setattr(dist, "get_local_world_size", lambda: 1)
-    monkeypatch.setattr(dist, "available_cores", lambda: 2)
-    answers = iter([1, 2, 2])
-
-    def fake_measured(most: int) -> int:  # the probe's verdicts in turn: busy at start-up, free later
-        chosen = next(answers)
-        torch.set_num_threads(chosen)
-        return chosen
-
-    monkeypatch.setattr(dist, "measured_threads", fake_measured)
-    before = torch.get_num_threads()
-    try:
-        monkeypatch.setenv("OMP_NUM_THREADS", "1")
-        dist.configure_threads()
-        assert dist.remeasure_threads() is None  # a thread count the user set is kept: nothing measured
-        monkeypatch.delenv("OMP_NUM_THREADS")
-        assert dist.configure_threads() == 1
-        assert dist.remeasure_threads() == (1, 2) and torch.get_num_threads() == 2
-        assert dist.remeasure_threads() is None  # measured again, unchanged
-    finally:
-        torch.set_num_threads(before)
