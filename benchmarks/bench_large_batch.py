@@ -74,7 +74,9 @@ def one_class(data: Path) -> Path:
     """The generated set with every label's class 0 under a one-class YAML beside it (``shape``)."""
     import yaml
 
-    config = yaml.safe_load(data.read_text())
+    from utils.safe_yaml import load_yaml
+
+    config = load_yaml(data)  # the project's bounded reader, as val_maps reads it
     for label in (Path(config["path"]) / "labels").rglob("*.txt"):
         label.write_text("".join(f"0 {line.split(maxsplit=1)[1]}\n" for line in label.read_text().splitlines()))
     single = data.with_name("shapes-one-class.yaml")
