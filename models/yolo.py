@@ -30,8 +30,10 @@ import torch
 from torch import nn
 
 import models.blocks  # noqa: F401  (registers the YOLOv8/YOLO11/YOLO26 blocks)
+import models.classify  # noqa: F401  (registers the Classify head)
 import models.head_anchor_free  # noqa: F401  (registers the YOLOv8/YOLO11 head)
 import models.head_end_to_end  # noqa: F401  (registers YOLO26's head)
+import models.obb  # noqa: F401  (registers the OBB heads)
 import models.segment  # noqa: F401  (registers the Segment heads)
 from models.common import C3, Concat, Conv, exporting
 from models.head import Detect, check_anchor_order
@@ -360,9 +362,10 @@ class Model(nn.Module):
             self.train(was_training)
 
     def _init_weights(self) -> None:
+        eps, momentum = getattr(self.head, "batchnorm", (1e-3, 0.03))  # a head may keep PyTorch's (a classifier)
         for m in self.modules():
             if isinstance(m, nn.BatchNorm2d):
-                m.eps, m.momentum = 1e-3, 0.03
+                m.eps, m.momentum = eps, momentum
             elif isinstance(m, nn.SiLU):
                 m.inplace = True
 

@@ -31,7 +31,7 @@ LAYERS: list[list[str]] = [
     ["models.blocks"],
     ["models.head", "models.head_anchor_free"],
     ["models.head_end_to_end"],
-    ["models.segment"],
+    ["models.segment", "models.classify", "models.obb"],
     ["models.yolo"],
     ["utils.data", "utils.weights"],
     ["utils.plots"],

@@ -9,7 +9,8 @@ records we take the flat state dict and the YAML dict, check that the YAML build
 meta device), build our own Model from it through the open registry, compare the module tree (classes, children and
 the settings no tensor shape shows), load every tensor strictly, and return a checkpoint of this project.
 Segmentation models (``SegmentationModel``, yolov8n-seg ... yolo11x-seg) are read the same way; their checkpoints
-record the task ``segment``.
+record the task ``segment``. So are classifiers (``ClassificationModel``: yolov8n-cls ... yolo11x-cls, task
+``classify``) and oriented-box models (``OBBModel``: yolov8n-obb ... yolo26x-obb, task ``obb``).
 """
 
 from __future__ import annotations
@@ -91,15 +92,15 @@ def convert_records(raw: Any, path: str | Path = "<records>") -> dict:
 
 
 def model_record(raw: Any) -> Record:
-    """The pickled detection or segmentation model (its EMA when the file has one, as ultralytics loads it)."""
+    """The pickled model (its EMA when the file has one, as ultralytics loads it)."""
     if not isinstance(raw, dict):
         raise _FormatError(f"expected a dict with a 'model' entry, found a {type(raw).__name__}")
     record = raw.get("ema") if isinstance(raw.get("ema"), Record) else raw.get("model")
     if not isinstance(record, Record):
         raise _FormatError(f"no pickled model under 'model' or 'ema' (keys: {sorted(map(str, raw))[:8]})")
     if record.global_name not in MODEL_CLASSES:
-        raise _FormatError(f"holds a {record.global_name}; only ultralytics detection and segmentation models "
-                           f"({', '.join(MODEL_CLASSES)}) can be loaded")
+        raise _FormatError(f"holds a {record.global_name}; only these ultralytics models can be loaded: "
+                           f"{', '.join(MODEL_CLASSES)}")
     return record
 
 
@@ -111,15 +112,17 @@ def release_model(record: Record) -> Model:
     head = _children(layers)[head_index]
     if head.global_name not in HEAD_CLASSES:
         raise _FormatError(f"the last layer is a {head.global_name}, not a head of {', '.join(HEAD_CLASSES)}")
-    stride = head.attrs.get("stride", record.attrs.get("stride"))
-    if not isinstance(stride, torch.Tensor) or stride.dim() != 1 or not 1 <= stride.numel() <= 8:
-        raise _FormatError(f"the head ({head.global_name}) has no strides")
-    stride = stride.detach().float()
-    state[f"model.{head_index}.stride"] = stride  # a buffer of our heads, a plain attribute of theirs
+    stride = None  # a classifier keeps the strides its yaml builds (see STRIDELESS_HEADS)
+    if head.global_name not in STRIDELESS_HEADS:
+        stride = head.attrs.get("stride", record.attrs.get("stride"))
+        if not isinstance(stride, torch.Tensor) or stride.dim() != 1 or not 1 <= stride.numel() <= 8:
+            raise _FormatError(f"the head ({head.global_name}) has no strides")
+        stride = stride.detach().float()
+        state[f"model.{head_index}.stride"] = stride  # a buffer of our heads, a plain attribute of theirs
     cfg, ch = release_config(record, head)
     check_config_against_state(cfg, state, ch=ch)  # before building: the yaml makes exactly these tensors
     model = Model(cfg, ch=ch)
-    if not torch.equal(model.stride.float(), stride):
+    if stride is not None and not torch.equal(model.stride.float(), stride):
         raise _FormatError(f"strides {stride.tolist()} in the file but {model.stride.tolist()} for its yaml")
     check_structure(record, model)
     load_exact(model, state)
@@ -158,5 +161,17 @@ def check_structure(record: Record, module: nn.Module, where: str = "model") -> 
     for name, child in theirs.items():
         check_structure(child, mine[name], f"{where}.{name}")
 
+
+# Classification and oriented boxes (ClassificationModel, OBBModel): their heads are models/classify.py's and
+# models/obb.py's; a classifier's head has no strides in the file (its model's are [1]): it keeps those its yaml builds.
+MODEL_CLASSES += ("ultralytics.nn.tasks.ClassificationModel", "ultralytics.nn.tasks.OBBModel")
+HEAD_CLASSES += ("ultralytics.nn.modules.head.Classify", "ultralytics.nn.modules.head.OBB",
+                 "ultralytics.nn.modules.head.OBB26")
+STRIDELESS_HEADS = ("ultralytics.nn.modules.head.Classify",)
+SETTINGS.update({"AnchorFreeOBB": ("nc", "nl", "reg_max", "no", "ne"), "EndToEndOBB": ("nc", "nl", "reg_max", "no",
+                                                                                     "ne"),
+                 "Dropout": ("p",), "AdaptiveAvgPool2d": ("output_size",)})
+ALIASES.update({"ClassificationModel": ("Model",), "OBBModel": ("Model",), "OBB": ("AnchorFreeOBB",),
+                "OBB26": ("EndToEndOBB",)})
 
 RECORD_CONVERTERS.append((is_ultralytics_model, convert_records))
