@@ -1,0 +1,1 @@
+"""Plane geometry the tasks share: rotated boxes (utils/geometry/rotated.py)."""
