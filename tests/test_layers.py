@@ -66,7 +66,8 @@ MODULE_LAYERS: dict[str, list[list[str]]] = {
                       ["results_csv", "tensorboard", "tracking"],
                       ["clearml_logger", "comet_logger", "mlflow_logger", "wandb_logger"]],
     "utils.training": [["amp", "autoanchor", "autobatch", "config", "early_stop", "fingerprint", "fitness", "loss",
-                        "loss_mask", "optim", "tal", "train_state"], ["loss_anchor_free", "resume"], ["loss_segment"],
+                        "loss_classify", "loss_mask", "optim", "tal", "train_state"], ["loss_anchor_free", "resume"],
+                       ["loss_obb", "loss_segment"],
                        ["families", "run_plan"], ["checkpointer", "engine"], ["loop"], ["builder"], ["evolve"]],
 }
 # Imports that go up inside a package (a lazy import closing a cycle), each to be broken by its package's owner.

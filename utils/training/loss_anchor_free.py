@@ -154,10 +154,11 @@ class EndToEndLoss:
     """YOLO26's loss (see the module docstring). Call ``set_epoch(epoch, epochs)`` before each epoch."""
 
     O2M_START, O2M_FINAL = 0.8, 0.1
+    branch_loss: type[AnchorFreeLoss] = AnchorFreeLoss  # each set of branches' loss (a task's own, e.g. rotated)
 
     def __init__(self, model: nn.Module, hyp: dict, img_size: int = 640, label_smoothing: float = 0.0) -> None:
-        self.one2many = AnchorFreeLoss(model, hyp, img_size, label_smoothing, topk=10)
-        self.one2one = AnchorFreeLoss(model, hyp, img_size, label_smoothing, topk=7, topk2=1)
+        self.one2many = self.branch_loss(model, hyp, img_size, label_smoothing, topk=10)
+        self.one2one = self.branch_loss(model, hyp, img_size, label_smoothing, topk=7, topk2=1)
         self.names = self.one2one.names
         self.o2m = self.O2M_START
 
