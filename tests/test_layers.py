@@ -48,10 +48,11 @@ LAYERS: list[list[str]] = [
 # A declared module may be absent (a file another branch adds); a present one must be declared.
 MODULE_LAYERS: dict[str, list[list[str]]] = {
     "utils.distributed": [["launcher", "signals", "watchdog"], ["comm"]],
-    "utils.data": [["augment", "errors", "ram_cache", "regular_files", "shard_urls", "synthetic"],
-                   ["augment_masks", "image_io"], ["download", "label_cache"],
-                   ["annotations", "segments", "shards", "shared_scan"],
-                   ["sources", "synthetic_seg", "voc", "coco_json"],
+    "utils.data": [["augment", "augment_classify", "errors", "ram_cache", "regular_files", "shard_urls", "synthetic"],
+                   ["augment_masks", "augment_obb", "image_io", "synthetic_cls"],
+                   ["classify_folders", "download", "label_cache"],
+                   ["annotations", "obb_labels", "segments", "shards", "shared_scan"],
+                   ["dota", "sources", "synthetic_obb", "synthetic_seg", "voc", "coco_json"],
                    ["formats"],
                    ["convert", "datasets"], ["stream"], ["zoo", "loader"], ["config"]],
     "utils.weights": [["downloads", "untrusted"], ["safe_pickle"], ["checkpoint"], ["release_reader"],
