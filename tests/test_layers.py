@@ -57,7 +57,7 @@ MODULE_LAYERS: dict[str, list[list[str]]] = {
                    ["convert", "datasets"], ["stream"], ["zoo", "loader"], ["config"]],
     "utils.weights": [["downloads", "untrusted"], ["safe_pickle"], ["checkpoint"], ["release_reader"],
                       ["ultralytics_reader"]],
-    "utils.plots": [["annotate", "feature_maps", "viewer"], ["figures"]],
+    "utils.plots": [["annotate", "feature_maps", "viewer"], ["annotate_classify", "annotate_obb", "figures"]],
     "utils.evaluation": [["classify_metrics", "metrics", "outputs", "tta"], ["mask_metrics", "obb_metrics"],
                          ["evaluate"]],
     "utils.deploy": [["formats"], ["head_maps"],
