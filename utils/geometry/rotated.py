@@ -244,3 +244,25 @@ def rotated_non_max_suppression(prediction: torch.Tensor, conf_thres: float = 0.
         keep = nms_rotated(shifted, det[:, 5], iou_thres, kind)[:max_det]
         out.append(det[keep])
     return out
+
+
+def final_rotated_rows(rows: torch.Tensor, conf_thres: float = 0.25, classes: list[int] | None = None,
+                       max_det: int = 300) -> torch.Tensor:
+    """An end-to-end OBB head's rows of one image (k, 7) [x, y, w, h, angle, score, cls] above ``conf_thres`` and of
+    ``classes``, best first: already final, so no NMS."""
+    keep = rows[:, 5] > conf_thres
+    if classes is not None:
+        keep &= (rows[:, 6:7] == torch.tensor(classes, device=rows.device, dtype=rows.dtype)).any(1)
+    rows = rows[keep]
+    return rows[rows[:, 5].argsort(descending=True, stable=True)[:max_det]]
+
+
+def rotated_postprocess(prediction: torch.Tensor, end_to_end: bool, conf_thres: float = 0.25,
+                        iou_thres: float = 0.45, classes: list[int] | None = None, agnostic: bool = False,
+                        multi_label: bool = False, max_det: int = 300, kind: str = "polygon") -> list[torch.Tensor]:
+    """An OBB head's eval output -> per image (k, 7) [x, y, w, h, angle, conf, cls], best first: rotated NMS of an
+    anchor-free head's rows (b, n, 4 + nc + 1), thresholds only for an end-to-end head's final rows (b, k, 7)."""
+    if end_to_end:
+        return [final_rotated_rows(image, conf_thres, classes, max_det) for image in prediction]
+    return rotated_non_max_suppression(prediction, conf_thres, iou_thres, classes, agnostic, multi_label, max_det,
+                                       kind=kind)

@@ -19,6 +19,7 @@ from utils.geometry.rotated import (
     rotated_iou,
     rotated_iou_pairs,
     rotated_non_max_suppression,
+    rotated_postprocess,
     xywhr2corners,
 )
 
@@ -140,3 +141,14 @@ def test_rotated_non_max_suppression_rows() -> None:
     multi = rotated_non_max_suppression(rows, 0.05, 0.5, multi_label=True)[0]
     assert sorted(multi[:, 6].tolist()) == [0.0, 0.0, 1.0, 1.0]  # the far box's two classes and one of each pair
     assert len(rotated_non_max_suppression(rows, 0.25, 0.5, max_det=1)[0]) == 1
+
+
+def test_postprocess_of_both_head_kinds() -> None:
+    rows = torch.tensor([[[10.0, 10.0, 8.0, 4.0, 0.9, 0.1, 0.3], [10.5, 10.0, 8.0, 4.0, 0.8, 0.0, 0.3]]])
+    assert len(rotated_postprocess(rows, end_to_end=False, iou_thres=0.5)[0]) == 1  # NMS
+    final = torch.tensor([[[1.0, 1.0, 2.0, 2.0, 0.1, 0.3, 1.0], [5.0, 5.0, 2.0, 2.0, 0.2, 0.9, 0.0],
+                           [9.0, 9.0, 2.0, 2.0, 0.3, 0.1, 0.0]]])
+    kept = rotated_postprocess(final, end_to_end=True, conf_thres=0.2)[0]
+    assert kept[:, 5].tolist() == pytest.approx([0.9, 0.3])  # thresholds only, best first
+    assert rotated_postprocess(final, True, 0.2, classes=[1])[0][:, 6].tolist() == [1.0]
+    assert len(rotated_postprocess(final, True, 0.0, max_det=2)[0]) == 2
