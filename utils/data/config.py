@@ -24,9 +24,9 @@ from utils.distributed import comm as dist
 from utils.log import LOGGER
 from utils.paths import ROOT, confined, confined_to_any, data_home
 from utils.safe_yaml import YamlError, load_yaml, shown
+from utils.tasks.registry import BASE_TASK, get_task, task_names
 
 DEFAULT_DATA = ROOT / "data" / "synthetic.yaml"
-TASK_DEFAULT_DATA = {"segment": ROOT / "data" / "synthetic-seg.yaml"}  # a task's built-in set, when not detect
 MAX_CLASSES = 10_000
 MAX_SPLIT_ENTRIES = 1000
 
@@ -106,17 +106,16 @@ def _dataset_root(data: dict, yaml_file: Path) -> Path:
         params = data["synthetic"] or {}
         if not isinstance(params, dict):
             raise DataError(f"{yaml_file}: 'synthetic' must be a mapping (task, n_train, n_val, img_size, seed)")
-        from utils.data.formats import SYNTHETIC_SETS  # local: formats imports this module
         from utils.data.synthetic import SyntheticError
 
         root = None if data.get("path") in (None, "") else confined_to_any(data["path"], homes, f"{yaml_file}: path",
                                                                       DataError)
         params = dict(params)
-        task = params.pop("task", "detect")
-        if task not in SYNTHETIC_SETS:
-            raise DataError(f"{yaml_file}: synthetic task {shown(task)} is not one of {', '.join(SYNTHETIC_SETS)}")
+        task = params.pop("task", BASE_TASK)
+        if not isinstance(task, str) or task not in task_names():
+            raise DataError(f"{yaml_file}: synthetic task {shown(task)} is not one of {', '.join(task_names())}")
         try:
-            return SYNTHETIC_SETS[task](root=root, **params)
+            return get_task(task).load("synthetic")(root=root, **params)
         except (TypeError, ValueError) as e:
             raise DataError(f"{yaml_file}: bad 'synthetic' parameters: {str(e)[:200]}") from None
         except SyntheticError as e:

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from utils.data.datasets import DatasetOptions, YoloDataset
 from utils.data.errors import DataError
-from utils.data.formats import shared_scan_sources
+from utils.data.formats import label_reader, shared_scan_sources
 from utils.data.ram_cache import plan_shared_memory, shm_free, size_text
 from utils.data.shard_urls import ShardSpec
 from utils.data.stream import StreamDataset, load_stream, rank_positions
@@ -261,7 +261,7 @@ def create_dataloader(sources: str | Path | Sequence[str | Path], options: Datas
     if options.rect and shuffle:
         LOGGER.warning(f"{options.prefix}WARNING: --rect keeps images sorted by aspect ratio; shuffle is turned off")
     shared_scan_sources(sources, options.nc, options.prefix,  # every rank scans its share when a cache is stale
-                        segments=options.task == "segment")
+                        label_reader(options.task))
     with dist.zero_first(local=True):  # then the cache is read (or, unwritable, scanned by local rank 0 first)
         dataset = YoloDataset(sources, options, batch_size=batch_size * world if options.rect else batch_size,
                               cache=None)
@@ -281,9 +281,9 @@ def stream_loader(items: list, options: DatasetOptions, workers: int, *, trainin
     each epoch's position from the dataset's shared memory. All ranks must call it."""
     if len(items) != 1:
         raise DataError(f"{options.prefix}a split in shards names one shard pattern (got {len(items)} entries)")
-    if options.task != "detect":
-        raise DataError(f"{options.prefix}tar shards hold boxes only; a {options.task} model reads YOLO segment "
-                        "labels or COCO JSON")
+    reader = label_reader(options.task)
+    if reader.kind:
+        raise DataError(f"{options.prefix}tar shards hold boxes only; a {options.task} model reads {reader.sources}")
     if options.rect and training:
         LOGGER.warning(f"{options.prefix}WARNING: --rect does not apply to streamed shards; square batches are used")
     dataset, split = load_stream(items[0], options, training=training)
