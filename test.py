@@ -185,7 +185,7 @@ def validate(opt: argparse.Namespace, model: InferenceModel, data: DataConfig, d
     options = DatasetOptions(img_size=img_size, batch_size=dist.batch_per_rank(opt.batch_size), stride=model.stride,
                              rect=model.dynamic, pad=0.5, nc=data.nc, prefix=colorstr(f"{opt.task}: "),
                              single_cls=opt.single_cls, names=data.names,
-                             task=model.contract.task)  # what its task's samples carry beside the boxes
+                             task=model.contract.task, task_options=data.task_options)  # what its task's samples carry
     sources = _split(data, split)
     loader, dataset = create_dataloader(sources, options, workers=opt.workers, shard_eval=True)
     if not speed_only and sum(len(labels) for labels in dataset.labels) == 0:

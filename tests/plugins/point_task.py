@@ -111,7 +111,7 @@ METRIC, OUTPUTS = PointMetric(), PointOutputs()
 
 def register() -> Task:
     """The task's registry line."""
-    return register_task(Task(NAME, "boxes with a marked point", words=("spots",),
+    return register_task(Task(NAME, "boxes with a marked point", words=("spots",), data_keys=("spot_size",),
                               metrics=(*BOX_METRICS, *(f"spot_{n}" for n in BOX_METRICS)),
                               fitness={**BOX_FITNESS, "spot_mAP_0.5:0.95": 1.0},
                               labels=f"{__name__}:READER", sample=f"{__name__}:Points",

@@ -11,7 +11,7 @@ data set's folder.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,7 @@ from utils.distributed import comm as dist
 from utils.log import LOGGER
 from utils.paths import ROOT, confined, confined_to_any, data_home
 from utils.safe_yaml import YamlError, load_yaml, shown
-from utils.tasks.registry import BASE_TASK, get_task, task_names
+from utils.tasks.registry import BASE_TASK, all_tasks, get_task, task_names
 
 DEFAULT_DATA = ROOT / "data" / "synthetic.yaml"
 MAX_CLASSES = 10_000
@@ -44,6 +44,7 @@ class DataConfig:
     yaml_file: Path
     is_coco: bool = False
     download: Any = None
+    task_options: dict = field(default_factory=dict)  # the keys registered tasks read (Task.data_keys), as given
 
 
 def _find_yaml(path: str | Path | None) -> Path:
@@ -167,6 +168,13 @@ def run_converter(name: Any, root: Path, names: list[str], yaml_file: Path) -> N
         CONVERTERS[name](root, names)
 
 
+def task_options(data: dict) -> dict:
+    """The values of the keys registered tasks read from a data YAML (``Task.data_keys``; each task's sample part
+    checks its own), as the YAML gives them."""
+    keys = {key for task in all_tasks() for key in task.data_keys}
+    return {key: data[key] for key in sorted(keys) if key in data}
+
+
 def load_data_config(path: str | Path | None = None) -> DataConfig:
     """Read and resolve a data YAML (default: the built-in synthetic set, generated on first use).
 
@@ -193,4 +201,4 @@ def load_data_config(path: str | Path | None = None) -> DataConfig:
         raise DataError(f"{yaml_file}: split path {missing[0]} does not exist; check 'path' and the split entries")
     return DataConfig(root=root, train=splits["train"], val=splits["val"], test=splits.get("test"), nc=nc,
                       names=names, yaml_file=yaml_file, is_coco=yaml_file.name == "coco.yaml" and nc == 80,
-                      download=data.get("download"))
+                      download=data.get("download"), task_options=task_options(data))

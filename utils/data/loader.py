@@ -29,6 +29,7 @@ from utils.device import available_cores
 from utils.distributed import comm as dist
 from utils.distributed.signals import protect_worker
 from utils.log import LOGGER
+from utils.tasks.registry import get_task
 
 
 class ResumableSampler(Sampler):
@@ -263,7 +264,8 @@ def create_dataloader(sources: str | Path | Sequence[str | Path], options: Datas
     shared_scan_sources(sources, options.nc, options.prefix,  # every rank scans its share when a cache is stale
                         label_reader(options.task))
     with dist.zero_first(local=True):  # then the cache is read (or, unwritable, scanned by local rank 0 first)
-        dataset = YoloDataset(sources, options, batch_size=batch_size * world if options.rect else batch_size,
+        dataset_class = get_task(options.task).load("dataset") or YoloDataset  # a task may read its own data
+        dataset = dataset_class(sources, options, batch_size=batch_size * world if options.rect else batch_size,
                               cache=None)
     if options.cache:  # every rank takes part (a shared RAM cache, or a share of the disk cache)
         dataset.cache_images(options.cache, options.prefix)

@@ -219,7 +219,7 @@ def evaluate_on_data(module: nn.Module, data_yaml: str, options: ExportOptions, 
     data = load_data_config(data_yaml)
     files = spread(list_image_files(data.val), options.verify_images)
     dataset_options = DatasetOptions(img_size=options.img_size[0], batch_size=options.batch_size, stride=stride,
-                                     nc=data.nc, names=data.names, task=task)
+                                     nc=data.nc, names=data.names, task=task, task_options=data.task_options)
     loader, _ = create_dataloader(files, dataset_options, workers=0)
     device = next(iter(module.parameters()), torch.zeros(0)).device
     return evaluate(module, loader, device, data.names, EvalOptions())

@@ -19,7 +19,7 @@ Adding a task is its room and one ``register_task`` line (below).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
@@ -29,7 +29,7 @@ from utils.errors import UserError
 BASE_TASK = "detect"  # the base: boxes and classes; every other task extends it
 BOX_METRICS = ("precision", "recall", "mAP_0.5", "mAP_0.5:0.95")  # the boxes' validation columns
 BOX_FITNESS = {"mAP_0.5": 0.1, "mAP_0.5:0.95": 0.9}  # what picks best.pt: 0.1 mAP@.5 + 0.9 mAP@.5:.95
-PARTS = ("labels", "sample", "postprocess", "predict", "metric", "export", "synthetic", "hub", "releases")
+PARTS = ("dataset", "labels", "sample", "postprocess", "predict", "metric", "export", "synthetic", "hub", "releases")
 
 
 class TaskError(UserError, ValueError):
@@ -48,11 +48,16 @@ class Task:
     - ``metrics``: its validation columns (``metrics/<name>`` in results.csv), ``fitness``: each column's weight in
       the fitness that picks best.pt (tasks that share a column give it the same weight);
     - ``default_data``: the data YAML in data/ a model of the task trains on without --data (the built-in set);
-    - ``model_noun``, ``results_noun``: what messages call a model of the task and what it predicts beyond boxes.
+    - ``model_noun``, ``results_noun``: what messages call a model of the task and what it predicts beyond boxes;
+    - ``data_keys``: the keys of a data YAML it reads (a pose set's ``kpt_shape``, ``flip_idx``), handed to its
+      sample part as ``DatasetOptions.task_options`` (utils.data.config.DataConfig.task_options).
 
-    Lazy references (``"module:attribute"``, loaded by ``load``; None: nothing beyond the base's): ``labels`` (a
-    utils.data.formats.LabelReader), ``sample`` (a factory of the sample's extras: utils.data.augment.Geometry),
-    ``postprocess`` (rows -> per-image detections, replacing NMS), ``predict`` (per-image extras from the outputs,
+    Lazy references (``"module:attribute"``, loaded by ``load``; None: nothing beyond the base's): ``dataset`` (a
+    data set class called as utils.data.datasets.YoloDataset is, for a task whose data is not YOLO labels: a
+    classifier's class folders), ``labels`` (a
+    utils.data.annotations.LabelReader), ``sample`` (a utils.data.samples.SampleExtras subclass, called with the
+    DatasetOptions; a utils.data.augment.Geometry), ``postprocess`` (called as utils.tasks.contract.postprocess, it
+    replaces NMS), ``predict`` (per-image extras from the outputs,
     their drawing and label rows: utils.evaluation.task_outputs.TaskOutputs), ``metric`` (a
     utils.evaluation.task_metric.TaskMetric), ``export`` (a module that registers the export translations of its
     heads), ``synthetic`` (the offline set's ``ensure`` function), ``hub`` (torch.hub entries: (name, parameters)
@@ -73,8 +78,10 @@ class Task:
     default_data: str = "synthetic.yaml"
     model_noun: str = "a detector"
     results_noun: str = "boxes"
+    data_keys: tuple[str, ...] = ()
     heads: tuple[str, ...] = ()
     losses: Mapping[str, str] = field(default_factory=dict)
+    dataset: str | None = None
     labels: str | None = None
     sample: str | None = None
     postprocess: str | None = None
@@ -122,12 +129,10 @@ _TASKS: dict[str, Task] = {}
 
 
 def register_task(task: Task) -> Task:
-    """Add (or replace) ``task``; a metric column two tasks share must have one fitness weight. Returns it."""
-    for other in _TASKS.values():
-        for column in set(task.fitness) & set(other.fitness):
-            if other.name != task.name and task.fitness[column] != other.fitness[column]:
-                raise ValueError(f"task {task.name!r} weighs {column} {task.fitness[column]}, task {other.name!r} "
-                                 f"{other.fitness[column]}: one column, one weight")
+    """Add (or replace) ``task``; its fitness may weigh only its own metric columns. Returns it."""
+    if set(task.fitness) - set(task.metrics):
+        raise ValueError(f"task {task.name!r} weighs {sorted(set(task.fitness) - set(task.metrics))}, which are not "
+                         "among its metrics")
     _TASKS[task.name] = task
     return task
 
@@ -148,9 +153,11 @@ def all_tasks() -> list[Task]:
     return list(_TASKS.values())
 
 
-def fitness_weights() -> dict[str, float]:
-    """Every registered metric column's fitness weight (a column absent here weighs nothing)."""
-    return {column: weight for task in _TASKS.values() for column, weight in task.fitness.items()}
+def fitness_weights(columns: Iterable[str]) -> Mapping[str, float]:
+    """The fitness weights of the task whose metric columns ``columns`` are (a validation row's, an EvalResult's);
+    the base task's when no task has exactly these columns."""
+    found = set(columns)
+    return next((task.fitness for task in _TASKS.values() if set(task.metrics) == found), _TASKS[BASE_TASK].fitness)
 
 
 # ------------------------------------------------------------------------------------------------ the tasks

@@ -264,7 +264,8 @@ def load_train_data(config: RunConfig, hyp: dict, data_cfg: Any, grid: int, nc: 
     which its labels are checked against; with --single-cls they become class 0 after the check."""
     batch = dist.batch_per_rank(config.batch_size)
     common = DatasetOptions(img_size=config.img_size, batch_size=batch, stride=grid, hyp=hyp, cache=config.cache,
-                            seed=config.seed, single_cls=config.single_cls, nc=nc, task=task)
+                            seed=config.seed, single_cls=config.single_cls, nc=nc, task=task,
+                            task_options=dict(getattr(data_cfg, "task_options", None) or {}))
     train_options = DatasetOptions(**{**vars(common), "augment": True, "rect": config.rect,
                                       "prefix": colorstr("train: ")})
     train_loader, train_set = create_dataloader(data_cfg.train, train_options, workers=config.workers,

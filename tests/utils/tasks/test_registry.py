@@ -35,11 +35,14 @@ def test_unknown_tasks_and_pieces_are_one_line_errors() -> None:
     assert get_task().base and get_task(None).name == "detect" and not get_task("segment").base
 
 
-def test_a_column_has_one_fitness_weight(monkeypatch) -> None:
+def test_fitness_weighs_the_columns_of_the_task_they_are(monkeypatch) -> None:
     monkeypatch.setattr(registry, "_TASKS", dict(registry._TASKS))
-    with pytest.raises(ValueError, match="one column, one weight"):
-        register_task(Task("other", "other", fitness={"mAP_0.5": 0.5}))
-    assert registry.fitness_weights()["mask_mAP_0.5:0.95"] == 0.9
+    with pytest.raises(ValueError, match="not among its metrics"):
+        register_task(Task("other", "other", fitness={"top1": 1.0}))
+    segment = get_task("segment").metrics
+    assert registry.fitness_weights(segment)["mask_mAP_0.5:0.95"] == 0.9
+    assert dict(registry.fitness_weights(segment[:4])) == {"mAP_0.5": 0.1, "mAP_0.5:0.95": 0.9}
+    assert dict(registry.fitness_weights(["x"])) == {"mAP_0.5": 0.1, "mAP_0.5:0.95": 0.9}  # unknown: the base's
 
 
 @pytest.fixture
@@ -82,12 +85,22 @@ def test_a_task_added_by_its_module_and_one_line(point_task: Task, tmp_path: Pat
     assert len(batch) == 5 and batch[4]["spots"].shape == (8, 2)
     with pytest.raises(Exception, match="--quad is for detection data; a point data set"):
         ds.collate_quad([ds[i] for i in range(4)])
+    import yaml
+
+    from utils.data.config import load_data_config
+
+    (tmp_path / "point.yaml").write_text(yaml.safe_dump({"path": str(tmp_path), "train": "images", "val": "images",
+                                                         "names": ["a", "b"], "spot_size": 3, "other": 1}))
+    assert load_data_config(tmp_path / "point.yaml").task_options == {"spot_size": 3}  # its data_keys only
     contract = OutputContract("xywh_cls", 2, 0, "point")
     assert metric_names(contract)[4:] == ("spot_precision", "spot_recall", "spot_mAP_0.5", "spot_mAP_0.5:0.95")
     result = EvalResult(map50=0.5, map=0.25)
     assert fitness(result) == pytest.approx(0.1 * 0.5 + 0.9 * 0.25)
-    row = {"metrics/mAP_0.5": 0.5, "metrics/mAP_0.5:0.95": 0.25, "metrics/spot_mAP_0.5:0.95": 0.5}
-    assert fitness(row) == pytest.approx(0.1 * 0.5 + 0.9 * 0.25 + 0.5)
+    row = {f"metrics/{name}": 0.0 for name in point_task.metrics}  # a point model's results.csv row
+    row.update({"train/box_loss": 1.0, "metrics/mAP_0.5": 0.5, "metrics/mAP_0.5:0.95": 0.25,
+                "metrics/spot_mAP_0.5:0.95": 0.5})
+    assert fitness(row) == pytest.approx(0.1 * 0.5 + 0.9 * 0.25 + 0.5)  # the point task's weights
+    assert fitness({k: v for k, v in row.items() if "spot" not in k}) == pytest.approx(0.1 * 0.5 + 0.9 * 0.25)
 
 
 def test_the_added_task_is_judged_by_its_view(point_task: Task, tmp_path: Path) -> None:
