@@ -221,18 +221,19 @@ class OutputWriter:
         stem = output_stem(frame) if frame.kind == "image" else f"{output_stem(frame)}_{frame.frame}"
         if opt.save_txt and len(det):  # as the reference does: no file for an image without detections
             shape = frame.original.shape[:2]
-            rows = self.outputs.label_rows(det, extras, shape, opt.save_conf) if extras else None
+            rows = self.outputs.label_rows(det, extras, shape, opt.save_conf)
             rows = label_rows(det, shape, opt.save_conf) if rows is None else rows
             (self.save_dir / "labels" / f"{stem}.txt").write_text("".join(f"{r}\n" for r in rows))
         if opt.save_crop:
             save_crops(frame.original, det, self.names, self.save_dir / "crops", stem)
         if opt.nosave and not self.viewer.enabled:
             return
-        annotated = frame.original.copy()
-        if extras:
-            annotated = self.outputs.draw(annotated, det, extras)
-        annotated = draw_detections(annotated, det[:, :4], det[:, 5], det[:, 4], self.names,
-                                    opt.line_thickness, opt.hide_labels, opt.hide_conf)
+        annotated = self.outputs.draw(frame.original.copy(), det, extras)
+        own = self.outputs.draw_labelled(annotated, det, extras, self.names, opt.line_thickness, opt.hide_labels,
+                                         opt.hide_conf)  # the task's own drawing of its detections, else boxes
+        annotated = own if own is not None else draw_detections(annotated, det[:, :4], det[:, 5], det[:, 4],
+                                                                self.names, opt.line_thickness, opt.hide_labels,
+                                                                opt.hide_conf)
         self.viewer.show(output_stem(frame) if frame.kind != "image" else frame.path, annotated)
         if opt.nosave:
             return
@@ -293,7 +294,7 @@ def detect_frame(model: InferenceModel, frame: Frame, opt: argparse.Namespace,
                       max_det=opt.max_det)[0]
     boxes0 = scale_boxes(image.shape[2:], det[:, :4].clone(), frame.original.shape[:2], frame.ratio_pad)
     extras = task_outputs(model).image(det, others, 0, tuple(image.shape[2:]), boxes0, frame.original.shape[:2],
-                                       frame.ratio_pad, native=opt.retina_masks) if others else {}
+                                       frame.ratio_pad, native=opt.retina_masks)
     det = torch.cat((boxes0, det[:, 4:6]), 1)
     done = time.perf_counter()
     return det.cpu().numpy(), extras, [prepared - start, inferred - prepared, done - inferred]
@@ -309,9 +310,9 @@ def detect_source(model: InferenceModel, source: LoadImages | LoadWebcam | LoadS
         det, extras, seconds = detect_frame(model, frame, opt, feature_dir)
         totals += seconds
         h, w = frame.image.shape[1:]
-        summary = summarize(torch.from_numpy(det), model.names)
+        summary = outputs.describe(det, extras, model.names) or summarize(torch.from_numpy(det), model.names)
         LOGGER.info(f"{frame.describe()} {h}x{w} {summary}, Done. ({seconds[1]:.3f}s)")
-        frame_summary = outputs.summary(extras) if extras else {}
+        frame_summary = outputs.summary(extras)
         writer.write(frame, det, {**extras, **frame_summary})
         result.detections.append((frame.describe(), det))
         for name, value in frame_summary.items():

@@ -1,4 +1,5 @@
-"""DOTA's own label files -> YOLO-OBB label files (utils/data/obb_labels.py).
+"""DOTA's own label files -> YOLO-OBB label files (``class x1 y1 ... x4 y4``, the corners normalised: what the obb
+task reads, utils/tasks/obb/labels.py).
 
 A DOTA label file (``labelTxt/P0001.txt``) has one object a line, ``x1 y1 x2 y2 x3 y3 x4 y4 class difficult``: the
 four corners in pixels, the class name (``small-vehicle``: hyphens where a data YAML's names may have spaces) and
@@ -26,7 +27,6 @@ from utils.data.annotations import path_inside
 from utils.data.errors import DataError
 from utils.data.image_io import exif_size, opened_image
 from utils.data.label_cache import MAX_LABEL_BYTES
-from utils.data.obb_labels import obb_label_text
 from utils.data.regular_files import FileRefused, open_regular, read_regular
 from utils.log import LOGGER
 from utils.paths import IMG_SUFFIXES
@@ -94,6 +94,15 @@ def yolo_obb_text(objects: DotaObjects, size: tuple[int, int]) -> tuple[str, int
     area = 0.5 * np.abs((x * np.roll(y, -1, 1) - y * np.roll(x, -1, 1)).sum(1))
     keep = area > 0
     return obb_label_text(objects.classes[keep], corners[keep]), int((~keep).sum())
+
+
+def obb_label_text(classes: Sequence[int] | np.ndarray, corners: np.ndarray) -> str:
+    """YOLO-OBB rows as text: ``class x1 y1 ... x4 y4`` per object, ``corners`` (n, 4, 2) or (n, 8) normalised,
+    each value the shortest decimal that reads back as the same float32."""
+    flat = np.asarray(corners, np.float32).reshape(-1, 8)
+    lines = [" ".join([str(int(c)), *(np.format_float_positional(v, trim="-") for v in row)])
+             for c, row in zip(classes, flat)]
+    return "".join(f"{line}\n" for line in lines)
 
 
 def find_image(images: Path, stem: str) -> Path | None:

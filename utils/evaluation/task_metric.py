@@ -5,7 +5,9 @@ task's metric. A task whose outputs say more (a segmenter's masks) judges the sa
 ``view`` it declares (``{"mask": "masks"}``: the view's name, which prefixes its results.csv columns, and what the
 table's ``all (...)`` row calls it): ``match`` returns, for one image, each view's true positives (n, 10) and what
 each detection's JSON row gains (a mask's RLE). Sharded evaluation gathers these plain arrays and computes each
-view's P, R and mAP once, as it does the boxes'.
+view's P, R and mAP once, as it does the boxes'. A task whose objects the box IoU does not judge (oriented boxes)
+gives the overlaps of the image's detections and labels (``TaskMatch.overlaps``), which the boxes' own matching,
+P, R, mAP and confusion matrix then read in place of the box IoU.
 
 A task whose outputs are not boxes at all (a classifier's probabilities) gives its metric a ``run(model, loader,
 device, names, options, compute_loss)`` method instead, which evaluate() hands the whole pass (sharded and gathered
@@ -40,11 +42,13 @@ class ImageContext:
 
 @dataclass
 class TaskMatch:
-    """One image's matching beyond the boxes: per view its true positives (n, 10), and per detection the keys its
-    COCO JSON row gains (None: nothing)."""
+    """One image's matching beyond the boxes: per view its true positives (n, 10), per detection the keys its
+    COCO JSON row gains (None: nothing), and the overlaps (n, m) of its detections and labels that replace their
+    box IoU (None: the box IoU)."""
 
     correct: dict[str, np.ndarray] = field(default_factory=dict)
     json: list[dict] | None = None
+    overlaps: np.ndarray | None = None
 
 
 class TaskMetric:

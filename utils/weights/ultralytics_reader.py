@@ -8,9 +8,9 @@ record, tensors are checked views of the file's storages, anything else is refus
 records we take the flat state dict and the YAML dict, check that the YAML builds exactly the stored tensors (on the
 meta device), build our own Model from it through the open registry, compare the module tree (classes, children and
 the settings no tensor shape shows), load every tensor strictly, and return a checkpoint of this project.
-Segmentation models (``SegmentationModel``, yolov8n-seg ... yolo11x-seg) are read the same way; their checkpoints
-record the task ``segment``. So are classifiers (``ClassificationModel``: yolov8n-cls ... yolo11x-cls, task
-``classify``) and oriented-box models (``OBBModel``: yolov8n-obb ... yolo26x-obb, task ``obb``).
+Models of the other tasks (``SegmentationModel``, ``ClassificationModel``, ``OBBModel``, ...) are read the same way,
+from the class tables each task adds (its ``releases`` part, utils/tasks/<task>/releases.py); their checkpoints
+record the task.
 """
 
 from __future__ import annotations
@@ -118,8 +118,8 @@ def release_model(record: Record) -> Model:
     heads = classes()["heads"]
     if head.global_name not in heads:
         raise _FormatError(f"the last layer is a {head.global_name}, not a head of {', '.join(heads)}")
-    stride = None  # a classifier keeps the strides its yaml builds (see STRIDELESS_HEADS)
-    if head.global_name not in STRIDELESS_HEADS:
+    stride = None  # a head without strides in the file (a classifier's) keeps those its yaml builds
+    if head.global_name not in classes()["strideless"]:
         stride = head.attrs.get("stride", record.attrs.get("stride"))
         if not isinstance(stride, torch.Tensor) or stride.dim() != 1 or not 1 <= stride.numel() <= 8:
             raise _FormatError(f"the head ({head.global_name}) has no strides")
@@ -167,17 +167,5 @@ def check_structure(record: Record, module: nn.Module, where: str = "model") -> 
     for name, child in theirs.items():
         check_structure(child, mine[name], f"{where}.{name}")
 
-
-# Classification and oriented boxes (ClassificationModel, OBBModel): their heads are models/classify.py's and
-# models/obb.py's; a classifier's head has no strides in the file (its model's are [1]): it keeps those its yaml builds.
-MODEL_CLASSES += ("ultralytics.nn.tasks.ClassificationModel", "ultralytics.nn.tasks.OBBModel")
-HEAD_CLASSES += ("ultralytics.nn.modules.head.Classify", "ultralytics.nn.modules.head.OBB",
-                 "ultralytics.nn.modules.head.OBB26")
-STRIDELESS_HEADS = ("ultralytics.nn.modules.head.Classify",)
-SETTINGS.update({"AnchorFreeOBB": ("nc", "nl", "reg_max", "no", "ne"), "EndToEndOBB": ("nc", "nl", "reg_max", "no",
-                                                                                     "ne"),
-                 "Dropout": ("p",), "AdaptiveAvgPool2d": ("output_size",)})
-ALIASES.update({"ClassificationModel": ("Model",), "OBBModel": ("Model",), "OBB": ("AnchorFreeOBB",),
-                "OBB26": ("EndToEndOBB",)})
 
 RECORD_CONVERTERS.append((is_ultralytics_model, convert_records))

@@ -1,1 +1,0 @@
-"""Plane geometry the tasks share: rotated boxes (utils/geometry/rotated.py)."""
