@@ -23,9 +23,10 @@ import torch
 
 from utils import api
 from utils.cli import DISTRIBUTED, add_flags, distributed_session, peer_lost, project_dir, run_main, square_size
+from utils.distributed.elastic import elastic_store_warning
 from utils.distributed.signals import StopRequested, signal_name
 from utils.hooks import HookBase, load_hook
-from utils.log import print_options
+from utils.log import LOGGER, print_options
 from utils.loggers.registry import add_logger_flags
 from utils.training.builder import DEFAULT_CFG, build_trainer, prepare_run
 from utils.training.config import RunConfig
@@ -118,6 +119,8 @@ def main(opt: argparse.Namespace, hooks: Sequence[HookBase] = ()) -> TrainResult
     """Join the process group, train (or evolve), and always tear the group down outside train().
     ``hooks`` are added to those of ``--hook`` (for callers in Python)."""
     with distributed_session(opt) as device:
+        if (elastic_line := elastic_store_warning()) is not None:  # rank 0 talks
+            LOGGER.warning(elastic_line)
         config, hyp = prepare_run(RunConfig.from_options(opt), defaults=RunConfig.from_options(parse_opt([])))
         print_options("train", config.options())
         user_hooks = [*(load_hook(spec) for spec in config.hook), *hooks]
