@@ -123,7 +123,8 @@ def fit(loop: Callable[[dict], None], loop_config: dict, job: RayJob, name: str 
             run_config=train_api.RunConfig(
                 name=name or f"yolo-{uuid.uuid4().hex[:12]}", storage_path=job.storage or None,
                 failure_config=train_api.FailureConfig(max_failures=job.max_failures),
-                checkpoint_config=train_api.CheckpointConfig(num_to_keep=2)))
+                checkpoint_config=train_api.CheckpointConfig(num_to_keep=2),
+                logging_config=train_api.LoggingConfig(log_level="WARNING")))  # not a line per report
         result = trainer.fit()
     if not result.metrics or OUTCOME_KEY not in result.metrics:
         raise RayError("Ray Train ended without the run's result (no final report from rank 0)")
