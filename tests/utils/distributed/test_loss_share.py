@@ -5,7 +5,6 @@ three boxes each, rank 1's one), so a loss that divided by its own rank's counts
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -13,7 +12,7 @@ import torch
 import torch.multiprocessing as mp
 import yaml
 
-from tests.helpers import ROOT, free_port
+from tests.helpers import ROOT, free_port, gloo_rank
 from utils.distributed.loss_share import LossShare
 
 HALF, SIZE = 4, 64  # images per rank, pixels
@@ -91,21 +90,15 @@ def step(name: str, rank: int | None) -> tuple[list[torch.Tensor], torch.Tensor]
 
 
 def _rank(rank: int, port: int, out_dir: str) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
     from utils.distributed import comm
 
-    comm.init_distributed("cpu", "gloo", 120, 120)
-    try:
+    with gloo_rank(rank, port):
         results = {}
         for name in MODELS:
             grads, items = step(name, rank)
             results[name] = (grads, comm.all_reduce_mean(items.clone()))  # what results.csv logs: the ranks' mean
         if rank == 0:
             torch.save(results, Path(out_dir) / "ddp.pt")
-    finally:
-        comm.cleanup(clean_exit=True)
 
 
 @pytest.mark.ddp
