@@ -149,6 +149,8 @@ def run(*, nproc_per_node: int = 1, ray_workers: int = 0, ray_address: str = "",
     argv = api.to_argv(build_parser(), options, "train")
     opt = api.parse(parse_opt, argv, "train")
     if ray_workers:
+        if nproc_per_node != 1:
+            raise api.OptionError("train.run(): give nproc_per_node or ray_workers, not both (Ray starts processes)")
         value = api.ray_launch(ray_train_loop, options, hooks, opt.device, opt.backend, opt.ddp_timeout,
                                ray_workers, ray_address, ray_storage, ray_max_failures)
         return TrainResult(dict(value["metrics"]), Path(value["save_dir"]), dict(value["hyp"]))

@@ -16,6 +16,7 @@ import train
 from tests.helpers import ROOT, csv_epochs
 from tests.plugins.faults import FailAt, LoseRunFiles
 from tests.test_api import results_row, tiny_train
+from utils.api import OptionError
 from utils.distributed import ray_train
 from utils.distributed.comm import DistError
 
@@ -92,6 +93,8 @@ def test_ray_missing_is_one_line(monkeypatch: pytest.MonkeyPatch, tiny_dataset: 
         ray_train.RayJob(workers=0.5)
     with pytest.raises(ray_train.RayError, match="--device 'mps' with ray_workers"):
         train.run(ray_workers=2, data=tiny_dataset, project=tmp_path, device="mps")
+    with pytest.raises(OptionError, match="nproc_per_node or ray_workers, not both"):
+        train.run(ray_workers=2, nproc_per_node=2, data=tiny_dataset, project=tmp_path)
 
 
 @pytest.mark.parametrize("record", ['{"run": "../elsewhere"}', '{"run": "/etc"}', '{"run": 3}', "not json"])
