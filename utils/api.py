@@ -1,6 +1,7 @@
 """The Python API of the scripts: ``train.run(epochs=3)``, ``test.run(...)``, ``detect.run(...)``,
 ``export.run(...)`` take the command line's option names as keywords, and ``train.run(..., nproc_per_node=N)``
-starts N processes with torch's own elastic launcher (what torchrun runs), returning rank 0's result.
+starts N processes with torch's own elastic launcher (what torchrun runs), returning rank 0's result;
+``train.run(..., ray_workers=N)`` trains on N workers of Ray Train's TorchTrainer (utils/distributed/ray_train.py).
 
 Keywords become the script's own argv (``img_size=64`` -> ``--img-size 64``) and go through the script's parser,
 so a value is checked, converted and refused exactly as on the command line, with the same one-line errors.
