@@ -9,10 +9,11 @@ torchrun job has a new store, so it never picks up another job's folder.
 
 Elastic membership (``--nnodes MIN:MAX``) needs the agent to give the workers a store of their own
 (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: torch 2.14's shared store breaks the rendezvous after a node joins), and
-a node joining restarts the group without counting a restart. There the folder is recorded in
-``<project>/.jobs/torchrun-<rdzv id>`` (the project folder shared by the nodes): while that record exists, every
-start of the job continues its run, and a run that finishes removes it. Without either (not launched by torchrun,
-or torchrun's default id "none") a restart cannot be recognised and the run starts a new folder.
+a node joining restarts the group without counting a restart; a Kubernetes pod restarted after a failure starts a
+new torchrun with a new store. So a job with an id of its own (``--rdzv-id``, or ``PET_RDZV_ID``) also records its
+folder in ``<project>/.jobs/torchrun-<rdzv id>`` (the project folder shared by the nodes): while that record exists,
+every start of the job continues its run, and a run that finishes removes it. Without either (not launched by
+torchrun, or torchrun's default id "none") a restart cannot be recognised and the run starts a new folder.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def recorded_run_dir(config: RunConfig) -> tuple[Path, str] | None:
     store = dist.job_store()
     if dist.restart_count() > 0 and store is not None and store.check([RUN_DIR_KEY]):
         return Path(store.get(RUN_DIR_KEY).decode()), f"elastic restart {dist.restart_count()}"
-    membership = _torchrun_record(config) if store is None else None
+    membership = _torchrun_record(config)
     if membership is not None and membership.is_file():
         return _read_record(membership), f"torchrun job {dist.torchrun_job_id()!r}: a restart or a node joined"
     if dist.restart_count() > 0:
@@ -67,9 +68,9 @@ def _job_record(config: RunConfig, job: dist.SchedulerJob | None) -> Path | None
 
 
 def _torchrun_record(config: RunConfig) -> Path | None:
-    """``<project>/.jobs/torchrun-<rdzv id>`` for a torchrun job whose workers have no agent store; else None."""
+    """``<project>/.jobs/torchrun-<rdzv id>`` for a torchrun job with an id of its own; else None."""
     job_id = dist.torchrun_job_id()
-    if not job_id or dist.launch_env().agent_store:
+    if not job_id:
         return None
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in job_id)[:100]
     return Path(config.project) / ".jobs" / f"torchrun-{safe}"

@@ -100,6 +100,20 @@ def test_torchrun_job_without_agent_store_continues_its_run_until_it_finishes(
     assert plan_run(opts(tmp_path)).save_dir.name == "exp3" and list(record.parent.iterdir()) == []
 
 
+def test_a_torchrun_job_started_again_with_its_id_continues_its_run(tmp_path: Path, job_store: tdist.Store,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Kubernetes pod restarted after a failure runs a new torchrun (a new agent store, restart count 0) with the
+    job's --rdzv-id: the record in the project folder continues the run."""
+    monkeypatch.setenv("TORCHELASTIC_USE_AGENT_STORE", "True")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "yolo-train")
+    first = plan_run(opts(tmp_path))
+    last = write_last(first.save_dir, epoch=1)
+    job_store.delete_key(run_plan.RUN_DIR_KEY)  # the new torchrun's store knows nothing
+    again = plan_run(opts(tmp_path))
+    assert (again.save_dir, again.resume_from) == (first.save_dir.resolve(), last.resolve())
+
+
 def test_requeued_slurm_job_resumes_its_own_run_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT", raising=False)
     monkeypatch.setenv("SLURM_JOB_ID", "4242")
