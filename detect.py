@@ -16,7 +16,6 @@ under the boxes.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -157,13 +156,9 @@ def summarize(det: torch.Tensor, names: list[str]) -> str:
 
 
 def crop_folder(crop_dir: Path, names: list[str], cls: float) -> Path:
-    """crops/<class name>/, the name made safe: letters, digits, spaces and ``._-`` only (others become ``_``), no
-    leading dot, at most 64 characters, the class index when nothing is left; always a folder inside ``crop_dir``."""
-    safe = re.sub(r"[^\w .-]", "_", class_name(names, cls), flags=re.ASCII)[:64].strip().lstrip(".")
-    folder = crop_dir / (safe or str(int(cls)))
-    if folder.resolve().parent != crop_dir.resolve():
-        folder = crop_dir / str(int(cls))
-    return folder
+    """crops/<class name>/, the name made safe (paths.safe_stem: letters, digits, spaces and ``._-`` only, no leading
+    dot, at most 64 characters, the class index when nothing is left); always a folder inside ``crop_dir``."""
+    return paths.derived_path(crop_dir, paths.safe_stem(class_name(names, cls), str(int(cls)), limit=64))
 
 
 def segment_rows(det: np.ndarray, outlines: list[np.ndarray], shape: tuple[int, int], save_conf: bool) -> list[str]:
@@ -187,16 +182,22 @@ def save_crops(image: np.ndarray, det: np.ndarray, names: list[str], crop_dir: P
             continue
         folder = crop_folder(crop_dir, names, cls)
         folder.mkdir(parents=True, exist_ok=True)
-        cv2.imwrite(str(paths.increment_path(folder / f"{stem}.jpg")), image[y1:y2, x1:x2])
+        cv2.imwrite(str(paths.increment_path(paths.derived_path(folder, stem, suffix=".jpg"))), image[y1:y2, x1:x2])
 
 
 def output_stem(frame: Frame) -> str:
-    """What a frame's outputs are named after: the file (or URL) stem, ``webcam0``, ``stream2``."""
+    """What a frame's outputs are named after: the file (or URL) stem made safe (paths.safe_stem; ``image<N>`` when
+    nothing is left, as of ``...jpg``), ``webcam0``, ``stream2``."""
     if frame.kind == "webcam":
-        return f"webcam{frame.path}"
+        return f"webcam{paths.safe_stem(str(frame.path), '')}"
     if frame.kind == "stream":
         return f"stream{frame.index}"
-    return frame.stem
+    return paths.safe_stem(frame.stem, f"image{frame.index}")
+
+
+def frame_stem(frame: Frame) -> str:
+    """An image's output stem; a video or stream frame's with its frame number (``clip_12``)."""
+    return output_stem(frame) if frame.kind == "image" else f"{output_stem(frame)}_{frame.frame}"
 
 
 class OutputWriter:
@@ -214,12 +215,12 @@ class OutputWriter:
         """Save (and show) one processed frame; ``det`` (k, 6) is in original-image pixels; a segmenter's ``masks``
         (k, h0, w0) bool and ``outlines`` are at the original image's size."""
         opt = self.opt
-        stem = output_stem(frame) if frame.kind == "image" else f"{output_stem(frame)}_{frame.frame}"
+        stem = frame_stem(frame)
         if opt.save_txt and len(det):  # as the reference does: no file for an image without detections
             shape = frame.original.shape[:2]
             rows = label_rows(det, shape, opt.save_conf) if outlines is None else \
                 segment_rows(det, outlines, shape, opt.save_conf)
-            (self.save_dir / "labels" / f"{stem}.txt").write_text("".join(f"{r}\n" for r in rows))
+            paths.derived_path(self.save_dir, "labels", stem, suffix=".txt").write_text("".join(f"{r}\n" for r in rows))
         if opt.save_crop:
             save_crops(frame.original, det, self.names, self.save_dir / "crops", stem)
         if opt.nosave and not self.viewer.enabled:
@@ -233,7 +234,9 @@ class OutputWriter:
         if opt.nosave:
             return
         if frame.kind == "image":
-            cv2.imwrite(str(self.save_dir / media_name(frame.path)), annotated)
+            suffix = Path(media_name(frame.path)).suffix
+            suffix = suffix if suffix.lower() in paths.IMG_SUFFIXES else ".jpg"
+            cv2.imwrite(str(paths.derived_path(self.save_dir, output_stem(frame), suffix=suffix)), annotated)
         else:
             self._video(frame).write(annotated)
 
@@ -241,8 +244,8 @@ class OutputWriter:
         name = output_stem(frame)
         if name not in self.videos:
             height, width = frame.original.shape[:2]
-            self.videos[name] = cv2.VideoWriter(str(self.save_dir / f"{name}.mp4"), cv2.VideoWriter_fourcc(*"mp4v"),
-                                                frame.fps or 30.0, (width, height))
+            self.videos[name] = cv2.VideoWriter(str(paths.derived_path(self.save_dir, name, suffix=".mp4")),
+                                                cv2.VideoWriter_fourcc(*"mp4v"), frame.fps or 30.0, (width, height))
         return self.videos[name]
 
     def close(self) -> None:
@@ -254,7 +257,7 @@ class OutputWriter:
 
 def feature_folder(save_dir: Path, frame: Frame) -> Path:
     """--visualize: <save_dir>/<image stem>/, or <stem>_<frame number>/ for a video or stream frame."""
-    return save_dir / (output_stem(frame) if frame.kind == "image" else f"{output_stem(frame)}_{frame.frame}")
+    return paths.derived_path(save_dir, frame_stem(frame))
 
 
 def predict(model: InferenceModel, image: torch.Tensor, opt: argparse.Namespace,
@@ -337,13 +340,14 @@ def main(opt: argparse.Namespace) -> DetectResult:
     check_model_options(opt, model)
     img_size = resolve_img_size(opt, model)
     dataset = load_source(source, img_size, model.stride, auto=model.dynamic, vid_stride=opt.vid_stride)
-    save_dir = paths.increment_path(Path(opt.project) / opt.name, exist_ok=opt.exist_ok, mkdir=True)
-    model.warmup(img_size)
-    writer = OutputWriter(save_dir, opt, model.names)
-    try:
-        result = detect_source(model, dataset, writer, opt)
-    finally:
-        writer.close()
+    save_dir = paths.new_run_folder(opt.project, opt.name, opt.exist_ok)
+    with paths.discarded_on_failure(save_dir):  # a run that fails before writing anything leaves no empty folder
+        model.warmup(img_size)
+        writer = OutputWriter(save_dir, opt, model.names)
+        try:
+            result = detect_source(model, dataset, writer, opt)
+        finally:
+            writer.close()
     if result.skipped:
         LOGGER.warning(f"WARNING: {result.skipped} unreadable image(s) skipped")
     pre, inference, nms = result.speed_ms

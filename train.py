@@ -118,9 +118,9 @@ def main(opt: argparse.Namespace, hooks: Sequence[HookBase] = ()) -> TrainResult
     """Join the process group, train (or evolve), and always tear the group down outside train().
     ``hooks`` are added to those of ``--hook`` (for callers in Python)."""
     with distributed_session(opt) as device:
+        user_hooks = [*(load_hook(spec) for spec in opt.hook), *hooks]  # before the run folder: a bad one leaves none
         config, hyp = prepare_run(RunConfig.from_options(opt), defaults=RunConfig.from_options(parse_opt([])))
         print_options("train", config.options())
-        user_hooks = [*(load_hook(spec) for spec in config.hook), *hooks]
         if not config.evolve:
             return train(hyp, config, device, user_hooks)
         generations: list[TrainResult] = []
