@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import train
+from tests.helpers import victim_folder
 from tests.test_api import results_row, tiny_train
 from utils.distributed.comm import DistError
 from utils.errors import UserError
@@ -44,16 +45,11 @@ def test_a_user_error_in_the_processes_is_raised_as_itself(tiny_dataset: Path, t
 def test_two_processes_never_train_into_a_folder_outside_the_project(tiny_dataset: Path, tiny_cfg_file: Path,
                                                                      tmp_path: Path) -> None:
     """Issue 44: ``name='../victim'`` with the project folder not made yet trained into ``victim``."""
-    victim = tmp_path / "victim"
-    (victim / "weights").mkdir(parents=True)
-    (victim / "weights" / "last.pt").write_bytes(b"my weights")
-    (victim / "results.csv").write_text("my results")
+    victim, files = victim_folder(tmp_path)
     options = {**tiny_train(tiny_dataset, tiny_cfg_file, tmp_path / "runs" / "train"), "name": "../victim"}
     with pytest.raises(UserError, match=r"^--name '../victim' holds a path separator"):
         train.run(nproc_per_node=2, **options)
-    assert (victim / "weights" / "last.pt").read_bytes() == b"my weights"
-    assert sorted(p.relative_to(victim).as_posix() for p in victim.rglob("*")) == ["results.csv", "weights",
-                                                                                  "weights/last.pt"]
+    assert {p.relative_to(victim).as_posix(): p.read_bytes() for p in victim.rglob("*") if p.is_file()} == files
     assert sorted(p.name for p in tmp_path.iterdir()) == ["victim"]
 
 

@@ -15,21 +15,10 @@ import pytest
 
 import detect
 import train
-from tests.helpers import load_script, our_tracebacks, run_job, train_args
+from tests.helpers import load_script, our_tracebacks, run_job, train_args, victim_folder
 from utils.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("one_thread_and_clean_logger")
-
-
-def _victim(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
-    """A user's folder holding what a run writes (results.csv, opt.yaml, weights/last.pt and best.pt)."""
-    victim = tmp_path / "victim"
-    (victim / "weights").mkdir(parents=True)
-    files = {"results.csv": b"my results", "opt.yaml": b"mine: 1\n", "weights/last.pt": b"my weights",
-             "weights/best.pt": b"my best"}
-    for name, content in files.items():
-        (victim / name).write_bytes(content)
-    return victim, files
 
 
 def _tree(folder: Path) -> dict[str, bytes | None]:
@@ -41,7 +30,7 @@ def test_train_py_name_up_and_over_is_one_line_and_touches_nothing(tiny_dataset:
                                                                    tmp_path: Path) -> None:
     """``python train.py --name ../victim`` with a project folder not made yet trained into ``victim``, replacing
     its results.csv, opt.yaml, last.pt and best.pt."""
-    victim, files = _victim(tmp_path)
+    victim, files = victim_folder(tmp_path)
     before = _tree(victim)
     code, out = run_job([sys.executable, *train_args(tiny_dataset, tiny_cfg_file, tmp_path / "runs" / "train",
                                                      "--name", "../victim", epochs=1)])
@@ -55,7 +44,7 @@ def test_train_run_refuses_a_name_that_is_not_one_folder(name: str, tiny_dataset
                                                          tmp_path: Path) -> None:
     """train.run(name='../victim') and name='..' (the project's parent) trained there; a NUL byte was a
     traceback."""
-    victim, _ = _victim(tmp_path)
+    victim, _ = victim_folder(tmp_path)
     before = _tree(victim)
     project = tmp_path / "runs"
     with pytest.raises(UserError, match=r"^--name .* give one folder name, created inside --project$"):
@@ -66,7 +55,7 @@ def test_train_run_refuses_a_name_that_is_not_one_folder(name: str, tiny_dataset
 
 
 def test_test_and_detect_refuse_a_name_up_and_over(tiny_dataset: Path, tiny_weights: Path, tmp_path: Path) -> None:
-    victim, _ = _victim(tmp_path)
+    victim, _ = victim_folder(tmp_path)
     before = _tree(victim)
     image = tmp_path / "images" / "a.jpg"
     image.parent.mkdir()

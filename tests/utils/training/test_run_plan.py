@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as tdist
 
+from tests.helpers import victim_folder
 from utils.distributed import comm as dist
 from utils.training import run_plan
 from utils.training.config import RunConfig
@@ -123,17 +124,6 @@ def test_a_run_folder_with_only_the_previous_generation_is_resumed(tmp_path: Pat
 
 
 # ------------------------------------------------------------------ issue 44: run folders never land on a user's
-def _victim(tmp_path: Path) -> tuple[Path, dict[str, bytes]]:
-    """A user's folder beside where the project folder would be, holding what a run writes."""
-    victim = tmp_path / "victim"
-    (victim / "weights").mkdir(parents=True)
-    files = {"results.csv": b"my results", "opt.yaml": b"mine: 1\n", "weights/last.pt": b"my weights",
-             "weights/best.pt": b"my best"}
-    for name, content in files.items():
-        (victim / name).write_bytes(content)
-    return victim, files
-
-
 def _contents(folder: Path) -> dict[str, bytes]:
     return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
@@ -144,7 +134,7 @@ def test_a_name_leading_out_of_the_project_is_refused(name: str, tmp_path: Path)
     a NUL byte was a traceback. Now one line, nothing made or changed."""
     from utils.paths import RunFolderError
 
-    victim, files = _victim(tmp_path)
+    victim, files = victim_folder(tmp_path)
     config = RunConfig(project=str(tmp_path / "runs" / "train"), name=name)
     for exist_ok in (False, True):
         with pytest.raises(RunFolderError, match="^--name .* give one folder name") as info:
@@ -156,7 +146,7 @@ def test_a_name_leading_out_of_the_project_is_refused(name: str, tmp_path: Path)
 def test_exist_ok_reuses_only_a_run_folder_of_ours(tmp_path: Path) -> None:
     from utils.paths import RunFolderError
 
-    victim, files = _victim(tmp_path)
+    victim, files = victim_folder(tmp_path)
     with pytest.raises(RunFolderError, match="was not made by this project"):
         plan_run(RunConfig(project=str(tmp_path), name="victim", exist_ok=True))
     assert _contents(victim) == files
@@ -200,7 +190,7 @@ def test_a_job_record_never_points_a_job_at_a_users_folder(tmp_path: Path, monke
     """A ``.jobs/torchrun-<id>`` record naming any folder made a job with that --rdzv-id train there. Now a record
     holds a run name in the project, of this very job, and its folder must carry our marker; anything else is
     ignored with a warning and the job starts a new run."""
-    victim, files = _victim(tmp_path)
+    victim, files = victim_folder(tmp_path)
     _torchrun_job(monkeypatch, "job1")
     config = opts(tmp_path)
     jobs = tmp_path / "runs" / ".jobs"
@@ -244,7 +234,7 @@ def test_every_job_id_has_a_record_of_its_own(tmp_path: Path, monkeypatch: pytes
 
 def test_an_agent_store_naming_a_folder_not_ours_starts_a_new_run(tmp_path: Path, job_store: tdist.Store,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    victim, files = _victim(tmp_path)
+    victim, files = victim_folder(tmp_path)
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
     job_store.set(run_plan.RUN_DIR_KEY, str(victim))
     plan = plan_run(opts(tmp_path))
