@@ -214,13 +214,6 @@ def is_valid(root: Path, spec: SyntheticSpec) -> bool:
     return DETECT_SET.is_complete(root, _header(spec), split_counts(spec))
 
 
-def check_target(root: Path, spec: SyntheticSpec) -> None:
-    """SyntheticError (one line) unless ``root`` may receive a new set (utils.data.generated: missing, empty, or a
-    set of ours holding nothing else). Reads only; all ranks may call it."""
-    if not is_valid(root, spec):
-        DETECT_SET.removable(root)
-
-
 def generate(root: Path, spec: SyntheticSpec) -> Path:
     """Write the set into a new folder renamed to ``root``; an earlier set of ours there is cleared first of what
     it wrote (utils.data.generated says when that is refused)."""

@@ -20,9 +20,10 @@ SMALL = {"n_train": 3, "n_val": 2, "img_size": 64, "seed": 1}
 GENERATORS = {"detect": ensure_synthetic, "segment": ensure_synthetic_seg}
 
 
-def _tree(root: Path) -> dict[str, bytes | None]:
-    """Every entry under ``root``: a file's bytes, None for a folder."""
-    return {p.relative_to(root).as_posix(): (None if p.is_dir() else p.read_bytes()) for p in sorted(root.rglob("*"))}
+def _tree(root: Path) -> dict[str, bytes | str | None]:
+    """Every entry under ``root``: a file's bytes, None for a folder, a symlink's target."""
+    return {p.relative_to(root).as_posix(): (str(p.readlink()) if p.is_symlink() else None if p.is_dir() else
+                                             p.read_bytes()) for p in sorted(root.rglob("*"))}
 
 
 def _thesis_folder(folder: Path) -> dict[str, bytes | None]:
