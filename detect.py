@@ -156,7 +156,7 @@ def summarize(det: torch.Tensor, names: list[str]) -> str:
 
 
 def crop_folder(crop_dir: Path, names: list[str], cls: float) -> Path:
-    """crops/<class name>/, the name made safe (paths.safe_stem: letters, digits, spaces and ``._-`` only, no leading
+    """crops/<class name>/, the name made safe (paths.safe_stem: no separator or unprintable character, no leading
     dot, at most 64 characters, the class index when nothing is left); always a folder inside ``crop_dir``."""
     return paths.derived_path(crop_dir, paths.safe_stem(class_name(names, cls), str(int(cls)), limit=64))
 

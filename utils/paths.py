@@ -219,10 +219,11 @@ def discarded_on_failure(folder: str | Path | None, enabled: bool = True) -> Ite
 
 # ----------------------------------------------------------------------------------- outputs inside a run folder
 def safe_stem(text: str, fallback: str, limit: int = 100) -> str:
-    """``text`` as one harmless file name: letters, digits, spaces and ``._-`` kept (others become ``_``), no leading
-    dot or space, at most ``limit`` characters; ``fallback`` when nothing is left (``..`` of an image ``...jpg``)."""
-    safe = re.sub(r"[^\w .-]", "_", str(text))[:limit].strip().lstrip(".")
-    return safe or fallback
+    """``text`` as one harmless file name: path separators and characters that are not printable (NUL, newlines)
+    become ``_``, no leading dot or space, at most ``limit`` characters; ``fallback`` when nothing is left (``..``,
+    the stem of an image named ``...jpg``)."""
+    safe = "".join(c if c.isprintable() and c not in "/\\" else "_" for c in str(text)[:limit])
+    return safe.strip().lstrip(".").lstrip() or fallback
 
 
 def derived_path(run_dir: str | Path, *parts: str, suffix: str = "") -> Path:

@@ -10,9 +10,13 @@ torchrun job has a new store, so it never picks up another job's folder.
 Elastic membership (``--nnodes MIN:MAX``) needs the agent to give the workers a store of their own
 (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: torch 2.14's shared store breaks the rendezvous after a node joins), and
 a node joining restarts the group without counting a restart. There the folder is recorded in
-``<project>/.jobs/torchrun-<rdzv id>`` (the project folder shared by the nodes): while that record exists, every
-start of the job continues its run, and a run that finishes removes it. Without either (not launched by torchrun,
-or torchrun's default id "none") a restart cannot be recognised and the run starts a new folder.
+``<project>/.jobs/torchrun-<hash of the rdzv id>`` (the project folder shared by the nodes): while that record
+exists, every start of the job continues its run, and a run that finishes removes it. Without either (not launched
+by torchrun, or torchrun's default id "none") a restart cannot be recognised and the run starts a new folder.
+
+Every folder a run writes into follows utils.paths' one rule: a new run folder it creates (``new_run_folder``), or
+one of ours (the ``.yolo-run`` marker) that a resume, a record or ``--exist-ok`` names. A record (``.jobs/``) holds
+only ``{"job": id, "run": name}`` and is used only for this very job and a marked folder inside the project.
 """
 
 from __future__ import annotations
