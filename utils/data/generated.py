@@ -1,5 +1,5 @@
 """Generated data sets that delete only what they made: the one mechanism behind every built-in generated set
-(utils/data/synthetic.py for detection, utils/data/synthetic_seg.py for segments, and the sets of the other tasks).
+(utils/data/synthetic.py for detection, utils/tasks/segment/synthetic.py for segments, and every other task's set).
 
 A generator describes what it writes once and hands its writer over::
 

@@ -16,7 +16,7 @@ from utils.boxes import label_rows, xywh2xyxy, xyxy2xywh
 from utils.data.coco_json import CocoIds
 from utils.log import LOGGER
 from utils.paths import derived_path
-from utils.predictions import OutputContract
+from utils.tasks.contract import OutputContract
 
 # COCO's 80 training classes -> the 91 category ids of its annotation files.
 COCO80_TO_91 = (

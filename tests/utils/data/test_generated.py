@@ -13,8 +13,8 @@ from utils.data import generated
 from utils.data.config import DataError, load_data_config
 from utils.data.generated import MANIFEST, MARKER, GeneratedSet, file_record
 from utils.data.synthetic import ensure_synthetic
-from utils.data.synthetic_seg import ensure_synthetic_seg
 from utils.errors import UserError
+from utils.tasks.segment.synthetic import ensure_synthetic_seg
 
 SMALL = {"n_train": 3, "n_val": 2, "img_size": 64, "seed": 1}
 GENERATORS = {"detect": ensure_synthetic, "segment": ensure_synthetic_seg}
