@@ -17,7 +17,6 @@ boxes (a segmenter's masks) is made, drawn under the boxes and written by its ``
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -168,13 +167,9 @@ def summarize(det: torch.Tensor, names: list[str]) -> str:
 
 
 def crop_folder(crop_dir: Path, names: list[str], cls: float) -> Path:
-    """crops/<class name>/, the name made safe: letters, digits, spaces and ``._-`` only (others become ``_``), no
-    leading dot, at most 64 characters, the class index when nothing is left; always a folder inside ``crop_dir``."""
-    safe = re.sub(r"[^\w .-]", "_", class_name(names, cls), flags=re.ASCII)[:64].strip().lstrip(".")
-    folder = crop_dir / (safe or str(int(cls)))
-    if folder.resolve().parent != crop_dir.resolve():
-        folder = crop_dir / str(int(cls))
-    return folder
+    """crops/<class name>/, the name made safe (paths.safe_stem: no separator or unprintable character, no leading
+    dot, at most 64 characters, the class index when nothing is left); always a folder inside ``crop_dir``."""
+    return paths.derived_path(crop_dir, paths.safe_stem(class_name(names, cls), str(int(cls)), limit=64))
 
 
 def boxes_alone(contract: OutputContract) -> bool:
@@ -190,16 +185,22 @@ def save_crops(image: np.ndarray, det: np.ndarray, names: list[str], crop_dir: P
             continue
         folder = crop_folder(crop_dir, names, cls)
         folder.mkdir(parents=True, exist_ok=True)
-        cv2.imwrite(str(paths.increment_path(folder / f"{stem}.jpg")), image[y1:y2, x1:x2])
+        cv2.imwrite(str(paths.increment_path(paths.derived_path(folder, stem, suffix=".jpg"))), image[y1:y2, x1:x2])
 
 
 def output_stem(frame: Frame) -> str:
-    """What a frame's outputs are named after: the file (or URL) stem, ``webcam0``, ``stream2``."""
+    """What a frame's outputs are named after: the file (or URL) stem made safe (paths.safe_stem; ``image<N>`` when
+    nothing is left, as of ``...jpg``), ``webcam0``, ``stream2``."""
     if frame.kind == "webcam":
-        return f"webcam{frame.path}"
+        return f"webcam{paths.safe_stem(str(frame.path), '')}"
     if frame.kind == "stream":
         return f"stream{frame.index}"
-    return frame.stem
+    return paths.safe_stem(frame.stem, f"image{frame.index}")
+
+
+def frame_stem(frame: Frame) -> str:
+    """An image's output stem; a video or stream frame's with its frame number (``clip_12``)."""
+    return output_stem(frame) if frame.kind == "image" else f"{output_stem(frame)}_{frame.frame}"
 
 
 class OutputWriter:
@@ -218,12 +219,12 @@ class OutputWriter:
         model's task predicts beyond the boxes, at the original image's size (its ``image`` results and frame
         ``summary``: a segmenter's masks and outlines)."""
         opt, extras = self.opt, extras or {}
-        stem = output_stem(frame) if frame.kind == "image" else f"{output_stem(frame)}_{frame.frame}"
+        stem = frame_stem(frame)
         if opt.save_txt and len(det):  # as the reference does: no file for an image without detections
             shape = frame.original.shape[:2]
             rows = self.outputs.label_rows(det, extras, shape, opt.save_conf) if extras else None
             rows = label_rows(det, shape, opt.save_conf) if rows is None else rows
-            (self.save_dir / "labels" / f"{stem}.txt").write_text("".join(f"{r}\n" for r in rows))
+            paths.derived_path(self.save_dir, "labels", stem, suffix=".txt").write_text("".join(f"{r}\n" for r in rows))
         if opt.save_crop:
             save_crops(frame.original, det, self.names, self.save_dir / "crops", stem)
         if opt.nosave and not self.viewer.enabled:
@@ -237,7 +238,9 @@ class OutputWriter:
         if opt.nosave:
             return
         if frame.kind == "image":
-            cv2.imwrite(str(self.save_dir / media_name(frame.path)), annotated)
+            suffix = Path(media_name(frame.path)).suffix
+            suffix = suffix if suffix.lower() in paths.IMG_SUFFIXES else ".jpg"
+            cv2.imwrite(str(paths.derived_path(self.save_dir, output_stem(frame), suffix=suffix)), annotated)
         else:
             self._video(frame).write(annotated)
 
@@ -245,8 +248,8 @@ class OutputWriter:
         name = output_stem(frame)
         if name not in self.videos:
             height, width = frame.original.shape[:2]
-            self.videos[name] = cv2.VideoWriter(str(self.save_dir / f"{name}.mp4"), cv2.VideoWriter_fourcc(*"mp4v"),
-                                                frame.fps or 30.0, (width, height))
+            self.videos[name] = cv2.VideoWriter(str(paths.derived_path(self.save_dir, name, suffix=".mp4")),
+                                                cv2.VideoWriter_fourcc(*"mp4v"), frame.fps or 30.0, (width, height))
         return self.videos[name]
 
     def close(self) -> None:
@@ -258,7 +261,7 @@ class OutputWriter:
 
 def feature_folder(save_dir: Path, frame: Frame) -> Path:
     """--visualize: <save_dir>/<image stem>/, or <stem>_<frame number>/ for a video or stream frame."""
-    return save_dir / (output_stem(frame) if frame.kind == "image" else f"{output_stem(frame)}_{frame.frame}")
+    return paths.derived_path(save_dir, frame_stem(frame))
 
 
 def predict(model: InferenceModel, image: torch.Tensor, opt: argparse.Namespace,
@@ -334,13 +337,14 @@ def main(opt: argparse.Namespace) -> DetectResult:
     check_model_options(opt, model)
     img_size = resolve_img_size(opt, model)
     dataset = load_source(source, img_size, model.stride, auto=model.dynamic, vid_stride=opt.vid_stride)
-    save_dir = paths.increment_path(Path(opt.project) / opt.name, exist_ok=opt.exist_ok, mkdir=True)
-    model.warmup(img_size)
-    writer = OutputWriter(save_dir, opt, model.names, task_outputs(model))
-    try:
-        result = detect_source(model, dataset, writer, opt)
-    finally:
-        writer.close()
+    save_dir = paths.new_run_folder(opt.project, opt.name, opt.exist_ok)
+    with paths.discarded_on_failure(save_dir):  # a run that fails before writing anything leaves no empty folder
+        model.warmup(img_size)
+        writer = OutputWriter(save_dir, opt, model.names, task_outputs(model))
+        try:
+            result = detect_source(model, dataset, writer, opt)
+        finally:
+            writer.close()
     if result.skipped:
         LOGGER.warning(f"WARNING: {result.skipped} unreadable image(s) skipped")
     pre, inference, nms = result.speed_ms

@@ -122,9 +122,9 @@ def main(opt: argparse.Namespace, hooks: Sequence[HookBase] = ()) -> TrainResult
     with distributed_session(opt) as device:
         if (elastic_line := elastic_store_warning()) is not None:  # rank 0 talks
             LOGGER.warning(elastic_line)
+        user_hooks = [*(load_hook(spec) for spec in opt.hook), *hooks]  # before the run folder: a bad one leaves none
         config, hyp = prepare_run(RunConfig.from_options(opt), defaults=RunConfig.from_options(parse_opt([])))
         print_options("train", config.options())
-        user_hooks = [*(load_hook(spec) for spec in config.hook), *hooks]
         if not config.evolve:
             return train(hyp, config, device, user_hooks)
         generations: list[TrainResult] = []

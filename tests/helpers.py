@@ -280,6 +280,18 @@ def png_writer(channels: int, dtype: type = np.uint8) -> Callable[[Path], None]:
     return write
 
 
+def victim_folder(parent: Path) -> tuple[Path, dict[str, bytes]]:
+    """``parent/victim``: a user's folder holding what a run writes (results.csv, opt.yaml, weights/last.pt and
+    best.pt), and its files' bytes by relative name."""
+    victim = parent / "victim"
+    (victim / "weights").mkdir(parents=True)
+    files = {"results.csv": b"my results", "opt.yaml": b"mine: 1\n", "weights/last.pt": b"my weights",
+             "weights/best.pt": b"my best"}
+    for name, content in files.items():
+        (victim / name).write_bytes(content)
+    return victim, files
+
+
 def make_set(root: Path, files: dict[str, tuple[Callable[[Path], None], str | None]]) -> Path:
     """images/train/<name> written by its writer, labels/train/<stem>.txt with the text (None: no file)."""
     (root / "images" / "train").mkdir(parents=True)

@@ -57,7 +57,7 @@ LAYERS: list[list[str]] = [
 # A declared module may be absent (a file another branch adds); a present one must be declared.
 MODULE_LAYERS: dict[str, list[list[str]]] = {
     "utils.distributed": [["launcher", "signals", "watchdog"], ["comm", "elastic"], ["loss_share", "ray_train"]],
-    "utils.data": [["augment", "errors", "ram_cache", "regular_files", "shard_urls", "synthetic"],
+    "utils.data": [["generated"], ["augment", "errors", "ram_cache", "regular_files", "shard_urls", "synthetic"],
                    ["image_io", "samples"], ["download", "label_cache"],
                    ["annotations", "shards", "shared_scan"],
                    ["sources", "voc", "coco_json"],
