@@ -2,13 +2,13 @@
 
 A scene is a seeded, deterministic video of coloured shapes (circle, square, triangle: the synthetic set's classes)
 moving over a textured background: two objects cross each other's path, one leaves the frame and comes back, the
-others come in through the frame's sides and go across, a pillar in front hides whatever passes behind it, and the
-camera may shake (a hand-held camera: its motion changes direction from frame to frame). The
-ground truth of a frame is every object in view, as its whole box clipped to the frame, with its share of its shape
-seen (not out of the frame, not behind the pillar or a nearer object) and the object's one identity for the whole
-video (re-entering included, as MOT-challenge ground truth does). Objects seen at least ``MIN_VISIBLE`` are scored;
-the others are ignore regions, as MOTChallenge's evaluation treats its occluded and distractor boxes: a track on
-them is neither right nor wrong.
+others come in through the frame's sides and go across, nearer objects hide farther ones, a pillar in front may
+hide whatever passes behind it, and the camera may shake (a hand-held camera: its motion changes direction from
+frame to frame). The ground truth of a frame is every object in view, as its whole box clipped to the frame, with
+the share of its shape seen (not out of the frame, not behind the pillar or a nearer object) and the object's one
+identity for the whole video (re-entering included, as MOT-challenge ground truth does). Objects seen at least
+``MIN_VISIBLE`` are scored; the others are ignore regions, as MOTChallenge's evaluation treats its occluded and
+distractor boxes: a track on them is neither right nor wrong.
 
 ``jittered_detections`` turns the truth into a detector's output: boxes moved by noise, some missed, a few false
 ones, partly hidden objects at low confidence. ``mot_metrics`` scores tracks against the truth with TrackEval's
@@ -24,6 +24,9 @@ from pathlib import Path
 import cv2
 import numpy as np
 import yaml
+
+from utils.paths import ROOT
+from utils.safe_yaml import load_yaml
 
 CLASSES = ("circle", "square", "triangle")
 COLOURS = ((40, 40, 230), (60, 200, 60), (230, 120, 30), (40, 220, 230), (200, 60, 200), (220, 220, 40),
@@ -41,7 +44,7 @@ class SceneSpec:
     frames: int = 90
     objects: int = 7  # two crossing, one leaving and coming back, one more, the rest entering later
     shake: float = 0.0  # a hand-held camera's wobble, pixels either way (0: a still camera)
-    pillar: bool = True
+    pillar: bool = False  # a pillar in front of the scene hides what passes behind it
 
     def view(self, t: int) -> tuple[int, int]:
         """The camera's top-left corner in the world at frame ``t`` (whole pixels)."""
@@ -58,7 +61,7 @@ class Scene:
 
     @property
     def name(self) -> str:
-        return f"seed{self.spec.seed}{'-shaking' if self.spec.shake else ''}"
+        return f"seed{self.spec.seed}{'-shaking' if self.spec.shake else ''}{'-pillar' if self.spec.pillar else ''}"
 
 
 @dataclass
@@ -323,3 +326,34 @@ def read_mot_file(path: Path, frames: int) -> list[np.ndarray]:
         frame, track_id, x, y, w, h = (float(v) for v in line.split(",")[:6])
         out[int(frame) - 1].append([track_id, x, y, x + w, y + h])
     return [np.array(rows, np.float64).reshape(-1, 5) for rows in out]
+
+
+def write_scene_video(scene: Scene, path: Path, fps: float = 30.0) -> Path:
+    """The scene as an mp4 (mp4v), what detect.py reads."""
+    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (scene.spec.width, scene.spec.height))
+    for frame in scene.frames:
+        writer.write(frame)
+    writer.release()
+    return path
+
+
+def scene_specs(count: int, pillar: bool = False, **spec: object) -> list[SceneSpec]:
+    """The benchmark's and the tests' scenes: seeds 0..count-1, a still camera for even seeds, a shaking one for odd."""
+    return [SceneSpec(seed=seed, shake=SHAKE if seed % 2 else 0.0, pillar=pillar, **spec) for seed in range(count)]
+
+
+def train_detector(folder: Path, images: int = 16, epochs: int = 120, img_size: int = 160) -> Path:
+    """A one-class YOLOv5n trained from scratch on frame 30 of ``images`` scenes none of scene_specs' (seeds from
+    100): the batch holds every image, so each epoch is one optimizer step of the whole set (about 45 s of one CPU
+    core at the defaults). Returns its last.pt."""
+    import train
+
+    data = write_training_set(folder / "data", list(range(100, 100 + images)))
+    hyp = load_yaml(ROOT / "data" / "hyps" / "hyp.synthetic.yaml")
+    hyp.update(lr0=0.01, warmup_epochs=0, hsv_h=0, hsv_s=0, hsv_v=0, scale=0.2, mosaic=0)
+    (folder / "hyp.yaml").write_text(yaml.safe_dump(hyp))
+    result = train.run(data=str(data), cfg="yolov5n.yaml", hyp=str(folder / "hyp.yaml"), weights="", single_cls=True,
+                       img_size=img_size, batch_size=64, epochs=epochs, workers=0, device="cpu", amp="off", seed=0,
+                       project=str(folder / "runs"), name="detector", noautoanchor=True, noplots=True, noval=True,
+                       nosave=True)
+    return result.save_dir / "weights" / "last.pt"
