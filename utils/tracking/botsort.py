@@ -4,8 +4,8 @@ camera-motion compensation, and optional appearance features.
 Before association every predicted track is moved by the camera's motion between the previous frame and this one
 (``gmc_method``, utils/tracking/gmc.py), so a panning camera does not tear tracks from their objects. With
 ``with_reid`` each high-score box's appearance (utils/tracking/appearance.py) joins the cost: a pair's appearance
-distance counts only when the boxes are close (1 - IoU at most proximity_thresh) and alike (appearance distance at
-most appearance_thresh), and the pair costs the smaller of its IoU and appearance distances.
+distance counts only when the boxes are close (IoU at least proximity_thresh) and alike (appearance similarity, the
+cosine, at least appearance_thresh), and the pair costs the smaller of its IoU and appearance distances.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class BoTSORT(ByteTracker):
 
     def _cost(self, tracks: list[Track], rows: np.ndarray, features: np.ndarray) -> np.ndarray:
         iou = iou_cost(self._boxes(tracks), rows[:, :4])
-        far = iou > self.config.proximity_thresh
+        far = iou > 1.0 - self.config.proximity_thresh
         cost = fuse_score(iou, rows[:, 4]) if self.config.fuse_score else iou
         if not features.shape[1] or not tracks:
             return cost
@@ -58,7 +58,7 @@ class BoTSORT(ByteTracker):
         track_features = np.stack([t.feature if t.feature is not None else np.zeros(features.shape[1])
                                    for t in tracks])
         looks = appearance_cost(track_features, features)
-        looks[far | (looks > self.config.appearance_thresh) | ~known[:, None]] = 1.0
+        looks[far | (looks > 1.0 - self.config.appearance_thresh) | ~known[:, None]] = 1.0
         return np.minimum(cost, looks)
 
     def _remember(self, track: Track, feature: np.ndarray) -> None:

@@ -39,8 +39,8 @@ class TrackerConfig:
     match_thresh: float = 0.8  # the first association's largest cost (1 - IoU, score-fused when fuse_score)
     fuse_score: bool = True  # weigh the IoU by the detection's confidence in the first association
     gmc_method: str = "sparseOptFlow"  # BoT-SORT: camera-motion compensation (sparseOptFlow, ecc, none)
-    proximity_thresh: float = 0.5  # BoT-SORT: appearance is consulted only for pairs with IoU above 1 - this
-    appearance_thresh: float = 0.8  # BoT-SORT: the largest appearance distance (1 - cosine) that may match
+    proximity_thresh: float = 0.5  # BoT-SORT: appearance is consulted only for pairs with at least this IoU
+    appearance_thresh: float = 0.8  # BoT-SORT: and at least this appearance similarity (cosine)
     with_reid: bool = False  # BoT-SORT: match on appearance features too (colour histograms of each box)
     model: str = "auto"  # BoT-SORT: the appearance features' source; "auto" (each box's colour histogram) only
     source: str = ""  # the file it was read from (not a key)
