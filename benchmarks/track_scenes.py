@@ -344,7 +344,7 @@ def scene_specs(count: int, pillar: bool = False, **spec: object) -> list[SceneS
 
 def train_detector(folder: Path, images: int = 16, epochs: int = 120, img_size: int = 160) -> Path:
     """A one-class YOLOv5n trained from scratch on frame 30 of ``images`` scenes none of scene_specs' (seeds from
-    100): the batch holds every image, so each epoch is one optimizer step of the whole set (about 45 s of one CPU
+    100): the batch holds every image, so each epoch is one optimizer step of the whole set (under a minute of one CPU
     core at the defaults). Returns its last.pt."""
     import train
 
