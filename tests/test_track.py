@@ -115,7 +115,7 @@ def test_a_segmenters_masks_follow_the_tracked_detections(tiny_seg_weights: Path
                                                           tmp_path: Path) -> None:
     weights = box_masks_segmenter(tiny_seg_weights, tmp_path / "weights")
     result = run_track(weights, still_video(tmp_path / "seg.mp4", 3), low_tracker, tmp_path, "--save-txt")
-    for (_, det), outlines, ids in zip(result.detections, result.outlines, result.track_ids):
+    for (_, det), outlines, ids in zip(result.detections, result.extras["outlines"], result.track_ids):
         assert len(det) == len(outlines) == len(ids) > 0
         for row, outline in zip(det, outlines):
             assert np.abs(np.concatenate((outline.min(0), outline.max(0))) - row[:4]).max() <= 4.5
