@@ -4,9 +4,10 @@ classes), the same for every family.
 
 As ultralytics' classification loss, the total is the mean over the batch's images (not scaled by the batch size
 as the detection losses are), so a run sees the gradient ultralytics' recipe was tuned with. Under DDP the mean is
-the whole step's: each rank's part is its images' sum over every rank's images (the ranks' batches are equal, as
-the training sampler pads them), so that the trainer's world-size factor and DDP's averaged gradient give one
-process's gradient on the whole batch. ``items`` is the rank's own mean, detached (one term, ``cls``).
+the whole step's: each rank's part is its images' sum over every rank's images (the counts summed over the ranks
+by utils.distributed.loss_share), so that the trainer's world-size factor and DDP's averaged gradient give one
+process's gradient on the whole batch. ``items`` is that part times the world size, detached (one term, ``cls``):
+their mean over the ranks, what results.csv logs, is the whole step's mean (utils.distributed.loss_share).
 
 Targets are the images' class indices (b,), or rows [image, class, ...] with one row per image (what the classify
 task's data set gives: utils/tasks/classify/dataset.py), read in image order.
@@ -19,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from utils.distributed import comm
+from utils.distributed.loss_share import LossShare
 from utils.errors import UserError
 
 
@@ -55,4 +57,5 @@ class ClassifyLoss:
             raise ClassifyTargetError(f"class indices must lie in 0..{self.nc - 1}, got {int(labels.min())}.."
                                       f"{int(labels.max())}")
         loss = F.cross_entropy(preds.float(), labels, label_smoothing=self.label_smoothing)
-        return loss / comm.get_world_size(), loss.detach().view(1)
+        share = LossShare([labels.numel()]).mean(loss, 0)  # this rank's part of the whole step's mean
+        return share / comm.get_world_size(), share.detach().view(1)

@@ -6,7 +6,7 @@ many had the label first, how many had it among the five best, the summed loss, 
 the tallies are plain counts, so one sum over the ranks (an all-reduce) is exactly the tally one process makes of
 all the images, and the accuracies follow from the sum. Fitness is the top-1 accuracy; results.csv's columns are
 ultralytics' names, ``metrics/accuracy_top1`` and ``metrics/accuracy_top5``; the validation loss, when asked, is
-the task's loss (``cls``) of the eval model's probabilities, the same cross-entropy as in training.
+the cross-entropy of the eval model's probabilities (without label smoothing), under the loss's name (``cls``).
 """
 
 from __future__ import annotations
@@ -170,9 +170,7 @@ class ClassifyMetric(TaskMetric):
                 prepared = time.perf_counter()
                 probs = model(x).float()
                 inferred = time.perf_counter()
-                tally.add(probs, labels)
-                if compute_loss is not None:  # the loss of the log-probabilities: the logits' up to a constant
-                    tally.loss_sum += float(compute_loss(probs.clamp(min=1e-12).log(), targets)[1][0]) * len(probs)
+                tally.add(probs, labels, probs.clamp(min=1e-12).log() if compute_loss is not None else None)
                 seconds += (prepared - start, inferred - prepared, time.perf_counter() - inferred)
         finally:
             model.train(was_training)

@@ -2,20 +2,15 @@
 backgrounds, filed in class folders (``train/<class>/00000.jpg``, ``val/<class>/...``), deterministic in its seed.
 
 Image ``i`` of a split is of class ``i % 3`` and is drawn from its own random stream (seed, split, i), so a set is
-the same whatever order it is written in. The writer fills a folder it is given (``write_cls_set``); what a
-generated-set mechanism needs to own the files it made is here too: the names it writes (``OWN_FILES``), the
-header that identifies a set (``header``) and how many files each folder holds (``split_counts``).
+the same whatever order it is written in. The writer fills a new folder the shared generated-set mechanism made for
+it (utils/data/generated.py), given the names it writes (``OWN_FILES``), the header that identifies a set
+(``header``) and how many files each folder holds (``split_counts``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
-import os
 import re
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -23,12 +18,10 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from utils.data.generated import GeneratedSet
 from utils.data.synthetic import (
-    MANIFEST,
-    MAX_MANIFEST,
     SPLITS,
     SYNTHETIC_NAMES,
-    SyntheticError,
     SyntheticSpec,
     _background,
     _contrasting_color,
@@ -36,12 +29,11 @@ from utils.data.synthetic import (
     _shape_points,
     make_spec,
 )
-from utils.distributed import comm as dist
-from utils.log import LOGGER, colorstr
 from utils.paths import data_home
 
 CLS_VERSION = 1
 OWN_FILES = re.compile(rf"({'|'.join(SPLITS)})/({'|'.join(SYNTHETIC_NAMES)})/\d{{5}}\.jpg")
+CLS_SET = GeneratedSet("synthetic-classify", OWN_FILES)
 
 
 def draw_cls_sample(rng: np.random.Generator, spec: SyntheticSpec, kind: int) -> np.ndarray:
@@ -95,52 +87,16 @@ def split_counts(spec: SyntheticSpec) -> dict[str, int]:
             for c, name in enumerate(SYNTHETIC_NAMES)}
 
 
-def is_complete(root: Path, spec: SyntheticSpec) -> bool:
-    """True when ``root`` holds a complete set made from ``spec``: its manifest's header and every folder's count."""
-    try:
-        manifest = json.loads((root / MANIFEST).read_text()) if (root / MANIFEST).stat().st_size < MAX_MANIFEST \
-            else {}
-        return manifest == header(spec) and all(len(os.listdir(root / folder)) == count
-                                                for folder, count in split_counts(spec).items())
-    except (OSError, ValueError, RecursionError):
-        return False
-
-
-def generate(root: Path, spec: SyntheticSpec) -> Path:
-    """Write the set into a new temporary sibling of ``root``, then rename it to ``root`` (a folder that is missing
-    or empty; anything else is refused in one line and never cleared)."""
-    if root.is_symlink() or (root.exists() and (not root.is_dir() or any(root.iterdir()))):
-        raise SyntheticError(f"synthetic set: {root} exists and is not an empty folder nor a complete set of these "
-                             "parameters; the generator writes only into a new or empty folder: choose another "
-                             "path or move it away")
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp", dir=root.parent))  # new: nobody else's
-    try:
-        write_cls_set(tmp, spec)
-        (tmp / MANIFEST).write_text(json.dumps(header(spec), indent=1))
-        with contextlib.suppress(OSError):
-            root.rmdir()  # an empty folder
-        tmp.rename(root)
-    except OSError:  # another process (not in our group) finished first, or something appeared there
-        if not is_complete(root, spec):
-            raise SyntheticError(f"synthetic set: could not move the new set into {root} (something else is "
-                                 "writing there); try again") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # made by mkdtemp above: only this call's own files
-    return root
-
 
 def ensure_synthetic_cls(root: str | Path | None = None, n_train: int = 600, n_val: int = 150,
-                img_size: int | Sequence[int] = (128, 160), seed: int = 0, max_objects: int = 4,
-                min_object: float = 0.2, max_object: float = 0.5) -> Path:
+                         img_size: int | Sequence[int] = (128, 160), seed: int = 0, max_objects: int = 4,
+                         min_object: float = 0.2, max_object: float = 0.5) -> Path:
     """The folder of the synthetic classification set for these parameters (default:
-    ``data_home()/synthetic-cls-v<version>-<hash>``), generated first when missing. Generation runs on local rank 0
-    while the other ranks wait (zero-first). All ranks must call it."""
+    ``data_home()/synthetic-cls-v<version>-<hash>``), generated first when missing, through the one generated-set
+    mechanism (utils/data/generated.py: only into a new folder, an earlier set of ours replaced, anything else
+    refused). Generation runs on local rank 0 while the other ranks wait (zero-first). All ranks must call it."""
     spec = make_spec(n_train, n_val, img_size, seed, max_objects, min_object, max_object)
     folder = Path(root) if root is not None else data_home() / f"synthetic-cls-v{CLS_VERSION}-{spec.key()}"
-    with dist.zero_first(local=True):
-        if dist.is_local_main_process() and not is_complete(folder, spec):
-            LOGGER.info(f"{colorstr('synthetic:')} generating {spec.n_train} train + {spec.n_val} val "
-                        f"classification images into {folder} ...")
-            generate(folder, spec)
-    return folder
+    return CLS_SET.ensure(folder, header(spec), split_counts(spec),
+                   lambda: CLS_SET.generate(folder, header(spec), lambda tmp: write_cls_set(tmp, spec)),
+                   f"{spec.n_train} train + {spec.n_val} val classification images")

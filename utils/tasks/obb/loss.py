@@ -4,7 +4,8 @@ rotated boxes (YOLOv8-obb, YOLO11-obb) and its end-to-end form (YOLO26-obb).
 ``AnchorFreeObbLoss``: cells assigned by the rotated task-aligned assigner (a cell is a candidate when its centre
 lies inside the rotated box, sides shorter than the second stride widened to it as the axis-aligned assigner does;
 the alignment weighs ProbIoU in place of CIoU; top 10, alpha 0.5, beta 6); a BCE class loss against the soft
-targets; for the assigned cells, weighted by their target score and normalised by the target scores' sum:
+targets; for the assigned cells, weighted by their target score and normalised by the target scores' sum (over
+every rank's batch under DDP: utils.distributed.loss_share):
 ``box`` 1 - ProbIoU of the predicted and assigned rotated boxes, ``dfl`` the distribution focal loss of the four
 sides measured in the assigned box's own frame (an L1 of the sides over the image size, ``l1``, for a head with
 one value per side), and ``angle`` sin^2 of twice the angle error, weighted by exp(-log(w/h)^2 / 9) of the
@@ -31,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from utils.distributed.loss_share import LossShare
 from utils.tasks.obb.head import dist2rbox
 from utils.tasks.obb.rotated import probiou
 from utils.training.loss_anchor_free import AnchorFreeLoss, EndToEndLoss, distribution_focal_loss
@@ -123,7 +125,7 @@ class AnchorFreeObbLoss(AnchorFreeLoss):
         assigned = self.assigner(logits.detach().sigmoid(), pixels.to(gt_boxes.dtype), points * strides, gt_labels,
                                  gt_boxes, mask_gt)
         target_scores = self.smoothed(assigned)
-        score_sum = target_scores.sum().clamp(min=1)
+        score_sum = LossShare([target_scores.sum()]).divisor(0, floor=1)  # summed over the ranks under DDP
         cls = F.binary_cross_entropy_with_logits(logits, target_scores.to(logits.dtype), reduction="none").sum() \
             / score_sum
         box, side, angle = self.rotated_terms(pred_dist, angles, points, strides, assigned, target_scores,

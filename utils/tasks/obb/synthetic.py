@@ -4,19 +4,15 @@
 
 Each rectangle is drawn as a filled polygon at OpenCV's sub-pixel precision (corners in 1/256 pixel), so the
 label's corners are the drawn ones; every rectangle lies wholly inside its image and overlaps no other by more
-than 0.1 IoU. The writer fills a folder it is given (``write_obb_set``); the names it writes (``OWN_FILES``), the
-header (``header``) and the counts per folder (``split_counts``) are what a generated-set mechanism needs.
+than 0.1 IoU. The writer (``write_obb_set``) fills a new folder the shared generated-set mechanism made for it
+(utils/data/generated.py), given the names it writes (``OWN_FILES``), the header (``header``) and the counts per
+folder (``split_counts``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
-import os
 import re
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -26,19 +22,15 @@ import numpy as np
 import torch
 
 from utils.data.dota import obb_label_text
+from utils.data.generated import GeneratedSet
 from utils.data.synthetic import (
-    MANIFEST,
-    MAX_MANIFEST,
     SPLITS,
-    SyntheticError,
     SyntheticSpec,
     _background,
     _contrasting_color,
     _luma,
     make_spec,
 )
-from utils.distributed import comm as dist
-from utils.log import LOGGER, colorstr
 from utils.paths import data_home
 from utils.tasks.obb.rotated import rotated_iou, xywhr2corners
 
@@ -46,6 +38,7 @@ OBB_VERSION = 1
 OBB_NAMES = ["square", "rectangle", "strip"]
 ASPECTS = (1.0, 2.0, 4.0)  # width : height of each class
 OWN_FILES = re.compile(rf"(images/({'|'.join(SPLITS)})/\d{{5}}\.jpg|labels/({'|'.join(SPLITS)})/\d{{5}}\.txt)")
+OBB_SET = GeneratedSet("synthetic-obb", OWN_FILES)
 SUBPIXEL = 8  # OpenCV's shift: corners in 1/256 pixel
 
 
@@ -118,52 +111,16 @@ def split_counts(spec: SyntheticSpec) -> dict[str, int]:
             for kind in ("images", "labels")}
 
 
-def is_complete(root: Path, spec: SyntheticSpec) -> bool:
-    """True when ``root`` holds a complete set made from ``spec``: its manifest's header and every folder's count."""
-    try:
-        manifest = json.loads((root / MANIFEST).read_text()) if (root / MANIFEST).stat().st_size < MAX_MANIFEST \
-            else {}
-        return manifest == header(spec) and all(len(os.listdir(root / folder)) == count
-                                                for folder, count in split_counts(spec).items())
-    except (OSError, ValueError, RecursionError):
-        return False
-
-
-def generate(root: Path, spec: SyntheticSpec) -> Path:
-    """Write the set into a new temporary sibling of ``root``, then rename it to ``root`` (a folder that is missing
-    or empty; anything else is refused in one line and never cleared)."""
-    if root.is_symlink() or (root.exists() and (not root.is_dir() or any(root.iterdir()))):
-        raise SyntheticError(f"synthetic set: {root} exists and is not an empty folder nor a complete set of these "
-                             "parameters; the generator writes only into a new or empty folder: choose another "
-                             "path or move it away")
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp", dir=root.parent))  # new: nobody else's
-    try:
-        write_obb_set(tmp, spec)
-        (tmp / MANIFEST).write_text(json.dumps(header(spec), indent=1))
-        with contextlib.suppress(OSError):
-            root.rmdir()  # an empty folder
-        tmp.rename(root)
-    except OSError:  # another process (not in our group) finished first, or something appeared there
-        if not is_complete(root, spec):
-            raise SyntheticError(f"synthetic set: could not move the new set into {root} (something else is "
-                                 "writing there); try again") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # made by mkdtemp above: only this call's own files
-    return root
-
 
 def ensure_synthetic_obb(root: str | Path | None = None, n_train: int = 512, n_val: int = 128,
-                img_size: int | Sequence[int] = (128, 160), seed: int = 0, max_objects: int = 4,
-                min_object: float = 0.2, max_object: float = 0.5) -> Path:
+                         img_size: int | Sequence[int] = (128, 160), seed: int = 0, max_objects: int = 4,
+                         min_object: float = 0.2, max_object: float = 0.5) -> Path:
     """The folder of the synthetic oriented-box set for these parameters (default:
-    ``data_home()/synthetic-obb-v<version>-<hash>``), generated first when missing. Generation runs on local rank 0
-    while the other ranks wait (zero-first). All ranks must call it."""
+    ``data_home()/synthetic-obb-v<version>-<hash>``), generated first when missing, through the one generated-set
+    mechanism (utils/data/generated.py: only into a new folder, an earlier set of ours replaced, anything else
+    refused). Generation runs on local rank 0 while the other ranks wait (zero-first). All ranks must call it."""
     spec = make_spec(n_train, n_val, img_size, seed, max_objects, min_object, max_object)
     folder = Path(root) if root is not None else data_home() / f"synthetic-obb-v{OBB_VERSION}-{spec.key()}"
-    with dist.zero_first(local=True):
-        if dist.is_local_main_process() and not is_complete(folder, spec):
-            LOGGER.info(f"{colorstr('synthetic:')} generating {spec.n_train} train + {spec.n_val} val "
-                        f"oriented-box images into {folder} ...")
-            generate(folder, spec)
-    return folder
+    return OBB_SET.ensure(folder, header(spec), split_counts(spec),
+                   lambda: OBB_SET.generate(folder, header(spec), lambda tmp: write_obb_set(tmp, spec)),
+                   f"{spec.n_train} train + {spec.n_val} val oriented-box images")

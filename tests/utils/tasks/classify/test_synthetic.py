@@ -1,5 +1,6 @@
 """utils/tasks/classify/synthetic.py: the built-in classification set written deterministically into class
-folders, read back, and made by ensure_synthetic_cls only into a new or empty folder."""
+folders, read back, and made by ensure_synthetic_cls through the generated-set mechanism (never over a user's
+file)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from utils.data.synthetic import SyntheticError, make_spec
+from utils.data.generated import GeneratedSetError
+from utils.data.synthetic import make_spec
 from utils.tasks.classify.folders import scan_classification
 from utils.tasks.classify.synthetic import ensure_synthetic_cls, write_cls_set
 from utils.tasks.classify.synthetic import split_counts as cls_counts
@@ -34,6 +36,6 @@ def test_ensure_makes_the_set_once_and_never_into_a_users_folder(tmp_path: Path)
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep")
-    with pytest.raises(SyntheticError, match="not an empty folder"):
+    with pytest.raises(GeneratedSetError, match="notes.txt"):
         ensure_synthetic_cls(mine, n_train=6, n_val=3, img_size=32)
     assert (mine / "notes.txt").read_text() == "keep" and sorted(mine.iterdir()) == [mine / "notes.txt"]

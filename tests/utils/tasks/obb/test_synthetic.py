@@ -1,5 +1,6 @@
 """utils/tasks/obb/synthetic.py: the built-in oriented-box set's rectangles are exactly where their labels say, of
-their class's aspect, and ensure_synthetic_obb makes it only into a new or empty folder."""
+their class's aspect, and ensure_synthetic_obb makes it through the generated-set mechanism (never over a user's
+file)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from utils.data.synthetic import SyntheticError, make_spec
+from utils.data.generated import GeneratedSetError
+from utils.data.synthetic import make_spec
 from utils.tasks.obb.labels import read_obb_label_file
 from utils.tasks.obb.rotated import xywhr2corners
 from utils.tasks.obb.sample import rotated_boxes
@@ -54,7 +56,7 @@ def test_ensure_makes_the_set_once_and_never_into_a_users_folder(tmp_path: Path)
     root = ensure_synthetic_obb(tmp_path / "set", n_train=4, n_val=2, img_size=48)
     assert len(list((root / "labels" / "train").glob("*.txt"))) == 4 and (root / "synthetic.json").is_file()
     assert ensure_synthetic_obb(tmp_path / "set", n_train=4, n_val=2, img_size=48) == root
-    (tmp_path / "file").write_text("keep")
-    with pytest.raises(SyntheticError, match="not an empty folder"):
-        ensure_synthetic_obb(tmp_path / "file", n_train=4, n_val=2, img_size=48)
-    assert (tmp_path / "file").read_text() == "keep"
+    (root / "labels" / "train" / "mine.txt").write_text("keep")  # a user's file in it: never removed
+    with pytest.raises(GeneratedSetError, match="mine.txt"):
+        ensure_synthetic_obb(tmp_path / "set", n_train=5, n_val=2, img_size=48)
+    assert (root / "labels" / "train" / "mine.txt").read_text() == "keep"
