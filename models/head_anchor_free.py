@@ -34,7 +34,7 @@ def make_anchors(sizes: Sequence[tuple[int, int]], strides: Sequence[float], off
         xs = torch.arange(w, device=device, dtype=dtype) + offset
         grid_y, grid_x = torch.meshgrid(ys, xs, indexing="ij")
         points.append(torch.stack((grid_x, grid_y), -1).view(-1, 2))
-        stride_rows.append(torch.full((h * w, 1), float(stride), device=device, dtype=dtype))
+        stride_rows.append(torch.full_like(points[-1][:, :1], float(stride)))  # h * w rows (traced sizes too)
     return torch.cat(points), torch.cat(stride_rows)
 
 
@@ -165,7 +165,8 @@ class AnchorFreeDetect(nn.Module):
         boxes = torch.cat([box(x).reshape(b, 4 * self.reg_max, -1) for box, x in zip(box_branches, xs)], 2)
         scores = torch.cat([cls(x).reshape(b, self.nc, -1) for cls, x in zip(cls_branches, xs)], 2)
         sizes = [(int(x.shape[2]), int(x.shape[3])) for x in xs]
-        points, strides = self.anchors(sizes, boxes)
+        shapes = [(x.shape[2], x.shape[3]) for x in xs] if exporting() else sizes  # traced sizes stay dynamic
+        points, strides = self.anchors(shapes, boxes)
         return {"boxes": boxes, "scores": scores, "anchor_points": points, "stride_tensor": strides,
                 "feature_sizes": sizes}
 
@@ -176,7 +177,7 @@ class AnchorFreeDetect(nn.Module):
         the model's own dtype."""
         tracing = torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
         dtype = like.dtype if exporting() else torch.float32
-        key = (tuple(sizes), like.device, dtype)
+        key = (tuple(sizes), like.device, dtype) if not tracing else None
         if not tracing and key in self._anchors:
             return self._anchors[key]
         found = make_anchors(sizes, self.stride.tolist(), 0.5, like.device, dtype)

@@ -1,9 +1,10 @@
-"""One DDP step = one process's step for the classify and obb tasks' losses: two gloo ranks, each on half of a
-batch, end with the gradients (after DDP's averaging) and the logged loss terms of one process on the whole batch
-(utils/distributed/loss_share.py): YOLO11-cls (the mean over every rank's images), YOLO11-obb and YOLO26-obb (the
-target scores summed over the ranks). The halves are unequal (rank 0's images hold three oriented boxes each,
-rank 1's one; the classifier's ranks get 5 and 3 images), so a loss that divided by its own rank's counts would
-fail; BatchNorm is held in eval mode."""
+"""The classify and obb tasks on two gloo ranks equal one process: the classifier's top-1 and top-5 of a sharded
+validation (7 images: 4 and 3 a rank) are one process's, and one DDP step of each task's loss is one process's
+step: two gloo ranks, each on half of a batch, end with the gradients (after DDP's averaging) and the logged loss
+terms of one process on the whole batch (utils/distributed/loss_share.py): YOLO11-cls (the mean over every rank's
+images), YOLO11-obb and YOLO26-obb (the target scores summed over the ranks). The halves are unequal (rank 0's
+images hold three oriented boxes each, rank 1's one; the classifier's ranks get 5 and 3 images), so a loss that
+divided by its own rank's counts would fail; BatchNorm is held in eval mode."""
 
 from __future__ import annotations
 
@@ -78,25 +79,55 @@ def step(name: str, rank: int | None) -> tuple[list[torch.Tensor], torch.Tensor]
         items
 
 
+class ColourClassifier(torch.nn.Module):
+    """A classifier of 3 classes whose probabilities follow the image's mean colour (what the synthetic images
+    differ in), so its ranking varies from image to image."""
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return (images.mean((2, 3)) * 40).softmax(1)
+
+
+def validated(folder: Path) -> object:
+    """The classify metric's pass over the 7 validation images of a synthetic set, sharded over the ranks."""
+    from utils.data.loader import create_dataloader
+    from utils.data.samples import DatasetOptions
+    from utils.evaluation.results import EvalOptions
+    from utils.tasks.classify.metric import METRIC
+    from utils.tasks.classify.synthetic import ensure_synthetic_cls
+
+    root = ensure_synthetic_cls(folder / "set", n_train=3, n_val=7, img_size=48, seed=5)
+    options = DatasetOptions(img_size=32, batch_size=2, task="classify", nc=3, names=["circle", "square", "triangle"])
+    loader = create_dataloader([root / "val"], options, workers=0, shard_eval=True)[0]
+    return METRIC.run(ColourClassifier(), loader, torch.device("cpu"), ["circle", "square", "triangle"],
+                      EvalOptions(), compute_loss=object())
+
+
 def _rank(rank: int, port: int, out_dir: str) -> None:
     from utils.distributed import comm
 
     with gloo_rank(rank, port):
-        results = {}
+        result = validated(Path(out_dir))
+        results = {"validation": [result.seen, result.top1, result.top5, result.loss["cls"],
+                                  result.maps.tolist()]}
         for name in MODELS:
             grads, items = step(name, rank)
             results[name] = (grads, comm.all_reduce_mean(items.clone()))  # what results.csv logs: the ranks' mean
-        if rank == 0:
-            torch.save(results, Path(out_dir) / "ddp.pt")
+        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
 
 
 @pytest.mark.ddp
 def test_two_ranks_step_as_one_process_on_the_whole_batch(tmp_path: Path) -> None:
     mp.start_processes(_rank, args=(free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
-    ddp = torch.load(tmp_path / "ddp.pt", weights_only=True)
+    ddp, other = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2))
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
+        one = validated(tmp_path)
+        expected = [one.seen, one.top1, one.top5, one.loss["cls"], one.maps.tolist()]
+        assert ddp["validation"] == other["validation"]  # every rank returns the whole set's figures
+        assert ddp["validation"][:3] == expected[:3] and one.seen == 7 and 0 < one.top1 < 1
+        assert ddp["validation"][3] == pytest.approx(expected[3], rel=1e-6)  # a sum of floats in another order
+        assert ddp["validation"][4] == expected[4] and len(set(expected[4])) > 1  # per-class accuracies differ
         for name in MODELS:
             grads, items = step(name, None)
             ddp_grads, ddp_items = ddp[name]
