@@ -151,6 +151,10 @@ def check_model_options(opt: argparse.Namespace, model: InferenceModel) -> None:
     if opt.augment and model.contract.end_to_end:
         raise DetectError(f"--augment merges three passes before NMS; {model.weights.name} returns final rows "
                           f"({model.contract.layout}, no NMS): drop --augment")
+    if opt.track and model.contract.rank != 3:
+        task = get_task(model.contract.task)
+        raise DetectError(f"--track follows boxes across frames; {model.weights.name} is {task.model_noun}, which "
+                          f"predicts {task.results_noun} and no boxes: drop --track")
     if opt.visualize and model.module is None:
         raise DetectError(f"--visualize draws the stages of the PyTorch model; {model.weights.name} is an export: "
                           "pass the .pt")
@@ -188,8 +192,8 @@ def crop_folder(crop_dir: Path, names: list[str], cls: float) -> Path:
 
 
 def boxes_alone(contract: OutputContract) -> bool:
-    """Whether a model of ``contract`` predicts boxes alone (no task columns, no other outputs)."""
-    return not contract.extra and len(contract.outputs) == 1
+    """Whether a model of ``contract`` predicts boxes alone (rows of boxes, no task columns, no other outputs)."""
+    return contract.rank == 3 and not contract.extra and len(contract.outputs) == 1
 
 
 def save_crops(image: np.ndarray, det: np.ndarray, names: list[str], crop_dir: Path, stem: str) -> None:

@@ -127,7 +127,7 @@ def check_options(opt: argparse.Namespace, model: InferenceModel) -> None:
     if opt.augment and model.contract.end_to_end:
         raise TestError(f"--augment merges three passes before NMS; {model.weights.name} returns final rows "
                         f"({model.contract.layout}, no NMS): drop --augment")
-    if opt.augment and (model.contract.extra or len(model.contract.outputs) > 1):
+    if opt.augment and (model.contract.extra or len(model.contract.outputs) > 1 or model.contract.rank != 3):
         task = get_task(model.contract.task)
         raise TestError(f"--augment merges boxes of three passes; {model.weights.name} is {task.model_noun}, whose "
                         f"{task.results_noun} it does not merge: drop --augment")

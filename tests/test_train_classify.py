@@ -22,6 +22,7 @@ import yaml
 
 from tests.helpers import ROOT, finish, start, torchrun_cmd
 from tests.plugins.faults import FailAt
+from utils.errors import UserError
 from utils.weights.checkpoint import load_checkpoint
 
 NAMES = ["circle", "square", "triangle"]
@@ -97,6 +98,11 @@ def test_a_classifier_trains_resumes_validates_detects_and_exports(tmp_path: Pat
     onnx = export.run(weights=str(weights), include=["onnx"], img_size=[64], device="cpu")[0]
     exported = test_script.run(weights=str(onnx), project=str(tmp_path / "test"), name="onnx", **options)
     assert abs(exported.top1 - result.top1) <= 0.005 and abs(exported.top5 - result.top5) <= 0.005
+    with pytest.raises(UserError, match="last.pt is a classifier, whose class probabilities it does not merge"):
+        test_script.run(weights=str(weights), augment=True, **options)
+    for flags, message in (({"augment": True}, "it cannot merge"), ({"track": "bytetrack"}, "and no boxes")):
+        with pytest.raises(UserError, match=message):
+            detect.run(weights=str(weights), source=str(val), device="cpu", **flags)
     capsys.readouterr()
     assert in_process(cls_args(data, project, "quad", "--quad", epochs=1)) == 2
     assert "train: error: --quad tiles four images into one of twice the size; a classifier's images keep theirs" \

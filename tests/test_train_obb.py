@@ -27,6 +27,7 @@ import yaml
 
 from tests.helpers import ROOT, finish, start, torchrun_cmd
 from tests.plugins.faults import FailAt
+from utils.errors import UserError
 from utils.weights.checkpoint import load_checkpoint
 
 NAMES = ["square", "rectangle", "strip"]
@@ -81,6 +82,8 @@ def test_an_obb_model_trains_resumes_exactly_and_tests(tmp_path: Path, in_proces
                              device="cpu", project=str(tmp_path / "test"), name="exp")
     assert result.seen == 8
     assert result.results() == pytest.approx([float(row[c]) for c in BOX_COLUMNS], abs=1e-6)
+    with pytest.raises(UserError, match="is an oriented-box detector, whose oriented boxes it does not merge"):
+        test_script.run(weights=str(weights), data=str(data), augment=True)
 
 
 def grid_labels() -> np.ndarray:
