@@ -6,6 +6,7 @@ scaling, and the label scan; optionally against an older checkout timed alternat
     python benchmarks/bench_data.py --source-px 480 640          # COCO-like sources instead of small ones
     python benchmarks/bench_data.py --quick                      # 3 repeats, 1 and 2 workers: about a minute
     python benchmarks/bench_data.py --shards                     # streamed S3 shards (loopback) vs the files
+    python benchmarks/bench_data.py --anchor ultralytics         # against ultralytics' pipeline, per worker core
 
 Per worker: one process with one thread (as a DataLoader worker) builds ``--samples`` training samples of
 ``--img`` px and collates them into batches; "mosaic" is mosaic + perspective + HSV + flips with
@@ -22,6 +23,11 @@ loaded now). Figures are medians [min-max].
 moto's S3-compatible server on loopback, against the same images as files: training epochs (mosaic, ``--img``, the
 last ``--workers`` count, one rank) through the loaders train.py builds, alternating, and each one's start-up per
 rank: reading the shard index from S3 (no scan), and a label scan without its cache; medians and ratios.
+
+``--anchor ultralytics``: ours against ultralytics' training pipeline (installed into bench_learn.py's virtual
+environment on first use, never a dependency) on the same generated JPEGs (default 400 images of 480-640 px), the
+same augmentation settings, ``--img`` px: images/s per worker core and per thread, the ratio, and each phase's CPU
+milliseconds per image (benchmarks/data_anchor.py).
 """
 
 from __future__ import annotations
@@ -47,10 +53,12 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     """The benchmark's flags."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--img", type=int, default=640, help="training image size (pixels)")
-    parser.add_argument("--source-px", type=int, nargs=2, default=[128, 160], metavar=("MIN", "MAX"),
-                        help="source image sides are drawn from [MIN, MAX] (128 160: the built-in synthetic set)")
-    parser.add_argument("--images", type=int, default=32, help="source images")
-    parser.add_argument("--samples", type=int, default=64, help="samples per timed pass")
+    parser.add_argument("--source-px", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
+                        help="source image sides are drawn from [MIN, MAX] (default 128 160: the built-in synthetic "
+                             "set; 480 640 with --anchor)")
+    parser.add_argument("--images", type=int, default=None, help="source images (default 32; 400 with --anchor)")
+    parser.add_argument("--samples", type=int, default=None, help="samples per timed pass (default 64; 320 with "
+                                                                   "--anchor)")
     parser.add_argument("--batch", type=int, default=16, help="batch size for collate")
     parser.add_argument("--repeats", type=int, default=7, help="timed passes per tree and mode")
     parser.add_argument("--workers", type=int, nargs="*", default=[1, 2, 4], help="DataLoader worker counts")
@@ -61,8 +69,20 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="3 repeats, workers 1 2, no scan")
     parser.add_argument("--shards", action="store_true", help="streamed shards from loopback S3 vs the same files")
     parser.add_argument("--shard-images", type=int, default=256, help="--shards: images in the set (4 shards)")
+    parser.add_argument("--anchor", choices=["ultralytics"], default=None,
+                        help="time ultralytics' training pipeline against ours on the same images")
+    parser.add_argument("--venv", type=Path, default=None, help="--anchor: ultralytics' virtual environment "
+                                                                "(default: bench_learn.py's)")
     parser.add_argument("--serve", nargs=2, metavar=("TREE", "DATA"), help=argparse.SUPPRESS)
     opt = parser.parse_args(argv)
+    anchor = opt.anchor is not None
+    opt.source_px = opt.source_px or ([480, 640] if anchor else [128, 160])
+    opt.images = opt.images or (400 if anchor else 32)
+    opt.samples = opt.samples or (320 if anchor else 64)
+    if anchor and opt.quick:
+        opt.repeats, opt.samples = 3, 96
+    if anchor and opt.samples < 3 * opt.batch:
+        parser.error(f"--anchor needs --samples of at least 3 batches ({3 * opt.batch})")
     if opt.quick:
         opt.repeats, opt.workers, opt.scan_images, opt.loader_samples, opt.cache_images = 3, [1, 2], 0, 64, 16
         opt.shard_images = min(opt.shard_images, 64)
@@ -388,6 +408,20 @@ def bench_shards(opt: argparse.Namespace) -> list[str]:
             f"{up['shards'].fmt(3)} s; shards/files {up_ratio.fmt(2)}x"]
 
 
+def bench_anchor(opt: argparse.Namespace) -> None:
+    """--anchor ultralytics: the two pipelines side by side (benchmarks/data_anchor.py)."""
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.bench_learn import DEFAULT_VENV
+    from benchmarks.data_anchor import run_anchor
+    from benchmarks.harness import header
+
+    opt.venv = opt.venv or DEFAULT_VENV
+    print(header(f"bench_data --anchor {opt.anchor}: {opt.images} JPEGs of {opt.source_px[0]}-{opt.source_px[1]} px "
+                 f"at {opt.img} px, batch {opt.batch}, {opt.samples} samples a pass, median [min-max] of "
+                 f"{opt.repeats} repeats in turns", clock="cpu"))
+    print("\n".join(run_anchor(opt)))
+
+
 def main(opt: argparse.Namespace) -> None:
     """Generate a temporary synthetic set, start one process per tree, measure, print the figures."""
     if opt.serve:
@@ -396,6 +430,8 @@ def main(opt: argparse.Namespace) -> None:
         sys.path.insert(0, str(ROOT))
         print("\n".join(bench_shards(opt)))
         return None
+    if opt.anchor:
+        return bench_anchor(opt)
     sys.path.insert(0, str(ROOT))
     import torch
 

@@ -48,7 +48,8 @@ LAYERS: list[list[str]] = [
 # A declared module may be absent (a file another branch adds); a present one must be declared.
 MODULE_LAYERS: dict[str, list[list[str]]] = {
     "utils.distributed": [["launcher", "signals", "watchdog"], ["comm"]],
-    "utils.data": [["augment", "errors", "ram_cache", "regular_files", "shard_urls", "synthetic"],
+    "utils.data": [["colour"], ["augment", "errors", "ram_cache", "recent_images", "regular_files", "shard_urls",
+                    "synthetic"],
                    ["augment_masks", "image_io"], ["download", "label_cache"],
                    ["annotations", "segments", "shards", "shared_scan"],
                    ["sources", "synthetic_seg", "voc", "coco_json"],
