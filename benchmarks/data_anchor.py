@@ -19,7 +19,6 @@ Two measurements, the sides taking turns (ABBA) in every repeat:
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 import sys
@@ -59,7 +58,7 @@ class Side:
         import numpy as np
 
         self.name, self.batch = name, batch
-        self.dataset, self.keys, self.patches = (_ours if name == "ours" else _theirs)(data, img, batch)
+        self.dataset, self.keys, self.patches = (_theirs if name == "ultralytics" else _ours)(data, img, batch)
         self.order = [int(i) for i in np.random.default_rng(0).permutation(len(self.dataset))]
 
     def indices(self, samples: int, epoch: int) -> list:
@@ -196,13 +195,13 @@ def serve(name: str, data: str, img: int, batch: int) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ the parent
-def make_sides(folder: Path, images: int, source_px: tuple[int, int]) -> dict[str, Path]:
+def make_sides(folder: Path, images: int, source_px: tuple[int, int], names: list[str]) -> dict[str, Path]:
     """The generated COCO-like set (JPEGs of ``source_px`` sides, 3 classes), one identical copy per side."""
     from utils.data.synthetic import ensure_synthetic
 
     source = ensure_synthetic(folder / "generated", n_train=images, n_val=1, img_size=source_px, seed=0)
     roots = {}
-    for side in ("ours", "ultralytics"):
+    for side in names:
         roots[side] = folder / side
         for kind in ("images", "labels"):
             shutil.copytree(source / kind / "train", roots[side] / kind / "train")
@@ -210,13 +209,15 @@ def make_sides(folder: Path, images: int, source_px: tuple[int, int]) -> dict[st
 
 
 class AnchorServe:
-    """A side's serve process: its ready line carries its augmentation settings."""
+    """A side's serve process (``tree``: the checkout whose pipeline "ours" times); its ready line carries its
+    augmentation settings."""
 
-    def __init__(self, name: str, root: Path, opt: Any, python: Path, env: dict[str, str] | None) -> None:
+    def __init__(self, name: str, root: Path, opt: Any, python: Path, env: dict[str, str] | None,
+                 tree: Path = ROOT) -> None:
         import subprocess
 
         command = [str(python), str(Path(__file__).resolve()), "--serve", name, str(root), "--img", str(opt.img),
-                   "--batch", str(opt.batch)]
+                   "--batch", str(opt.batch), "--tree", str(tree)]
         self.name = name
         self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT,
                                      env=env)
@@ -239,13 +240,14 @@ class AnchorServe:
 
 
 def check_settings(settings: dict[str, dict[str, float]]) -> list[str]:
-    """The augmentation settings side by side; ValueError when a value differs."""
-    ours, theirs = settings["ours"], settings["ultralytics"]
-    differ = [k for k in SETTINGS if abs(ours[k] - theirs[k]) > 1e-9]
-    if differ:
-        raise ValueError("the two pipelines' augmentation settings differ: " +
-                         ", ".join(f"{k} {ours[k]} vs {theirs[k]}" for k in differ))
-    return [f"augmentation on both sides: {', '.join(f'{k} {ours[k]:g}' for k in SETTINGS)}"]
+    """The augmentation settings of every side against ultralytics'; ValueError when a value differs."""
+    theirs = settings["ultralytics"]
+    for name, ours in settings.items():
+        differ = [k for k in SETTINGS if abs(ours[k] - theirs[k]) > 1e-9]
+        if differ:
+            raise ValueError(f"the pipelines' augmentation settings differ ({name} vs ultralytics): " +
+                             ", ".join(f"{k} {ours[k]} vs {theirs[k]}" for k in differ))
+    return [f"augmentation on every side: {', '.join(f'{k} {theirs[k]:g}' for k in SETTINGS)}"]
 
 
 def measure(sides: dict[str, AnchorServe], opt: Any) -> dict[str, dict[str, list]]:
@@ -261,59 +263,68 @@ def measure(sides: dict[str, AnchorServe], opt: Any) -> dict[str, dict[str, list
     return results
 
 
+def _row(label: str, cells: list[str]) -> str:
+    return f"{label:<44}" + "".join(f"{c:>22}" for c in cells)
+
+
 def report(results: dict[str, dict[str, list]], opt: Any) -> list[str]:
-    """The tables: per worker core and one thread (images/s, ratio), the loader's transfer, the phases."""
+    """The tables: images/s per worker core and per thread with each side's ratio to ultralytics (the median of the
+    paired repeats' ratios), the loader's wall rate, and each phase's CPU ms per image."""
     from benchmarks.harness import Stats
 
-    ours, theirs = results["ours"], results["ultralytics"]
-    per_core = {name: Stats.of(opt.batch / e["worker_per_batch"] for e in r["loader"]) for name, r in results.items()}
-    thread = {name: Stats.of(opt.samples / p["cpu"] for p in r["pass"]) for name, r in results.items()}
-    core_ratio = Stats.of(t["worker_per_batch"] / o["worker_per_batch"]
-                          for o, t in zip(ours["loader"], theirs["loader"]))
-    thread_ratio = Stats.of(t["cpu"] / o["cpu"] for o, t in zip(ours["pass"], theirs["pass"]))
-    lines = [f"{'images/s':<44}{'ours':>22}{'ultralytics':>22}{'ours / ultralytics':>22}",
-             f"{'per worker core (DataLoader, 1 worker, CPU)':<44}{per_core['ours'].fmt(1, 22)}"
-             f"{per_core['ultralytics'].fmt(1, 22)}{core_ratio.fmt(2, 21)}x",
-             f"{'one thread in the process (CPU)':<44}{thread['ours'].fmt(1, 22)}{thread['ultralytics'].fmt(1, 22)}"
-             f"{thread_ratio.fmt(2, 21)}x",
-             f"{'DataLoader, 1 worker (wall, this load)':<44}"
-             + "".join(Stats.of(opt.samples / e["wall"] for e in results[n]["loader"]).fmt(1, 22) for n in results),
-             "", f"{'ms per image (CPU), median [min-max]':<44}{'ours':>22}{'ultralytics':>22}"]
+    names, theirs = list(results), results["ultralytics"]
+    ours = [n for n in names if n != "ultralytics"]
+    lines = [_row("images/s", names + [f"{n} / ultralytics" for n in ours])]
+    for label, figure, kind in (("per worker core (DataLoader, 1 worker, CPU)", "worker_per_batch", "loader"),
+                                ("one thread in the process (CPU)", "cpu", "pass")):
+        per = opt.batch if kind == "loader" else opt.samples
+        rates = [Stats.of(per / e[figure] for e in results[n][kind]).fmt(1) for n in names]
+        ratios = [Stats.of(t[figure] / o[figure] for o, t in zip(results[n][kind], theirs[kind])).fmt(2) + "x"
+                  for n in ours]
+        lines.append(_row(label, rates + ratios))
+    lines += [_row("DataLoader, 1 worker (wall, this load)",
+                   [Stats.of(opt.samples / e["wall"] for e in results[n]["loader"]).fmt(1) for n in names]),
+              "", _row("ms per image (CPU), median [min-max]", names)]
     for phase in PHASES:
-        cells = []
-        for name in results:
-            values = [p["phases"].get(phase) for p in results[name]["pass"]]
-            cells.append(Stats.of(1e3 * v / opt.samples for v in values).fmt(3, 22) if None not in values
-                         else f"{'-':>22}")
-        lines.append(f"{phase:<44}{''.join(cells)}")
-    lines.append(f"{'transfer: worker, loader over in-process':<44}" + "".join(
-        Stats.of(1e3 * (e["worker_per_batch"] / opt.batch - p["cpu"] / opt.samples)
-                 for e, p in zip(results[n]["loader"], results[n]["pass"])).fmt(3, 22) for n in results))
-    lines.append(f"{'transfer: training process receiving':<44}" + "".join(
-        Stats.of(1e3 * e["main_per_batch"] / opt.batch for e in results[n]["loader"]).fmt(3, 22) for n in results))
-    lines.append(f"{'in all (one thread)':<44}" + "".join(
-        Stats.of(1e3 * p["cpu"] / opt.samples for p in results[n]["pass"]).fmt(3, 22) for n in results))
+        values = [[p["phases"].get(phase) for p in results[n]["pass"]] for n in names]
+        lines.append(_row(phase, [Stats.of(1e3 * v / opt.samples for v in vs).fmt(3) if None not in vs else "-"
+                                  for vs in values]))
+    lines += [_row("transfer: worker, loader over in-process",
+                   [Stats.of(1e3 * (e["worker_per_batch"] / opt.batch - p["cpu"] / opt.samples)
+                             for e, p in zip(results[n]["loader"], results[n]["pass"])).fmt(3) for n in names]),
+              _row("transfer: training process receiving",
+                   [Stats.of(1e3 * e["main_per_batch"] / opt.batch for e in results[n]["loader"]).fmt(3)
+                    for n in names]),
+              _row("in all (one thread)", [Stats.of(1e3 * p["cpu"] / opt.samples for p in results[n]["pass"]).fmt(3)
+                                           for n in names])]
     return lines
 
 
 def run_anchor(opt: Any) -> list[str]:
-    """Make the data, start both sides, measure, and return the lines to print."""
+    """Make the data, start the sides (ours, --compare's if given, ultralytics'), measure; the lines to print."""
     import tempfile
 
     from benchmarks.bench_learn import ensure_ultralytics, offline_env
 
     python = ensure_ultralytics(opt.venv)
+    names = ["ours", *(["compare"] if opt.compare is not None else []), "ultralytics"]
     with tempfile.TemporaryDirectory(prefix="bench_data_anchor_") as tmp:
-        roots = make_sides(Path(tmp), opt.images, tuple(opt.source_px))
+        roots = make_sides(Path(tmp), opt.images, tuple(opt.source_px), names)
         env = {**offline_env(Path(tmp) / "ultralytics-config"), "OMP_NUM_THREADS": "1"}
-        sides = {"ours": AnchorServe("ours", roots["ours"], opt, Path(sys.executable), {**os.environ}),
-                 "ultralytics": AnchorServe("ultralytics", roots["ultralytics"], opt, python, env)}
+        sides: dict[str, AnchorServe] = {}
         try:
+            for name in names:
+                python_of = python if name == "ultralytics" else Path(sys.executable)
+                tree = opt.compare.resolve() if name == "compare" else ROOT
+                sides[name] = AnchorServe(name, roots[name], opt, python_of, env if name == "ultralytics" else None,
+                                          tree)
             lines = check_settings({name: side.settings for name, side in sides.items()})
             results = measure(sides, opt)
         finally:
             for side in sides.values():
                 side.close()
+    if opt.compare is not None:
+        lines.append(f"(compare: our pipeline from {opt.compare})")
     return lines + report(results, opt)
 
 
@@ -324,5 +335,8 @@ if __name__ == "__main__":
     parser.add_argument("--serve", nargs=2, metavar=("SIDE", "DATA"), required=True)
     parser.add_argument("--img", type=int, default=640)
     parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--tree", type=Path, default=ROOT, help="the checkout whose pipeline a side of ours times")
     args = parser.parse_args()
+    if args.tree.resolve() != ROOT:
+        sys.path.insert(0, str(args.tree.resolve()))
     serve(*args.serve, args.img, args.batch)
