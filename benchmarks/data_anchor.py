@@ -31,6 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.bench_data import fetch_batch, init_worker  # noqa: E402 (this tree's, before a --tree)
+from benchmarks.epoch_phases import PhaseClock  # noqa: E402
+
 PHASES = ("decode", "resize", "mosaic", "perspective", "HSV", "flips", "to tensor", "collate", "other")
 # augmentation settings compared before timing: our hyp key -> ultralytics' cfg key (their defaults, our scratch hyps)
 SETTINGS = {"mosaic": "mosaic", "translate": "translate", "scale": "scale", "degrees": "degrees", "shear": "shear",
@@ -112,8 +115,9 @@ def time_pass(side: Side, samples: int, epoch: int, clock: Any) -> dict:
     keys = side.indices(samples, epoch)
     clock.seconds.clear()
     start_cpu, start = time.thread_time(), time.perf_counter()
+    fetch = fetch_batch(side.dataset)
     for i in range(0, samples, side.batch):
-        side.dataset.collate_fn([side.dataset[k] for k in keys[i:i + side.batch]])
+        side.dataset.collate_fn(fetch(keys[i:i + side.batch]))
     cpu = time.thread_time() - start_cpu
     phases = dict(clock.seconds)
     phases["other"] = cpu - sum(phases.values())
@@ -128,12 +132,6 @@ class _StampedCollate:
 
     def __call__(self, batch: list) -> tuple[Any, float]:
         return self.collate(batch), time.process_time()
-
-
-def _init_worker(_: int) -> None:
-    import cv2
-
-    cv2.setNumThreads(0)
 
 
 def time_loader(side: Side, samples: int, epochs: list[int], loader_box: dict) -> list[dict]:
@@ -155,7 +153,7 @@ def time_loader(side: Side, samples: int, epochs: list[int], loader_box: dict) -
         sampler = Keys()
         loader = torch.utils.data.DataLoader(side.dataset, batch_size=side.batch, sampler=sampler, num_workers=1,
                                              collate_fn=_StampedCollate(side.dataset.collate_fn),
-                                             worker_init_fn=_init_worker, persistent_workers=True)
+                                             worker_init_fn=init_worker, persistent_workers=True)
         loader_box.update(loader=loader, sampler=sampler)
         for _ in loader:  # the worker's start-up, untimed
             pass
@@ -175,8 +173,6 @@ def serve(name: str, data: str, img: int, batch: int) -> None:
     """One side's process: build its pipeline, then answer timing requests (one JSON line each) on stdin."""
     import cv2
     import torch
-
-    from benchmarks.epoch_phases import PhaseClock
 
     cv2.setNumThreads(0)
     torch.set_num_threads(1)
@@ -326,6 +322,18 @@ def run_anchor(opt: Any) -> list[str]:
     if opt.compare is not None:
         lines.append(f"(compare: our pipeline from {opt.compare})")
     return lines + report(results, opt)
+
+
+def main_anchor(opt: Any) -> None:
+    """bench_data.py --anchor: print the header and the tables."""
+    from benchmarks.bench_learn import DEFAULT_VENV
+    from benchmarks.harness import header
+
+    opt.venv = opt.venv or DEFAULT_VENV
+    print(header(f"bench_data --anchor {opt.anchor}: {opt.images} JPEGs of {opt.source_px[0]}-{opt.source_px[1]} px "
+                 f"at {opt.img} px, batch {opt.batch}, {opt.samples} samples a pass, median [min-max] of "
+                 f"{opt.repeats} repeats in turns", clock="cpu"), flush=True)
+    print("\n".join(run_anchor(opt)))
 
 
 if __name__ == "__main__":
