@@ -38,6 +38,8 @@ class _State:
     long_group: Any = None  # gloo group with a long timeout, for "rank 0 is busy" waits
     watch: MarkWatch | None = None  # this rank's mark and the stuck-rank watch (utils.distributed.watchdog)
     job_store: Any = None  # client of torchrun's agent store, opened on first use by job_store()
+    threads_measured: bool = False  # configure_threads measured the thread count (remeasure_threads may change it)
+    threads_pending: int | None = None  # the other count the last probe found: a second such probe changes it
 
 
 _STATE = _State()
@@ -214,8 +216,8 @@ def configure_threads() -> int:
     a user's, so with several local ranks "1" is read as torchrun's default and replaced by this
     rank's share of the cores (cores // local world size; 1 on a 2-core machine with 2 ranks anyway).
     Without OMP_NUM_THREADS a single process measures (utils.device.measured_threads, ~0.1 s): all its cores
-    where they are faster than one, else one (busy cores make a parallel region wait for its slowest thread).
-    Call after init_distributed (it needs the local world size).
+    where they are faster than one, else one (busy cores make a parallel region wait for its slowest thread);
+    remeasure_threads measures again later. Call after init_distributed (it needs the local world size).
     """
     value = os.environ.get("OMP_NUM_THREADS", "").strip()
     local_world = get_local_world_size()
@@ -224,9 +226,27 @@ def configure_threads() -> int:
     elif local_world > 1:
         threads = cpu_share()
     else:
+        _STATE.threads_measured = True
         return measured_threads(cpu_share())
     torch.set_num_threads(threads)
     return threads
+
+
+def remeasure_threads() -> tuple[int, int] | None:
+    """Where configure_threads measured the thread count, measure it again (the load on the cores changes during a
+    run, and one busy moment at start-up must not hold it to one thread) with hysteresis: the count changes only
+    when two probes in a row find the same other count, so a single busy or idle moment never flips it.
+    (before, after) when it changed, else None. A count the user or the launcher set is never measured."""
+    if not _STATE.threads_measured:
+        return None
+    current = torch.get_num_threads()
+    found = measured_threads(cpu_share(), apply=False)
+    if found == current or found != _STATE.threads_pending:
+        _STATE.threads_pending = None if found == current else found
+        return None
+    _STATE.threads_pending = None
+    torch.set_num_threads(found)
+    return current, found
 
 
 def backend() -> str:
