@@ -40,7 +40,8 @@ SETTINGS = {"mosaic": "mosaic", "translate": "translate", "scale": "scale", "deg
             "perspective": "perspective", "hsv_h": "hsv_h", "hsv_s": "hsv_s", "hsv_v": "hsv_v",
             "fliplr": "fliplr", "flipud": "flipud", "mixup": "mixup"}
 OUR_PATCHES = (("utils.data.datasets", "read_image", "decode"), ("cv2", "resize", "resize"),
-               ("utils.data.datasets", "warp_mosaic", "mosaic"), ("utils.data.augment", "apply_hsv", "HSV"),
+               ("utils.data.datasets", "warp_mosaic", "mosaic"),
+               ("utils.data.datasets", "warp_mosaic_extras", "mosaic"), ("utils.data.augment", "apply_hsv", "HSV"),
                ("utils.data.datasets", "apply_hsv", "HSV"), ("utils.data.datasets", "flip_lr", "flips"),
                ("utils.data.datasets", "flip_ud", "flips"), ("utils.data.datasets", "bgr_to_chw_rgb", "to tensor"),
                ("utils.data.datasets", "YoloDataset.collate_fn", "collate"))
@@ -97,7 +98,8 @@ def _theirs(data: Path, img: int, batch: int) -> tuple[Any, Callable, tuple]:
 
 
 def install_phases(clock: Any, patches: tuple) -> None:
-    """Wrap each (module, attribute path, phase) with ``clock``'s timer where it is looked up."""
+    """Wrap each (module, attribute path, phase) with ``clock``'s timer where it is looked up; names a checkout does
+    not have (an older or newer one) are skipped."""
     import importlib
 
     for module_name, path, phase in patches:
@@ -105,6 +107,8 @@ def install_phases(clock: Any, patches: tuple) -> None:
         *parents, name = path.split(".")
         for part in parents:
             owner = getattr(owner, part)
+        if not hasattr(owner, name):
+            continue
         raw = owner.__dict__.get(name) if isinstance(owner, type) else None
         timed = clock.wrap(getattr(owner, name), phase)
         setattr(owner, name, staticmethod(timed) if isinstance(raw, staticmethod) else timed)
