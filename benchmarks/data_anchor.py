@@ -159,8 +159,9 @@ def time_loader(side: Side, samples: int, epochs: list[int], loader_box: dict) -
                                              collate_fn=_StampedCollate(side.dataset.collate_fn),
                                              worker_init_fn=init_worker, persistent_workers=True)
         loader_box.update(loader=loader, sampler=sampler)
-        for _ in loader:  # the worker's start-up, untimed
-            pass
+        for b, _ in enumerate(loader):  # the worker's start-up and first batches, untimed
+            if b == 2:
+                break
     results = []
     for epoch in epochs:
         loader_box["sampler"].epoch = epoch

@@ -38,7 +38,8 @@ class ResumableSampler(Sampler):
     The remaining positions are padded (by wrapping) to a multiple of the world size so every rank
     yields the same number of samples, as DistributedSampler does. With ``sample_seeds`` it yields
     ``(index, (seed, epoch, position))``: the dataset seeds that sample's augmentation from it, so
-    augmentations depend on neither rank, worker nor world size, and a resumed run repeats them exactly.
+    augmentations depend on neither rank nor worker (a mosaic's partners come from its batch: the batch per process
+    decides which images share one), and a resumed run repeats them exactly.
     """
 
     def __init__(self, dataset_len: int, *, shuffle: bool = True, seed: int = 0, rank: int | None = None,
