@@ -36,7 +36,7 @@ from utils.data.batch_pool import BatchPool
 from utils.data.colour import draw_hsv
 from utils.data.errors import DataError
 from utils.data.formats import ignore_regions, label_reader, scan_sources
-from utils.data.image_io import ImageRefused, read_cached_array, read_image
+from utils.data.image_io import ImageRefused, read_cached_array, read_image, reduction
 from utils.data.label_cache import STATES, copy_name, img2label_paths
 from utils.data.ram_cache import SharedImages, build_shared
 from utils.data.samples import Batch, DatasetOptions, Sample, SampleExtras, TaskBatch, TaskSample
@@ -205,7 +205,7 @@ class YoloDataset(torch.utils.data.Dataset):
             os.replace(tmp, npy)
         return npy.stat().st_size
 
-    def _read(self, i: int) -> np.ndarray:
+    def _read(self, i: int, reduce: int = 1) -> np.ndarray:
         """The original decoded image (BGR, EXIF orientation applied), from .npy when cached on disk (the folder is
         looked for once: without it no image pays for the path and its stat)."""
         if self.npy_cached:
@@ -216,24 +216,26 @@ class YoloDataset(torch.utils.data.Dataset):
                     if (cached := read_cached_array(npy, (h, w, 3))) is not None:  # else another array: decode
                         return cached
         try:
-            return read_image(self.read_files[i])
+            return read_image(self.read_files[i], reduce)
         except ImageRefused as e:
             if self.read_files[i] == self.im_files[i]:
                 raise DataError(f"{self.im_files[i]}: {e}") from None
         try:  # the repaired copy is gone: the original
-            return read_image(self.im_files[i])
+            return read_image(self.im_files[i], reduce)
         except ImageRefused as e:
             raise DataError(f"{self.im_files[i]}: {e}") from None
 
     def load_image(self, i: int) -> tuple[np.ndarray, tuple[int, int], tuple[int, int]]:
         """Image i resized so its long side is ``img_size`` -> (img, (h0, w0), (h, w)); read-only when it comes
-        from the RAM cache."""
+        from the RAM cache. A JPEG at least twice as large as that is decoded at a half, quarter or eighth of its
+        sides first (utils.data.image_io.reduction)."""
         w0, h0 = (int(v) for v in self.shapes[i])
         if self.ram is not None:
             img = self.ram[i]
             return img, (h0, w0), img.shape[:2]
-        img = self._read(i)
-        h0, w0 = img.shape[:2]
+        img = self._read(i, reduce := reduction(max(h0, w0), self.img_size))
+        if reduce == 1 or img.shape[:2] != (math.ceil(h0 / reduce), math.ceil(w0 / reduce)):
+            h0, w0 = img.shape[:2]  # decoded whole (not a JPEG, or the disk cache's original)
         ratio = self.img_size / max(h0, w0)
         if ratio != 1:
             size = (min(math.ceil(w0 * ratio), self.img_size), min(math.ceil(h0 * ratio), self.img_size))
