@@ -56,10 +56,27 @@ def resized_shape(shape: tuple[int, int], img_size: int) -> tuple[int, int]:
     return min(math.ceil(h0 * ratio), img_size), min(math.ceil(w0 * ratio), img_size)
 
 
-def bgr_to_chw_rgb(img: np.ndarray) -> torch.Tensor:
+def bgr_to_chw_rgb(img: np.ndarray, out: torch.Tensor | None = None) -> torch.Tensor:
     """HWC BGR -> a (3, h, w) RGB tensor over HWC memory (channels_last strides): one contiguous OpenCV pass, and
-    batches of such images are channels_last, the layout the CPU trains in (a float cast of them is one pass)."""
+    batches of such images are channels_last, the layout the CPU trains in (a float cast of them is one pass).
+    ``out``: such a tensor of the same size (a slot of the batch being built) that the pass writes into."""
+    if out is not None and tuple(out.shape[1:]) == img.shape[:2]:
+        cv2.cvtColor(img, cv2.COLOR_BGR2RGB, dst=out.permute(1, 2, 0).numpy())
+        return out
     return torch.from_numpy(cv2.cvtColor(img, cv2.COLOR_BGR2RGB)).permute(2, 0, 1)
+
+
+def slots_batch(imgs: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """The (b, 3, h, w) batch whose slots ``imgs`` are, in order and filling it (YoloDataset.__getitems__ writes
+    each sample into its slot of a new_batch), so collating copies nothing; None when they are not."""
+    first = imgs[0]
+    (c, h, w), storage = first.shape, first.untyped_storage()
+    size = c * h * w
+    if storage.nbytes() != len(imgs) * size or any(
+            img.shape != first.shape or img.stride() != (1, w * c, c) or img.storage_offset() != n * size
+            or img.untyped_storage().data_ptr() != storage.data_ptr() for n, img in enumerate(imgs)):
+        return None
+    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (len(imgs), h, w, c)).permute(0, 3, 1, 2)
 
 
 def new_batch(shape: tuple[int, ...]) -> torch.Tensor:
@@ -97,6 +114,7 @@ class YoloDataset(torch.utils.data.Dataset):
     """
 
     pool: BatchPool | None = None  # the batch being built: its images, each decoded once (__getitems__)
+    slot: torch.Tensor | None = None  # and the slot of its batch tensor the next sample is written into
 
     def __init__(self, sources: str | Path | Sequence[str | Path], options: DatasetOptions | None = None,
                  **overrides: Any) -> None:
@@ -265,16 +283,24 @@ class YoloDataset(torch.utils.data.Dataset):
 
     def __getitems__(self, keys: Sequence) -> list:
         """The samples of a batch (the DataLoader passes a batch's keys): with mosaics and without the RAM cache,
-        their partners come from the batch's own images, each decoded once for the batch (utils.data.batch_pool)."""
-        if not self.mosaic or self.ram is not None or not keys:
-            return [self[k] for k in keys]
-        first = keys[0]
-        self.pool = BatchPool([k[0] if isinstance(k, tuple) else k for k in keys], len(self),
-                              first[1] if isinstance(first, tuple) else None)
+        their partners come from the batch's own images, each decoded once for the batch (utils.data.batch_pool);
+        without --rect each sample's pixels are written into its slot of the batch tensor (shared memory in a
+        DataLoader worker), which collate_fn then hands on without a copy."""
+        if not keys:
+            return []
+        if self.mosaic and self.ram is None:
+            first = keys[0]
+            self.pool = BatchPool([k[0] if isinstance(k, tuple) else k for k in keys], len(self),
+                                  first[1] if isinstance(first, tuple) else None)
+        batch = None if self.rect else new_batch((len(keys), 3, self.img_size, self.img_size))
         try:
-            return [self[k] for k in keys]
+            samples = []
+            for j, key in enumerate(keys):
+                self.slot = None if batch is None else batch[j]
+                samples.append(self[key])
+            return samples
         finally:
-            self.pool = None
+            self.pool = self.slot = None
 
     def _partners(self) -> list[int]:
         """A mosaic's 3 other images: from the batch's pool while a batch is built, else from the whole set."""
@@ -348,7 +374,7 @@ class YoloDataset(torch.utils.data.Dataset):
                 (img, labels), extras = flip_lr(img, labels), geometry.flip_lr(extras)
         targets = torch.zeros((len(labels), 6))
         targets[:, 1:] = torch.from_numpy(labels)
-        sample = (bgr_to_chw_rgb(img), targets, self.im_files[index], shapes)
+        sample = (bgr_to_chw_rgb(img, self.slot), targets, self.im_files[index], shapes)
         return Sample(*sample) if self.extras is None else TaskSample(*sample, extras)
 
     def collate_extras(self, batch: Sequence[tuple]) -> TaskBatch:
@@ -399,14 +425,17 @@ class YoloDataset(torch.utils.data.Dataset):
         """Stack images (padding to the largest h, w when they differ) and index targets by image."""
         imgs, targets, paths, shapes = zip(*batch)
         height, width = max(i.shape[1] for i in imgs), max(i.shape[2] for i in imgs)
-        out = new_batch((len(imgs), 3, height, width))
-        if any(i.shape[1:] != (height, width) for i in imgs):
-            out.fill_(114)
-        # numpy's single-threaded copy (torch's threads only slow it), through (h, w, c) views of the NHWC memory:
-        # a copy in memory order, 2x faster than through the (c, h, w) views
-        pixels = out.permute(0, 2, 3, 1).numpy()
+        out = slots_batch(imgs)
+        if out is None:
+            out = new_batch((len(imgs), 3, height, width))
+            if any(i.shape[1:] != (height, width) for i in imgs):
+                out.fill_(114)
+            # numpy's single-threaded copy (torch's threads only slow it), through (h, w, c) views of the NHWC
+            # memory: a copy in memory order, 2x faster than through the (c, h, w) views
+            pixels = out.permute(0, 2, 3, 1).numpy()
+            for i, img in enumerate(imgs):
+                pixels[i, :img.shape[1], :img.shape[2]] = img.permute(1, 2, 0).numpy()
         for i, (img, t) in enumerate(zip(imgs, targets)):
-            pixels[i, :img.shape[1], :img.shape[2]] = img.permute(1, 2, 0).numpy()
             t[:, 0] = i
             t[:, [2, 4]] *= img.shape[2] / width  # padding on the right/bottom keeps pixel positions
             t[:, [3, 5]] *= img.shape[1] / height

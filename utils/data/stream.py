@@ -154,7 +154,7 @@ class SamplePool(YoloDataset):
         self.shapes = np.array([(img.shape[1], img.shape[0]) for img in self.images], np.float64)
         return slot
 
-    def _read(self, i: int) -> np.ndarray:
+    def _read(self, i: int, reduce: int = 1) -> np.ndarray:  # decoded whole already: load_image resizes it
         return self.images[i]
 
 

@@ -45,7 +45,7 @@ def test_a_batch_decodes_each_image_once_and_mosaics_only_its_images(augmented: 
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     decoded = []
     read = datasets.read_image
-    monkeypatch.setattr(datasets, "read_image", lambda path: decoded.append(path) or read(path))
+    monkeypatch.setattr(datasets, "read_image", lambda path, reduce=1: decoded.append(path) or read(path, reduce))
     batch = list(range(16))
     samples = augmented.__getitems__(_keys(batch))
     pool = {augmented.im_files[i] for i in BatchPool(batch, len(augmented), (0, 1, 0)).indices}
@@ -70,3 +70,18 @@ def test_the_old_path_where_the_path_is_the_same(tiny_dataset: Path, augmented: 
         assert torch.equal(a.image, b.image) and torch.equal(a.targets, b.targets)
     single = augmented[keys[0]]  # a sample asked for alone (plots, tests): partners from the whole set
     assert single.image.shape == (3, 64, 64)
+
+
+def test_samples_are_written_into_their_batch_slots(augmented: YoloDataset) -> None:
+    """Without --rect a batch's samples are built into one batch tensor: collating copies nothing, and the batch
+    equals the one collated from copies of the samples."""
+    samples = augmented.__getitems__(_keys(list(range(6))))
+    batch = augmented.collate_fn(samples)
+    assert batch.images.untyped_storage().data_ptr() == samples[0].image.untyped_storage().data_ptr()
+    assert batch.images.is_contiguous(memory_format=torch.channels_last) and batch.images.shape == (6, 3, 64, 64)
+    copies = [s._replace(image=s.image.clone(), targets=s.targets.clone()) for s in samples]
+    again = augmented.collate_fn(copies)
+    assert again.images.untyped_storage().data_ptr() != batch.images.untyped_storage().data_ptr()
+    assert torch.equal(again.images, batch.images) and torch.equal(again.targets, batch.targets)
+    assert datasets.slots_batch([samples[1].image, samples[0].image] + [s.image for s in samples[2:]]) is None
+    assert augmented.slot is None
