@@ -265,7 +265,7 @@ def measure(sides: dict[str, AnchorServe], opt: Any) -> dict[str, dict[str, list
 
 
 def _row(label: str, cells: list[str]) -> str:
-    return f"{label:<44}" + "".join(f"{c:>22}" for c in cells)
+    return f"{label:<44}" + "".join(f"{c:>24}" for c in cells)
 
 
 def report(results: dict[str, dict[str, list]], opt: Any) -> list[str]:
