@@ -27,7 +27,7 @@ LAYERS: list[list[str]] = [
     ["utils.device", "utils.hyp", "utils.hooks", "utils.predictions"],
     ["utils.distributed"],
     ["models.registry"],
-    ["models.common"],
+    ["models.common", "models.cost"],
     ["models.blocks"],
     ["models.head", "models.head_anchor_free"],
     ["models.head_end_to_end"],
