@@ -167,7 +167,7 @@ def test_an_unknown_block_is_counted_by_what_it_runs(tiny_cfg: dict, monkeypatch
     early["backbone"].insert(1, [-1, 1, "Quadratic", [16]])
     early["head"] = [[f if not isinstance(f, list) else [j + (j > 0) for j in f], n, m, a]
                      for f, n, m, a in early["head"]]
-    with pytest.raises(ModelConfigError, match=r"row 1 would take [\d.e+]+ values in one tensor for one 1280x1280 image"):
+    with pytest.raises(ModelConfigError, match=r"row 1 would take [\d.e+]+ values in one tensor for one 1280x1280"):
         meta_cost(early)
     late = copy.deepcopy(tiny_cfg)
     late["backbone"].append([-1, 1, "Quadratic", [128]])
