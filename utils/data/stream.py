@@ -51,16 +51,19 @@ SHUFFLE_BUFFER = 16  # samples per part's shuffle buffer
 POOL_SIZE = 64  # decoded samples a worker keeps for mosaic and mixup partners
 
 
-def rank_positions(n: int, start: int, rank: int, world: int, pad: bool = True) -> list[int]:
+def rank_positions(n: int, start: int, rank: int, world: int, pad: bool = True, batch: int = 1) -> list[int]:
     """Rank ``rank``'s positions of an epoch of ``n`` (global order) after ``start`` consumed: start + rank,
-    start + rank + world, ...; with ``pad`` wrapped to a multiple of ``world`` so every rank gets as many."""
+    start + rank + world, ...; with ``pad`` wrapped to a multiple of ``world`` so every rank gets as many (as
+    DistributedSampler pads), and one more each when a rank's last batch of ``batch`` would hold one image alone
+    (BatchNorm cannot train on one value per channel: a 32 px image's last map is 1 x 1)."""
     remaining = n - start
     if remaining <= 0:
         return []
     if not pad:
         return list(range(start + rank, n, world))
-    padded = math.ceil(remaining / world) * world
-    return [start + (p % remaining) for p in range(rank, padded, world)]
+    per_rank = math.ceil(remaining / world)
+    per_rank += batch > 1 and per_rank % batch == 1
+    return [start + (p % remaining) for p in range(rank, per_rank * world, world)]
 
 
 def buffer_order(n: int, size: int, rng: np.random.Generator) -> np.ndarray:
@@ -281,7 +284,8 @@ class StreamDataset(torch.utils.data.IterableDataset):
         return int(self.position[1])
 
     def positions(self) -> list[int]:
-        return rank_positions(len(self.split), self.start, self.rank, self.world, pad=self.training)
+        return rank_positions(len(self.split), self.start, self.rank, self.world, pad=self.training,
+                              batch=self.batch)
 
     def __len__(self) -> int:
         return math.ceil(len(self.positions()) / self.batch)
