@@ -104,7 +104,7 @@ class CostCounter(TorchDispatchMode):
         if func in READS and isinstance(args[0], torch.Tensor) and args[0].is_meta and \
                 (func is ATEN._local_scalar_dense.default or kwargs.get("device") == torch.device("cpu")):
             return 1 if func is ATEN._local_scalar_dense.default else \
-                torch.ones(args[0].shape, dtype=kwargs.get("dtype") or args[0].dtype)
+                torch.ones(args[0].shape, dtype=kwargs.get("dtype") or args[0].dtype, device="cpu")
         if func is BATCH_NORM and args[0].is_meta:  # (out, saved mean, saved 1/std): (C,) in training, else (0,)
             x, saved = args[0], args[0].shape[1] if args[5] else 0
             out = (torch.empty_like(x), x.new_empty(saved), x.new_empty(saved))
@@ -163,8 +163,8 @@ def check_cost(layers: nn.Module, forward: Callable[[torch.Tensor], Any], channe
         raise ModelConfigError(f"{source}: {parameters:,} parameters, more than {LIMITS['parameters']:,}")
     counter = CostCounter(limits_at(size), source, size)
     try:
-        with torch.no_grad(), _rows_named(layers, counter), counter:
-            forward(torch.zeros(1, channels, size, size, device="meta"))
+        with torch.no_grad(), torch.device("meta"), _rows_named(layers, counter), counter:  # new tensors: meta too
+            forward(torch.zeros(1, channels, size, size))
     except ModelConfigError:
         raise
     except (RuntimeError, TypeError, ValueError, IndexError, ArithmeticError, NotImplementedError) as e:
