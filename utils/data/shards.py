@@ -254,7 +254,8 @@ def opener(spec: ShardSpec, max_block: int = 4 << 20) -> Opener:
     range a reader needs (``start``, ``end``), a remote file fetches no more than that, in blocks of at most
     ``max_block`` bytes."""
     if spec.local:
-        return lambda url, start=0, end=None: open_regular(confined(url, spec.root, "a shard", DataError))
+        return lambda url, start=0, end=None: open_regular(confined(url, spec.root or Path(url).parent, "a shard",
+                                                                    DataError))
     protocol = spec.urls[0].split("://", 1)[0].lower()
     if protocol in ("http", "https"):
         return lambda url, start=0, end=None: RangedFile(url, start, end, block=max_block, timeout=HTTP_TIMEOUT_S)
