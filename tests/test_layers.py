@@ -31,7 +31,7 @@ LAYERS: list[list[str]] = [
     ["utils.device", "utils.hyp", "utils.hooks", "utils.tasks.contract", "utils.tracking"],
     ["utils.distributed"],
     ["models.registry", "utils.tasks.segment.mask_loss"],
-    ["models.common"],
+    ["models.common", "models.cost"],
     ["models.blocks"],
     ["models.head", "models.head_anchor_free"],
     ["models.head_end_to_end"],
