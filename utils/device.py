@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 
 import torch
 
@@ -62,6 +63,25 @@ def measured_threads(max_threads: int | None = None, rounds: int = 5, min_gain: 
     chosen = most if one >= min_gain * many else 1
     torch.set_num_threads(chosen if apply else found)
     return chosen
+
+
+class ThreadVote:
+    """The measured thread count measured again with hysteresis (the load on the cores changes during a run, and one
+    busy moment at start-up must not hold it to one thread): it changes only when two probes in a row find the same
+    other count, so a single busy or idle moment never flips it."""
+
+    def __init__(self) -> None:
+        self.pending: int | None = None  # the other count the last probe found
+
+    def remeasure(self, probe: Callable[[], int]) -> tuple[int, int] | None:
+        """Run ``probe`` (a measured_threads that leaves torch as it is); (before, after) when the count changed."""
+        current, found = torch.get_num_threads(), probe()
+        if found == current or found != self.pending:
+            self.pending = None if found == current else found
+            return None
+        self.pending = None
+        torch.set_num_threads(found)
+        return current, found
 
 
 def select_device(device: str = "", local_rank: int = 0) -> torch.device:
