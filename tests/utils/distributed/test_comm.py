@@ -160,15 +160,3 @@ def test_remeasured_threads_change_only_after_two_agreeing_probes(monkeypatch: p
         assert asked == [True] + [False] * 7  # the probes between epochs leave torch as they found it
     finally:
         torch.set_num_threads(before)
-
-
-def test_a_probe_that_does_not_apply_leaves_the_thread_count() -> None:
-    from utils.device import measured_threads
-
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(1)
-        assert measured_threads(2, rounds=1, apply=False) in (1, 2) and torch.get_num_threads() == 1
-        assert measured_threads(1, apply=False) == 1 and torch.get_num_threads() == 1
-    finally:
-        torch.set_num_threads(before)
