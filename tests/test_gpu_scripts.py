@@ -33,13 +33,15 @@ def test_images_per_second_counts_the_timed_steps_only() -> None:
     assert next(batches)[0].shape[0] == 4 and sum(1 for _ in batches) == 4  # 5 taken, 1 looked at, 4 left
 
 
-def test_the_training_step_runs_on_the_cpu() -> None:
-    step = gpu_throughput.training_step("yolov5n", 64, torch.device("cpu"))
+def test_the_training_step_runs_on_the_cpu(tiny_cfg_file) -> None:
+    step, model = gpu_throughput.training_step(str(tiny_cfg_file), 64, torch.device("cpu"))
     from benchmarks.bench_train import make_batch
 
     imgs, targets = make_batch(2, 64, 0)[:2]
-    step(imgs, targets)  # forward, loss, backward, optimizer: no error, and the weights move
+    before = [p.detach().clone() for p in model.parameters()]
+    step(imgs, targets)  # forward, loss, backward, the optimizer's step
     step(imgs, targets)
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
 def test_smoke_summary_and_tensorrt_skip(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:

@@ -63,8 +63,9 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     return opt
 
 
-def training_step(cfg: str, img: int, device: torch.device) -> Callable[[torch.Tensor, torch.Tensor], None]:
-    """One train.py step on ``device``: uint8 images and targets (n, 6) in, the weights updated."""
+def training_step(cfg: str, img: int, device: torch.device) -> tuple[Callable[[torch.Tensor, torch.Tensor], None],
+                                                                     torch.nn.Module]:
+    """One train.py step on ``device`` (uint8 images and targets (n, 6) in, the weights updated), and the model."""
     from benchmarks.bench_step import HYP, family_loss
     from utils.device import autocast
     from utils.training.builder import build_model
@@ -89,7 +90,7 @@ def training_step(cfg: str, img: int, device: torch.device) -> Callable[[torch.T
         scaler.update()
         optimizer.zero_grad(set_to_none=True)
 
-    return step
+    return step, model
 
 
 def _sync(device: torch.device) -> None:
@@ -140,7 +141,7 @@ def measure(cfg: str, opt: argparse.Namespace, loader: torch.utils.data.DataLoad
     """One model: model only, end to end, the loader alone."""
     from benchmarks.bench_train import make_batch
 
-    step = training_step(cfg, opt.img, device)
+    step = training_step(cfg, opt.img, device)[0]
     imgs, targets = make_batch(opt.batch, opt.img, 0)[:2]
     resident = (imgs.to(device), targets.to(device))
     model_only = images_per_second(step, iter(lambda: resident, None), opt.steps, opt.warmup, device)
