@@ -4,7 +4,8 @@ yolo11n-cls on the synthetic class-folder set (tiny: 64 px, 24-64 images, 1-2 ep
 - one process, in this process: yolo11n-cls trains (one loss column ``train/cls_loss``; top-1 and top-5 accuracy
   in results.csv), an interrupted run resumed mid-epoch equals the uninterrupted one bit for bit, test.py on its
   weights reports the accuracies results.csv holds, detect.py prints, draws and writes each image's top-5, and its
-  ONNX export validates in test.py within 0.005 of the .pt;
+  TorchScript, ONNX and OpenVINO exports are
+  verified at export and the ONNX file validates in test.py within 0.005 of the .pt;
 - two gloo ranks under torchrun: killed on rank 1 mid-epoch and restarted by torchrun from the step's last.pt, the
   run ends with the weights of an uninterrupted 2-rank run, and its sharded validation's top-1 and top-5 equal
   test.py's in one process.
@@ -95,7 +96,10 @@ def test_a_classifier_trains_resumes_validates_detects_and_exports(tmp_path: Pat
     original = cv2.imread(str(sorted((val / "square").iterdir())[0]))
     assert drawn.shape == original.shape and (drawn[:10, :20] != original[:10, :20]).any()  # the top-5 band
 
-    onnx = export.run(weights=str(weights), include=["onnx"], img_size=[64], device="cpu")[0]
+    written = export.run(weights=str(weights), include=["torchscript", "onnx", "openvino"], img_size=[64],
+                         device="cpu")  # each verified against the .pt as it is written
+    assert [p.name for p in written] == ["last.torchscript", "last.onnx", "last_openvino_model"]
+    onnx = written[1]
     exported = test_script.run(weights=str(onnx), project=str(tmp_path / "test"), name="onnx", **options)
     assert abs(exported.top1 - result.top1) <= 0.005 and abs(exported.top5 - result.top5) <= 0.005
     with pytest.raises(UserError, match="last.pt is a classifier, whose class probabilities it does not merge"):

@@ -6,7 +6,8 @@ yolo11n-obb on the synthetic oriented-box set (tiny: 64 px, 16-128 images, 1-2 e
   and test.py on its weights reports the mAP results.csv holds;
 - an oracle (yolo11n-obb whose last layers make every P4 cell predict an 8 x 16 box turned a quarter, class 0, on
   images labelled with exactly those boxes): test.py gives mAP 1, detect.py draws the oriented outlines and writes
-  the labels' own corners back, and its ONNX export validates in test.py within 0.005 of the .pt;
+  the labels' own corners back, its TorchScript, ONNX and OpenVINO exports
+  are verified at export and the ONNX file validates in test.py within 0.005 of the .pt;
 - two gloo ranks under torchrun: killed on rank 1 mid-epoch and restarted by torchrun from the step's last.pt, the
   run ends with the weights of an uninterrupted 2-rank run, and its sharded validation gives the mAP test.py gives
   in one process.
@@ -165,7 +166,10 @@ def test_an_oracle_validates_detects_and_exports_its_oriented_boxes(tmp_path: Pa
     onnx = export.run(weights=str(weights), include=["onnx"], img_size=[64], dynamic=True, device="cpu")[0]
     exported = test_script.run(weights=str(onnx), project=str(tmp_path / "test"), name="onnx", **options)
     assert max(abs(a - b) for a, b in zip(exported.results(), result.results())) <= 0.005
-    static = export.run(weights=str(weights), include=["onnx"], img_size=[64], device="cpu")[0]
+    written = export.run(weights=str(weights), include=["torchscript", "onnx", "openvino"], img_size=[64],
+                         device="cpu")  # each verified against the .pt as it is written
+    assert [p.name for p in written] == ["oracle.torchscript", "oracle.onnx", "oracle_openvino_model"]
+    static = written[1]
     exact = test_script.run(weights=str(static), project=str(tmp_path / "test"), name="static", **options)
     assert exact.results()[2:] == pytest.approx((1.0, 1.0))  # no padding: every box right, none wrong
 
