@@ -88,14 +88,19 @@ def test_the_models_table_is_the_models() -> None:
     """Each family's row: the five scales' parameter counts and GFLOPs, as the builder's tests check them."""
     from tests.models.test_families import DOC_SIZES
     from tests.models.test_yolo import REFERENCE
+    from tests.utils.tasks.classify import test_head as cls_head
+    from tests.utils.tasks.obb import test_head as obb_head
     from tests.utils.tasks.segment.test_head import DOC_SIZES as SEG_SIZES
 
-    rows = re.findall(r"^\| `(\w+)n(-seg)?` \.\.\. `\w+x(?:-seg)?` \| [^|]+ \| ([\d, /]+) \| ([\d. /]+) \|$",
-                      sections()["Models and tasks"], re.M)
+    rows = re.findall(r"^\| `(\w+)n(-seg|-cls|-obb)?` \.\.\. `\w+x(?:-seg|-cls|-obb)?` \| [^|]+ \| ([\d, /]+) \| "
+                      r"([\d. /]+) \|$", sections()["Models and tasks"], re.M)
     assert [family + seg for family, seg, _, _ in rows] == ["yolov5", "yolov8", "yolo11", "yolo26", "yolov5-seg",
-                                                            "yolov8-seg", "yolo11-seg"]
+                                                            "yolov8-seg", "yolo11-seg", *(f"{f}-{t}" for t in (
+                                                                "cls", "obb") for f in ("yolov8", "yolo11", "yolo26"))]
+    tasks = {f"{f}{s}-{t}": (head.PARAMETERS[f][i], head.GFLOPS[f][i]) for t, head in (("cls", cls_head),
+             ("obb", obb_head)) for f in head.PARAMETERS for i, s in enumerate("nsmlx")}
     for family, seg, params, gflops in rows:
-        expected = [(REFERENCE | DOC_SIZES | SEG_SIZES)[f"{family}{scale}{seg}"] for scale in "nsmlx"]
+        expected = [(REFERENCE | DOC_SIZES | SEG_SIZES | tasks)[f"{family}{scale}{seg}"] for scale in "nsmlx"]
         assert [int(p.replace(",", "")) for p in params.split(" / ")] == [p for p, _ in expected]
         assert [float(g) for g in gflops.split(" / ")] == [g for _, g in expected]
 

@@ -22,6 +22,11 @@ PARAMETERS = {
     "yolo11": (2_812_104, 6_724_008, 11_634_216, 14_115_624, 29_637_064),
     "yolo26": (2_812_104, 6_724_008, 11_634_216, 14_115_624, 29_637_064),
 }
+GFLOPS = {  # at 640 px, what Model.flops counts (the README's models table)
+    "yolov8": (3.4, 12.6, 41.8, 99.0, 154.1),
+    "yolo11": (3.3, 12.1, 39.5, 49.6, 110.7),
+    "yolo26": (3.3, 12.1, 39.5, 49.6, 110.7),
+}
 NAMES = [f"{family}{scale}-cls" for family in PARAMETERS for scale in "nsmlx"]
 
 
@@ -100,3 +105,10 @@ def test_bad_classify_rows_are_refused_in_one_line(args: list, message: str) -> 
     cfg["nc"] = 3
     with pytest.raises(ModelConfigError, match=message):
         Model(cfg)
+
+
+@pytest.mark.parametrize("family", list(GFLOPS))
+def test_the_stated_gflops_are_what_the_builder_counts(family: str) -> None:
+    from models.yolo import Model
+
+    assert Model(f"{family}n-cls.yaml").flops(640) == pytest.approx(GFLOPS[family][0], abs=0.05)

@@ -25,6 +25,11 @@ PARAMETERS = {
     "yolo26": (2_715_614, 10_582_142, 23_593_918, 27_997_374, 62_811_678),
 }
 AT_NC15 = {"yolov8": 3_085_440, "yolo11": 2_664_432, "yolo26": 2_652_984}  # the fixtures' n models
+GFLOPS = {  # at 640 px and nc 80, what Model.flops counts (the README's models table)
+    "yolov8": (9.0, 29.7, 81.3, 169.1, 263.9),
+    "yolo11": (6.8, 22.6, 71.9, 91.0, 203.7),
+    "yolo26": (5.7, 21.8, 72.2, 90.5, 202.7),
+}
 NAMES = [f"{family}{scale}-obb" for family in PARAMETERS for scale in "nsmlx"]
 
 
@@ -123,3 +128,10 @@ def test_contract_checks_and_bad_rows() -> None:
     cfg["head"][-1][-1] = ["nc", 2]
     with pytest.raises(ModelConfigError, match="one angle per box"):
         Model(cfg)
+
+
+@pytest.mark.parametrize("family", list(GFLOPS))
+def test_the_stated_gflops_are_what_the_builder_counts(family: str) -> None:
+    from models.yolo import Model
+
+    assert Model(f"{family}n-obb.yaml").flops(640) == pytest.approx(GFLOPS[family][0], abs=0.05)
