@@ -1,14 +1,12 @@
 """Classification through the same train.py, Trainer, DDP, resume, test.py, detect.py and export.py as detection:
-yolo11n-cls on the synthetic class-folder set (tiny: 64 px, 24-64 images, 1-2 epochs).
+yolo11n-cls on the synthetic class-folder set (tiny: 64 px, 24-32 images, 1-2 epochs).
 
 - one process, in this process: yolo11n-cls trains (one loss column ``train/cls_loss``; top-1 and top-5 accuracy
   in results.csv), an interrupted run resumed mid-epoch equals the uninterrupted one bit for bit, test.py on its
   weights reports the accuracies results.csv holds, detect.py prints, draws and writes each image's top-5, and its
-  TorchScript, ONNX and OpenVINO exports are
-  verified at export and the ONNX file validates in test.py within 0.005 of the .pt;
-- two gloo ranks under torchrun: killed on rank 1 mid-epoch and restarted by torchrun from the step's last.pt, the
-  run ends with the weights of an uninterrupted 2-rank run, and its sharded validation's top-1 and top-5 equal
-  test.py's in one process.
+  TorchScript, ONNX and OpenVINO exports are verified at export and the ONNX file validates in test.py within 0.005
+  of the .pt;
+- two gloo ranks under torchrun: the sharded validation's top-1 and top-5 equal test.py's in one process.
 """
 
 from __future__ import annotations
@@ -115,23 +113,17 @@ def test_a_classifier_trains_resumes_validates_detects_and_exports(tmp_path: Pat
 
 @pytest.mark.ddp
 @pytest.mark.slow
-def test_two_ranks_restart_mid_epoch_exactly_and_validate_as_one_process(tmp_path: Path) -> None:
+def test_two_ranks_train_and_validate_as_one_process(tmp_path: Path) -> None:
+    """One 2-rank run (a restart mid-epoch under torchrun is the shared trainer's, tested for detection, segmentation
+    and oriented boxes; a classifier's resume mid-epoch is tested in one process above)."""
     import test as test_script
 
-    # batch 64 (32 a rank) is the nominal batch: every step is an optimizer step, so a checkpoint can be taken
-    # mid-epoch under DDP (between steps); 128 images are 2 steps an epoch
-    data, project = cls_data(tmp_path, 128, n_val=15), tmp_path / "runs"
-    args = lambda name: cls_args(data, project, name, "--save-interval-steps", "1", batch=64, epochs=1)  # noqa: E731
-    code, out = finish(start(torchrun_cmd(2, *args("whole"))))
+    data, project = cls_data(tmp_path, 32, n_val=15), tmp_path / "runs"
+    code, out = finish(start(torchrun_cmd(2, *cls_args(data, project, "whole", batch=16, epochs=1))))
     assert code == 0, out[-3000:]
-    fault = ["--hook", "tests.plugins.faults:FailAt(rank=1, epoch=0, batch=1, action='kill')"]
-    code, out = finish(start(torchrun_cmd(2, *args("cut"), *fault, restarts=1)))
-    assert code == 0, out[-3000:]
-    assert "Resuming from epoch 0 of 1, batch 1" in out, out[-3000:]
     weights = project / "whole" / "weights" / "last.pt"
-    assert weights_diff(weights, project / "cut" / "weights" / "last.pt") == 0.0
     row = rows(project / "whole")[-1]
-    one = test_script.run(weights=str(weights), data=str(data), img_size=64, batch_size=64, workers=0, device="cpu",
+    one = test_script.run(weights=str(weights), data=str(data), img_size=64, batch_size=16, workers=0, device="cpu",
                           project=str(tmp_path / "test"), name="exp")
     assert one.seen == 15  # 8 and 7 on the two ranks: an odd split of the shards sums to the one process's
     assert float(row["metrics/accuracy_top1"]) == pytest.approx(one.top1, abs=1e-6)  # results.csv: 6 digits

@@ -6,8 +6,8 @@ yolo11n-obb on the synthetic oriented-box set (tiny: 64 px, 16-128 images, 1-2 e
   and test.py on its weights reports the mAP results.csv holds;
 - an oracle (yolo11n-obb whose last layers make every P4 cell predict an 8 x 16 box turned a quarter, class 0, on
   images labelled with exactly those boxes): test.py gives mAP 1, detect.py draws the oriented outlines and writes
-  the labels' own corners back, its TorchScript, ONNX and OpenVINO exports
-  are verified at export and the ONNX file validates in test.py within 0.005 of the .pt;
+  the labels' own corners back, its TorchScript, ONNX and OpenVINO exports are verified at export and the ONNX
+  file validates in test.py within 0.005 of the .pt;
 - two gloo ranks under torchrun: killed on rank 1 mid-epoch and restarted by torchrun from the step's last.pt, the
   run ends with the weights of an uninterrupted 2-rank run, and its sharded validation gives the mAP test.py gives
   in one process.
