@@ -28,6 +28,7 @@ import yaml
 
 from tests.helpers import ROOT, finish, start, torchrun_cmd
 from tests.plugins.faults import FailAt
+from utils.deploy.formats import missing_packages
 from utils.errors import UserError
 from utils.weights.checkpoint import load_checkpoint
 
@@ -207,3 +208,20 @@ def test_an_obb_model_without_data_takes_the_synthetic_oriented_boxes(tmp_path: 
     assert Path(prepare_run(config, defaults)[0].data).name == "synthetic-obb.yaml"
     values = yaml.safe_load((ROOT / "data" / "synthetic-obb.yaml").read_text())
     assert values["synthetic"]["task"] == "obb" and values["names"] == NAMES
+
+
+@pytest.mark.skipif(missing_packages((("pnnx", "pnnx"),)) != [], reason="pip install -r requirements-export.txt")
+def test_yolo26_obb_to_ncnn_is_refused_in_one_line_before_converting(tmp_path: Path) -> None:
+    """NCNN ends an end-to-end head's graph at its raw rows (pnnx cannot convert the top-k); YOLO26-obb's carry an
+    angle column that the raw-row decoder does not read, so the export is refused at once, nothing written."""
+    import export
+    from models.yolo import Model
+    from utils.weights.checkpoint import new_checkpoint, save_checkpoint
+
+    model = Model("yolo26n-obb.yaml", nc=3)
+    model.names = list(NAMES)
+    weights = save_checkpoint(new_checkpoint(model), tmp_path / "e2e.pt")
+    with pytest.raises(UserError, match=r"raw maps of a xyxy_score_cls head with 1 extra columns \(obb\) are not "
+                                        r"decoded here"):
+        export.run(weights=str(weights), include=["ncnn"], img_size=[64], device="cpu")
+    assert not (tmp_path / "e2e_ncnn_model").exists()
