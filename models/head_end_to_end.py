@@ -78,14 +78,18 @@ class EndToEndDetect(AnchorFreeDetect):
         return self.decode(self.branches(xs, self.cv2, self.cv3), xywh=xywh)
 
     def select(self, decoded: torch.Tensor) -> torch.Tensor:
-        """(b, n, 4 + nc) xyxy rows -> the (b, k, 6) best (box, class) pairs: the k cells with the highest class
-        score, then the k highest scores among their nc classes each (a cell may appear with two classes)."""
-        b, n, _ = decoded.shape
+        """(b, n, 4 + nc + e) xyxy rows -> the (b, k, 6 + e) best (box, class) pairs: the k cells with the highest
+        class score, then the k highest scores among their nc classes each (a cell may appear with two classes); a
+        task's e extra columns after the scores (keypoints, mask coefficients) follow their cell."""
+        b, n, columns = decoded.shape
         k = min(self.max_det, n)
-        boxes, scores = decoded.split((4, self.nc), dim=-1)
+        boxes, scores = decoded[..., :4], decoded[..., 4:4 + self.nc]
         cells = scores.amax(-1).topk(k, dim=1).indices  # (b, k)
         scores = scores.gather(1, cells.unsqueeze(-1).expand(-1, -1, self.nc))  # (b, k, nc)
         top, flat = scores.flatten(1).topk(k, dim=1)  # (b, k)
         cell = cells.gather(1, (flat // self.nc).long())  # (b, k) indices into n (long: Core ML divides in float)
         boxes = boxes.gather(1, cell.unsqueeze(-1).expand(-1, -1, 4))
-        return torch.cat((boxes, top.unsqueeze(-1), (flat % self.nc).unsqueeze(-1).to(boxes.dtype)), -1)
+        rows = [boxes, top.unsqueeze(-1), (flat % self.nc).unsqueeze(-1).to(boxes.dtype)]
+        if columns > 4 + self.nc:  # a static shape: an export's graph has the gather or not
+            rows.append(decoded[..., 4 + self.nc:].gather(1, cell.unsqueeze(-1).expand(-1, -1, columns - 4 - self.nc)))
+        return torch.cat(rows, -1)

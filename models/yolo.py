@@ -32,7 +32,9 @@ from torch import nn
 import models.blocks  # noqa: F401  (registers the YOLOv8/YOLO11/YOLO26 blocks)
 import models.head_anchor_free  # noqa: F401  (registers the YOLOv8/YOLO11 head)
 import models.head_end_to_end  # noqa: F401  (registers YOLO26's head)
+import models.pose  # noqa: F401  (registers the Pose heads)
 import models.segment  # noqa: F401  (registers the Segment heads)
+import models.segment_end_to_end  # noqa: F401  (registers YOLO26's Segment26 head)
 from models.common import C3, Concat, Conv, exporting
 from models.head import Detect, check_anchor_order
 from models.registry import LIMITS, ModelConfigError, Row, is_number, known_names, lookup, make_divisible

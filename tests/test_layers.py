@@ -32,6 +32,7 @@ LAYERS: list[list[str]] = [
     ["models.head", "models.head_anchor_free"],
     ["models.head_end_to_end"],
     ["models.segment"],
+    ["models.pose", "models.segment_end_to_end"],
     ["models.yolo"],
     ["utils.data", "utils.weights"],
     ["utils.plots"],

@@ -8,8 +8,8 @@ record, tensors are checked views of the file's storages, anything else is refus
 records we take the flat state dict and the YAML dict, check that the YAML builds exactly the stored tensors (on the
 meta device), build our own Model from it through the open registry, compare the module tree (classes, children and
 the settings no tensor shape shows), load every tensor strictly, and return a checkpoint of this project.
-Segmentation models (``SegmentationModel``, yolov8n-seg ... yolo11x-seg) are read the same way; their checkpoints
-record the task ``segment``.
+Segmentation models (``SegmentationModel``, yolov8n-seg ... yolo26x-seg) and pose models (``PoseModel``,
+yolov8n-pose ... yolo26x-pose) are read the same way; their checkpoints record the task ``segment`` or ``pose``.
 """
 
 from __future__ import annotations
@@ -38,9 +38,12 @@ from utils.weights.release_reader import (
 from utils.weights.untrusted import UntrustedFileError, check_config_against_state
 
 ULTRALYTICS_SOURCE = "ultralytics-release"
-MODEL_CLASSES = ("ultralytics.nn.tasks.DetectionModel", "ultralytics.nn.tasks.SegmentationModel")
+MODEL_CLASSES = ("ultralytics.nn.tasks.DetectionModel", "ultralytics.nn.tasks.SegmentationModel",
+                 "ultralytics.nn.tasks.PoseModel")
 MARKER = "ultralytics."  # globals that make a file an ultralytics pickle
-HEAD_CLASSES = ("ultralytics.nn.modules.head.Detect", "ultralytics.nn.modules.head.Segment")
+HEAD_CLASSES = ("ultralytics.nn.modules.head.Detect", "ultralytics.nn.modules.head.Segment",
+                "ultralytics.nn.modules.head.Segment26", "ultralytics.nn.modules.head.Pose",
+                "ultralytics.nn.modules.head.Pose26")
 
 # Settings that change the output without changing any tensor's shape, compared module by module (our class names).
 SETTINGS = {
@@ -60,9 +63,14 @@ SETTINGS = {
     "AnchorFreeDetect": ("nc", "nl", "reg_max", "no"),
     "EndToEndDetect": ("nc", "nl", "reg_max", "no"),
     "AnchorFreeSegmentHead": ("nc", "nl", "reg_max", "no", "nm", "npr"),
+    "EndToEndSegmentHead": ("nc", "nl", "reg_max", "no", "nm", "npr"),
+    "AnchorFreePoseHead": ("nc", "nl", "reg_max", "no", "kpt_shape", "nk"),
+    "EndToEndPoseHead": ("nc", "nl", "reg_max", "no", "kpt_shape", "nk"),
+    "Linear": ("in_features", "out_features"),
 }
-ALIASES = {"DetectionModel": ("Model",), "SegmentationModel": ("Model",),
-           "Detect": ("AnchorFreeDetect", "EndToEndDetect"), "Segment": ("AnchorFreeSegmentHead",)}
+ALIASES = {"DetectionModel": ("Model",), "SegmentationModel": ("Model",), "PoseModel": ("Model",),
+           "Detect": ("AnchorFreeDetect", "EndToEndDetect"), "Segment": ("AnchorFreeSegmentHead",),
+           "Segment26": ("EndToEndSegmentHead",), "Pose": ("AnchorFreePoseHead",), "Pose26": ("EndToEndPoseHead",)}
 
 
 def is_ultralytics_model(raw: Any) -> bool:
@@ -91,14 +99,14 @@ def convert_records(raw: Any, path: str | Path = "<records>") -> dict:
 
 
 def model_record(raw: Any) -> Record:
-    """The pickled detection or segmentation model (its EMA when the file has one, as ultralytics loads it)."""
+    """The pickled detection, segmentation or pose model (its EMA when the file has one, as ultralytics loads it)."""
     if not isinstance(raw, dict):
         raise _FormatError(f"expected a dict with a 'model' entry, found a {type(raw).__name__}")
     record = raw.get("ema") if isinstance(raw.get("ema"), Record) else raw.get("model")
     if not isinstance(record, Record):
         raise _FormatError(f"no pickled model under 'model' or 'ema' (keys: {sorted(map(str, raw))[:8]})")
     if record.global_name not in MODEL_CLASSES:
-        raise _FormatError(f"holds a {record.global_name}; only ultralytics detection and segmentation models "
+        raise _FormatError(f"holds a {record.global_name}; only ultralytics detection, segmentation and pose models "
                            f"({', '.join(MODEL_CLASSES)}) can be loaded")
     return record
 
