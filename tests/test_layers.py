@@ -51,7 +51,7 @@ MODULE_LAYERS: dict[str, list[list[str]]] = {
     "utils.distributed": [["launcher", "signals", "watchdog"], ["comm"]],
     "utils.data": [["augment", "errors", "ram_cache", "regular_files", "shard_urls", "synthetic"],
                    ["augment_masks", "image_io"], ["download", "label_cache"],
-                   ["annotations", "segments", "shards", "shared_scan"],
+                   ["annotations", "keypoints", "segments", "shards", "shared_scan"],
                    ["sources", "synthetic_seg", "voc", "coco_json"],
                    ["formats"],
                    ["convert", "datasets"], ["stream"], ["zoo", "loader"], ["config"]],
@@ -66,7 +66,7 @@ MODULE_LAYERS: dict[str, list[list[str]]] = {
                       ["results_csv", "tensorboard", "tracking"],
                       ["clearml_logger", "comet_logger", "mlflow_logger", "wandb_logger"]],
     "utils.training": [["amp", "autoanchor", "autobatch", "config", "early_stop", "fingerprint", "fitness", "loss",
-                        "loss_mask", "optim", "tal", "train_state"], ["loss_anchor_free", "resume"], ["loss_segment"],
+                        "loss_mask", "optim", "tal", "train_state"], ["loss_anchor_free", "resume"], ["loss_pose", "loss_segment"],
                        ["families", "run_plan"], ["checkpointer", "engine"], ["loop"], ["builder"], ["evolve"]],
 }
 # Imports that go up inside a package (a lazy import closing a cycle), each to be broken by its package's owner.
