@@ -99,9 +99,10 @@ def write_outputs(result: Any, records: list[Any], names: Sequence[str], save_di
 
 
 def coco_evaluate(anno_json: str | Path, pred_json: str | Path, image_ids: Sequence[int | str] = (),
-                  iou_type: str = "bbox") -> tuple[float, float] | None:
+                  iou_type: str = "bbox", kpt_sigmas: Sequence[float] | None = None) -> tuple[float, float] | None:
     """pycocotools' (mAP@.5:.95, mAP@.5) of a predictions file over ``image_ids`` (default: every image), of the
-    boxes or, with ``iou_type="segm"``, of the masks; None (with a note) when it cannot run."""
+    boxes or, with ``iou_type="segm"``, of the masks, with ``"keypoints"`` of the keypoints (by OKS with
+    ``kpt_sigmas``, COCO's 17 by default); None (with a note) when it cannot run."""
     anno_json = Path(anno_json)
     try:
         from pycocotools.coco import COCO
@@ -120,6 +121,8 @@ def coco_evaluate(anno_json: str | Path, pred_json: str | Path, image_ids: Seque
     evaluator = COCOeval(gt, gt.loadRes(str(pred_json)), iou_type)
     if image_ids:
         evaluator.params.imgIds = list(image_ids)
+    if kpt_sigmas is not None:
+        evaluator.params.kpt_oks_sigmas = np.asarray(kpt_sigmas, dtype=np.float64)
     evaluator.evaluate()
     evaluator.accumulate()
     evaluator.summarize()
