@@ -9,19 +9,22 @@ default COCO's for 17 keypoints, 1/K each otherwise, as ultralytics does).
 A YOLO pose label row is ``class cx cy w h`` then K x (x, y[, v]), normalised to [0, 1]; v is 0 (not labelled), 1
 (labelled, occluded) or 2 (visible); an unlabelled keypoint is written 0 0 0. Keypoints are stored as (n, K, 3)
 float32 whatever D is: x, y normalised and v (2 for every keypoint of a D = 2 set; 0 with x = y = 0 when unlabelled).
-A COCO JSON annotation holds the same as ``keypoints`` [x1, y1, v1, ...] in pixels, with ``num_keypoints``.
+A COCO JSON annotation holds the same as ``keypoints`` [x1, y1, v1, ...] in pixels, with ``num_keypoints``: read
+in pixels (``coco_keypoints``), then normalised against the image's size once it is known (``normalise_keypoints``),
+as annotation splits check their boxes. ``check_pose_sample`` is the label scan's check of a YOLO image/label pair.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from models.pose import MAX_KEYPOINTS
 from utils.data.errors import DataError
-from utils.data.label_cache import COORD_TOLERANCE, check_label_rows, unique_objects
+from utils.data.label_cache import COORD_TOLERANCE, check_image, check_label_rows, read_label_rows, unique_objects
 
 # COCO's person keypoints (pycocotools' kpt_oks_sigmas, the category's names and 1-based skeleton, made 0-based).
 COCO_KEYPOINT_NAMES = ("nose", "left_eye", "right_eye", "left_ear", "right_ear", "left_shoulder", "right_shoulder",
@@ -154,28 +157,67 @@ def parse_pose_rows(rows: Sequence[Sequence[str]], shape: Sequence[int], nc: int
     return PoseLabels(kept, np.stack(points).astype(np.float32), duplicates, note)
 
 
-def coco_keypoints(annotation: Mapping, size: tuple[float, float], count: int) -> np.ndarray:
-    """A COCO annotation's ``keypoints`` [x1, y1, v1, ...] in pixels of an image of ``size`` (w, h) -> (K, 3)
-    float32 normalised (0 0 0 where v is 0); an annotation without keypoints gives K unlabelled ones. ValueError
-    with the reason for a list of the wrong length, a value that is not a number, or a point outside the image
-    (beyond one pixel)."""
+def read_pose_label_file(path: str | Path, shape: Sequence[int], nc: int | None) -> tuple[PoseLabels, str]:
+    """Parse and check one YOLO pose label file -> (labels, state 'found', 'missing' or 'empty'); invalid content
+    raises ValueError with the reason (the sample is then corrupt)."""
+    rows, state = read_label_rows(path)
+    if state != "found":
+        return parse_pose_rows([], shape, nc), state
+    return parse_pose_rows(rows, shape, nc), "found"
+
+
+def check_pose_sample(args: tuple[str, str, int | None, Path | None], shape: Sequence[int]) -> tuple:
+    """``label_cache.check_sample`` for YOLO pose labels of ``shape`` (K, D): its six values and, seventh, each
+    object's keypoints (K, 3) normalised; a corrupt pair never raises (``functools.partial`` it with the shape)."""
+    im_file, label_file, nc, repair_dir = args
+    try:
+        image_shape, image_note, repaired = check_image(im_file, repair_dir)
+        parsed, state = read_pose_label_file(label_file, shape, nc)
+    except (ValueError, OverflowError, TypeError) as e:
+        return (np.zeros((0, 5), np.float32), (0, 0), "corrupt", 0, f"{im_file}: ignoring corrupt image/label: {e}",
+                "", [])
+    notes = "; ".join(n for n in (image_note, parsed.note) if n)
+    return (parsed.labels, image_shape, state, parsed.duplicates, f"{im_file}: {notes}" if notes else "", repaired,
+            list(parsed.keypoints))
+
+
+def coco_keypoints(annotation: Mapping, count: int) -> np.ndarray:
+    """A COCO annotation's ``keypoints`` [x1, y1, v1, ...] -> (K, 3) float64 in the image's pixels (0 0 0 where v is
+    0); an annotation without keypoints gives K unlabelled ones. ValueError with the reason for a list of the wrong
+    length, a value that is not a finite number, or a visibility outside 0..2. ``normalise_keypoints`` then places
+    them in the image (it reads the image's size)."""
     values = annotation.get("keypoints")
     if values is None:
-        return np.zeros((count, 3), np.float32)
+        return np.zeros((count, 3))
     if not isinstance(values, list) or len(values) != 3 * count:
         raise ValueError(f"'keypoints' must list {count} x (x, y, v) = {3 * count} numbers, got "
                          f"{len(values) if isinstance(values, list) else type(values).__name__}")
     if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
         raise ValueError("'keypoints' holds a value that is not a number")
     points = np.asarray(values, dtype=np.float64).reshape(count, 3)
+    if not np.isfinite(points).all():
+        raise ValueError("'keypoints' holds a value that is not finite")
+    visibility = points[:, 2]
+    if (visibility < 0).any() or (visibility > MAX_VISIBILITY).any():
+        raise ValueError(f"'keypoints' visibility {visibility[(visibility < 0) | (visibility > 2)][0]:g} (0 "
+                         "unlabelled, 1 occluded, 2 visible)")
+    points[visibility == 0] = 0.0
+    return points
+
+
+def normalise_keypoints(points: np.ndarray, size: tuple[float, float]) -> np.ndarray:
+    """Keypoints (K, 3) in the pixels of an image of ``size`` (w, h) -> (K, 3) float32 normalised and checked
+    (``check_keypoints``; a labelled keypoint may lie up to one pixel outside, as on the last pixel's far edge).
+    ValueError with the reason for one farther out."""
+    points = np.asarray(points, dtype=np.float64).reshape(-1, 3).copy()
     w, h = float(size[0]), float(size[1])
     labelled = points[:, 2] > 0
-    slack = np.array([1.0 / w, 1.0 / h])  # a keypoint on the last pixel's far edge is inside
     normalised = points[:, :2] / np.array([w, h])
+    slack = np.array([1.0 / w, 1.0 / h])
     if ((normalised < -slack) | (normalised > 1 + slack))[labelled].any():
         raise ValueError("a keypoint lies outside the image")
     points[:, :2] = np.where(labelled[:, None], normalised.clip(0, 1), 0.0)
-    return check_keypoints(points[None], 3, "'keypoints': ")[0]
+    return check_keypoints(points[None], 3)[0]
 
 
 def coco_skeleton(category: Mapping, count: int) -> tuple[tuple[int, int], ...]:

@@ -3,6 +3,9 @@ keypoints read and checked (one-line reasons); label lines that read back as wri
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import cv2
 import numpy as np
 import pytest
 
@@ -12,10 +15,12 @@ from utils.data.keypoints import (
     COCO_KEYPOINT_NAMES,
     COCO_SIGMAS,
     COCO_SKELETON,
+    check_pose_sample,
     coco_keypoints,
     coco_skeleton,
     keypoint_sigmas,
     keypoint_spec,
+    normalise_keypoints,
     parse_pose_rows,
     pose_label_line,
 )
@@ -104,20 +109,40 @@ def test_label_lines_read_back_as_written() -> None:
         "0 0.5 0.5 0.5 0.5 0.25 0.5 0 0 0.125 0.75 0.875"
 
 
-def test_coco_keypoints_are_normalised_and_checked() -> None:
-    annotation = {"keypoints": [10, 20, 2, 0, 0, 0, 40, 0, 1], "num_keypoints": 2}
-    points = coco_keypoints(annotation, (40, 80), 3)
-    assert np.allclose(points, [[0.25, 0.25, 2], [0, 0, 0], [1.0, 0.0, 1]])
-    assert coco_keypoints({}, (40, 80), 2).tolist() == [[0, 0, 0], [0, 0, 0]]
+def test_coco_keypoints_are_read_in_pixels_then_normalised_and_checked() -> None:
+    annotation = {"keypoints": [10, 20, 2, 7, 9, 0, 40, 0, 1], "num_keypoints": 2}
+    pixels = coco_keypoints(annotation, 3)
+    assert pixels.tolist() == [[10, 20, 2], [0, 0, 0], [40, 0, 1]]  # an unlabelled keypoint is 0 0 0
+    assert np.allclose(normalise_keypoints(pixels, (40, 80)), [[0.25, 0.25, 2], [0, 0, 0], [1.0, 0.0, 1]])
+    assert coco_keypoints({}, 2).tolist() == [[0, 0, 0], [0, 0, 0]]
     for bad, expected in (({"keypoints": [1, 2]}, "must list 3 x (x, y, v) = 9 numbers, got 2"),
                           ({"keypoints": "1 2 3"}, "got str"),
                           ({"keypoints": [1, 2, 2, 3, 4, True, 0, 0, 0]}, "not a number"),
-                          ({"keypoints": [50, 20, 2, 0, 0, 0, 0, 0, 0]}, "outside the image"),
+                          ({"keypoints": [1e400, 2, 2, 0, 0, 0, 0, 0, 0]}, "not finite"),
                           ({"keypoints": [10, 20, 7, 0, 0, 0, 0, 0, 0]}, "visibility 7")):
         with pytest.raises(ValueError) as info:
-            coco_keypoints(bad, (40, 80), 3)
+            coco_keypoints(bad, 3)
         assert expected in str(info.value)
-    assert coco_keypoints({"keypoints": [999, -5, 0, 0, 0, 0, 0, 0, 0]}, (40, 80), 3)[0].tolist() == [0, 0, 0]
+    with pytest.raises(ValueError, match="a keypoint lies outside the image"):
+        normalise_keypoints(np.array([[42.0, 20, 2]]), (40, 80))
+    assert np.allclose(normalise_keypoints(np.array([[40.5, 20, 2], [99, -9, 0]]), (40, 80)),
+                       [[1.0, 0.25, 2], [0, 0, 0]])  # within a pixel of the edge; unlabelled anywhere
+
+
+def test_the_label_scan_check_of_a_pose_pair(tmp_path: Path) -> None:
+    image = tmp_path / "a.jpg"
+    cv2.imwrite(str(image), np.full((40, 60, 3), 90, np.uint8))
+    label = tmp_path / "a.txt"
+    label.write_text("0 0.5 0.5 0.5 0.5 0.25 0.5 2 0 0 0\n0 0.5 0.5 0.5 0.5 0.25 0.5 2 0 0 0\n")
+    labels, shape, state, duplicates, note, _, keypoints = check_pose_sample((str(image), str(label), 1, None),
+                                                                             (2, 3))
+    assert (shape, state, duplicates, len(labels)) == ((60, 40), "found", 1, 1) and "duplicate" in note
+    assert np.allclose(keypoints[0], [[0.25, 0.5, 2], [0, 0, 0]])
+    label.write_text("0 0.5 0.5 0.5 0.5 0.25 0.5\n")
+    corrupt = check_pose_sample((str(image), str(label), 1, None), (2, 3))
+    assert corrupt[2] == "corrupt" and "a pose row needs 5 + 2 x 3 = 11 columns" in corrupt[4]
+    missing = check_pose_sample((str(image), str(tmp_path / "none.txt"), 1, None), (2, 3))
+    assert missing[2] == "missing" and missing[6] == []
 
 
 def test_coco_skeleton_is_made_zero_based() -> None:
