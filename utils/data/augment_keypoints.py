@@ -13,10 +13,16 @@ from __future__ import annotations
 import copy
 from collections.abc import Sequence
 
-import cv2
 import numpy as np
 
-from utils.data.augment import PAD_COLOR, TilePlace, _perspective_matrix, mosaic_boxes, warp_boxes, warp_mosaic
+from utils.data.augment import (
+    TilePlace,
+    _perspective_matrix,
+    mosaic_boxes,
+    random_perspective,
+    warp_boxes,
+    warp_mosaic,
+)
 from utils.data.augment_masks import mosaic_geometry
 
 
@@ -86,13 +92,9 @@ def random_perspective_pose(img: np.ndarray, labels: np.ndarray, keypoints: np.n
                             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``augment.random_perspective`` moving keypoints too: the same random draws, image and boxes."""
     height, width = img.shape[0] + border[0] * 2, img.shape[1] + border[1] * 2
-    matrix, s = _perspective_matrix(rng, img.shape[:2], (height, width), degrees, translate, scale, shear,
-                                    perspective)
-    if border[0] != 0 or border[1] != 0 or (matrix != np.eye(3)).any():
-        if perspective:
-            img = cv2.warpPerspective(img, matrix, dsize=(width, height), borderValue=PAD_COLOR)
-        else:
-            img = cv2.warpAffine(img, matrix[:2], dsize=(width, height), borderValue=PAD_COLOR)
+    matrix, s = _perspective_matrix(copy.deepcopy(rng), img.shape[:2], (height, width), degrees, translate, scale,
+                                    shear, perspective)  # the draws random_perspective makes next
+    img, _ = random_perspective(img, labels[:0], rng, degrees, translate, scale, shear, perspective, border)
     labels, keypoints = warp_pose(labels, keypoints, matrix, s, (height, width))
     return img, labels, keypoints
 
