@@ -5,6 +5,7 @@ pickled code into our Pose and Segment26 heads, every tensor by name, outputs eq
 from __future__ import annotations
 
 import copy
+import random
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ import torch
 
 from models.pose import AnchorFreePoseHead, EndToEndPoseHead
 from models.segment_end_to_end import EndToEndSegmentHead
-from tests.utils.weights.test_ultralytics_reader import copy_records
+from tests.utils.weights.test_ultralytics_reader import _mutations, copy_records
 from utils.weights.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint, save_checkpoint
 from utils.weights.release_reader import Record, read_records
 from utils.weights.ultralytics_reader import ULTRALYTICS_SOURCE, convert_records
@@ -134,3 +135,30 @@ def test_a_pose_file_that_does_not_map_is_refused_in_one_line(case: str) -> None
         convert_records(raw, "yolo26n-pose.pt")
     message = str(info.value)
     assert "\n" not in message and message.startswith("yolo26n-pose.pt: ") and expected in message, message
+
+
+def test_fuzzed_pose_and_segment26_records_load_or_are_refused_in_one_line() -> None:
+    """Random damage to the pose and YOLO26-seg files' records (settings, tensors, children, YAML values and rows,
+    kpt_shape among them): each case converts into a model that runs or is refused with one CheckpointError line."""
+    names = ["yolov8n-pose", "yolo26n-pose", "yolo26n-seg"]
+    originals = {name: read_records(FIXTURES / f"{name}.pt") for name in names}
+    rng = random.Random(20261207)
+    loaded = refused = 0
+    for case in range(15):
+        raw = copy_records(originals[names[case % 3]])
+        if case % 5 == 0:
+            raw["model"].attrs["yaml"]["kpt_shape"] = rng.choice([[17, 2], [3000, 3], "x", None, [17, 3, 1]])
+        else:
+            _mutations(rng, raw)
+        try:
+            ckpt = convert_records(raw, f"case{case}.pt")
+        except CheckpointError as e:
+            assert "\n" not in str(e) and str(e).startswith(f"case{case}.pt: "), str(e)
+            refused += 1
+            continue
+        model = model_from_checkpoint(ckpt).eval()
+        with torch.no_grad():
+            model(torch.zeros(1, 3, 64, 64))
+        loaded += 1
+    print(f"fuzzed pose/seg26 records: {loaded} loaded, {refused} refused")
+    assert refused > 5, (loaded, refused)
