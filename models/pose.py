@@ -139,7 +139,8 @@ class RealNVP(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.register_buffer("loc", torch.zeros(2))
-        self.register_buffer("cov", torch.eye(2))
+        self.register_buffer("cov", torch.tensor([[1.0, 0.0], [0.0, 1.0]]))  # not torch.eye: on the meta device
+        # (the builder's size check) eye decomposes through torch._refs, a seconds-long first import
         self.register_buffer("mask", torch.tensor([[0.0, 1.0], [1.0, 0.0]] * (self.LAYERS // 2)))
         self.s = nn.ModuleList(self._net(bounded=True) for _ in range(self.LAYERS))
         self.t = nn.ModuleList(self._net(bounded=False) for _ in range(self.LAYERS))
