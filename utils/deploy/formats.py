@@ -70,7 +70,8 @@ class LoadOptions:
 @dataclass
 class LoadedModel:
     """A format's opened file: ``run`` maps a float batch (b, 3, h, w) to the decoded predictions (b, n, columns of
-    the output contract its metadata records), followed for a segmenter by its prototypes (b, nm, h', w')."""
+    the output contract its metadata records), followed by its task's other outputs (a segmenter's prototypes
+    (b, nm, h', w'))."""
 
     run: Callable[[torch.Tensor], torch.Tensor | tuple[torch.Tensor, ...]]
     meta: dict[str, Any]  # what export_metadata wrote (stride, names, img_size, ...)
@@ -182,18 +183,18 @@ def export_metadata(model: nn.Module, img_size: tuple[int, int], batch_size: int
             "num_anchors": len(anchors[0]), "half": bool(half), "head": head}
 
 
-OUTPUT_NAMES = ("output0", "output1")  # the rows, and a segmenter's prototypes (a detector has only the first)
+OUTPUT_NAMES = tuple(f"output{i}" for i in range(8))  # the rows, then the task's other outputs, in order
 
 
 def output_count(model: nn.Module) -> int:
-    """How many outputs an export of ``model`` has: the rows, and a segmenter's prototypes (its contract has
-    ``nm``)."""
-    return 2 if model.head.contract.nm else 1
+    """How many outputs an export of ``model`` has: the rows, then its task's other outputs (its contract's
+    ``outputs``: a segmenter's prototypes)."""
+    return len(model.head.contract.outputs)
 
 
 MAX_METADATA_TEXT = 1 << 20  # bytes of an exported file's metadata text (80 class names: ~1 KB)
 METADATA_BOUNDS = {"stride": 1024, "classes": 10_000, "name": 128, "side": 16_384, "batch": 1024, "levels": 8,
-                   "anchors": 32, "anchor": 1e5}
+                   "anchors": 32, "anchor": 1e5, "head_list": 1024}
 
 
 def parse_json_metadata(text: str | bytes, source: object) -> Any:
@@ -275,13 +276,14 @@ def _plain_value(value: Any) -> Any:
 def _head(value: Any) -> dict[str, Any] | None:
     """The head's own export metadata: at most 16 named fields; its ``contract`` a mapping of plain values (the
     runtime reads it through OutputContract.from_metadata), ``stride`` the strides, ``anchors`` as the top-level
-    field, anything else a plain value. None if not."""
+    field, anything else a plain value, None, or a list of at most METADATA_BOUNDS["head_list"] plain values. None
+    if not."""
     if not isinstance(value, dict) or len(value) > 16 or not all(isinstance(k, str) and len(k) <= 32 for k in value):
         return None
     checked: dict[str, Any] = {}
     for key, field in value.items():
         if key == "contract":
-            plain = isinstance(field, dict) and len(field) <= 3 and \
+            plain = isinstance(field, dict) and len(field) <= 8 and \
                 all(_plain_value(v) is not None for v in field.values())
             used = dict(field) if plain else None
         elif key == "stride":
@@ -290,6 +292,12 @@ def _head(value: Any) -> dict[str, Any] | None:
             used = None if used is None or None in used else used
         elif key == "anchors":
             used = _anchors(field)
+        elif field is None:  # a setting the head does not have (a pose model without flip_idx)
+            checked[key] = None
+            continue
+        elif isinstance(field, list):  # a short list of plain values (a pose model's kpt_shape, flip_idx)
+            used = [_plain_value(v) for v in field] if len(field) <= METADATA_BOUNDS["head_list"] else None
+            used = None if used is None or None in used else used
         else:
             used = _plain_value(field)
         if used is None:

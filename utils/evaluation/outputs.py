@@ -5,7 +5,7 @@ plots, and the --task study table."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +15,7 @@ import torch
 from utils.boxes import label_rows, xywh2xyxy, xyxy2xywh
 from utils.data.coco_json import CocoIds
 from utils.log import LOGGER
-from utils.predictions import OutputContract
+from utils.tasks.contract import OutputContract
 
 # COCO's 80 training classes -> the 91 category ids of its annotation files.
 COCO80_TO_91 = (
@@ -99,10 +99,10 @@ def write_outputs(result: Any, records: list[Any], names: Sequence[str], save_di
 
 
 def coco_evaluate(anno_json: str | Path, pred_json: str | Path, image_ids: Sequence[int | str] = (),
-                  iou_type: str = "bbox", kpt_sigmas: Sequence[float] | None = None) -> tuple[float, float] | None:
+                  iou_type: str = "bbox", params: Mapping[str, Any] | None = None) -> tuple[float, float] | None:
     """pycocotools' (mAP@.5:.95, mAP@.5) of a predictions file over ``image_ids`` (default: every image), of the
-    boxes or, with ``iou_type="segm"``, of the masks, with ``"keypoints"`` of the keypoints (by OKS with
-    ``kpt_sigmas``, COCO's 17 by default); None (with a note) when it cannot run."""
+    boxes, or of what ``iou_type`` names (``segm``: masks, ``keypoints``); ``params`` set COCOeval's parameters of
+    those names first (``kpt_oks_sigmas``: a data set's OKS sigmas); None (with a note) when it cannot run."""
     anno_json = Path(anno_json)
     try:
         from pycocotools.coco import COCO
@@ -121,8 +121,9 @@ def coco_evaluate(anno_json: str | Path, pred_json: str | Path, image_ids: Seque
     evaluator = COCOeval(gt, gt.loadRes(str(pred_json)), iou_type)
     if image_ids:
         evaluator.params.imgIds = list(image_ids)
-    if kpt_sigmas is not None:
-        evaluator.params.kpt_oks_sigmas = np.asarray(kpt_sigmas, dtype=np.float64)
+    for name, value in (params or {}).items():
+        setattr(evaluator.params, name, np.asarray(value, dtype=np.float64) if isinstance(value, list | tuple)
+                else value)
     evaluator.evaluate()
     evaluator.accumulate()
     evaluator.summarize()

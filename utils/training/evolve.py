@@ -1,6 +1,7 @@
 """Hyperparameter evolution (``train.py --evolve N``): short runs whose hyperparameters are mutated from the
 fittest so far, a genetic search over the gains, learning rates and augmentation strengths. The bounds are
-YOLOv5's, with the model family's own where its gains differ (utils/training/families.py ``evolve_bounds``)."""
+YOLOv5's, with the model family's own where its gains differ (utils/training/families.py ``evolve_bounds``) and its
+task's for the gains only its loss reads (utils/tasks/registry.py ``Task.evolve_bounds``)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ import yaml
 from utils.distributed import comm as dist
 from utils.log import LOGGER
 from utils.paths import increment_path
-from utils.training.builder import model_family
+from utils.tasks.registry import get_task
+from utils.training.builder import model_kind
 from utils.training.config import RunConfig
+from utils.training.families import get_family
 from utils.training.fitness import fitness
 from utils.weights.checkpoint import to_plain
 
@@ -63,14 +66,15 @@ def evolve(base_hyp: dict, config: RunConfig, device: torch.device,
     hyp (``optimizer``), so later generations mutate those values and train with them (the rule defers to a hyp's
     own optimizer entry), and evolve.csv records what each run used."""
     config = config.replace(noval=True, nosave=True)
-    bounds = {**EVOLVE_BOUNDS, **model_family(config).evolve_bounds}
+    family, task = model_kind(config)
+    bounds = {**EVOLVE_BOUNDS, **get_family(family).evolve_bounds, **get_task(task).evolve_bounds}
     evolve_dir = dist.main_decides(lambda: increment_path(Path(config.project) / f"{config.name}-evolve",
                                                           exist_ok=config.exist_ok, mkdir=True))
     rng, history = np.random.default_rng(config.seed), []
     for generation in range(config.evolve):
         hyp = dist.main_decides(lambda: mutate(base_hyp, history, rng, bounds=bounds))
         metrics, used = train(hyp, config.replace(save_dir=str(evolve_dir / f"gen{generation}")), device)
-        history.append((fitness(list(metrics.values())), used))
+        history.append((fitness(metrics), used))
         if dist.is_main_process():
             _write_evolution(evolve_dir, history, metrics)
     LOGGER.info(f"Hyperparameter evolution finished: {len(history)} runs; best hyps in {evolve_dir}/hyp_evolve.yaml")
