@@ -261,13 +261,17 @@ class EndToEndPoseHead(EndToEndDetect):
                     "one2one": self.pose_branches([x.detach() for x in xs], one2one=True)}
         if not self.end_to_end:
             return self.decode_one2many(xs)
-        return self.select(self.decode_one2one(xs))
+        out = self.pose_branches(xs, one2one=True)
+        return self.select(super().decode(out, xywh=False), self.keypoint_columns(out))
+
+    def keypoint_columns(self, out: dict[str, Any]) -> torch.Tensor:
+        """(b, n, 3 K): each cell's keypoints (x, y, v) in input pixels."""
+        return decode_keypoints(out["keypoints"], out["anchor_points"], out["stride_tensor"], self.kpt_shape,
+                                self.KEYPOINT_SCALE, self.KEYPOINT_SHIFT).transpose(1, 2)
 
     def decode(self, out: dict[str, Any], xywh: bool = True) -> torch.Tensor:
         """The raw dict -> (b, n, 4 + nc + 3 K): the detection rows, then the keypoints (x, y, v) in input pixels."""
-        keypoints = decode_keypoints(out["keypoints"], out["anchor_points"], out["stride_tensor"], self.kpt_shape,
-                                     self.KEYPOINT_SCALE, self.KEYPOINT_SHIFT)
-        return torch.cat((super().decode(out, xywh), keypoints.transpose(1, 2)), 2)
+        return torch.cat((super().decode(out, xywh), self.keypoint_columns(out)), 2)
 
     def decode_one2one(self, xs: list[torch.Tensor], xywh: bool = False) -> torch.Tensor:
         return self.decode(self.pose_branches(xs, one2one=True), xywh=xywh)

@@ -109,7 +109,8 @@ class EndToEndSegmentHead(EndToEndDetect):
         protos = self.proto(xs)
         if not self.end_to_end:
             return self.decode_one2many(xs), protos
-        return self.select(self.decode_one2one(xs)), protos
+        out = self.mask_branches(xs, one2one=True)
+        return self.select(super().decode(out, xywh=False), out["coefficients"].transpose(1, 2)), protos
 
     def decode(self, out: dict[str, Any], xywh: bool = True) -> torch.Tensor:
         """The raw dict -> (b, n, 4 + nc + nm): the detection rows, then the coefficients as they are."""
