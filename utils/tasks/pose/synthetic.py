@@ -12,18 +12,14 @@ point + 0.5, normalised). The box is the extent of the pixels the figure painted
 a later figure painted over its pixel (v 1, occluded).
 
 ``ensure_synthetic_pose`` writes the set into ``data_home()/synthetic-pose-v<version>-<params hash>`` on first use
-(zero-first under DDP): generated in a new temporary folder renamed into place, only into a folder that does not
-exist or is empty; a complete set of the same parameters is reused, anything else there is refused in one line.
-data/synthetic-pose.yaml names its parameters.
+(zero-first under DDP) by utils.data.generated (a folder it creates and marks; on regeneration only the files its
+manifest lists and that are unchanged are removed; a folder holding anything else is refused in one line); a
+complete set of the same parameters is reused. data/synthetic-pose.yaml names its parameters.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -31,18 +27,17 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from utils.data.generated import GeneratedSet
 from utils.data.synthetic import (
-    MANIFEST,
+    OWN_FILE,
     SPLITS,
-    SyntheticError,
     SyntheticSpec,
     _background,
     _contrasting_color,
     _luma,
     make_spec,
+    split_counts,
 )
-from utils.distributed import comm as dist
-from utils.log import LOGGER, colorstr
 from utils.paths import data_home
 from utils.tasks.pose.labels import COCO_FLIP_INDEX, COCO_KEYPOINT_NAMES, COCO_SKELETON, pose_label_line
 
@@ -53,6 +48,7 @@ FLIP_INDEX = COCO_FLIP_INDEX
 SKELETON = COCO_SKELETON  # the limbs drawn
 SUBPIXEL = 4  # cv2's fractional bits: points at 1/16 pixel
 HEAD_RADIUS, LIMB_WIDTH = 0.08, 0.05  # of the figure's height
+POSE_SET = GeneratedSet("synthetic-pose", OWN_FILE)  # the detection set's file names
 
 
 @dataclass(frozen=True)
@@ -199,45 +195,25 @@ def _write_split(folder: Path, split: str, count: int, spec: SyntheticSpec) -> N
         (label_dir / f"{i:05d}.txt").write_text(pose_rows_text(labels, keypoints))
 
 
-def _manifest(spec: SyntheticSpec) -> dict:
+def _header(spec: SyntheticSpec) -> dict:
+    """What identifies a pose set in its manifest."""
     return {"version": POSE_VERSION, "task": "pose", "spec": asdict(spec) | {"img_size": list(spec.img_size)},
             "names": POSE_NAMES, "kpt_shape": [len(KEYPOINT_NAMES), 3], "flip_idx": list(FLIP_INDEX)}
 
 
 def is_valid_pose(root: Path, spec: SyntheticSpec) -> bool:
     """True when ``root`` holds a complete pose set made from ``spec`` (manifest matches, files all there)."""
-    try:
-        if json.loads((root / MANIFEST).read_text()) != _manifest(spec):
-            return False
-        counts = {"train": spec.n_train, "val": spec.n_val}
-        return all(len(os.listdir(root / kind / split)) == counts[split]
-                   for split in SPLITS for kind in ("images", "labels"))
-    except (OSError, ValueError):
-        return False
+    return POSE_SET.is_complete(root, _header(spec), split_counts(spec))
 
 
 def generate_pose(root: Path, spec: SyntheticSpec) -> Path:
-    """Write the pose set into a new temporary sibling folder, then rename it to ``root``, which must not exist or
-    be empty (SyntheticError, one line, otherwise: nothing there is touched)."""
-    if root.is_symlink() or (root.exists() and (not root.is_dir() or any(root.iterdir()))):
-        raise SyntheticError(f"synthetic pose set: {root} exists and is not an empty folder; it generates only into "
-                             "a new or empty folder: choose another path or move it away")
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp", dir=root.parent))  # new: nobody else's
-    try:
+    """Write the pose set into a new folder renamed to ``root``; an earlier set of ours there is cleared first of
+    what it wrote, and any other folder is refused (utils.data.generated)."""
+    def write(folder: Path) -> None:
         for split, count in zip(SPLITS, (spec.n_train, spec.n_val)):
-            _write_split(tmp, split, count, spec)
-        (tmp / MANIFEST).write_text(json.dumps(_manifest(spec), indent=1))
-        if root.exists():
-            root.rmdir()  # empty (checked above); if something appeared since, this fails and nothing is lost
-        tmp.rename(root)
-    except OSError:
-        if not is_valid_pose(root, spec):  # not another process's finished set
-            raise SyntheticError(f"synthetic pose set: could not move the new set into {root} (something else is "
-                                 "writing there); try again") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # made by mkdtemp above: only this call's own files
-    return root
+            _write_split(folder, split, count, spec)
+
+    return POSE_SET.generate(root, _header(spec), write)
 
 
 def default_pose_root(spec: SyntheticSpec) -> Path:
@@ -248,14 +224,11 @@ def default_pose_root(spec: SyntheticSpec) -> Path:
 def ensure_synthetic_pose(root: str | Path | None = None, n_train: int = 512, n_val: int = 128,
                           img_size: int | Sequence[int] = (128, 160), seed: int = 0, max_objects: int = 3,
                           min_object: float = 0.4, max_object: float = 0.8) -> Path:
-    """The folder of the synthetic pose set for these parameters, generated first when missing.
+    """The folder of the synthetic pose set for these parameters, generated first when missing or invalid.
 
-    Generation runs on local rank 0 while the other ranks wait (zero-first). All ranks must call it."""
+    Generation runs on local rank 0 while the other ranks wait (zero-first). All ranks must call it. A folder
+    holding anything but an earlier set of ours is refused (one line), never cleared."""
     spec = make_spec(n_train, n_val, img_size, seed, max_objects, min_object, max_object)
     folder = Path(root) if root is not None else default_pose_root(spec)
-    with dist.zero_first(local=True):
-        if dist.is_local_main_process() and not is_valid_pose(folder, spec):
-            LOGGER.info(f"{colorstr('synthetic:')} generating {spec.n_train} train + {spec.n_val} val pose images "
-                        f"into {folder} ...")
-            generate_pose(folder, spec)
-    return folder
+    return POSE_SET.ensure(folder, _header(spec), split_counts(spec), lambda: generate_pose(folder, spec),
+                           f"{spec.n_train} train + {spec.n_val} val pose images")

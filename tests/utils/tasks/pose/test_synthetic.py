@@ -1,6 +1,7 @@
-"""utils/data/synthetic_pose.py: stick figures whose keypoints are known exactly (on the figure's painted pixels,
+"""utils/tasks/pose/synthetic.py: stick figures whose keypoints are known exactly (on the figure's painted pixels,
 left limbs on the image's right), boxes that are the painted extent, occlusion as visibility, the same images for
-the same seed, label files that read back through the pose label reader, and a folder that is only ever created."""
+the same seed, label files that read back through the pose label reader, and a folder that is only ever created,
+or replaced when it is a set of ours (utils.data.generated)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from utils.tasks.pose.synthetic import (
     ensure_synthetic_pose,
     figure_keypoints,
     figure_mask,
+    is_valid_pose,
 )
 
 SPEC = make_spec(4, 2, (96, 128), 0, 3, 0.4, 0.8)
@@ -83,7 +85,11 @@ def test_a_folder_holding_anything_is_never_touched(tmp_path: Path) -> None:
     folder = tmp_path / "mine"
     folder.mkdir()
     (folder / "notes.txt").write_text("mine")
-    with pytest.raises(SyntheticError, match="is not an empty folder") as info:
+    with pytest.raises(SyntheticError, match="'notes.txt' but no .yolo-generated file") as info:
         ensure_synthetic_pose(folder, n_train=2, n_val=1, img_size=64)
     assert "\n" not in str(info.value) and (folder / "notes.txt").read_text() == "mine"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mine"]  # no temporary folder left behind
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert is_valid_pose(ensure_synthetic_pose(empty, n_train=2, n_val=1, img_size=64), make_spec(2, 1, 64, 0, 3,
+                                                                                                   0.4, 0.8))
