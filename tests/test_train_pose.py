@@ -136,3 +136,33 @@ def test_a_pose_model_without_data_takes_the_synthetic_pose_set_and_the_datas_ke
     assert model.head.contract.extra == 15 and "kpt_sigmas" not in model.yaml  # sigmas are the data's, not the model's
     plain, _ = build_model(config("--cfg", "yolo11n.yaml"), 2, ["a", "b"], cpu, options)  # a detector: unchanged
     assert "kpt_shape" not in plain.yaml
+
+
+def test_evolve_mutates_the_pose_gains_within_their_bounds(tmp_path: Path) -> None:
+    """--evolve on a pose model mutates its task's gains (pose, kobj, rle: utils/tasks/registry.py) beside the
+    family's, each within its bounds; the fitness it ranks by weighs the keypoint columns."""
+    import train
+    from utils.hyp import load_hyp
+    from utils.tasks.registry import get_task
+    from utils.training.config import RunConfig
+    from utils.training.evolve import evolve
+
+    config = RunConfig.from_options(train.parse_opt(["--cfg", "yolo11n-pose.yaml", "--project", str(tmp_path),
+                                                     "--evolve", "8", "--seed", "1"]))
+    base = load_hyp(ROOT / "data" / "hyps" / "hyp.anchor-free.yaml")
+    seen = []
+
+    def fake_train(hyp: dict, run: RunConfig, device: torch.device) -> tuple[dict, dict]:
+        seen.append(dict(hyp))
+        score = 1.0 / (1.0 + abs(float(hyp["pose"]) - 20.0))  # prefers a larger keypoint gain
+        return {"mAP_0.5": 0.5, "mAP_0.5:0.95": 0.5, **{f"pose_{n}": score for n in
+                                                         ("precision", "recall", "mAP_0.5", "mAP_0.5:0.95")}}, hyp
+
+    best = evolve(base, config, torch.device("cpu"), fake_train)
+    bounds = get_task("pose").evolve_bounds
+    assert {"pose", "kobj", "rle"} <= set(bounds)
+    assert any(h["pose"] != base["pose"] for h in seen) and any(h["kobj"] != base["kobj"] for h in seen)
+    for hyp in seen:
+        for key in ("pose", "kobj", "rle"):
+            assert bounds[key][1] <= hyp[key] <= bounds[key][2], (key, hyp[key])
+    assert abs(best["pose"] - 20.0) == min(abs(h["pose"] - 20.0) for h in seen)  # ranked by the keypoint columns

@@ -66,7 +66,8 @@ class Task:
     their drawing and label rows: utils.evaluation.task_outputs.TaskOutputs), ``metric`` (a
     utils.evaluation.task_metric.TaskMetric), ``export`` (a module that registers the export translations of its
     heads), ``synthetic`` (the offline set's ``ensure`` function), ``hub`` (torch.hub entries: (name, parameters)
-    pairs), ``releases`` (per weights reader, ``yolov5`` and ``ultralytics``, its classes in their release files:
+    pairs, or (name, parameters, classes) where its release files' class count is not 80), ``releases`` (per
+    weights reader, ``yolov5`` and ``ultralytics``, its classes in their release files:
     ``models``, ``heads``, ``settings``, ``aliases``; utils/weights/release_reader.py); ``heads``: the modules
     that register its heads in the model registry; ``losses``: per family name, its loss class (called as
     utils.training.families.lazy_loss calls a family's).

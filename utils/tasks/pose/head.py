@@ -93,15 +93,13 @@ def pose_args(row: Row) -> RowArgs:
 def decode_keypoints(raw: torch.Tensor, points: torch.Tensor, strides: torch.Tensor, kpt_shape: Sequence[int],
                      scale: float, shift: float) -> torch.Tensor:
     """Raw keypoints (b, K * D, n) of cells at ``points`` (n, 2) (centres, grid units) with ``strides`` (n, 1) ->
-    (b, K * D, n) in input pixels: x, y = (scale * raw + centre + shift) * stride; a visibility its sigmoid.
-    Out of place, so exports trace it as it is."""
-    b, n = raw.shape[0], raw.shape[-1]
-    k, d = int(kpt_shape[0]), int(kpt_shape[1])
-    values = raw.view(b, k, d, n)
-    centres = points.transpose(0, 1).reshape(1, 1, 2, n).to(raw.dtype)
-    xy = (values[:, :, :2] * scale + centres + shift) * strides.reshape(1, 1, 1, n).to(raw.dtype)
-    visible = values[:, :, 2:3].sigmoid() if d == 3 else torch.ones_like(xy[:, :, :1])
-    return torch.cat((xy, visible), 2).reshape(b, k * 3, n)
+    (b, 3 K, n) in input pixels: x, y = (scale * raw + centre + shift) * stride; a visibility its sigmoid (1 for
+    D = 2). Out of place, and without sizes read from the tensors, so exports trace it with dynamic shapes."""
+    values = raw.unflatten(1, (int(kpt_shape[0]), int(kpt_shape[1])))  # (b, K, D, n)
+    centres = points.transpose(0, 1)[None, None].to(raw.dtype)  # (1, 1, 2, n)
+    xy = (values[:, :, :2] * scale + centres + shift) * strides.transpose(0, 1)[None, None].to(raw.dtype)
+    visible = values[:, :, 2:3].sigmoid() if int(kpt_shape[1]) == 3 else torch.ones_like(xy[:, :, :1])
+    return torch.cat((xy, visible), 2).flatten(1, 2)
 
 
 def keypoint_metadata(head: nn.Module) -> dict[str, Any]:

@@ -1,11 +1,12 @@
-"""models/pose.py and models/segment_end_to_end.py: the Pose heads (YOLOv8/YOLO11, YOLO26) and YOLO26-seg's head,
-checked against the reference's facts (parameter counts of every scale, state-dict layout), hand-computed keypoint
-decodes, the flow's density against torch.distributions and its own Jacobian, and one-line refusals."""
+"""utils/tasks/pose/head.py: the Pose heads (YOLOv8/YOLO11, YOLO26), checked against the reference's facts
+(parameter counts of every scale, state-dict layout), hand-computed keypoint decodes, the flow's density against
+torch.distributions and its own Jacobian, and one-line refusals."""
 
 from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +16,6 @@ from models.registry import ModelConfigError
 from models.yolo import Model, load_model_config, parse_model
 from utils.tasks.contract import OutputContract, postprocess
 from utils.tasks.pose.head import AnchorFreePoseHead, EndToEndPoseHead, RealNVP, decode_keypoints
-from utils.tasks.segment.head_end_to_end import EndToEndSegmentHead, Proto26
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -35,13 +35,12 @@ def params(module: nn.Module) -> int:
 
 # At each YAML's own class count (nc 1 for yolov8-pose, 80 for the others, as ultralytics' YAMLs are written). The n
 # counts are ultralytics 8.4's (tests/fixtures/ultralytics/README.md); yolo11-pose s..x are the summaries its YAML
-# prints; yolo26-seg s..x are the README's; the rest what the same YAML facts build (checked below against the
+# prints; the rest what the same YAML facts build (checked below against the
 # published figures in millions).
 PARAMETERS = {
     "yolov8-pose": (3_295_470, 11_626_046, 26_464_462, 44_489_196, 69_491_724),
     "yolo11-pose": (2_908_507, 9_948_811, 20_973_273, 26_230_745, 58_889_881),
     "yolo26-pose": (3_747_554, 11_870_498, 24_344_482, 28_747_938, 62_914_350),
-    "yolo26-seg": (3_126_280, 11_505_800, 27_112_072, 31_515_528, 70_693_800),
 }
 NAMES = [family.replace("-", f"{scale}-") for family in PARAMETERS for scale in "nsmlx"]
 
@@ -220,48 +219,19 @@ def test_flow_density_is_the_change_of_variables() -> None:
             (normal.log_prob(z) + torch.logdet(jacobian)).item(), abs=1e-3)
 
 
-def test_yolo26_seg_modes_prototypes_and_final_rows() -> None:
-    model = tiny("yolo26-seg")
-    head = model.head
-    assert isinstance(head, EndToEndSegmentHead) and isinstance(head.proto, Proto26)
-    assert list(dict(head.named_children())) == ["cv2", "cv3", "dfl", "one2one_cv2", "one2one_cv3", "proto", "cv4",
-                                                 "one2one_cv4"]
-    assert list(dict(head.proto.named_children())) == ["cv1", "upsample", "cv2", "cv3", "feat_refine", "feat_fuse",
-                                                       "semseg"]
-    out = model(torch.rand(2, 3, 64, 96))
-    n = 8 * 12 + 4 * 6 + 2 * 3
-    many, one = out["one2many"], out["one2one"]
-    assert many["coefficients"].shape == one["coefficients"].shape == (2, 32, n)
-    assert many["protos"].shape == (2, 32, 16, 24) and many["semantic"].shape == (2, 2, 8, 12)
-    assert many["protos"].requires_grad and not one["protos"].requires_grad and not one["semantic"].requires_grad
-    model.eval()
-    with torch.no_grad():
-        rows, protos = model(torch.rand(2, 3, 64, 96))
-        head.end_to_end = False
-        many_rows, _ = model(torch.rand(2, 3, 64, 96))
-    assert rows.shape == (2, n, 6 + 32) and protos.shape == (2, 32, 16, 24) and many_rows.shape == (2, n, 4 + 2 + 32)
-    assert head.contract == OutputContract("xywh_cls", 2, 32, "segment")
-    head.end_to_end = True
-    assert head.contract == OutputContract("xyxy_score_cls", 2, 32, "segment")
-    meta = head.export_metadata()
-    assert meta["task"] == "segment" and meta["nm"] == 32 and meta["proto_stride"] == 4.0
-    not_end_to_end, _ = load_model_config("yolo26n-seg.yaml")
-    not_end_to_end["end2end"] = False
-    with pytest.raises(ModelConfigError, match="Segment26 is the end-to-end head"):
-        Model(not_end_to_end)
+# ------------------------------------------------------------------------------------------ docs/models.md
+DOCS = Path(__file__).resolve().parents[4] / "docs" / "models.md"
+DOC_SIZES = {name: (int(params.replace(",", "")), float(gflops)) for name, params, gflops in re.findall(
+    r"\| (yolo\w+-pose) \| ([\d,]+) \| ([\d.]+) ", DOCS.read_text())}
 
 
-def test_proto26_adds_the_upsampled_levels_to_p3() -> None:
-    """With 1x1 refinements that copy their input, the fused map is P3 + nearest-upsampled P4 + P5, by hand."""
-    proto = Proto26((2, 2, 2), 8, 4, 3).eval()
-    for refine in proto.feat_refine:
-        refine.conv.weight.data = torch.eye(2).view(2, 2, 1, 1)
-        refine.bn = nn.Identity()
-        refine.act = nn.Identity()
-    p3, p4, p5 = torch.rand(1, 2, 4, 4), torch.rand(1, 2, 2, 2), torch.rand(1, 2, 1, 1)
-    expected = p3 + p4.repeat_interleave(2, 2).repeat_interleave(2, 3) + p5.expand(1, 2, 4, 4)
-    assert torch.allclose(proto.fused([p3, p4, p5]), expected)
-    assert proto([p3, p4, p5]).shape == (1, 4, 8, 8)
-    proto.train()
-    protos, semantic = proto([p3, p4, p5])
-    assert protos.shape == (1, 4, 8, 8) and semantic.shape == (1, 3, 4, 4)
+def test_the_docs_table_lists_every_pose_model_with_its_size_at_one_class() -> None:
+    assert sorted(DOC_SIZES) == sorted(NAMES)
+    for name, (params_in_docs, _) in DOC_SIZES.items():
+        assert params_in_docs == params(built_on_meta(name, nc=1)), name
+
+
+@pytest.mark.parametrize("name", ["yolo11n-pose", "yolo26n-pose"])
+def test_the_docs_gflops_are_what_the_builder_counts(name: str) -> None:
+    torch.manual_seed(0)
+    assert Model(f"{name}.yaml", nc=1).flops(640) == pytest.approx(DOC_SIZES[name][1], abs=0.05)
