@@ -254,10 +254,10 @@ def build_model(config: RunConfig, nc: int, names: list[str], device: torch.devi
     builds models with (``Task.model_keys``: a pose set's kpt_shape) written into its config, as ``nc`` is. All
     ranks must call it."""
     ckpt = shared_checkpoint([config.weights], trusted=config.trust_weights)[1] if config.weights else None
-    model = Model(config.cfg or (ckpt["model_yaml"] if ckpt else DEFAULT_CFG), nc=nc)
+    model = Model(config.cfg or (ckpt["model_yaml"] if ckpt else DEFAULT_CFG), nc=nc, img_size=config.img_size)
     settings = {k: v for k, v in (data_options or {}).items() if k in get_task(model.head.task).model_keys}
     if any(model.yaml.get(k) != v for k, v in settings.items()):  # the data decides (a new head where it differs)
-        model = Model({**model.yaml, **settings}, nc=nc)
+        model = Model({**model.yaml, **settings}, nc=nc, img_size=config.img_size)
     model.names = list(names)
     if ckpt is not None:
         skip_anchors = bool(config.cfg) and not config.resume  # a given --cfg brings its own anchors (if any)
