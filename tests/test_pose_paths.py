@@ -11,7 +11,9 @@ its box and keypoint mAP are well above 0 without training, so the comparisons b
   COCOeval ``bbox``'s;
 - the TorchScript, ONNX and OpenVINO exports (dynamic) validate in test.py within 0.005 of the .pt's box and
   keypoint figures;
-- the hub model (custom) returns each detection's keypoints, and --augment merges mirrored keypoints back.
+- the hub model (custom) returns each detection's keypoints, and --augment merges mirrored keypoints back;
+- SavedModel, TFLite and NCNN carry the keypoints (YOLO26's NCNN and every --int8 TensorFlow graph are refused in
+  one line), and the Core ML package records them.
 """
 
 from __future__ import annotations
@@ -193,3 +195,30 @@ def test_the_other_formats_carry_the_keypoints_or_say_why_not(labelled: tuple[Pa
     with pytest.raises(export.ExportError, match="51 extra columns \\(pose\\) are not decoded here") as info:
         export.main(export.parse_opt(["--weights", str(end_to_end), "--img-size", "64", "--include", "ncnn"]))
     assert "\n" not in str(info.value)
+    import tensorflow as tf
+
+    from utils.deploy.formats import FormatError
+    from utils.deploy.tf_graph import translate_model
+
+    for pose in (model, Model("yolo11n-pose.yaml", nc=1)):  # --int8's raw maps would drop the keypoints: refused
+        with pytest.raises(FormatError, match="a pose model has no raw-map \\(INT8\\) form; export it in float"):
+            translate_model(tf, pose.fuse().eval(), raw_maps=True)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(formats.missing_packages(formats.get_format("coreml").export_packages) != [],
+                    reason="coremltools is not installed")
+def test_the_core_ml_package_carries_the_keypoints_in_its_contract(labelled: tuple[Path, Path, Path],
+                                                                   tmp_path: Path) -> None:
+    """Core ML has no runtime on Linux: the package is written and read back, its one output the rows whose contract
+    carries the 51 keypoint columns, and kpt_shape in its metadata."""
+    weights, _, _ = labelled
+    local = tmp_path / "pose.pt"
+    shutil.copyfile(weights, local)
+    (result,) = export.main(export.parse_opt(["--weights", str(local), "--img-size", "64", "--include", "coreml"]))
+    assert result.error is None and result.file == tmp_path / "pose.mlpackage"
+    found = formats.get_format("coreml").read_back(result.file)
+    head = found["meta"]["head"]
+    assert found["inputs"] == {"images": [1, 3, 64, 64]} and found["outputs"] == ["output0"]
+    assert head["task"] == "pose" and head["contract"]["extra"] == 51 and head["kpt_shape"] == [17, 3]
+    assert head["flip_idx"] == FLIP
