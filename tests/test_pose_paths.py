@@ -11,6 +11,7 @@ its box and keypoint mAP are well above 0 without training, so the comparisons b
   COCOeval ``bbox``'s;
 - the TorchScript, ONNX and OpenVINO exports (dynamic) validate in test.py within 0.005 of the .pt's box and
   keypoint figures;
+- test.py prints the box row, then the keypoint row;
 - the hub model (custom) returns each detection's keypoints, and --augment merges mirrored keypoints back;
 - SavedModel, TFLite and NCNN carry the keypoints (YOLO26's NCNN and every --int8 TensorFlow graph are refused in
   one line), and the Core ML package records them.
@@ -153,8 +154,8 @@ def test_every_export_of_a_pose_model_validates_within_0005_of_the_pt(labelled: 
         assert not far, f"{exported.format}: (export, .pt) differ by more than {MAX_DIFF}: {far}"
 
 
-def test_the_hub_model_returns_keypoints_and_augment_merges_mirrored_ones(labelled: tuple[Path, Path, Path],
-                                                                          tmp_path: Path) -> None:
+def test_the_hub_model_returns_keypoints_and_augment_merges_mirrored_ones(
+        labelled: tuple[Path, Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     weights, data, _ = labelled
     model = torch.hub.load(str(ROOT), "custom", source="local", path=str(weights), device="cpu")
     model.conf = 0.001
@@ -164,7 +165,15 @@ def test_the_hub_model_returns_keypoints_and_augment_merges_mirrored_ones(labell
     keypoints = found.keypoints[0]
     assert keypoints.shape == (len(found.xyxy[0]), 17, 3) and len(keypoints) > 0
     assert (keypoints[..., 0] <= w).all() and (keypoints[..., 1] <= h).all()
+    capsys.readouterr()
     plain, _ = figures(weights, data, tmp_path, "plain")
+    out = capsys.readouterr().out  # test.py's table: the box row, then the keypoint row
+    table = [line.split() for line in out.splitlines() if line.lstrip().startswith("all")]
+    assert [row[:-6] for row in table] == [["all"], ["all", "(keypoints)"]]
+    assert [float(v) for v in table[0][-2:]] == pytest.approx([plain["box mAP@.5"], plain["box mAP@.5:.95"]],
+                                                               abs=1e-3)
+    assert [float(v) for v in table[1][-2:]] == pytest.approx([plain["pose mAP@.5"], plain["pose mAP@.5:.95"]],
+                                                               abs=1e-3)
     augmented, _ = figures(weights, data, tmp_path, "tta", augment=True)
     assert augmented["pose mAP@.5"] > 0  # keypoints of the mirrored pass swapped back: still match the labels
 
