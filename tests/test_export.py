@@ -496,3 +496,18 @@ def test_segmenter_tflite_and_ncnn_run_like_the_pt(tiny_seg_weights: Path, tmp_p
     images = real_images((64, 64), 2)  # the NCNN runner takes one image a call; TFLite its fixed batch of 1
     for result in results:
         assert_runs_like_the_pt(result.file, local, images)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(formats.missing_packages((("tensorflow", "x"), ("ai_edge_litert", "x"), ("pnnx", "x"),
+                                              ("ncnn", "x"))) != [], reason="pip install -r requirements-export.txt")
+def test_yolo26_segmenter_tflite_runs_like_the_pt_and_ncnn_is_refused_in_one_line(tmp_path: Path) -> None:
+    """YOLO26-seg to TFLite (the TensorFlow translation of Segment26 and Proto26: final rows with their
+    coefficients, prototypes NHWC); NCNN, whose files hold raw maps decoded on the host, refuses its mask columns."""
+    weights = tiny_anchor_free_segmenter(tmp_path, "yolo26")
+    (result,) = export.main(export.parse_opt(["--weights", str(weights), "--img-size", "64", "--include", "tflite"]))
+    assert result.error is None and result.verification.extra_error < 1e-3, result
+    assert_runs_like_the_pt(result.file, weights, real_images((64, 64), 2))
+    with pytest.raises(export.ExportError, match="32 extra columns \\(segment\\) are not decoded here") as info:
+        export.main(export.parse_opt(["--weights", str(weights), "--img-size", "64", "--include", "ncnn"]))
+    assert "\n" not in str(info.value)
