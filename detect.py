@@ -46,7 +46,7 @@ from utils.deploy.runtime import InferenceModel, check_img_size, resolve_weights
 from utils.device import check_half, select_device
 from utils.errors import UserError
 from utils.evaluation.task_outputs import BOXES_ONLY, TaskOutputs
-from utils.evaluation.tta import augmented_forward
+from utils.evaluation.tta import augmented_forward, merges
 from utils.log import LOGGER, colorstr, print_options, setup_logging
 from utils.plots.annotate import class_name, draw_detections
 from utils.plots.feature_maps import capture_stages, save_feature_maps
@@ -143,8 +143,9 @@ def check_options(opt: argparse.Namespace, device: torch.device) -> None:
 
 def check_model_options(opt: argparse.Namespace, model: InferenceModel) -> None:
     """Refuse flags these weights cannot serve: --visualize needs the PyTorch model, --augment a dynamic one whose
-    rows go through NMS (an end-to-end head's final rows cannot be merged) and carry boxes alone."""
-    if opt.augment and not boxes_alone(model.contract):
+    rows go through NMS (an end-to-end head's final rows cannot be merged) and whose task columns follow the boxes
+    (utils.evaluation.tta.merges)."""
+    if opt.augment and not model.contract.end_to_end and not merges(model.contract):
         task = get_task(model.contract.task)
         raise DetectError(f"--augment merges boxes of three passes; {model.weights.name} is {task.model_noun}, whose "
                           f"{task.results_noun} it cannot merge: drop --augment")
@@ -316,8 +317,9 @@ def detect_frame(model: InferenceModel, frame: Frame, opt: argparse.Namespace,
     det = postprocess(pred.float(), model.contract, opt.conf_thres, opt.iou_thres, opt.classes, opt.agnostic_nms,
                       max_det=opt.max_det)[0]
     boxes0 = scale_boxes(image.shape[2:], det[:, :4].clone(), frame.original.shape[:2], frame.ratio_pad)
-    extras = task_outputs(model).image(det, others, 0, tuple(image.shape[2:]), boxes0, frame.original.shape[:2],
-                                       frame.ratio_pad, native=opt.retina_masks) if others else {}
+    extras = {} if boxes_alone(model.contract) else task_outputs(model).image(
+        det, others, 0, tuple(image.shape[2:]), boxes0, frame.original.shape[:2], frame.ratio_pad,
+        native=opt.retina_masks)
     det = torch.cat((boxes0, det[:, 4:6]), 1)
     done = time.perf_counter()
     return det.cpu().numpy(), extras, [prepared - start, inferred - prepared, done - inferred]

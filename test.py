@@ -43,6 +43,7 @@ from utils.distributed import comm as dist
 from utils.errors import UserError
 from utils.evaluation.evaluate import EvalOptions, EvalResult, evaluate, measure_speed
 from utils.evaluation.outputs import write_study
+from utils.evaluation.tta import merges
 from utils.log import LOGGER, colorstr, print_options
 from utils.paths import discarded_on_failure, new_run_folder
 from utils.tasks.registry import get_task
@@ -127,7 +128,7 @@ def check_options(opt: argparse.Namespace, model: InferenceModel) -> None:
     if opt.augment and model.contract.end_to_end:
         raise TestError(f"--augment merges three passes before NMS; {model.weights.name} returns final rows "
                         f"({model.contract.layout}, no NMS): drop --augment")
-    if opt.augment and (model.contract.extra or len(model.contract.outputs) > 1):
+    if opt.augment and not merges(model.contract):
         task = get_task(model.contract.task)
         raise TestError(f"--augment merges boxes of three passes; {model.weights.name} is {task.model_noun}, whose "
                         f"{task.results_noun} it does not merge: drop --augment")

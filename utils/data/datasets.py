@@ -131,7 +131,7 @@ class YoloDataset(torch.utils.data.Dataset):
             raise DataError(f"unknown task {str(opts.task)[:40]!r} (one of {', '.join(task_names())})")
         self.sample_extras: SampleExtras = (get_task(opts.task).load("sample") or SampleExtras)(opts)
         result, self.cache_path, self.cache_dir = scan_sources(sources, opts.nc, opts.prefix,
-                                                               label_reader(opts.task))
+                                                               label_reader(opts.task, opts.task_options))
         self.sources = sources
         self._ignore: dict[str, np.ndarray] | None = None  # ignore regions by path, read when evaluation asks
         self.scan = result.summary()

@@ -135,6 +135,7 @@ class InferenceModel:
         self.strides = tuple(meta.get("strides") or [self.stride / 2 ** k for k in reversed(range(levels))])
         self.num_anchors = meta.get("num_anchors", 3)
         self.contract = self._contract(meta)
+        self.head_meta = dict(meta.get("head") or {})  # the head's own metadata (a pose model's flip_idx: --augment)
         return meta
 
     def _contract(self, meta: dict[str, Any]) -> OutputContract:
@@ -158,7 +159,7 @@ class InferenceModel:
     @property
     def layout(self) -> DetectLayout:
         """Strides per level and anchors per cell, which test-time augmentation needs."""
-        return DetectLayout(self.strides, self.num_anchors)
+        return DetectLayout(self.strides, self.num_anchors, self.head_meta)
 
     def as_module(self) -> nn.Module:
         """An nn.Module for evaluate(): the model itself for .pt, a thin wrapper for the exports."""
@@ -227,6 +228,7 @@ class ExportedModule(nn.Module):
         self.strides, self.num_anchors = model.strides, model.num_anchors
         self.names, self.img_size = model.names, model.img_size  # img_size: a static export's fixed input (h, w)
         self.contract = model.contract  # the row layout of its output, from the file's metadata
+        self.head_meta = model.head_meta
         self.register_buffer("stride", torch.tensor(model.strides, device=model.device), persistent=False)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:

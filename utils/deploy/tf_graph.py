@@ -371,19 +371,22 @@ class AnchorFreeDecode:
 
 
 def top_rows(tf: Any, nc: int, max_det: int) -> Layer:
-    """YOLO26's selection (models/head_end_to_end.py, EndToEndDetect.select) on (b, n, 4 + nc) xyxy rows: the k
-    cells with the highest class score, then the k highest (cell, class) scores among them -> (b, k, 6) rows
-    [x1, y1, x2, y2, score, class], best first, k = min(max_det, n). TOPK_V2, GATHER, FLOOR_DIV and FLOOR_MOD
-    are TFLite builtins, so the selection stays inside the file."""
+    """YOLO26's selection (models/head_end_to_end.py, EndToEndDetect.select) on (b, n, 4 + nc + e) xyxy rows: the k
+    cells with the highest class score, then the k highest (cell, class) scores among them -> (b, k, 6 + e) rows
+    [x1, y1, x2, y2, score, class, a task's e columns of the cell], best first, k = min(max_det, n). TOPK_V2,
+    GATHER, FLOOR_DIV and FLOOR_MOD are TFLite builtins, so the selection stays inside the file."""
     def run(decoded: Any) -> Any:
         batch, n = (-1 if decoded.shape[0] is None else decoded.shape[0]), int(decoded.shape[1])
         k = min(max_det, n)
-        boxes, scores = decoded[..., :4], decoded[..., 4:]
+        boxes, scores, extra = decoded[..., :4], decoded[..., 4:4 + nc], decoded[..., 4 + nc:]
         cells = tf.math.top_k(tf.reduce_max(scores, -1), k).indices  # (b, k)
         scores = tf.gather(scores, cells, batch_dims=1)  # (b, k, nc)
         top, flat = tf.math.top_k(tf.reshape(scores, (batch, k * nc)), k)  # (b, k)
-        boxes = tf.gather(boxes, tf.gather(cells, flat // nc, batch_dims=1), batch_dims=1)
-        return tf.concat([boxes, top[..., None], tf.cast(flat % nc, boxes.dtype)[..., None]], -1)
+        cell = tf.gather(cells, flat // nc, batch_dims=1)
+        rows = [tf.gather(boxes, cell, batch_dims=1), top[..., None], tf.cast(flat % nc, boxes.dtype)[..., None]]
+        if int(decoded.shape[-1]) > 4 + nc:
+            rows.append(tf.gather(extra, cell, batch_dims=1))
+        return tf.concat(rows, -1)
     return run
 
 

@@ -11,7 +11,7 @@ run resumes is read and restored: a resume that cannot work leaves the folder as
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -138,11 +138,6 @@ def model_kind(config: RunConfig, ckpt: dict | None = None) -> tuple[str, str]:
     return str(head.family), str(head.task)
 
 
-def model_family(config: RunConfig, ckpt: dict | None = None) -> Family:
-    """The family of the model a run trains (``model_kind``). All ranks must call it."""
-    return get_family(model_kind(config, ckpt)[0])
-
-
 def build_trainer(config: RunConfig, hyp: dict, device: torch.device, hooks: Sequence[HookBase] = (),
                   data: TrainData | None = None) -> Trainer:
     """The run (``data``: its batches, else loaded from --data): every rank builds the same model; a resumed run
@@ -160,7 +155,9 @@ def assemble_trainer(config: RunConfig, hyp: dict, device: torch.device, hooks: 
     seed_everything(config.seed)  # the same on every rank: identical initial weights
     data_cfg = load_data_config(config.data) if data is None else None
     names = data.names if data is not None else ["item"] if config.single_cls else list(data_cfg.names)
-    model, ckpt = build_model(config, len(names), names, device)
+    data_options = data_cfg.task_options if data_cfg is not None else \
+        getattr(getattr(data.dataset, "options", None), "task_options", None)
+    model, ckpt = build_model(config, len(names), names, device, data_options)
     family = get_family(model.head.family)
     hyp = load_hyp(hyp, family.required_hyp, family.name)
     grid = max(int(model.stride.max()), 32)
@@ -250,11 +247,17 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_model(config: RunConfig, nc: int, names: list[str], device: torch.device) -> tuple[Model, dict | None]:
+def build_model(config: RunConfig, nc: int, names: list[str], device: torch.device,
+                data_options: Mapping[str, Any] | None = None) -> tuple[Model, dict | None]:
     """A model from --cfg (or the checkpoint's YAML), with the matching tensors of --weights transferred
-    (rank 0 reads the file and shares it). All ranks must call it."""
+    (rank 0 reads the file and shares it); the keys of ``data_options`` (the data YAML's task keys) that its task
+    builds models with (``Task.model_keys``: a pose set's kpt_shape) written into its config, as ``nc`` is. All
+    ranks must call it."""
     ckpt = shared_checkpoint([config.weights], trusted=config.trust_weights)[1] if config.weights else None
     model = Model(config.cfg or (ckpt["model_yaml"] if ckpt else DEFAULT_CFG), nc=nc, img_size=config.img_size)
+    settings = {k: v for k, v in (data_options or {}).items() if k in get_task(model.head.task).model_keys}
+    if any(model.yaml.get(k) != v for k, v in settings.items()):  # the data decides (a new head where it differs)
+        model = Model({**model.yaml, **settings}, nc=nc, img_size=config.img_size)
     model.names = list(names)
     if ckpt is not None:
         skip_anchors = bool(config.cfg) and not config.resume  # a given --cfg brings its own anchors (if any)
