@@ -30,6 +30,7 @@ import torch
 from utils import api, paths
 from utils.boxes import label_rows, scale_boxes
 from utils.cli import (
+    Parser,
     add_flags,
     add_refused_flags,
     check_refused_flags,
@@ -71,7 +72,7 @@ class DetectResult:
 
 def build_parser() -> argparse.ArgumentParser:
     """detect.py's parser."""
-    parser = argparse.ArgumentParser(prog="detect.py", description="Detect objects in images, videos, a webcam or "
+    parser = Parser(prog="detect.py", description="Detect objects in images, videos, a webcam or "
                                      "network streams")
     add_flags(parser, "weights", nargs={"weights": "+"})
     parser.add_argument("--source", type=str, default="", help="file, folder, glob, .txt list, video, webcam index, "
@@ -327,7 +328,7 @@ def detect_source(model: InferenceModel, source: LoadImages | LoadWebcam | LoadS
 def main(opt: argparse.Namespace) -> DetectResult:
     """Load the weights, run every frame of --source, save the outputs, print the speed summary."""
     setup_logging(0)
-    print_options("detect", visible_options(opt))
+    print_options("detect", visible_options(opt), visible_options(parse_opt([])))
     check_refused_flags(opt)
     device = select_device(opt.device)
     check_options(opt, device)

@@ -32,6 +32,7 @@ import torch
 
 from utils import api
 from utils.cli import (
+    Parser,
     add_flags,
     add_refused_flags,
     check_refused_flags,
@@ -93,7 +94,7 @@ class ExportResult:
 
 def build_parser() -> argparse.ArgumentParser:
     """export.py's parser."""
-    parser = argparse.ArgumentParser(prog="export.py", description="Export a trained detector to deployment "
+    parser = Parser(prog="export.py", description="Export a trained detector to deployment "
                                      "formats, each verified against PyTorch")
     add_flags(parser, "weights", nargs={"weights": "+"})
     parser.add_argument("--include", nargs="+", default=["torchscript", "onnx"],
@@ -280,7 +281,7 @@ def main(opt: argparse.Namespace) -> list[ExportResult]:
     """Export every --include format of every --weights file, verify each, print the summary; ExportError when
     any failed."""
     setup_logging(0)
-    print_options("export", visible_options(opt))
+    print_options("export", visible_options(opt), visible_options(parse_opt([])))
     formats = check_options(opt)
     device = select_device(opt.device)
     check_device(opt, device, formats)

@@ -79,6 +79,7 @@ class DatasetOptions:
     task: str = "detect"  # 'segment': samples carry their objects' outlines and batches their masks
     overlap_mask: bool = True  # segment: one index image per image (else one mask per object)
     mask_ratio: int = 4  # segment: masks at 1/mask_ratio of the input's resolution (the prototypes')
+    fraction: float = 1.0  # the share of the split's images kept (the first ones, in file order; at least one)
 
 
 class Sample(NamedTuple):
@@ -199,6 +200,7 @@ class YoloDataset(torch.utils.data.Dataset):
         if not len(keep):
             raise DataError(f"{opts.prefix}no usable images in {sources}: all {len(result.im_files)} are corrupt "
                             "(see warnings)")
+        keep = keep[:max(1, round(len(keep) * opts.fraction))]  # --fraction
         self.im_files = [result.im_files[i] for i in keep]
         self.read_files = [result.read_path(i) for i in keep]  # a repaired copy where the scan made one
         self.labels = [result.labels[i].copy() for i in keep]
