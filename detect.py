@@ -41,7 +41,7 @@ from utils.cli import (
     visible_options,
 )
 from utils.data.sources import Frame, LoadImages, LoadStreams, LoadWebcam, load_source, media_name
-from utils.deploy.runtime import InferenceModel, check_img_size, resolve_weights_arg
+from utils.deploy.runtime import InferenceModel, check_img_size, default_img_size, resolve_weights_arg
 from utils.device import check_half, select_device
 from utils.errors import UserError
 from utils.evaluation.tta import augmented_forward
@@ -78,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--source", type=str, default="", help="file, folder, glob, .txt list, video, webcam index, "
                         "URL (rtsp://, rtmp://, http(s)://) or .streams file of URLs (default: data/images)")
     add_flags(parser, "img_size", "conf_thres", "iou_thres", "max_det", "device", conf_thres=0.25, iou_thres=0.45,
-              max_det=1000)
+              max_det=1000, img_size=None)
     parser.add_argument("--view-img", action="store_true", help="show results in a window (where a display exists)")
     parser.add_argument("--classes", nargs="+", type=int, help="keep only these classes: --classes 0 2")
     add_flags(parser, "agnostic_nms", "augment")
@@ -137,7 +137,7 @@ def check_model_options(opt: argparse.Namespace, model: InferenceModel) -> None:
 
 def resolve_img_size(opt: argparse.Namespace, model: InferenceModel) -> tuple[int, int]:
     """The requested size on the stride grid; a static export's own size when it differs."""
-    img_size = check_img_size(opt.img_size, model.stride)
+    img_size = check_img_size(default_img_size(opt.img_size, model), model.stride)
     if model.img_size is not None and model.img_size != img_size:
         LOGGER.warning(f"WARNING: {model.weights.name} was exported for {list(model.img_size)} inputs; "
                        f"using that instead of --img-size {list(img_size)}")

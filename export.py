@@ -63,7 +63,7 @@ from utils.device import select_device
 from utils.errors import UserError
 from utils.log import LOGGER, colorstr, print_options, setup_logging
 from utils.paths import IMG_SUFFIXES, ROOT
-from utils.weights.checkpoint import load_model
+from utils.weights.checkpoint import load_model, trained_img_size
 
 REFUSED = ("inplace", "optimize", "keras", "workspace", "nms", "agnostic_nms", "topk_per_class", "topk_all",
            "iou_thres", "conf_thres")  # YOLOv5 flags for features this script does not write
@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(parser, "weights", nargs={"weights": "+"})
     parser.add_argument("--include", nargs="+", default=["torchscript", "onnx"],
                         help=f"formats: {', '.join(export_format_names())}")
-    add_flags(parser, "img_size", "batch_size", batch_size=1)
+    add_flags(parser, "img_size", "batch_size", batch_size=1, img_size=None)
     parser.add_argument("--half", action="store_true", help="FP16 export (CUDA only: --device 0; "
                         "tflite: FP16 weights on any device)")
     parser.add_argument("--int8", action="store_true", help="INT8 post-training quantization (onnx, openvino, "
@@ -262,11 +262,14 @@ def print_summary(results: list[ExportResult], seconds: float) -> None:
 def export_weights(weights: Path, formats: list[ExportFormat], device: torch.device,
                    opt: argparse.Namespace) -> list[ExportResult]:
     """Load one weights file (fused, FP16 with --half) and export and verify each format."""
-    model, _ = load_model(weights, device, fuse=True, trusted=opt.trust_weights)
+    model, ckpt = load_model(weights, device, fuse=True, trusted=opt.trust_weights)
     for p in model.parameters():
         p.requires_grad_(False)
     stride = int(model.stride.max())
-    options = export_options(opt, check_img_size(opt.img_size, stride))
+    trained = trained_img_size(ckpt)
+    if not opt.img_size and trained:
+        LOGGER.info(f"Image size {trained}: the size {weights.name} was trained at (--img-size changes it)")
+    options = export_options(opt, check_img_size(opt.img_size or [trained or 640], stride))
     meta = export_metadata(model, options.img_size, opt.batch_size, opt.dynamic, opt.half)
     checks = check_batches(opt, options.img_size, stride, device)
     if opt.half and device.type == "cuda":

@@ -38,7 +38,7 @@ from utils.data.coco_json import CocoIds, coco_ids
 from utils.data.config import DataConfig, DataError, load_data_config
 from utils.data.datasets import DatasetOptions
 from utils.data.loader import create_dataloader
-from utils.deploy.runtime import InferenceModel, check_img_size, resolve_weights_arg
+from utils.deploy.runtime import InferenceModel, check_img_size, default_img_size, resolve_weights_arg
 from utils.device import check_half
 from utils.distributed import comm as dist
 from utils.errors import UserError
@@ -60,7 +60,8 @@ def build_parser(script: str = "test") -> argparse.ArgumentParser:
     """test.py's parser; ``script='val'`` for val.py."""
     p = Parser(prog=f"{script}.py", description="Validate a checkpoint (mAP@.5, mAP@.5:.95, speed)")
     add_flags(p, "weights", nargs={"weights": "+"})
-    add_flags(p, "trust_weights", "data", "img_size", "batch_size", "conf_thres", "iou_thres", "max_det")
+    add_flags(p, "trust_weights", "data", "img_size", "batch_size", "conf_thres", "iou_thres", "max_det",
+              img_size=None)
     p.add_argument("--task", default="val", choices=TASKS, help="split to validate (train, val, test), 'speed' "
                    "(timing only) or 'study' (mAP and speed at each --study-sizes)")
     p.add_argument("--study-sizes", nargs=3, type=int, default=[256, 1536, 128], metavar=("START", "STOP", "STEP"),
@@ -177,7 +178,8 @@ def run_task(opt: argparse.Namespace, device: torch.device) -> EvalResult | list
     save_dir = dist.main_decides(lambda: increment_path(Path(opt.project) / opt.name, exist_ok=opt.exist_ok,
                                                         mkdir=True))
     if opt.task != "study":
-        result = validate(opt, model, data, device, save_dir, image_size(opt, model, opt.img_size))
+        size = default_img_size([opt.img_size] if opt.img_size else None, model)[0]
+        result = validate(opt, model, data, device, save_dir, image_size(opt, model, size))
     else:
         result = study(opt, model, data, device, save_dir, weights)
     LOGGER.info(f"Results saved to {colorstr('bold', str(save_dir))}")

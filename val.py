@@ -45,6 +45,4 @@ def run(**options: Any) -> EvalResult | list[EvalResult]:
 
 
 if __name__ == "__main__":
-    from utils import api
-
-    sys.exit(api.command_line(__file__, parse_opt, main))
+    sys.exit(validation.api.command_line(__file__, parse_opt, main))

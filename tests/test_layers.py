@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS: list[list[str]] = [
     ["utils.errors"],
     ["utils.log", "utils.paths", "utils.atomic_files", "utils.boxes", "utils.http_fetch", "utils.safe_yaml",
-     "utils.masks"],
+     "utils.masks", "utils.spellings"],
     ["utils.device", "utils.hyp", "utils.hooks", "utils.predictions"],
     ["utils.distributed"],
     ["models.registry"],

@@ -36,7 +36,7 @@ from utils.distributed.launcher import SEPARATE_STORES, launched
 from utils.distributed.signals import StopRequested
 from utils.errors import UserError
 from utils.paths import ROOT
-from utils.spellings import option_names
+from utils.spellings import KEYS, option_names
 
 
 class OptionError(UserError, TypeError):
@@ -71,12 +71,18 @@ def _flag_values(action: argparse.Action, name: str, value: Any, script: str) ->
 
 
 def to_argv(parser: argparse.ArgumentParser, options: Mapping[str, Any], script: str) -> list[str]:
-    """The command line that means ``options`` (keywords named as :func:`option_names`); OptionError for an
-    unknown keyword (naming the closest one) or one option given under two names."""
+    """The command line that means ``options`` (keywords named as :func:`option_names`, or ultralytics' keys as
+    utils/spellings.py reads them: ``model="yolo11n.pt"``); OptionError for an unknown keyword (naming the closest
+    one) or one option given under two names."""
     names, argv, seen = option_names(parser), [], {}
     for name, value in options.items():
+        if name not in names and name in KEYS:  # ultralytics' name (model=, batch=): the parser reads the word
+            if value is not None:
+                text = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+                argv.append(f"{name}={text}")
+            continue
         if name not in names:
-            raise _unknown(name, list(names), script)
+            raise _unknown(name, [*names, *KEYS], script)
         action = names[name]
         if action.dest in seen:
             raise OptionError(f"{script}.run(): {seen[action.dest]!r} and {name!r} are the same option; give one")

@@ -45,7 +45,9 @@ FLAGS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "data": (("--data",), {"default": str(ROOT / "data" / "synthetic.yaml"), "help": "dataset YAML"}),
     "img_size": (("--img-size", "--imgsz", "--img"), {"dest": "img_size", "nargs": "+", "type": int,
                                                       "default": [640], "help": "image size in pixels: one value "
-                                                      "(square), or h w where the script allows"}),
+                                                      "(square), or h w where the script allows; detect.py, test.py "
+                                                      "and export.py: default the size the weights were trained at "
+                                                      "(else 640)"}),
     "batch_size": (("--batch-size", "--batch"), {"type": int, "default": 32,
                                        "help": "batch size (train.py, test.py: the total over all ranks)"}),
     "device": (("--device",), {"default": "", "help": "'cpu', 'mps' (an Apple GPU), or a GPU '0'; train.py and "
@@ -198,7 +200,10 @@ def project_dir(opt: argparse.Namespace, task: str) -> str:
 
 
 def square_size(parser: argparse.ArgumentParser, opt: argparse.Namespace) -> argparse.Namespace:
-    """For scripts that work on square images (train.py, test.py): one --img-size value, as an int."""
+    """For scripts that work on square images (train.py, test.py): one --img-size value, as an int (None stays
+    None: the size the weights were trained at)."""
+    if opt.img_size is None:
+        return opt
     if len(opt.img_size) != 1:
         parser.error(f"--img-size takes one value here (square images), got {' '.join(map(str, opt.img_size))}")
     opt.img_size = int(opt.img_size[0])

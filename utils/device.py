@@ -111,7 +111,10 @@ def processes_to_start(device: str, nproc_per_node: int | None, launched: bool, 
     DeviceError naming the flags: never fewer processes than the GPUs asked for, never two on one GPU."""
     if launched:
         return 1
-    gpus = listed_gpus(device)
+    try:
+        gpus = listed_gpus(device)
+    except DeviceError:  # the process that runs refuses it (select_device), with the same line
+        gpus = []
     if nproc_per_node is None:
         return max(len(gpus), 1)
     if nproc_per_node < 1:

@@ -256,3 +256,25 @@ def translate(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[str]
         out[weights:weights + 2] = []
         out[out.index("--resume") + 1:out.index("--resume") + 1] = [model]
     return out
+
+
+def key_table() -> str:
+    """KEYS as the markdown table docs/from-ultralytics.md shows (the hyperparameters on one row)."""
+    meaning = {
+        VALUE: "`{flag} VALUE`", LIST: "`{flag} A B` (`{key}=A,B`)", SWITCH: "`{flag}` when True",
+        UNSET: "`{flag}` when False", OPTIONAL: "`{flag}` when True, else `{flag} VALUE`",
+        MODEL: "`--weights` for a `.pt` (with `resume=True`: `--resume` it), `--cfg` for a `.yaml`",
+        DEVICE: "`{flag} 0,1` (`[0, 1]` too): one process per GPU",
+    }
+    rows = ["| key | here |", "|---|---|"]
+    for key, rule in KEYS.items():
+        if rule.kind == HYP:
+            continue
+        if rule.kind == CHOICE:
+            text = ", ".join(f"`{rule.flag} {ours}` when {theirs.title()}" for theirs, ours in rule.choices)
+        else:
+            text = meaning[rule.kind].format(flag=rule.flag, key=key)
+        rows.append(f"| `{key}` | {text} |")
+    hyps = [key for key, rule in KEYS.items() if rule.kind == HYP]
+    rows.append(f"| {', '.join(f'`{k}`' for k in hyps)} | `{HYP_FLAG} KEY=VALUE` (train.py) |")
+    return "\n".join(rows)
