@@ -349,23 +349,23 @@ def launch_command(script: Path, argv: Sequence[str], nproc_per_node: int) -> in
 
 @contextlib.contextmanager
 def _launcher_quiet() -> Iterator[None]:
-    """Inside, torch's launcher logs nothing (its banner, its failure table): the processes report their own
-    errors, and a failure reaches the caller as an exception or an exit code."""
-    quiet = _LauncherFilter()
-    handlers = [h for name in ("torch", "") for h in logging.getLogger(name).handlers]
-    for handler in handlers:
-        handler.addFilter(quiet)
+    """Inside, torch's launcher logs nothing (its banner, its shutdown notes, its failure table): the processes
+    report their own errors, and a failure reaches the caller as an exception or an exit code. Its loggers are
+    disabled for the while and put back as they were."""
+    import torch.distributed.elastic.agent.server.local_elastic_agent  # noqa: F401 (creates the loggers to quiet)
+    import torch.distributed.launcher.api  # noqa: F401
+
+    prefixes = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
+    loggers = [logging.getLogger(name) for name in list(logging.Logger.manager.loggerDict)
+               if name.startswith(prefixes)]
+    before = [logger.disabled for logger in loggers]
+    for logger in loggers:
+        logger.disabled = True
     try:
         yield
     finally:
-        for handler in handlers:
-            handler.removeFilter(quiet)
-
-
-class _LauncherFilter(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.name.startswith(("torch.distributed.elastic", "torch.distributed.launcher",
-                                           "torch.multiprocessing"))
+        for logger, disabled in zip(loggers, before):
+            logger.disabled = disabled
 
 
 def elastic_launch(config: Any, entrypoint: Any) -> Any:

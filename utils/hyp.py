@@ -95,7 +95,7 @@ def override_hyp(hyp: Mapping[str, Any], items: Sequence[str]) -> dict[str, Any]
         key = key.strip()
         if not sep or not key:
             raise HypError(f"--hyp-set {shown(item)}: give KEY=VALUE, such as lr0=0.002")
-        if key not in hyp and key not in AUGMENTATION:
+        if key not in hyp and key not in AUGMENTATION and key not in TEXT_KEYS:
             close = difflib.get_close_matches(key, [*hyp, *AUGMENTATION], n=2, cutoff=0.6)
             hint = f"did you mean {' or '.join(close)}?" if close else "see data/hyps/ for the keys"
             raise HypError(f"--hyp-set {shown(item)}: {shown(key)} is not a hyperparameter of this run; {hint}")

@@ -210,12 +210,15 @@ def _translate_word(word: str, key: str, value: str, parser: argparse.ArgumentPa
     raise _unknown(word, key, parser)
 
 
-def _takes_one_value(parser: argparse.ArgumentParser, word: str) -> bool:
-    """Whether ``word`` is one of the parser's flags that takes exactly one value (its next word is that value)."""
+def _values_taken(parser: argparse.ArgumentParser, word: str) -> int | None:
+    """How many of the next words are the value of flag ``word`` whatever they look like: 1 for a one-value flag,
+    None (all up to the next flag) for one whose values are themselves KEY=VALUE (--hyp-set), else 0."""
     for action in parser._actions:
         if word in action.option_strings:
-            return action.nargs is None
-    return False
+            if action.nargs is None:
+                return 1
+            return None if "=" in str(action.metavar or "") else 0
+    return 0
 
 
 def translate(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[str]:
@@ -241,7 +244,9 @@ def translate(argv: Sequence[str], parser: argparse.ArgumentParser) -> list[str]
         match = _WORD.match(word) if not word.startswith("-") else None
         if match is None:
             out.append(word)
-            if _takes_one_value(parser, word) and i + 1 < len(words):
+            taken = _values_taken(parser, word)
+            end = len(words) if taken is None else min(i + 1 + taken, len(words))
+            while i + 1 < end and (taken or not words[i + 1].startswith("-")):
                 out.append(words[i + 1])
                 i += 1
             i += 1

@@ -1,0 +1,81 @@
+"""Several processes without ceremony, and the line users need last: ``python train.py --device cpu
+--nproc-per-node 2`` (the CPU twin of ``--device 0,1``) starts its processes through torch's elastic launcher;
+``train.run(nproc_per_node=2)`` works from stdin, the workers never running the caller's ``__main__``; a user
+error under torchrun or our launcher ends with our one line."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT, job_env, run_job, torchrun_cmd
+
+pytestmark = [pytest.mark.ddp, pytest.mark.slow]
+BATCH_LINE = "train: error: --batch-size 3 must be a positive multiple of the world size 2 (it is the total over all " \
+             "ranks)"
+
+
+def tiny_args(data: Path, cfg: Path, project: Path, *extra: str) -> list[str]:
+    return ["--data", str(data), "--cfg", str(cfg), "--img", "64", "--epochs", "1", "--batch", "8", "--workers", "0",
+            "--project", str(project), "--noplots", "--noautoanchor", *extra]
+
+
+def test_nproc_per_node_on_the_cpu_trains_in_two_processes_and_exits_cleanly(tiny_dataset: Path, tiny_cfg_file: Path,
+                                                                             tmp_path: Path) -> None:
+    """One command, two ranks; the equivalent torchrun command printed once; no grad-strides warning (the
+    parameters take their gradients' strides, utils.training.engine.align_to_gradients), no traceback."""
+    args = tiny_args(tiny_dataset, tiny_cfg_file, tmp_path, "--device", "cpu", "--nproc-per-node", "2")
+    code, out = run_job([sys.executable, str(ROOT / "train.py"), *args])
+    assert code == 0, out[-3000:]
+    assert out.count("torchrun --standalone --nproc_per_node 2 train.py --data") == 1
+    assert "--nproc-per-node" not in out.split("torchrun --standalone", 1)[1].splitlines()[0]
+    assert "batch 4 per rank, 2 ranks" in out and out.count("1 epochs completed in") == 1
+    assert "Grad strides do not match" not in out and "Traceback" not in out and "UserWarning" not in out, out
+    assert (tmp_path / "exp" / "weights" / "last.pt").is_file() and not (tmp_path / "exp2").exists()
+    progress = [line for line in out.splitlines() if line.strip().startswith("0/0")]  # the epoch's one line
+    assert len(progress) == 1 and "3/3 batches in" in progress[0], progress  # 24 images: 12 a rank, 4 a batch
+    assert "\r" not in out and "it/s]" not in out and "img/s]" not in out  # no bar redraws in a log
+
+
+def test_a_user_error_under_our_launcher_is_the_last_line(tiny_dataset: Path, tiny_cfg_file: Path,
+                                                         tmp_path: Path) -> None:
+    args = tiny_args(tiny_dataset, tiny_cfg_file, tmp_path, "--device", "cpu", "--nproc-per-node", "2", "--batch",
+                     "3")
+    code, out = run_job([sys.executable, str(ROOT / "train.py"), *args])
+    assert code == 2 and out.strip().splitlines()[-1] == BATCH_LINE, out[-3000:]
+    assert out.count(BATCH_LINE) == 1 and "Traceback" not in out and "FAILED" not in out
+
+
+def test_a_user_error_under_torchrun_is_its_root_cause_and_last_line(tiny_dataset: Path, tiny_cfg_file: Path,
+                                                                   tmp_path: Path) -> None:
+    """torchrun prints its failure table after the processes end; our line is the table's root cause, the last
+    line before its closing border (torch elastic's error file: utils.distributed.launcher.record_error_line)."""
+    code, out = run_job(torchrun_cmd(2, str(ROOT / "train.py"), *tiny_args(tiny_dataset, tiny_cfg_file, tmp_path,
+                                                                            "--device", "cpu", "--batch", "3")))
+    assert code != 0
+    lines = [line for line in out.strip().splitlines() if line.strip() and set(line.strip()) != {"="}]
+    assert lines[-1] == f"  traceback : {BATCH_LINE}", out[-3000:]
+    root_cause = out.split("Root Cause (first observed failure):", 1)[1]
+    assert "rank      : 0 (local_rank: 0)" in root_cause and "To enable traceback" not in root_cause
+
+
+def test_train_run_with_two_processes_from_stdin(tiny_dataset: Path, tiny_cfg_file: Path, tmp_path: Path) -> None:
+    """``python - <<EOF`` with train.run(nproc_per_node=2) at its top level: no __main__ guard, no file to import;
+    the processes never run the caller's code, and rank 0's result comes back."""
+    script = (f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nimport train\n"
+              f"result = train.run(nproc_per_node=2, data={str(tiny_dataset)!r}, cfg={str(tiny_cfg_file)!r}, img=64, "
+              f"epochs=1, batch_size=8, workers=0, device='cpu', project={str(tmp_path)!r}, noplots=True, "
+              "noautoanchor=True)\nprint('mAP', sorted(result.metrics), result.save_dir.name)\n")
+    stdin = tmp_path / "stdin.py"
+    stdin.write_text(script)
+    with open(stdin) as source:
+        import subprocess
+
+        proc = subprocess.run([sys.executable, "-"], stdin=source, capture_output=True, text=True, timeout=300,
+                              env=job_env(), cwd=tmp_path)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-3000:]
+    assert "mAP ['mAP_0.5', 'mAP_0.5:0.95', 'precision', 'recall'] exp" in out
+    assert "Traceback" not in out and "Grad strides" not in out and out.count("1 epochs completed in") == 1
