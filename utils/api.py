@@ -36,7 +36,7 @@ from utils.distributed.launcher import SEPARATE_STORES, launched
 from utils.distributed.signals import StopRequested
 from utils.errors import UserError
 from utils.paths import ROOT
-from utils.spellings import KEYS, option_names
+from utils.spellings import KEYS, option_names, valid_keys
 
 
 class OptionError(UserError, TypeError):
@@ -82,7 +82,7 @@ def to_argv(parser: argparse.ArgumentParser, options: Mapping[str, Any], script:
                 argv.append(f"{name}={text}")
             continue
         if name not in names:
-            raise _unknown(name, [*names, *KEYS], script)
+            raise _unknown(name, [*names, *valid_keys(parser)], script)
         action = names[name]
         if action.dest in seen:
             raise OptionError(f"{script}.run(): {seen[action.dest]!r} and {name!r} are the same option; give one")

@@ -54,8 +54,8 @@ class PhaseLine:
         if not self.closed:
             self.closed = True
             seconds = time.perf_counter() - self.start
-            print(f"{self.description}  {self.done}/{self.total} batches in {seconds:.1f}s", file=self.file,
-                  flush=True)
+            self.file.write(f"{self.description}  {self.done}/{self.total} batches in {seconds:.1f}s\n")
+            self.file.flush()
 
 
 def progress_text(epoch: int, epochs: int, mem_gb: float, mean_loss: Sequence[float], labels: int,
