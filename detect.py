@@ -42,7 +42,7 @@ from utils.cli import (
 )
 from utils.data.sources import Frame, LoadImages, LoadStreams, LoadWebcam, load_source, media_name
 from utils.deploy.runtime import InferenceModel, check_img_size, default_img_size, resolve_weights_arg
-from utils.device import check_half, select_device
+from utils.device import check_half, one_device_warning, select_device
 from utils.errors import UserError
 from utils.evaluation.tta import augmented_forward
 from utils.log import LOGGER, colorstr, print_options, setup_logging
@@ -331,6 +331,8 @@ def main(opt: argparse.Namespace) -> DetectResult:
     print_options("detect", visible_options(opt), visible_options(parse_opt([])))
     check_refused_flags(opt)
     device = select_device(opt.device)
+    if (several := one_device_warning(opt.device, "detect.py")) is not None:
+        LOGGER.warning(several)
     check_options(opt, device)
     weights = resolve_weights_arg(one_weights(opt.weights))
     source = opt.source or str(paths.ROOT / "data" / "images")

@@ -59,7 +59,7 @@ from utils.deploy.verify import (
     verify_int8,
     verify_written,
 )
-from utils.device import select_device
+from utils.device import one_device_warning, select_device
 from utils.errors import UserError
 from utils.log import LOGGER, colorstr, print_options, setup_logging
 from utils.paths import IMG_SUFFIXES, ROOT
@@ -287,6 +287,8 @@ def main(opt: argparse.Namespace) -> list[ExportResult]:
     print_options("export", visible_options(opt), visible_options(parse_opt([])))
     formats = check_options(opt)
     device = select_device(opt.device)
+    if (several := one_device_warning(opt.device, "export.py")) is not None:
+        LOGGER.warning(several)
     check_device(opt, device, formats)
     start = time.perf_counter()
     results = []

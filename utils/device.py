@@ -143,6 +143,17 @@ def idle_gpus_warning(device: str, local_world_size: int, local_rank: int) -> st
             f"idle; start {len(gpus)} (torchrun --nproc_per_node {len(gpus)}), or run python without torchrun")
 
 
+def one_device_warning(device: str, script: str) -> str | None:
+    """The line for a script that runs on one device (detect.py, export.py) given several GPUs: which it uses."""
+    try:
+        gpus = listed_gpus(device)
+    except DeviceError:
+        return None
+    if len(gpus) <= 1:
+        return None
+    return f"WARNING: --device {device}: {script} runs on one device, GPU {gpus[0]}; pass one GPU to choose another"
+
+
 def check_half(half: bool, device: torch.device) -> None:
     """``--half`` (FP16 inference) is for CUDA devices: one behaviour for detect.py and test.py, a DeviceError
     elsewhere rather than a silent change of precision."""

@@ -114,3 +114,11 @@ def test_a_launcher_that_started_fewer_processes_than_gpus_is_said_once() -> Non
     assert "GPU 0 trains" in line and "torchrun --nproc_per_node 2" in line
     assert idle_gpus_warning("0,1", 2, 1) is None and idle_gpus_warning("cpu", 1, 0) is None
     assert idle_gpus_warning("0", 1, 0) is None
+
+
+def test_one_device_scripts_say_which_gpu_of_several_they_use() -> None:
+    from utils.device import one_device_warning
+
+    assert one_device_warning("1,2", "detect.py") == \
+        "WARNING: --device 1,2: detect.py runs on one device, GPU 1; pass one GPU to choose another"
+    assert one_device_warning("0", "detect.py") is None and one_device_warning("cpu", "export.py") is None
