@@ -79,3 +79,18 @@ def test_train_run_with_two_processes_from_stdin(tiny_dataset: Path, tiny_cfg_fi
     assert proc.returncode == 0, out[-3000:]
     assert "mAP ['mAP_0.5', 'mAP_0.5:0.95', 'precision', 'recall'] exp" in out
     assert "Traceback" not in out and "Grad strides" not in out and out.count("1 epochs completed in") == 1
+
+
+def test_test_py_validates_in_two_shards_with_the_metrics_of_one_process(tiny_weights: Path, tiny_dataset: Path,
+                                                                         tmp_path: Path) -> None:
+    """``test.py --device cpu --nproc-per-node 2``: each process a shard of the images, the statistics gathered,
+    the table printed once and equal to a one-process run's."""
+    args = [str(ROOT / "test.py"), "--weights", str(tiny_weights), "--data", str(tiny_dataset), "--img", "64",
+            "--batch", "4", "--workers", "0", "--device", "cpu", "--conf-thres", "0.001"]
+    code, out = run_job([sys.executable, *args, "--nproc-per-node", "2", "--project", str(tmp_path / "two")])
+    assert code == 0, out[-3000:]
+    assert out.count("torchrun --standalone --nproc_per_node 2 test.py --weights") == 1
+    code, alone = run_job([sys.executable, *args, "--project", str(tmp_path / "one")])
+    assert code == 0, alone[-3000:]
+    rows = [[line.split() for line in text.splitlines() if line.split()[:1] == ["all"]] for text in (out, alone)]
+    assert len(rows[0]) == 1 and rows[0] == rows[1] and rows[0][0][1] == "12"  # 12 images, as one process sees
