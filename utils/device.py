@@ -115,6 +115,11 @@ def processes_to_start(device: str, nproc_per_node: int | None, launched: bool, 
         gpus = listed_gpus(device)
     except DeviceError:  # the process that runs refuses it (select_device), with the same line
         gpus = []
+    if len(gpus) > 1 and not cuda_count:
+        raise DeviceError(f"--device {device} asks for CUDA but CUDA is not available here; use --device cpu "
+                          f"--nproc-per-node {len(gpus)} for {len(gpus)} processes on the CPU")
+    if len(gpus) > 1 and max(gpus) >= cuda_count:
+        raise DeviceError(f"--device {device}: GPU {max(gpus)} does not exist (this machine has {cuda_count} GPUs)")
     if nproc_per_node is None:
         return max(len(gpus), 1)
     if nproc_per_node < 1:

@@ -98,8 +98,10 @@ def test_processes_to_start(device: str, nproc: int | None, launched: bool, gpus
     ("", 4, 2, "--nproc-per-node 4 asks for one GPU per process but this machine has 2"),
     ("mps", 2, 0, "--device mps is one Apple GPU"),
     ("cpu", 0, 0, "--nproc-per-node 0: give the number of processes"),
+    ("0,1", None, 0, "--device 0,1 asks for CUDA but CUDA is not available here; use --device cpu --nproc-per-node 2"),
+    ("0,3", None, 2, "--device 0,3: GPU 3 does not exist (this machine has 2 GPUs)"),
 ])
-def test_process_counts_that_cannot_work_are_one_line(device: str, nproc: int, gpus: int, message: str) -> None:
+def test_process_counts_that_cannot_work_are_one_line(device: str, nproc: int | None, gpus: int, message: str) -> None:
     from utils.device import processes_to_start
 
     with pytest.raises(DeviceError, match=f"^{re.escape(message)}"):
