@@ -215,14 +215,14 @@ def run_main(main: Callable[[Any], Any], opt: Any, script: str) -> int:
     stopped training prints its one line and returns its exit code.
 
     Under torchrun every rank usually meets the same bad input, so only rank 0 prints it; the other ranks exit
-    with the same code. The printed line is also this process's error record for torchrun (record_error_line),
+    with the same code. A user error's line is also this process's error record for torchrun (record_error_line),
     so torchrun's failure summary, which it prints after the processes end, names it as the root cause.
     """
     rank0 = dist.launch_env().rank == 0
     try:
         main(opt)
     except UserError as e:
-        return _said(f"{script}: error: {e}", rank0, EXIT_USER_ERROR)
+        return _said(f"{script}: error: {e}", rank0, EXIT_USER_ERROR, record=True)
     except StopRequested as e:
         return _said(f"{script}: {e.message}", rank0, e.exit_code)
     except KeyboardInterrupt:
@@ -232,11 +232,13 @@ def run_main(main: Callable[[Any], Any], opt: Any, script: str) -> int:
     return 0
 
 
-def _said(line: str, speak: bool, code: int) -> int:
-    """Print ``line`` on stderr and record it for torchrun when ``speak``; return ``code``."""
+def _said(line: str, speak: bool, code: int, record: bool = False) -> int:
+    """Print ``line`` on stderr when ``speak``, and with ``record`` make it torchrun's root cause (a user error;
+    a lost peer's line must not hide the failure of the rank that left); return ``code``."""
     if speak:
         print(line, file=sys.stderr, flush=True)
-        record_error_line(line)
+        if record:
+            record_error_line(line)
     return code
 
 
