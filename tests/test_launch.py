@@ -94,3 +94,26 @@ def test_test_py_validates_in_two_shards_with_the_metrics_of_one_process(tiny_we
     assert code == 0, alone[-3000:]
     rows = [[line.split() for line in text.splitlines() if line.split()[:1] == ["all"]] for text in (out, alone)]
     assert len(rows[0]) == 1 and rows[0] == rows[1] and rows[0][0][1] == "12"  # 12 images, as one process sees
+
+
+def test_ctrl_c_under_our_launcher_ends_with_the_ranks_line(tiny_dataset: Path, tiny_cfg_file: Path,
+                                                           tmp_path: Path) -> None:
+    """Ctrl-C reaches the launching process (its processes run in sessions of their own); the launcher passes
+    SIGINT on, the ranks stop together, and rank 0's line saying where and what was saved is the last one: exit
+    code 130, no traceback and nothing of the launcher's after it."""
+    import signal
+
+    from tests.helpers import OutputPump, start, wait_for
+
+    args = tiny_args(tiny_dataset, tiny_cfg_file, tmp_path, "--device", "cpu", "--nproc-per-node", "2")
+    args[args.index("--epochs") + 1] = "5"
+    proc = start([sys.executable, str(ROOT / "train.py"), *args])
+    pump = OutputPump(proc)
+    wait_for(lambda: any(text.strip().startswith("0/4") for _, text in pump.lines), proc)
+    proc.send_signal(signal.SIGINT)
+    code = proc.wait(timeout=180)
+    pump.thread.join(10)
+    lines = [text for _, text in pump.lines if text.strip()]
+    assert code == 130 and lines[-1].startswith("train: stopped by SIGINT"), "\n".join(lines[-20:])
+    assert lines[-1].count("train: stopped by SIGINT") == 1 and " epoch " in lines[-1]  # where it stopped, what is saved
+    assert not any("Traceback" in t or "torch/distributed" in t or "FAILED" in t for t in lines)
