@@ -115,5 +115,5 @@ def test_ctrl_c_under_our_launcher_ends_with_the_ranks_line(tiny_dataset: Path, 
     pump.thread.join(10)
     lines = [text for _, text in pump.lines if text.strip()]
     assert code == 130 and lines[-1].startswith("train: stopped by SIGINT"), "\n".join(lines[-20:])
-    assert lines[-1].count("train: stopped by SIGINT") == 1 and " epoch " in lines[-1]  # where it stopped, what is saved
+    assert lines[-1].count("train: stopped by SIGINT") == 1 and " epoch " in lines[-1]  # where, and what is saved
     assert not any("Traceback" in t or "torch/distributed" in t or "FAILED" in t for t in lines)
