@@ -180,6 +180,9 @@ YOLOV5_LINES = [
     ("python detect.py --weights yolov5s.pt --img 832 --source data/images --augment", {"augment": True}),
     ("python detect.py --weights yolov5s.engine --imgsz 640 640 --device 0", {"img_size": [640, 640]}),
     ("python detect.py --weights yolov5s.pt --device cpu", {"weights": "yolov5s.pt", "img_size": None}),
+    ("python detect.py --weights yolov5s.pt --source data/images --conf-thres 0.4 --iou-thres 0.5 --save-txt "
+     "--save-conf --project runs/detect --name exp --exist-ok", {"conf_thres": 0.4, "iou_thres": 0.5, "save_txt": True,
+                                                                 "save_conf": True, "exist_ok": True}),
     ("python export.py --img 64 --batch 1 --weights yolov5n.pt --include torchscript onnx",
      {"img_size": [64], "batch_size": 1, "include": ["torchscript", "onnx"]}),
     ("python export.py --weights yolov5s.pt --include onnx --dynamic --simplify --opset 12 --half --int8",

@@ -208,7 +208,7 @@ def _write_job(job: Path, worker: Callable[..., Any], args: tuple) -> None:
     defined in it) and args.pkl (the arguments, pickled: read back only by the processes started here)."""
     module = sys.modules[worker.__module__]
     main = [type(a).__name__ for arg in args for a in (arg if isinstance(arg, (list, tuple)) else [arg])
-            if type(a).__module__ == "__main__"]
+            if type(a).__module__ == "__main__"] + ([worker.__qualname__] if worker.__module__ == "__main__" else [])
     main_file = getattr(sys.modules["__main__"], "__file__", None)
     if main and not main_file:
         raise OptionError(f"{main[0]} is defined in __main__ of an interactive session, python -c or stdin, which "
