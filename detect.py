@@ -9,8 +9,9 @@
 Weights may be our .pt checkpoint, a YOLOv5 release file or name, an exported .torchscript or .onnx file, or an
 OpenVINO folder (see export.py). Outputs go to runs/detect/exp{N}: annotated images and videos at their original
 size, labels/*.txt (YOLO rows normalised to the original image; a segmenter's as YOLO segment rows, the outline of
-each mask), crops/<class>/*.jpg and, with --visualize, <image>/stage*_features.png. A segmenter's masks are drawn
-under the boxes.
+each mask), crops/<class>/*.jpg and, with --visualize, <image>/stage*_features.png. What a task predicts beyond the
+boxes (a segmenter's masks) is made, drawn under the boxes and written by its ``predict`` part
+(utils/evaluation/task_outputs.py), read from the model's output contract.
 """
 
 from __future__ import annotations
@@ -44,13 +45,14 @@ from utils.data.sources import Frame, LoadImages, LoadStreams, LoadWebcam, load_
 from utils.deploy.runtime import InferenceModel, check_img_size, default_img_size, resolve_weights_arg
 from utils.device import check_half, one_device_warning, select_device
 from utils.errors import UserError
+from utils.evaluation.task_outputs import BOXES_ONLY, TaskOutputs
 from utils.evaluation.tta import augmented_forward
 from utils.log import LOGGER, colorstr, print_options, setup_logging
-from utils.masks import masks_to_polygons, process_masks, process_masks_original, scale_masks
-from utils.plots.annotate import class_name, draw_detections, draw_masks
+from utils.plots.annotate import class_name, draw_detections
 from utils.plots.feature_maps import capture_stages, save_feature_maps
 from utils.plots.viewer import Viewer
-from utils.predictions import postprocess
+from utils.tasks.contract import OutputContract, postprocess
+from utils.tasks.registry import all_tasks, get_task
 
 
 class DetectError(UserError, ValueError):
@@ -60,14 +62,22 @@ class DetectError(UserError, ValueError):
 @dataclass
 class DetectResult:
     """What a run produced: the output folder and, per processed frame, (description, detections (k, 6)); for a
-    segmenter also, per frame, each detection's outline (its mask's largest part, (n, 2) in original pixels)."""
+    task that predicts more, per name of its frame summary, per frame its value (``result.<name>``: a segmenter's
+    ``outlines``, each detection's mask's largest part, (n, 2) in original pixels)."""
 
     save_dir: Path
     weights: Path
     detections: list[tuple[str, np.ndarray]] = field(default_factory=list)  # xyxy in original pixels, conf, cls
-    outlines: list[list[np.ndarray]] = field(default_factory=list)  # segmenters: per frame, per detection
+    extras: dict[str, list] = field(default_factory=dict)  # a task's frame summaries by name, per frame
     skipped: int = 0
     speed_ms: tuple[float, float, float] = (0.0, 0.0, 0.0)  # pre-process, inference, NMS per image
+
+    def __getattr__(self, name: str) -> list:
+        """A task's frame summary by name (empty for a model of another task)."""
+        extras = self.__dict__.get("extras") or {}
+        if name in extras or any(name in task.words for task in all_tasks()):
+            return extras.get(name, [])
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,10 +130,11 @@ def check_options(opt: argparse.Namespace, device: torch.device) -> None:
 
 def check_model_options(opt: argparse.Namespace, model: InferenceModel) -> None:
     """Refuse flags these weights cannot serve: --visualize needs the PyTorch model, --augment a dynamic one whose
-    rows go through NMS (an end-to-end head's final rows cannot be merged)."""
-    if opt.augment and model.contract.nm:
-        raise DetectError(f"--augment merges boxes of three passes; {model.weights.name} is a segmenter, whose "
-                          "masks it cannot merge: drop --augment")
+    rows go through NMS (an end-to-end head's final rows cannot be merged) and carry boxes alone."""
+    if opt.augment and not boxes_alone(model.contract):
+        task = get_task(model.contract.task)
+        raise DetectError(f"--augment merges boxes of three passes; {model.weights.name} is {task.model_noun}, whose "
+                          f"{task.results_noun} it cannot merge: drop --augment")
     if opt.augment and model.contract.end_to_end:
         raise DetectError(f"--augment merges three passes before NMS; {model.weights.name} returns final rows "
                           f"({model.contract.layout}, no NMS): drop --augment")
@@ -167,17 +178,9 @@ def crop_folder(crop_dir: Path, names: list[str], cls: float) -> Path:
     return folder
 
 
-def segment_rows(det: np.ndarray, outlines: list[np.ndarray], shape: tuple[int, int], save_conf: bool) -> list[str]:
-    """YOLO segment rows ``cls x1 y1 x2 y2 ... [conf]`` of detections and their outlines (original pixels),
-    normalised to an image of ``shape`` (h, w); a detection whose mask is empty has no row."""
-    scale = np.array([shape[1], shape[0]], np.float64)
-    rows = []
-    for (*_, conf, cls), outline in zip(det, outlines):
-        if len(outline) < 3:
-            continue
-        points = " ".join(f"{v:.6g}" for v in (np.clip(outline / scale, 0, 1)).reshape(-1).tolist())
-        rows.append(f"{int(cls)} {points}" + (f" {float(conf):.6g}" if save_conf else ""))
-    return rows
+def boxes_alone(contract: OutputContract) -> bool:
+    """Whether a model of ``contract`` predicts boxes alone (no task columns, no other outputs)."""
+    return not contract.extra and len(contract.outputs) == 1
 
 
 def save_crops(image: np.ndarray, det: np.ndarray, names: list[str], crop_dir: Path, stem: str) -> None:
@@ -203,31 +206,32 @@ def output_stem(frame: Frame) -> str:
 class OutputWriter:
     """Saves what a run produces: annotated images and videos, label files, crops; --view-img also shows them."""
 
-    def __init__(self, save_dir: Path, opt: argparse.Namespace, names: list[str]) -> None:
-        self.save_dir, self.opt, self.names = save_dir, opt, names
+    def __init__(self, save_dir: Path, opt: argparse.Namespace, names: list[str],
+                 outputs: TaskOutputs = BOXES_ONLY) -> None:
+        self.save_dir, self.opt, self.names, self.outputs = save_dir, opt, names, outputs
         self.videos: dict[str, cv2.VideoWriter] = {}
         self.viewer = Viewer(opt.view_img)
         if opt.save_txt:
             (save_dir / "labels").mkdir(parents=True, exist_ok=True)
 
-    def write(self, frame: Frame, det: np.ndarray, masks: np.ndarray | None = None,
-              outlines: list[np.ndarray] | None = None) -> None:
-        """Save (and show) one processed frame; ``det`` (k, 6) is in original-image pixels; a segmenter's ``masks``
-        (k, h0, w0) bool and ``outlines`` are at the original image's size."""
-        opt = self.opt
+    def write(self, frame: Frame, det: np.ndarray, extras: dict[str, Any] | None = None) -> None:
+        """Save (and show) one processed frame; ``det`` (k, 6) is in original-image pixels; ``extras`` what the
+        model's task predicts beyond the boxes, at the original image's size (its ``image`` results and frame
+        ``summary``: a segmenter's masks and outlines)."""
+        opt, extras = self.opt, extras or {}
         stem = output_stem(frame) if frame.kind == "image" else f"{output_stem(frame)}_{frame.frame}"
         if opt.save_txt and len(det):  # as the reference does: no file for an image without detections
             shape = frame.original.shape[:2]
-            rows = label_rows(det, shape, opt.save_conf) if outlines is None else \
-                segment_rows(det, outlines, shape, opt.save_conf)
+            rows = self.outputs.label_rows(det, extras, shape, opt.save_conf) if extras else None
+            rows = label_rows(det, shape, opt.save_conf) if rows is None else rows
             (self.save_dir / "labels" / f"{stem}.txt").write_text("".join(f"{r}\n" for r in rows))
         if opt.save_crop:
             save_crops(frame.original, det, self.names, self.save_dir / "crops", stem)
         if opt.nosave and not self.viewer.enabled:
             return
         annotated = frame.original.copy()
-        if masks is not None:
-            draw_masks(annotated, masks, det[:, 5])
+        if extras:
+            annotated = self.outputs.draw(annotated, det, extras)
         annotated = draw_detections(annotated, det[:, :4], det[:, 5], det[:, 4], self.names,
                                     opt.line_thickness, opt.hide_labels, opt.hide_conf)
         self.viewer.show(output_stem(frame) if frame.kind != "image" else frame.path, annotated)
@@ -269,57 +273,50 @@ def predict(model: InferenceModel, image: torch.Tensor, opt: argparse.Namespace,
     return pred
 
 
-def instance_masks(det: torch.Tensor, boxes0: torch.Tensor, protos: torch.Tensor, input_hw: tuple[int, int],
-                   frame: Frame, native: bool) -> torch.Tensor:
-    """A segmenter's masks (k, h0, w0) bool at the original image's size, for detections ``det`` (k, 6 + nm; boxes
-    in input pixels) whose boxes in original pixels are ``boxes0``: made at the input's resolution and resized,
-    or, ``native`` (--retina-masks), resized as probabilities and cropped at the original resolution."""
-    shape0 = frame.original.shape[:2]
-    if native:
-        return process_masks_original(protos, det[:, 6:], boxes0, input_hw, shape0, frame.ratio_pad)
-    return scale_masks(process_masks(protos, det[:, 6:], det[:, :4], input_hw), shape0, frame.ratio_pad)
+def task_outputs(model: InferenceModel) -> TaskOutputs:
+    """What the model's task predicts beyond the boxes, made, drawn and written (its ``predict`` part)."""
+    return get_task(model.contract.task).load("predict") or BOXES_ONLY
 
 
 def detect_frame(model: InferenceModel, frame: Frame, opt: argparse.Namespace,
-                 feature_dir: Path | None = None) -> tuple[np.ndarray, np.ndarray | None, list[float]]:
-    """Detections (k, 6) in original-image pixels for one frame, a segmenter's masks (k, h0, w0) (None for a
-    detector), and the seconds of each step."""
+                 feature_dir: Path | None = None) -> tuple[np.ndarray, dict[str, Any], list[float]]:
+    """Detections (k, 6) in original-image pixels for one frame, what the model's task predicts beyond the boxes
+    at the original image's size (a segmenter's ``masks`` (k, h0, w0); nothing for a detector), and the seconds of
+    each step."""
     start = time.perf_counter()
     image = torch.from_numpy(frame.image).to(model.device)
     image = image.to(model.dtype)[None] / 255  # (1, 3, h, w) in [0, 1]
     prepared = time.perf_counter()
     output = predict(model, image, opt, feature_dir)
     inferred = time.perf_counter()
-    pred, protos = output if model.segments else (output, None)
+    pred, others = (output[0], tuple(output[1:])) if isinstance(output, (list, tuple)) else (output, ())
     det = postprocess(pred.float(), model.contract, opt.conf_thres, opt.iou_thres, opt.classes, opt.agnostic_nms,
                       max_det=opt.max_det)[0]
     boxes0 = scale_boxes(image.shape[2:], det[:, :4].clone(), frame.original.shape[:2], frame.ratio_pad)
-    masks = None
-    if protos is not None:
-        masks = instance_masks(det, boxes0, protos[0].float(), image.shape[2:], frame, opt.retina_masks)
-        masks = masks.cpu().numpy()
+    extras = task_outputs(model).image(det, others, 0, tuple(image.shape[2:]), boxes0, frame.original.shape[:2],
+                                       frame.ratio_pad, native=opt.retina_masks) if others else {}
     det = torch.cat((boxes0, det[:, 4:6]), 1)
     done = time.perf_counter()
-    return det.cpu().numpy(), masks, [prepared - start, inferred - prepared, done - inferred]
+    return det.cpu().numpy(), extras, [prepared - start, inferred - prepared, done - inferred]
 
 
 def detect_source(model: InferenceModel, source: LoadImages | LoadWebcam | LoadStreams, writer: OutputWriter,
                   opt: argparse.Namespace) -> DetectResult:
     """Detect on every frame of ``source``, log one line each, save the outputs."""
-    result = DetectResult(writer.save_dir, model.weights)
+    result, outputs = DetectResult(writer.save_dir, model.weights), task_outputs(model)
     totals = np.zeros(3)
     for frame in source:
         feature_dir = feature_folder(writer.save_dir, frame) if opt.visualize else None
-        det, masks, seconds = detect_frame(model, frame, opt, feature_dir)
+        det, extras, seconds = detect_frame(model, frame, opt, feature_dir)
         totals += seconds
         h, w = frame.image.shape[1:]
         summary = summarize(torch.from_numpy(det), model.names)
         LOGGER.info(f"{frame.describe()} {h}x{w} {summary}, Done. ({seconds[1]:.3f}s)")
-        outlines = masks_to_polygons(masks) if masks is not None else None
-        writer.write(frame, det, masks, outlines)
+        frame_summary = outputs.summary(extras) if extras else {}
+        writer.write(frame, det, {**extras, **frame_summary})
         result.detections.append((frame.describe(), det))
-        if outlines is not None:
-            result.outlines.append(outlines)
+        for name, value in frame_summary.items():
+            result.extras.setdefault(name, []).append(value)
     result.skipped = source.skipped
     result.speed_ms = tuple(totals / max(len(result.detections), 1) * 1e3)
     return result
@@ -342,7 +339,7 @@ def main(opt: argparse.Namespace) -> DetectResult:
     dataset = load_source(source, img_size, model.stride, auto=model.dynamic, vid_stride=opt.vid_stride)
     save_dir = paths.increment_path(Path(opt.project) / opt.name, exist_ok=opt.exist_ok, mkdir=True)
     model.warmup(img_size)
-    writer = OutputWriter(save_dir, opt, model.names)
+    writer = OutputWriter(save_dir, opt, model.names, task_outputs(model))
     try:
         result = detect_source(model, dataset, writer, opt)
     finally:

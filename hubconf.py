@@ -1,7 +1,7 @@
 """torch.hub entry points: ``torch.hub.load(REPO_DIR, "yolov5s", source="local", pretrained=True, classes=80)``;
 ``yolov5n`` ... ``yolov5x``, ``yolov8n`` ... ``yolov8x``, ``yolo11n`` ... ``yolo11x`` and ``yolo26n`` ... ``yolo26x``;
-the segmenters ``yolov5n_seg`` ... ``yolov5x_seg``, ``yolov8n_seg`` ... ``yolov8x_seg``, ``yolo11n_seg`` ...
-``yolo11x_seg``.
+and each task's own, from its record (utils/tasks/registry.py, ``hub``): the segmenters ``yolov5n_seg`` ...
+``yolov5x_seg``, ``yolov8n_seg`` ... ``yolov8x_seg``, ``yolo11n_seg`` ... ``yolo11x_seg``.
 
 Each returns a :class:`models.hub.Detector` (images in, detections in original pixels out; see models/hub.py).
 ``pretrained=True`` fetches the official release file (``yolov5s.pt``, ``yolo11n.pt``, ...; cached, see
@@ -24,6 +24,7 @@ from models.yolo import Model
 from utils.deploy.runtime import InferenceModel, weights_format
 from utils.device import select_device
 from utils.log import LOGGER
+from utils.tasks.registry import all_tasks as _all_tasks
 from utils.weights.checkpoint import load_checkpoint, model_from_checkpoint
 from utils.weights.downloads import attempt_download_once_per_node
 
@@ -124,28 +125,15 @@ yolo26l = _entry("yolo26l", "YOLO26l: 26,299,704 parameters")
 yolo26x = _entry("yolo26x", "YOLO26x: 58,993,368 parameters")
 
 
-def _segmenter(name: str, parameters: int) -> Callable[..., Detector | Model]:
-    """The entry point of segmenter ``name`` (``yolov5n-seg``: Python name ``yolov5n_seg``); its Detector's
-    results carry masks (models/hub.py)."""
+def _task_entry(name: str, parameters: int, noun: str) -> Callable[..., Detector | Model]:
+    """The entry point of a task's model ``name`` (``yolov5n-seg``: Python name ``yolov5n_seg``); its Detector's
+    results carry what the task predicts beyond boxes (models/hub.py)."""
     entry = _entry(name, "")
     entry.__name__ = entry.__qualname__ = name.replace("-", "_")
-    entry.__doc__ = (f"{name}: {parameters:,} parameters (nc 80), a segmenter; ``pretrained``: the release file "
-                     f"{name}.pt.")
+    entry.__doc__ = f"{name}: {parameters:,} parameters (nc 80), {noun}; ``pretrained``: the release file {name}.pt."
     return entry
 
 
-yolov5n_seg = _segmenter("yolov5n-seg", 1_991_549)
-yolov5s_seg = _segmenter("yolov5s-seg", 7_621_277)
-yolov5m_seg = _segmenter("yolov5m-seg", 21_990_397)
-yolov5l_seg = _segmenter("yolov5l-seg", 47_924_957)
-yolov5x_seg = _segmenter("yolov5x-seg", 88_819_517)
-yolov8n_seg = _segmenter("yolov8n-seg", 3_409_968)
-yolov8s_seg = _segmenter("yolov8s-seg", 11_821_056)
-yolov8m_seg = _segmenter("yolov8m-seg", 27_285_968)
-yolov8l_seg = _segmenter("yolov8l-seg", 45_997_728)
-yolov8x_seg = _segmenter("yolov8x-seg", 71_827_888)
-yolo11n_seg = _segmenter("yolo11n-seg", 2_876_848)
-yolo11s_seg = _segmenter("yolo11s-seg", 10_113_248)
-yolo11m_seg = _segmenter("yolo11m-seg", 22_420_896)
-yolo11l_seg = _segmenter("yolo11l-seg", 27_678_368)
-yolo11x_seg = _segmenter("yolo11x-seg", 62_142_656)
+for _task in _all_tasks():  # each task's entry points (its ``hub`` part: the segmenters yolov5n_seg, ...)
+    for _name, _parameters in _task.load("hub") or ():
+        globals()[_name.replace("-", "_")] = _task_entry(_name, _parameters, _task.model_noun)

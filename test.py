@@ -46,6 +46,7 @@ from utils.evaluation.evaluate import EvalOptions, EvalResult, evaluate, measure
 from utils.evaluation.outputs import write_study
 from utils.log import LOGGER, colorstr, print_options
 from utils.paths import increment_path
+from utils.tasks.registry import get_task
 
 TASKS = ("train", "val", "test", "speed", "study")
 
@@ -138,9 +139,10 @@ def check_options(opt: argparse.Namespace, model: InferenceModel) -> None:
     if opt.augment and model.contract.end_to_end:
         raise TestError(f"--augment merges three passes before NMS; {model.weights.name} returns final rows "
                         f"({model.contract.layout}, no NMS): drop --augment")
-    if opt.augment and model.contract.nm:
-        raise TestError(f"--augment merges boxes of three passes; {model.weights.name} is a segmenter, whose masks "
-                        "it does not merge: drop --augment")
+    if opt.augment and (model.contract.extra or len(model.contract.outputs) > 1):
+        task = get_task(model.contract.task)
+        raise TestError(f"--augment merges boxes of three passes; {model.weights.name} is {task.model_noun}, whose "
+                        f"{task.results_noun} it does not merge: drop --augment")
     fixed = f"{model.weights.name} is a static export (one input size)"
     if not model.dynamic and (opt.augment or opt.task == "study"):
         flag = "--augment runs 3 image sizes" if opt.augment else "--task study runs several image sizes"
@@ -196,7 +198,7 @@ def validate(opt: argparse.Namespace, model: InferenceModel, data: DataConfig, d
     options = DatasetOptions(img_size=img_size, batch_size=dist.batch_per_rank(opt.batch_size), stride=model.stride,
                              rect=model.dynamic, pad=0.5, nc=data.nc, prefix=colorstr(f"{opt.task}: "),
                              single_cls=opt.single_cls, names=data.names,
-                             task=model.task)  # a segmenter's: + outlines
+                             task=model.contract.task, task_options=data.task_options)  # what its task's samples carry
     sources = _split(data, split)
     loader, dataset = create_dataloader(sources, options, workers=opt.workers, shard_eval=True)
     if not speed_only and sum(len(labels) for labels in dataset.labels) == 0:

@@ -146,7 +146,7 @@ def main(opt: argparse.Namespace, hooks: Sequence[HookBase] = ()) -> TrainResult
             return generations[-1].metrics, generations[-1].hyp
 
         evolve(hyp, config, device, generation)
-        return max(generations, key=lambda r: fitness(list(r.metrics.values())))
+        return max(generations, key=lambda r: fitness(r.metrics))
 
 
 def run(*, nproc_per_node: int | None = None, hooks: Sequence[HookBase] = (), **options: Any) -> TrainResult:

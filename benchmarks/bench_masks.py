@@ -4,10 +4,11 @@ timed in the same run.
     python benchmarks/bench_masks.py                 # 640 px, 8 objects of 1000 points, 20 repeats
     python benchmarks/bench_masks.py --objects 30 --quick
 
-- "index image": utils.masks.overlap_index at 1/4 resolution (the exact fill, straight at 160 x 160) against the
+- "index image": utils.tasks.segment.masks.overlap_index at 1/4 resolution (the exact fill, straight at
+  160 x 160) against the
   reference's way (cv2.fillPoly of each outline at full size, whole-pixel vertices, then cv2.resize to 1/4, then
   the index image), both for the same outlines;
-- "warp": utils.data.augment_masks.warp_segments (the outlines warped, clipped exactly, boxes from them) against
+- "warp": utils.tasks.segment.augment.warp_segments (the outlines warped, clipped exactly, boxes from them) against
   utils.data.augment.warp_boxes (the boxes alone) for the same matrix.
 One process, one thread (a DataLoader worker's); the variants take turns each repeat, so a change in load hits
 both; figures are medians [min-max] of milliseconds per sample, and the ratio is the median of per-turn ratios.
@@ -30,8 +31,8 @@ if str(ROOT) not in sys.path:
 
 from benchmarks.harness import Stats, header  # noqa: E402
 from utils.data.augment import _perspective_matrix, warp_boxes  # noqa: E402
-from utils.data.augment_masks import polygon_boxes, resample_polygons, warp_segments  # noqa: E402
-from utils.masks import overlap_index  # noqa: E402
+from utils.tasks.segment.augment import polygon_boxes, resample_polygons, warp_segments  # noqa: E402
+from utils.tasks.segment.masks import overlap_index  # noqa: E402
 
 
 def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:

@@ -16,7 +16,7 @@ from torch import nn
 
 from models.common import apply_conv, autocasting, exporting, linear_rows, pixel_matrix, pixel_rows
 from models.registry import LIMITS, ModelConfigError, Row, RowArgs, is_number, register_module
-from utils.predictions import OutputContract
+from utils.tasks.contract import OutputContract
 
 
 def _has_anchors(cfg: Any, args: list) -> bool:
@@ -35,7 +35,7 @@ class Detect(nn.Module):
 
     The head interface every head offers (callers ask it, never test which head it is): ``family`` (whose loss,
     assigner and recipe train it), ``task``, ``anchor_based`` (anchors, autoanchor and objectness exist only then),
-    ``contract`` (the row layout of the eval output, utils.predictions), ``init_biases`` and ``export_metadata``.
+    ``contract`` (the row layout of the eval output, utils.tasks.contract), ``init_biases`` and ``export_metadata``.
     """
 
     family = "yolov5"

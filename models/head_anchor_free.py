@@ -20,7 +20,7 @@ from torch import nn
 from models.blocks import DEPTHWISE_CLS_HEAD, DWConv
 from models.common import Conv, exporting
 from models.registry import LIMITS, ModelConfigError, Row, RowArgs, register_module
-from utils.predictions import OutputContract
+from utils.tasks.contract import OutputContract
 
 
 def make_anchors(sizes: Sequence[tuple[int, int]], strides: Sequence[float], offset: float = 0.5,

@@ -19,7 +19,7 @@ import torch
 
 from models.head_anchor_free import AnchorFreeDetect, head_args
 from models.registry import register_module
-from utils.predictions import OutputContract
+from utils.tasks.contract import OutputContract
 
 MAX_DET = 300  # final rows per image (ultralytics' default)
 

@@ -3,10 +3,11 @@
 ``Detector(model)(images)`` takes a file path (str or Path; read by OpenCV), a numpy HWC uint8 image in RGB
 order (as PIL gives it; pass ``cv2.imread(...)[..., ::-1]`` for an OpenCV image), a PIL image, or a list of these.
 It letterboxes them to one batch shape, runs the model, post-processes its output as the model's output contract
-says (utils.predictions.postprocess: NMS, or thresholds only for an end-to-end head) and maps the boxes back to each
+says (utils.tasks.contract.postprocess: NMS, or thresholds only for an end-to-end head) and maps the boxes back to each
 original image: ``Detections.xyxy[i]`` is a (k, 6) tensor [x1, y1, x2, y2, score, class] in that image's pixels.
-A segmenter's detections also have masks: ``Detections.masks[i]`` (k, h, w) bool at that image's size (the model's
-prototypes through utils.masks.process_masks, then resized). A float tensor batch (b, 3, h, w) in [0, 1] is passed
+What a model's task predicts beyond the boxes comes by name, per image, from the task's ``predict`` part
+(utils/evaluation/task_outputs.py): a segmenter's ``Detections.masks[i]`` (k, h, w) bool at that image's size (its
+prototypes and the rows' coefficients, then resized). A float tensor batch (b, 3, h, w) in [0, 1] is passed
 straight to the model (raw decoded predictions).
 """
 
@@ -26,8 +27,9 @@ from utils.data.augment import letterbox
 from utils.data.image_io import ImageRefused, read_image
 from utils.errors import UserError
 from utils.evaluation.evaluate import model_contract
-from utils.masks import process_masks, scale_masks
-from utils.predictions import postprocess
+from utils.evaluation.task_outputs import BOXES_ONLY
+from utils.tasks.contract import postprocess
+from utils.tasks.registry import all_tasks, get_task
 
 
 class ImageInputError(UserError, ValueError):
@@ -35,19 +37,29 @@ class ImageInputError(UserError, ValueError):
 
 
 class Detections:
-    """Detections of a batch: per image a (k, 6) tensor [x1, y1, x2, y2, score, class] in original pixels, and for a
-    segmenter per image the (k, h, w) bool masks at the image's size (``masks`` is None for a detector)."""
+    """Detections of a batch: per image a (k, 6) tensor [x1, y1, x2, y2, score, class] in original pixels, and what
+    the model's task predicts beyond the boxes by name, per image (``extras``; ``detections.<name>``: a segmenter's
+    ``masks``, the (k, h, w) bool masks at the image's size; None for a model of another task)."""
 
     def __init__(self, xyxy: list[torch.Tensor], names: Sequence[str], shapes: list[tuple[int, int]],
-                 sources: list[str], masks: list[torch.Tensor] | None = None) -> None:
+                 sources: list[str], extras: dict[str, list] | None = None) -> None:
         self.xyxy = xyxy
-        self.masks = masks
+        self.extras = extras or {}
         self.names = list(names)
         self.shapes = shapes  # (h, w) of each original image
         self.sources = sources  # file path, or "image<i>" for arrays
 
     def __len__(self) -> int:
         return len(self.xyxy)
+
+    def __getattr__(self, name: str) -> list | None:
+        """A task's results by name, per image (None when the model's task has none of that name)."""
+        extras = self.__dict__.get("extras") or {}
+        if name in extras:
+            return extras[name]
+        if any(name in task.words for task in all_tasks()):
+            return None
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
 
     @property
     def xywh(self) -> list[torch.Tensor]:
@@ -116,18 +128,19 @@ class Detector(nn.Module):
         x = torch.from_numpy(np.stack([b[0].transpose(2, 0, 1) for b in boxed]))
         x = x.to(parameter.device, parameter.dtype) / 255
         output = self.model(x)
-        predictions = output[0] if isinstance(output, (list, tuple)) else output
+        predictions, others = (output[0], tuple(output[1:])) if isinstance(output, (list, tuple)) else (output, ())
         kept = postprocess(predictions.float(), self.contract, self.conf, self.iou, self.classes, self.agnostic,
                            self.multi_label, max_det=self.max_det)
-        masks = [] if self.contract.nm else None
+        outputs, extras = get_task(self.contract.task).load("predict") or BOXES_ONLY, {}
         for i, (det, array, (_, ratio, pad)) in enumerate(zip(kept, arrays, boxed)):
             ratio_pad = ((ratio[1], ratio[0]), pad)
-            if masks is not None:  # a segmenter: its prototypes are its second output
-                image_masks = process_masks(output[1][i].float(), det[:, 6:], det[:, :4], shape)
-                masks.append(scale_masks(image_masks, array.shape[:2], ratio_pad).cpu())
-            det[:, :4] = scale_boxes(shape, det[:, :4], array.shape[:2], ratio_pad=ratio_pad)
+            boxes0 = scale_boxes(shape, det[:, :4].clone(), array.shape[:2], ratio_pad=ratio_pad)
+            for name, value in (outputs.image(det, others, i, shape, boxes0, array.shape[:2], ratio_pad)
+                                if others else {}).items():
+                extras.setdefault(name, []).append(value)
+            det[:, :4] = boxes0
         shapes = [a.shape[:2] for a in arrays]
-        return Detections([d[:, :6].cpu() for d in kept], self.names, shapes, list(sources), masks)
+        return Detections([d[:, :6].cpu() for d in kept], self.names, shapes, list(sources), extras)
 
 
 def batch_shape(shapes: Sequence[tuple[int, int]], size: int, stride: int) -> tuple[int, int]:

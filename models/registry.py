@@ -14,10 +14,14 @@ Adding a block is one decorated class::
         @classmethod
         def yaml_args(cls, row: Row) -> RowArgs:
             return channel_args(row)  # [c_out, ...] -> (c_in, scaled c_out, ...)
+
+A task's heads (utils/tasks/<task>/head.py) register the same way; the modules each registered task names
+(``Task.heads``) are imported the first time a name is looked up, so the model layer never imports a task's room.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -26,6 +30,7 @@ from typing import Any, NamedTuple
 from torch import nn
 
 from utils.errors import UserError
+from utils.tasks.registry import all_tasks
 
 # Bounds of a config from a file (a stranger's checkpoint holds one): yolov5x uses 1.33/1.25, n <= 9, 1280 channels.
 LIMITS = {"multiple": 4.0, "repeats": 100, "channels": 8192, "rows": 256, "classes": 10_000, "levels": 8,
@@ -116,10 +121,18 @@ def register_module(name: str, cls: type[nn.Module] | None = None, *, spec: Spec
     return add if cls is None else add(cls)
 
 
+def load_task_heads() -> None:
+    """Import the head modules of every registered task (each registers its heads); once per process."""
+    for task in all_tasks():
+        for module in task.heads:
+            importlib.import_module(module)
+
+
 def lookup(name: Any, cfg: Mapping[str, Any], args: list) -> Entry | None:
     """The entry for YAML name ``name`` that applies to a row with ``args`` in ``cfg``; None when there is none."""
     if not isinstance(name, str):
         return None
+    load_task_heads()
     for entry in _REGISTRY.get(name, []):
         if entry.when is None or entry.when(cfg, args):
             return entry
@@ -127,6 +140,7 @@ def lookup(name: Any, cfg: Mapping[str, Any], args: list) -> Entry | None:
 
 
 def known_names() -> list[str]:
+    load_task_heads()
     return sorted(_REGISTRY)
 
 

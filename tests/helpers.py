@@ -329,7 +329,7 @@ class OracleModel(nn.Module):
     loader's order."""
 
     def __init__(self, loader, nc: int = ORACLE_CLASSES) -> None:
-        from utils.predictions import OutputContract
+        from utils.tasks.contract import OutputContract
 
         super().__init__()
         self.contract = OutputContract("xywh_obj_cls", nc)

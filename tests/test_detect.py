@@ -440,7 +440,7 @@ def test_a_memory_bomb_weights_file_is_one_line(tmp_path: Path, capsys: pytest.C
 def test_augment_is_refused_for_an_end_to_end_models_final_rows() -> None:
     from types import SimpleNamespace
 
-    from utils.predictions import OutputContract
+    from utils.tasks.contract import OutputContract
 
     opt = detect.parse_opt(["--augment"])
     final = SimpleNamespace(contract=OutputContract("xyxy_score_cls", 80), weights=Path("yolo26n.onnx"),

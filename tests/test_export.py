@@ -368,11 +368,11 @@ def tiny_anchor_free_segmenter(folder: Path) -> Path:
 
 def assert_runs_like_the_pt(exported: Path, weights: Path, images: torch.Tensor, atol: float = 1e-4) -> None:
     """The runtime returns (rows, prototypes) equal to the .pt's, and the post-processed masks are the same."""
-    from utils.masks import process_masks
-    from utils.predictions import postprocess
+    from utils.tasks.contract import postprocess
+    from utils.tasks.segment.masks import process_masks
 
     model = InferenceModel(exported)
-    assert model.segments and model.contract.nm == 32
+    assert model.several_outputs and model.contract.extra == 32 and model.contract.task == "segment"
     (rows, protos), (ref_rows, ref_protos) = model(images), pytorch_output(weights, images)
     assert protos.shape == ref_protos.shape == (len(images), 32, images.shape[2] // 4, images.shape[3] // 4)
     assert (protos - ref_protos).abs().max() < atol * (1 + ref_protos.abs().max())
@@ -407,7 +407,7 @@ def test_segmenter_exports_carry_the_prototypes_and_run_in_detect(tiny_seg_weigh
     local.write_bytes(tiny_seg_weights.read_bytes())
     results = export.main(export.parse_opt(["--weights", str(local), "--img-size", "64", "--include", "torchscript",
                                             "onnx", "openvino", "--dynamic"]))
-    assert all(r.error is None and r.verification.mask_error < 1e-3 for r in results), results
+    assert all(r.error is None and r.verification.extra_error < 1e-3 for r in results), results
     assert "masks" in results[0].verification.describe()
     proto = onnx.load(str(local.with_suffix(".onnx")))
     assert [o.name for o in proto.graph.output] == ["output0", "output1"]
@@ -460,7 +460,7 @@ def test_int8_segmenter_is_verified_on_its_outlined_labels(tiny_seg_weights: Pat
 def test_anchor_free_segmenter_exports_to_onnx(tmp_path: Path) -> None:
     weights = tiny_anchor_free_segmenter(tmp_path)
     result = export.main(export.parse_opt(["--weights", str(weights), "--img-size", "64", "--include", "onnx"]))[0]
-    assert result.error is None and result.verification.mask_error < 1e-3
+    assert result.error is None and result.verification.extra_error < 1e-3
     assert_runs_like_the_pt(result.file, weights, real_images((64, 64), 1))
 
 
@@ -474,7 +474,7 @@ def test_segmenter_tflite_and_ncnn_run_like_the_pt(tiny_seg_weights: Path, tmp_p
     local.write_bytes(tiny_seg_weights.read_bytes())
     results = export.main(export.parse_opt(["--weights", str(local), "--img-size", "64", "--include", "tflite",
                                             "ncnn"]))
-    assert all(r.error is None and r.verification.mask_error < 1e-3 for r in results), results
+    assert all(r.error is None and r.verification.extra_error < 1e-3 for r in results), results
     images = real_images((64, 64), 2)  # the NCNN runner takes one image a call; TFLite its fixed batch of 1
     for result in results:
         assert_runs_like_the_pt(result.file, local, images)

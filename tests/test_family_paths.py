@@ -259,7 +259,7 @@ def test_every_non_tensorflow_format_of_an_anchor_free_family_exports_verified(f
     import export
     from models.yolo import Model
     from utils.deploy.runtime import InferenceModel
-    from utils.predictions import OutputContract
+    from utils.tasks.contract import OutputContract
     from utils.weights.checkpoint import new_checkpoint, save_checkpoint
 
     torch.manual_seed(0)

@@ -20,24 +20,33 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Lowest first. A component is a module or a package prefix; components on one line are one layer and may not
 # import each other (they are independent), only their own component and lower layers.
+# A task's room (utils/tasks/<task>/) holds its pieces at the layers of the subsystems they extend: each of its
+# modules is a component of its own, declared on the row just above what it imports (the shared code below never
+# imports a room: it reaches a task's pieces through the task registry's lazy references).
 LAYERS: list[list[str]] = [
-    ["utils.errors"],
+    ["utils.errors", "utils.tasks", "utils.tasks.segment"],
     ["utils.log", "utils.paths", "utils.atomic_files", "utils.boxes", "utils.http_fetch", "utils.safe_yaml",
-     "utils.masks", "utils.spellings"],
-    ["utils.device", "utils.hyp", "utils.hooks", "utils.predictions"],
+     "utils.tasks.registry", "utils.tasks.segment.masks", "utils.tasks.segment.hub",
+     "utils.tasks.segment.releases", "utils.spellings"],
+    ["utils.device", "utils.hyp", "utils.hooks", "utils.tasks.contract", "utils.tasks.segment.mask_loss"],
     ["utils.distributed"],
     ["models.registry"],
     ["models.common"],
     ["models.blocks"],
     ["models.head", "models.head_anchor_free"],
     ["models.head_end_to_end"],
-    ["models.segment"],
+    ["utils.tasks.segment.head"],
     ["models.yolo"],
-    ["utils.data", "utils.weights"],
+    ["utils.data", "utils.weights", "models.layer_profile"],
+    ["utils.tasks.segment.labels", "utils.tasks.segment.augment"],
+    ["utils.tasks.segment.sample", "utils.tasks.segment.synthetic"],
     ["utils.plots"],
     ["utils.evaluation"],
+    ["utils.tasks.segment.metric", "utils.tasks.segment.predict"],
     ["utils.deploy", "models.hub", "utils.loggers"],
+    ["utils.tasks.segment.export"],
     ["utils.training"],
+    ["utils.tasks.segment.loss"],
     ["utils.cli"],
     ["utils.api"],
     ["train", "test", "val", "detect", "export", "hubconf", "benchmarks"],
@@ -49,15 +58,15 @@ LAYERS: list[list[str]] = [
 MODULE_LAYERS: dict[str, list[list[str]]] = {
     "utils.distributed": [["launcher", "signals", "watchdog"], ["comm"]],
     "utils.data": [["augment", "errors", "ram_cache", "regular_files", "shard_urls", "synthetic"],
-                   ["augment_masks", "image_io"], ["download", "label_cache"],
-                   ["annotations", "segments", "shards", "shared_scan"],
-                   ["sources", "synthetic_seg", "voc", "coco_json"],
+                   ["image_io", "samples"], ["download", "label_cache"],
+                   ["annotations", "shards", "shared_scan"],
+                   ["sources", "voc", "coco_json"],
                    ["formats"],
                    ["convert", "datasets"], ["stream"], ["zoo", "loader"], ["config"]],
     "utils.weights": [["downloads", "untrusted"], ["safe_pickle"], ["checkpoint"], ["release_reader"],
                       ["ultralytics_reader"]],
     "utils.plots": [["annotate", "feature_maps", "viewer"], ["figures"]],
-    "utils.evaluation": [["metrics", "outputs", "tta"], ["mask_metrics"], ["evaluate"]],
+    "utils.evaluation": [["metrics", "outputs", "task_metric", "task_outputs", "tta"], ["results"], ["evaluate"]],
     "utils.deploy": [["formats"], ["head_maps"],
                      ["coreml", "ncnn", "onnx", "pytorch", "runtime", "tf_graph", "torchscript"],
                      ["openvino", "saved_model", "tflite", "verify"]],
@@ -65,7 +74,7 @@ MODULE_LAYERS: dict[str, list[list[str]]] = {
                       ["results_csv", "tensorboard", "tracking"],
                       ["clearml_logger", "comet_logger", "mlflow_logger", "wandb_logger"]],
     "utils.training": [["amp", "autoanchor", "autobatch", "config", "early_stop", "fingerprint", "fitness", "loss",
-                        "loss_mask", "optim", "tal", "train_state"], ["loss_anchor_free", "resume"], ["loss_segment"],
+                        "optim", "tal", "train_state"], ["loss_anchor_free", "resume"],
                        ["families", "run_plan"], ["checkpointer", "engine"], ["loop"], ["builder"], ["evolve"]],
 }
 # Imports that go up inside a package (a lazy import closing a cycle), each to be broken by its package's owner.
@@ -73,12 +82,11 @@ MODULE_LAYERS: dict[str, list[list[str]]] = {
 KNOWN_UPWARD: set[tuple[str, str]] = set()
 
 def component_of(module: str) -> tuple[int, str] | None:
-    """(layer index, component) of a project module, or None for a module outside the declared tree."""
-    for level, components in enumerate(LAYERS):
-        for comp in components:
-            if module == comp or module.startswith(comp + "."):
-                return level, comp
-    return None
+    """(layer index, component) of a project module: the longest declared component it is or lies in (a room's
+    module inside its room's package); None for a module outside the declared tree."""
+    found = [(len(comp), level, comp) for level, components in enumerate(LAYERS) for comp in components
+             if module == comp or module.startswith(comp + ".")]
+    return max(found)[1:] if found else None
 
 
 def module_name(path: Path) -> str:
@@ -151,6 +159,12 @@ def test_every_import_goes_down_the_declared_layers():
 
 def test_every_module_belongs_to_a_layer():
     assert all(component_of(module_name(p)) is not None for p in project_files())
+
+
+def test_every_module_of_a_task_room_is_declared_itself():
+    """A room's module sits at the layer of what it extends, so each is declared by name, never by its package."""
+    rooms = [module_name(p) for p in project_files() if module_name(p).startswith("utils.tasks.")]
+    assert rooms and [m for m in rooms if component_of(m)[1] != m] == []
 
 
 def test_the_checker_sees_a_violation(tmp_path, monkeypatch):
@@ -287,3 +301,16 @@ def test_the_package_checker_sees_a_cycle_and_an_import_for_annotations_only(tmp
         f"utils.evaluation (layer {low}) imports utils.training.loop (utils.training, layer {high})"]
     with pytest.raises(AssertionError, match="import cycle: utils.evaluation.evaluate -> utils.evaluation.metrics"):
         test_no_cycles_between_the_modules_of_a_package_outside_the_known_ones()
+
+
+MAX_MODULE_LINES = 450
+MAX_TOP_LEVEL_MODULES = 12  # utils/'s own modules; everything else lives in a package
+
+
+def test_the_rooms_stay_small():
+    """No module over MAX_MODULE_LINES lines, and at most MAX_TOP_LEVEL_MODULES modules at utils/' top level."""
+    long = [f"{p.relative_to(ROOT)}: {n} lines" for p in project_files()
+            if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES]
+    assert long == []
+    top = sorted(p.name for p in (ROOT / "utils").glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, top

@@ -17,7 +17,7 @@ import train
 from utils.deploy.formats import FLOAT_TOLERANCE, MAX_INT8_MAP_DROP, export_format_names
 from utils.deploy.runtime import InferenceModel
 from utils.deploy.verify import output_errors
-from utils.predictions import OutputContract
+from utils.tasks.contract import OutputContract
 from utils.weights.checkpoint import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -305,7 +305,7 @@ def test_half_on_the_cpu_is_refused_as_detect_refuses_it(checkpoint, tiny_datase
 def test_augment_is_refused_for_an_end_to_end_models_final_rows() -> None:
     from types import SimpleNamespace
 
-    from utils.predictions import OutputContract
+    from utils.tasks.contract import OutputContract
 
     opt = test_script.parse_opt(["--augment"])
     final = SimpleNamespace(contract=OutputContract("xyxy_score_cls", 80), weights=Path("yolo26n.pt"), dynamic=True,

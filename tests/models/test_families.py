@@ -18,7 +18,7 @@ from models.head_anchor_free import AnchorFreeDetect, make_anchors
 from models.head_end_to_end import EndToEndDetect
 from models.registry import RowArgs, channel_args, register_module
 from models.yolo import Model, ModelConfigError, load_model_config, parse_model
-from utils.predictions import OutputContract
+from utils.tasks.contract import OutputContract
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -92,7 +92,8 @@ def test_head_interface(models_n: dict[str, Model], name: str, family: str, layo
     assert not head.anchor_based and head.contract == OutputContract(layout, 3)
     assert head.stride.tolist() == [8.0, 16.0, 32.0] and "stride" in dict(head.named_buffers())
     meta = head.export_metadata()
-    assert meta["contract"] == {"layout": layout, "nc": 3, "nm": 0} and meta["stride"] == [8.0, 16.0, 32.0]
+    assert meta["contract"] == {"layout": layout, "nc": 3, "extra": 0, "task": "detect"}
+    assert meta["stride"] == [8.0, 16.0, 32.0]
     assert meta["reg_max"] == (1 if family == "yolo26" else 16)
 
 
@@ -302,7 +303,7 @@ def test_the_docs_sizes_are_what_the_builder_prints(name: str) -> None:
 
 def test_end_to_end_rows_ignore_the_nms_settings(models_n: dict[str, Model]) -> None:
     """docs/models.md: for YOLO26 --iou-thres and --agnostic-nms change nothing; the thresholds only filter rows."""
-    from utils.predictions import postprocess
+    from utils.tasks.contract import postprocess
 
     model = models_n["yolo26n"].eval()
     with torch.no_grad():

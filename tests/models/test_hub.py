@@ -128,7 +128,7 @@ def test_a_segmenter_returns_masks_as_detect_py_makes_them(tiny_seg_weights: Pat
     4 px)."""
     import detect
     from tests.helpers import box_masks_segmenter
-    from utils.masks import masks_to_polygons
+    from utils.tasks.segment.masks import masks_to_polygons
 
     weights = box_masks_segmenter(tiny_seg_weights, tmp_path)
     image = np.random.default_rng(1).integers(0, 256, (48, 64, 3), dtype=np.uint8)

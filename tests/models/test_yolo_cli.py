@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-import models.yolo as yolo
-from models.yolo import ModelConfigError, parse_opt
+import models.layer_profile as yolo
+from models.layer_profile import parse_opt
+from models.yolo import ModelConfigError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 ROOT = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 import reprlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from utils.data.label_cache import (
     cache_arrays,
     check_image,
     check_label_rows,
+    check_sample,
     files_hash,
     load_cache,
     log_scan,
@@ -92,7 +93,7 @@ class ImageEntry:
     problem: str = ""
     no_labels: str = "empty"  # the state of an image without boxes: 'empty', or 'missing' (no annotation file)
     ignore: np.ndarray = field(default_factory=no_regions)
-    outlines: list[np.ndarray | None] | None = None  # per box its outline (n, 2) in the image's pixels, or None
+    extras: list[np.ndarray | None] | None = None  # per box what a task's parser adds (points in the image's pixels)
 
 
 def corner_rows(boxes: np.ndarray, classes: np.ndarray, size: tuple[int, int]) -> np.ndarray:
@@ -107,16 +108,17 @@ def check_entry(args: tuple[str, ImageEntry, int | None, Path | None]) -> tuple[
                                                                                int, str, str]:
     """label_cache.check_sample for an annotation entry: the image checked, its boxes normalised and checked as
     YOLO rows are; a corrupt entry never raises."""
-    return _checked_entry(args)[:6]
+    return checked_entry(args)[:6]
 
 
-def check_segment_entry(args: tuple[str, ImageEntry, int | None, Path | None]) -> tuple:
-    """``check_entry`` keeping outlines: its six values and, seventh, each object's outline normalised to the image
-    (None: a box without one); objects repeated exactly, outline included, are kept once."""
-    return _checked_entry(args, outlines=True)
+PointsNormaliser = Callable[[np.ndarray, tuple[int, int]], np.ndarray]
 
 
-def _checked_entry(args: tuple[str, ImageEntry, int | None, Path | None], outlines: bool = False) -> tuple:
+def checked_entry(args: tuple[str, ImageEntry, int | None, Path | None],
+                  normalise: PointsNormaliser | None = None) -> tuple:
+    """``check_entry``'s six values and, seventh, per object what a task's parser added (``entry.extras``, each
+    made relative to the image's size (w, h) by ``normalise``; None: a box without any); with ``normalise``,
+    objects repeated exactly, their extras included, are kept once. A corrupt entry never raises."""
     im_file, entry, nc, repair_dir = args
     kept: list = []
     try:
@@ -130,9 +132,8 @@ def _checked_entry(args: tuple[str, ImageEntry, int | None, Path | None], outlin
         if len(entry.boxes):
             rows = corner_rows(entry.boxes, entry.classes, shape)
             labels, duplicates, label_note = check_label_rows(rows, nc)
-            if outlines:  # the same checks; duplicates are objects repeated with their outline
-                points = [None if o is None else (np.asarray(o, np.float64) / shape).clip(0, 1).astype(np.float32)
-                          for o in (entry.outlines or [None] * len(rows))]
+            if normalise is not None:  # the same checks; duplicates are objects repeated with their extras
+                points = [None if o is None else normalise(o, shape) for o in (entry.extras or [None] * len(rows))]
                 clipped = rows.astype(np.float32)
                 clipped[:, 1:] = clipped[:, 1:].clip(0, 1)
                 labels, kept, duplicates, label_note = unique_objects(clipped, points)
@@ -146,7 +147,7 @@ def _checked_entry(args: tuple[str, ImageEntry, int | None, Path | None], outlin
 def annotation_hash(split: AnnotationSplit, im_files: Sequence[str], annotation_files: Sequence[str],
                     nc: int | None, kind: str = "") -> str:
     """What decides the cache's validity: the files (paths, sizes, mtimes), nc, names, the crowd rule and the
-    scan's kind ('segments' keeps outlines)."""
+    scan's kind (a task's reader's, which keeps what its labels add)."""
     head = f"a{ANNOTATION_CACHE_VERSION} {split.format} {split.keep_crowd} {split.names}"
     return hashlib.sha256((head + files_hash(im_files, annotation_files, nc, kind)).encode()).hexdigest()
 
@@ -167,34 +168,59 @@ class AnnotationFormat:
 
     parse: Callable[[AnnotationSplit], tuple[list[ImageEntry], str]]
     files: Callable[[AnnotationSplit], list[str]]
-    parse_outlines: Callable[[AnnotationSplit], tuple[list[ImageEntry], str]] | None = None  # entries + outlines
+
+
+Parser = Callable[[AnnotationSplit], tuple[list[ImageEntry], str]]
+
+
+@dataclass(frozen=True)
+class LabelReader:
+    """How a task's labels are read beside the boxes (the base task's, BOXES, reads the boxes alone): ``kind`` names
+    its scans' caches (each kind keeps its own); ``check`` reads one YOLO txt pair (label_cache.check_sample's six
+    values and, seventh, per object its points or None), ``check_entry`` one annotation entry the same way, and
+    ``parsers`` by annotation format the parse that fills ``ImageEntry.extras``; ``width`` is the coordinates per
+    point. ``what``, ``who`` and ``sources`` word the refusals: "voc annotations hold no {what}; {who} needs them
+    ({sources})"."""
+
+    kind: str = ""
+    check: Callable[[tuple], tuple] = check_sample
+    check_entry: Callable[[tuple], tuple] = check_entry
+    parsers: Mapping[str, Parser] = field(default_factory=dict)
+    width: int = 2
+    what: str = "boxes"
+    who: str = "a detector"
+    sources: str = "YOLO labels, COCO JSON or VOC XML"
+
+
+BOXES = LabelReader()
 
 
 def scan_annotations(split: AnnotationSplit, fmt: AnnotationFormat, nc: int | None, prefix: str = "",
-                     segments: bool = False) -> ScanResult:
+                     reader: LabelReader = BOXES) -> ScanResult:
     """The checked scan of an annotation split, from its cache when valid, else parsed and cached. Logs the same
-    counts line and warnings as a YOLO split. With ``segments`` each object's outline is kept (a format without
-    outlines is refused: NoOutlines), in a cache of its own."""
-    if segments and fmt.parse_outlines is None:
-        raise DataError(f"{prefix}{split}: {split.format} annotations hold no outlines; a segmenter needs them (YOLO "
-                         "segment labels or COCO JSON)")
-    kind = "segments" if segments else ""
+    counts line and warnings as a YOLO split. A task's ``reader`` keeps what its labels add (a format it has no
+    parser for is refused), in a cache of its own."""
+    parse = reader.parsers.get(split.format) if reader.kind else fmt.parse
+    if parse is None:
+        raise DataError(f"{prefix}{split}: {split.format} annotations hold no {reader.what}; {reader.who} needs them "
+                        f"({reader.sources})")
+    kind = reader.kind
     path, files = split.cache_path(), fmt.files(split)
     path = path.with_name(f"{path.stem}.{kind}.cache") if kind else path
     listed = _cached_files(path)
     result = load_cache(path, annotation_hash(split, listed, files, nc, kind)) if listed else None
-    if result is not None and segments and result.segments is None:
+    if result is not None and kind and result.extras is None:
         result = None
     shown = path
     if result is None:
         shown = split.annotations
-        entries, note = (fmt.parse_outlines if segments else fmt.parse)(split)
+        entries, note = parse(split)
         if note:
             LOGGER.info(f"{prefix}{split.annotations}: {note}")
         im_files = [e.path for e in entries]
         result = scan_files(im_files, entries, nc, desc=f"{prefix}Reading '{shown}'...", show=dist.is_main_process(),
                             repair_dir=split.cache_dir() / "repaired",
-                            check=check_segment_entry if segments else check_entry)
+                            check=reader.check_entry)
         if save_cache(path, result, annotation_hash(split, im_files, files, nc, kind)):
             LOGGER.info(f"{prefix}New cache created: {path}")
     log_scan(result, prefix, shown, split.annotations)
@@ -205,11 +231,11 @@ def concat_results(results: Sequence[ScanResult]) -> ScanResult:
     """One ScanResult of several sources' scans, in order."""
     if len(results) == 1:
         return results[0]
-    segments = [s for r in results for s in r.segments] if all(r.segments is not None for r in results) else None
+    extras = [s for r in results for s in r.extras] if all(r.extras is not None for r in results) else None
     return ScanResult([f for r in results for f in r.im_files], np.concatenate([r.states for r in results]),
                       np.concatenate([r.shapes for r in results]), [lab for r in results for lab in r.labels],
                       np.concatenate([r.duplicates for r in results]), [m for r in results for m in r.messages],
-                      [c for r in results for c in (r.repaired or [""] * len(r.im_files))], segments)
+                      [c for r in results for c in (r.repaired or [""] * len(r.im_files))], extras)
 
 
 def crowd_note(excluded: int, what: str) -> str:

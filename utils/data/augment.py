@@ -3,13 +3,18 @@
 Images are HWC uint8 BGR numpy arrays. Box arrays are ``(n, 5)`` float32 ``[class, x1, y1, x2, y2]`` in
 pixels unless a function says otherwise. Random functions take an explicit ``np.random.Generator``
 so every rank and worker draws from its own stream.
+
+What a task's samples carry beside the boxes (a segmenter's outlines, a pose model's keypoints) follows the same
+pixels: each geometric step takes the sample's ``extras`` and the task's ``Geometry``, which moves them with the
+matrix that moves the image and the boxes (``warp_mosaic_extras``, ``random_perspective_extras``); the base
+Geometry carries nothing, so a detection sample is exactly the boxes' own functions.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import cv2
 import numpy as np
@@ -17,6 +22,45 @@ import numpy as np
 from utils.boxes import xywhn2xyxy
 
 PAD_COLOR = (114, 114, 114)
+
+
+class Geometry:
+    """What a sample carries per object beside its box, moved with it by every augmentation: the base task's
+    Geometry carries nothing (``extras`` is None throughout). A task's subclass (its ``sample`` part,
+    utils/tasks/registry.py) holds its objects' geometry as one array in the labels' order (a segmenter's outlines
+    (k, n, 2)) and moves it with each step: from normalised to the pixels of an image placed at (pad_x, pad_y)
+    (``place``), onto a mosaic's 2s x 2s canvas (``mosaic``, each tile's extras normalised to its image), by a
+    3x3 matrix into an image of ``out_shape`` (``warp``, which also decides the boxes and which objects survive),
+    back to normalised (``normalize``), mirrored (``flip_lr``/``flip_ud``: a keypoint's left and right swap
+    there), joined by mixup (``join``), and what only extras make possible after a mosaic (``paste``: a
+    segmenter's copy-paste)."""
+
+    def place(self, extras: Any, width: float, height: float, pad_x: float = 0.0, pad_y: float = 0.0) -> Any:
+        return extras
+
+    def mosaic(self, extras: Sequence[Any] | None, sizes: Sequence[tuple[int, int]], places: Sequence[TilePlace],
+               size: int) -> Any:
+        return None
+
+    def warp(self, labels: np.ndarray, extras: Any, matrix: np.ndarray, scale: float,
+             out_shape: tuple[int, int]) -> tuple[np.ndarray, Any]:
+        return warp_boxes(labels, matrix, scale, out_shape), extras
+
+    def normalize(self, extras: Any, width: float, height: float) -> Any:
+        return extras
+
+    def flip_lr(self, extras: Any) -> Any:
+        return extras
+
+    def flip_ud(self, extras: Any) -> Any:
+        return extras
+
+    def join(self, extras: Any, other: Any) -> Any:
+        return extras
+
+    def paste(self, img: np.ndarray, labels: np.ndarray, extras: Any, hyp: dict,
+              rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, Any]:
+        return img, labels, extras
 
 
 class TilePlace(NamedTuple):
@@ -29,6 +73,9 @@ class TilePlace(NamedTuple):
     y2a: int
     x1b: int
     y1b: int
+
+
+BOXES = Geometry()  # the base task's: boxes alone
 
 
 def letterbox(img: np.ndarray, new_shape: int | tuple[int, int] = 640, color: tuple[int, int, int] = PAD_COLOR,
@@ -106,6 +153,17 @@ def random_perspective(img: np.ndarray, labels: np.ndarray, rng: np.random.Gener
     ``border`` (h, w) < 0 crops (used after mosaic: 2s x 2s -> s x s). Boxes that shrink to nothing or
     lose most of their area are dropped.
     """
+    img, labels, _ = random_perspective_extras(img, labels, None, BOXES, rng, degrees, translate, scale, shear,
+                                               perspective, border)
+    return img, labels
+
+
+def random_perspective_extras(img: np.ndarray, labels: np.ndarray, extras: Any, geometry: Geometry,
+                              rng: np.random.Generator, degrees: float = 10, translate: float = 0.1,
+                              scale: float = 0.1, shear: float = 10, perspective: float = 0.0,
+                              border: tuple[int, int] = (0, 0)) -> tuple[np.ndarray, np.ndarray, Any]:
+    """``random_perspective`` moving a task's ``extras`` (pixels) by the same matrix, through its ``geometry``
+    (which also decides the boxes: ``Geometry.warp``)."""
     height, width = img.shape[0] + border[0] * 2, img.shape[1] + border[1] * 2
     matrix, s = _perspective_matrix(rng, img.shape[:2], (height, width), degrees, translate, scale, shear,
                                     perspective)
@@ -114,7 +172,8 @@ def random_perspective(img: np.ndarray, labels: np.ndarray, rng: np.random.Gener
             img = cv2.warpPerspective(img, matrix, dsize=(width, height), borderValue=PAD_COLOR)
         else:
             img = cv2.warpAffine(img, matrix[:2], dsize=(width, height), borderValue=PAD_COLOR)
-    return img, warp_boxes(labels, matrix, s, (height, width))
+    labels, extras = geometry.warp(labels, extras, matrix, s, (height, width))
+    return img, labels, extras
 
 
 def warp_boxes(labels: np.ndarray, matrix: np.ndarray, scale: float, out_shape: tuple[int, int]) -> np.ndarray:
@@ -248,6 +307,19 @@ def warp_mosaic(images: Sequence[np.ndarray], labels: Sequence[np.ndarray], size
     are those of mosaic4 and random_perspective, so both ways give the same boxes and, within interpolation,
     the same pixels.
     """
+    img, boxes, _ = warp_mosaic_extras(images, labels, None, BOXES, size, rng, sizes, degrees, translate, scale,
+                                       shear, perspective, hsv)
+    return img, boxes
+
+
+def warp_mosaic_extras(images: Sequence[np.ndarray], labels: Sequence[np.ndarray], extras: Sequence[Any] | None,
+                       geometry: Geometry, size: int, rng: np.random.Generator,
+                       sizes: Sequence[tuple[int, int]] | None = None, degrees: float = 10, translate: float = 0.1,
+                       scale: float = 0.1, shear: float = 10, perspective: float = 0.0,
+                       hsv: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, Any]:
+    """``warp_mosaic`` moving each tile's task ``extras`` (normalised to its image) with its boxes: placed on the
+    canvas (``Geometry.mosaic``) and warped by the same matrix (``Geometry.warp``, which also decides the boxes).
+    Returns (image, labels (k, 5) [cls, x1, y1, x2, y2], extras in the output's pixels)."""
     sizes = [tuple(img.shape[:2]) for img in images] if sizes is None else [tuple(hw) for hw in sizes]
     places = mosaic_layout(sizes, size, rng)
     boxes = mosaic_boxes(labels, sizes, places, size)
@@ -262,7 +334,8 @@ def warp_mosaic(images: Sequence[np.ndarray], labels: Sequence[np.ndarray], size
         _warp_tile(img, hw, place, matrix, out, hsv if colour_first else None)
     if hsv is not None and not colour_first:
         apply_hsv(out, hsv)
-    return out, warp_boxes(boxes, matrix, s, (size, size))
+    canvas = geometry.mosaic(extras, sizes, places, size)
+    return out, *geometry.warp(boxes, canvas, matrix, s, (size, size))
 
 
 def _warp_tile(img: np.ndarray, canvas_hw: tuple[int, int], place: TilePlace, matrix: np.ndarray,

@@ -30,8 +30,8 @@ from utils.data.annotations import (
 )
 from utils.data.errors import MAX_NAME_LENGTH, DataError
 from utils.data.regular_files import read_regular
-from utils.data.segments import coco_segmentation, instance_polygon
 
+ExtrasReader = Callable[[ImageEntry, list[dict]], None]  # fills entry.extras from its boxes' annotations
 MAX_COCO_BYTES = 16 << 30  # an annotation file (COCO train2017: 448 MB); larger ones are refused from their size
 MAX_DIGITS = 64  # an integer written with more digits is refused before int() sees it (Python stops at 4300)
 
@@ -141,11 +141,12 @@ def _box(annotation: dict) -> list[float] | None:
 
 def coco_entries(data: dict, path: Path, images: Path, names: Sequence[str] = (), keep_crowd: bool = False,
                  locate: Callable[[Any], Path | None] | None = None,
-                 outlines: bool = False) -> tuple[list[ImageEntry], list[str], str]:
+                 extras: ExtrasReader | None = None) -> tuple[list[ImageEntry], list[str], str]:
     """One entry per image of a parsed COCO file (sorted by path), the class names, and a note on what was left
-    out. ``locate`` maps a ``file_name`` to its path (default: inside ``images``, never outside it). With
-    ``outlines`` each entry also gets its boxes' outlines (utils.data.segments: polygons, parts joined; RLE masks
-    traced), in pixels; a malformed ``segmentation`` makes its image corrupt, as a bad ``bbox`` does."""
+    out. ``locate`` maps a ``file_name`` to its path (default: inside ``images``, never outside it). ``extras``
+    (a task's: ``extras(entry, annotations)``, the annotations of the entry's boxes in their order) fills
+    ``entry.extras`` from what the annotations add (a segmenter's outlines); it sets ``entry.problem`` for a
+    malformed one, which makes the image corrupt, as a bad ``bbox`` does."""
     ids, file_names = category_order(data, path, names)
     class_of = {cid: i for i, cid in enumerate(ids)}
     entries = _image_entries(data, locate or (lambda name: path_inside(images, name)))
@@ -169,35 +170,18 @@ def coco_entries(data: dict, path: Path, images: Path, names: Sequence[str] = ()
             what = "bbox" if box is None else f"category_id {short(annotation.get('category_id'))}"
             entry.problem = entry.problem or f"annotation {short(annotation.get('id'))} has a bad {what}"
         else:
-            boxes[image_id].append((cls, box, annotation.get("segmentation")))
+            boxes[image_id].append((cls, box, annotation))
     for key, entry in entries.items():
         if boxes[key]:
             entry.classes = np.array([c for c, _, _ in boxes[key]], np.int64)
             entry.boxes = np.array([b for _, b, _ in boxes[key]], np.float64)
-        if outlines and not entry.problem:
-            _attach_outlines(entry, [s for _, _, s in boxes[key]])
+        if extras is not None and not entry.problem:
+            extras(entry, [a for _, _, a in boxes[key]])
         entry.ignore = np.array([r for r in crowds[key] if r is not None], np.float64).reshape(-1, IGNORE_COLUMNS)
     crowd = sum(len(c) for c in crowds.values())
     notes = [crowd_note(crowd, "crowd boxes"), f"{orphans} annotations name no listed image (ignored)" if orphans
              else ""]
     return sorted(entries.values(), key=lambda e: e.path), file_names, "; ".join(n for n in notes if n)
-
-
-def _attach_outlines(entry: ImageEntry, segmentations: Sequence[Any]) -> None:
-    """``entry.outlines`` from its annotations' ``segmentation`` values, one per box (None: none given); a
-    malformed one sets ``entry.problem``."""
-    width, height = entry.size or (0, 0)
-    outlines = []
-    for segmentation in segmentations:
-        try:
-            if not (width and height) and segmentation not in (None, []):
-                raise ValueError("an outline needs the image entry's 'width' and 'height'")
-            instance = coco_segmentation(segmentation, width, height)
-            outlines.append(instance_polygon(instance, width, height))
-        except ValueError as e:
-            entry.problem = f"bad segmentation: {e}"
-            return
-    entry.outlines = outlines
 
 
 def parse_coco(split: AnnotationSplit) -> tuple[list[ImageEntry], str]:
@@ -207,11 +191,15 @@ def parse_coco(split: AnnotationSplit) -> tuple[list[ImageEntry], str]:
     return entries, note
 
 
-def parse_coco_outlines(split: AnnotationSplit) -> tuple[list[ImageEntry], str]:
-    """``parse_coco`` with each box's outline (a segment scan of a ``coco:`` split)."""
-    entries, _, note = coco_entries(read_coco(split.annotations), split.annotations, split.images, split.names,
-                                    split.keep_crowd, outlines=True)
-    return entries, note
+def parse_coco_with(extras: ExtrasReader) -> Callable[[AnnotationSplit], tuple[list[ImageEntry], str]]:
+    """``parse_coco`` whose entries also get what ``extras`` reads from their annotations (a task's parser)."""
+
+    def parse(split: AnnotationSplit) -> tuple[list[ImageEntry], str]:
+        entries, _, note = coco_entries(read_coco(split.annotations), split.annotations, split.images, split.names,
+                                        split.keep_crowd, extras=extras)
+        return entries, note
+
+    return parse
 
 
 def coco_files(split: AnnotationSplit) -> list[str]:

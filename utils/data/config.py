@@ -11,7 +11,7 @@ data set's folder.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +24,9 @@ from utils.distributed import comm as dist
 from utils.log import LOGGER
 from utils.paths import ROOT, confined, confined_to_any, data_home
 from utils.safe_yaml import YamlError, load_yaml, shown
+from utils.tasks.registry import BASE_TASK, all_tasks, get_task, task_names
 
 DEFAULT_DATA = ROOT / "data" / "synthetic.yaml"
-TASK_DEFAULT_DATA = {"segment": ROOT / "data" / "synthetic-seg.yaml"}  # a task's built-in set, when not detect
 MAX_CLASSES = 10_000
 MAX_SPLIT_ENTRIES = 1000
 
@@ -44,6 +44,7 @@ class DataConfig:
     yaml_file: Path
     is_coco: bool = False
     download: Any = None
+    task_options: dict = field(default_factory=dict)  # the keys registered tasks read (Task.data_keys), as given
 
 
 def _find_yaml(path: str | Path | None) -> Path:
@@ -106,17 +107,16 @@ def _dataset_root(data: dict, yaml_file: Path) -> Path:
         params = data["synthetic"] or {}
         if not isinstance(params, dict):
             raise DataError(f"{yaml_file}: 'synthetic' must be a mapping (task, n_train, n_val, img_size, seed)")
-        from utils.data.formats import SYNTHETIC_SETS  # local: formats imports this module
         from utils.data.synthetic import SyntheticError
 
         root = None if data.get("path") in (None, "") else confined_to_any(data["path"], homes, f"{yaml_file}: path",
                                                                       DataError)
         params = dict(params)
-        task = params.pop("task", "detect")
-        if task not in SYNTHETIC_SETS:
-            raise DataError(f"{yaml_file}: synthetic task {shown(task)} is not one of {', '.join(SYNTHETIC_SETS)}")
+        task = params.pop("task", BASE_TASK)
+        if not isinstance(task, str) or task not in task_names():
+            raise DataError(f"{yaml_file}: synthetic task {shown(task)} is not one of {', '.join(task_names())}")
         try:
-            return SYNTHETIC_SETS[task](root=root, **params)
+            return get_task(task).load("synthetic")(root=root, **params)
         except (TypeError, ValueError) as e:
             raise DataError(f"{yaml_file}: bad 'synthetic' parameters: {str(e)[:200]}") from None
         except SyntheticError as e:
@@ -168,6 +168,13 @@ def run_converter(name: Any, root: Path, names: list[str], yaml_file: Path) -> N
         CONVERTERS[name](root, names)
 
 
+def task_options(data: dict) -> dict:
+    """The values of the keys registered tasks read from a data YAML (``Task.data_keys``; each task's sample part
+    checks its own), as the YAML gives them."""
+    keys = {key for task in all_tasks() for key in task.data_keys}
+    return {key: data[key] for key in sorted(keys) if key in data}
+
+
 def load_data_config(path: str | Path | None = None) -> DataConfig:
     """Read and resolve a data YAML (default: the built-in synthetic set, generated on first use).
 
@@ -194,4 +201,4 @@ def load_data_config(path: str | Path | None = None) -> DataConfig:
         raise DataError(f"{yaml_file}: split path {missing[0]} does not exist; check 'path' and the split entries")
     return DataConfig(root=root, train=splits["train"], val=splits["val"], test=splits.get("test"), nc=nc,
                       names=names, yaml_file=yaml_file, is_coco=yaml_file.name == "coco.yaml" and nc == 80,
-                      download=data.get("download"))
+                      download=data.get("download"), task_options=task_options(data))

@@ -12,10 +12,10 @@ import hashlib
 import math
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from multiprocessing.pool import ThreadPool
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import cv2
 import numpy as np
@@ -30,95 +30,20 @@ from utils.data.augment import (
     hsv_table,
     letterbox,
     mixup,
-    random_perspective,
-    warp_mosaic,
-)
-from utils.data.augment_masks import (
-    RESAMPLE_POINTS,
-    copy_paste,
-    flip_polygons_lr,
-    flip_polygons_ud,
-    mixup_segments,
-    random_perspective_segments,
-    resample_polygons,
-    to_normalized,
-    to_pixels,
-    warp_mosaic_segments,
+    random_perspective_extras,
+    warp_mosaic_extras,
 )
 from utils.data.errors import DataError
-from utils.data.formats import ignore_regions, scan_sources
+from utils.data.formats import ignore_regions, label_reader, scan_sources
 from utils.data.image_io import ImageRefused, read_cached_array, read_image
 from utils.data.label_cache import STATES, copy_name, img2label_paths
 from utils.data.ram_cache import SharedImages, build_shared
+from utils.data.samples import Batch, DatasetOptions, Sample, SampleExtras, TaskBatch, TaskSample
 from utils.device import available_cores
 from utils.distributed import comm as dist
 from utils.hyp import load_hyp
 from utils.log import LOGGER
-from utils.masks import overlap_index, polygons_to_masks
-
-TASKS = ("detect", "segment")
-
-
-@dataclass
-class DatasetOptions:
-    """How a split is loaded: size, batch geometry for --rect, augmentation, caching, classes."""
-
-    img_size: int = 640
-    batch_size: int = 16  # images per --rect shape group (the total over ranks for a sharded loader)
-    augment: bool = False
-    hyp: dict | None = None  # augmentation hyperparameters (the scratch hyps when augmenting without them)
-    rect: bool = False
-    stride: int = 32
-    pad: float = 0.0
-    cache: str | None = None  # 'ram' | 'disk' | None
-    single_cls: bool = False
-    prefix: str = ""  # log prefix, e.g. 'train: '
-    nc: int | None = None  # class count the labels are checked against
-    seed: int = 0
-    names: Sequence[str] | None = None
-    task: str = "detect"  # 'segment': samples carry their objects' outlines and batches their masks
-    overlap_mask: bool = True  # segment: one index image per image (else one mask per object)
-    mask_ratio: int = 4  # segment: masks at 1/mask_ratio of the input's resolution (the prototypes')
-    fraction: float = 1.0  # the share of the split's images kept (the first ones, in file order; at least one)
-
-
-class Sample(NamedTuple):
-    """One image as the data set gives it (a tuple with names: ``img, targets, path, shapes = sample`` works)."""
-
-    image: torch.Tensor  # uint8 (3, h, w) RGB over HWC memory
-    targets: torch.Tensor  # float32 (k, 6) [0, class, cx, cy, w, h] normalised to ``image``
-    path: str
-    shapes: tuple | None  # ((h0, w0), ((ratio_h, ratio_w), (pad_w, pad_h))) of the letterbox; None after mosaic
-
-
-class SegmentSample(NamedTuple):
-    """A Sample of a segment data set: also each object's outline, moved with its box by every augmentation."""
-
-    image: torch.Tensor
-    targets: torch.Tensor
-    path: str
-    shapes: tuple | None
-    outlines: np.ndarray  # float32 (k, n, 2) normalised to ``image``, in the targets' order
-
-
-class Batch(NamedTuple):
-    """Collated samples: images (b, 3, h, w) uint8, targets (n, 6) [image, class, cx, cy, w, h], paths, shapes."""
-
-    images: torch.Tensor
-    targets: torch.Tensor
-    paths: tuple
-    shapes: tuple
-
-
-class SegmentBatch(NamedTuple):
-    """A Batch of segment samples with ``extras`` by name: ``masks`` (for the loss) and, for validation,
-    ``outlines`` (YoloDataset.collate_segments)."""
-
-    images: torch.Tensor
-    targets: torch.Tensor
-    paths: tuple
-    shapes: tuple
-    extras: dict
+from utils.tasks.registry import get_task, task_names
 
 
 def resized_shape(shape: tuple[int, int], img_size: int) -> tuple[int, int]:
@@ -146,14 +71,6 @@ def new_batch(shape: tuple[int, ...]) -> torch.Tensor:
     return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (b, h, w, c)).permute(0, 3, 1, 2)
 
 
-def box_outline(row: np.ndarray) -> np.ndarray:
-    """The outline of an object labelled by its box alone (a 5-column row in a segment data set): the box's
-    corners (4, 2), normalised as the row [cls, cx, cy, w, h]."""
-    _, cx, cy, w, h = (float(v) for v in row)
-    x1, y1, x2, y2 = cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2
-    return np.array([[x1, y1], [x2, y1], [x2, y2], [x1, y2]], np.float32)
-
-
 def rect_batch_shapes(shapes_wh: np.ndarray, batch_size: int, img_size: int, stride: int,
                       pad: float) -> tuple[np.ndarray, np.ndarray]:
     """For images sorted by aspect ratio: each image's batch index and each batch's (h, w) letterbox shape."""
@@ -173,9 +90,9 @@ def rect_batch_shapes(shapes_wh: np.ndarray, batch_size: int, img_size: int, str
 class YoloDataset(torch.utils.data.Dataset):
     """Images and YOLO labels, letterboxed (or mosaicked and augmented) to ``img_size``.
 
-    ``dataset[i]`` -> a Sample (image, targets, path, shapes). With ``task='segment'`` a SegmentSample, whose
-    ``outlines`` (k, RESAMPLE_POINTS, 2) every augmentation moves with the boxes (utils.data.augment_masks);
-    ``collate_fn`` then makes a SegmentBatch, adding the batch's masks (``collate_segments``).
+    ``dataset[i]`` -> a Sample (image, targets, path, shapes). For a task whose labels add to the boxes (its
+    ``labels`` and ``sample`` parts) a TaskSample, whose ``extras`` every augmentation moves with the boxes
+    (``sample_extras``: the task's SampleExtras); ``collate_fn`` then makes a TaskBatch (``collate_extras``).
     """
 
     def __init__(self, sources: str | Path | Sequence[str | Path], options: DatasetOptions | None = None,
@@ -189,10 +106,11 @@ class YoloDataset(torch.utils.data.Dataset):
         self.names = list(opts.names) if opts.names is not None else None
         self.seed = opts.seed
         self.rng = np.random.default_rng([opts.seed, dist.get_rank()])
-        if opts.task not in TASKS:
-            raise DataError(f"unknown task {str(opts.task)[:40]!r} (one of {', '.join(TASKS)})")
+        if opts.task not in task_names():
+            raise DataError(f"unknown task {str(opts.task)[:40]!r} (one of {', '.join(task_names())})")
+        self.sample_extras: SampleExtras = (get_task(opts.task).load("sample") or SampleExtras)(opts)
         result, self.cache_path, self.cache_dir = scan_sources(sources, opts.nc, opts.prefix,
-                                                               segments=opts.task == "segment")
+                                                               label_reader(opts.task))
         self.sources = sources
         self._ignore: dict[str, np.ndarray] | None = None  # ignore regions by path, read when evaluation asks
         self.scan = result.summary()
@@ -205,11 +123,10 @@ class YoloDataset(torch.utils.data.Dataset):
         self.read_files = [result.read_path(i) for i in keep]  # a repaired copy where the scan made one
         self.labels = [result.labels[i].copy() for i in keep]
         self.shapes = result.shapes[keep].astype(np.float64)  # (n, 2) w, h
-        self.segments = None if result.segments is None else [  # per image, per object its outline (normalised)
-            [box_outline(row) if seg is None else seg for row, seg in zip(result.labels[i], result.segments[i])]
-            for i in keep]
-        if self.segments is not None:
-            self.collate_fn = self.collate_segments
+        self.extras = None if result.extras is None else [  # per image, per object its extras (normalised)
+            self.sample_extras.objects(result.labels[i], result.extras[i]) for i in keep]
+        if self.extras is not None:
+            self.collate_fn = self.collate_extras
         if opts.single_cls:
             for lab in self.labels:
                 lab[:, 0] = 0
@@ -227,8 +144,8 @@ class YoloDataset(torch.utils.data.Dataset):
         self.im_files = [self.im_files[i] for i in order]
         self.read_files = [self.read_files[i] for i in order]
         self.labels = [self.labels[i] for i in order]
-        if self.segments is not None:
-            self.segments = [self.segments[i] for i in order]
+        if self.extras is not None:
+            self.extras = [self.extras[i] for i in order]
         self.shapes = self.shapes[order]
         self.batch_index, self.batch_shapes = rect_batch_shapes(self.shapes, batch_size, self.img_size,
                                                                 self.stride, pad)
@@ -244,9 +161,8 @@ class YoloDataset(torch.utils.data.Dataset):
         if self.rect:
             h, w = (int(v) for v in self.batch_shapes[np.argmax(self.batch_shapes.prod(1))])
         boxes = max((len(lab) for lab in self.labels), default=0) * (8 if self.mosaic else 1)
-        masks = 0 if self.segments is None else 4 * h * w // self.options.mask_ratio ** 2 * (
-            1 if self.options.overlap_mask else boxes)
-        return batch_size * (3 * h * w + 6 * 4 * boxes + masks) + 2 * 4096
+        extras = 0 if self.extras is None else self.sample_extras.sample_bytes(h, w, boxes)
+        return batch_size * (3 * h * w + 6 * 4 * boxes + extras) + 2 * 4096
 
     def ignore_regions(self, path: str) -> np.ndarray:
         """Image ``path``'s crowd boxes / difficult objects, which evaluation ignores and training never sees:
@@ -333,13 +249,15 @@ class YoloDataset(torch.utils.data.Dataset):
             img = cv2.resize(img, (w, h), interpolation=self._interpolation(max(h, w) / max(img.shape[:2])))
         return img
 
-    def load_mosaic(self, index: int, hsv: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def load_mosaic(self, index: int, hsv: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, Any]:
         """Mosaic of image ``index`` and 3 random others, warped and cropped to img_size in one pass, with the
-        colour change ``hsv`` (a utils.data.augment.hsv_table) applied when given."""
+        colour change ``hsv`` (a utils.data.augment.hsv_table) applied when given: (image, labels (k, 5) [cls, x1,
+        y1, x2, y2] pixels, the task's extras in pixels (None for boxes alone))."""
         indices = [index, *self.rng.integers(0, len(self), 3).tolist()]
         images, sizes = zip(*(self._mosaic_source(i) for i in indices))
-        return warp_mosaic(images, [self.labels[i] for i in indices], self.img_size, self.rng, sizes,
-                           **self._warp_hyp(), hsv=hsv)
+        extras = None if self.extras is None else [self.sample_extras.prepare(self.extras[i]) for i in indices]
+        return warp_mosaic_extras(images, [self.labels[i] for i in indices], extras, self.sample_extras,
+                                  self.img_size, self.rng, sizes, **self._warp_hyp(), hsv=hsv)
 
     def _mosaic_source(self, i: int) -> tuple[np.ndarray, tuple[int, int]]:
         """Image i for a mosaic and the (h, w) it takes there (load_image's size): the decoded original when
@@ -362,117 +280,52 @@ class YoloDataset(torch.utils.data.Dataset):
         return img, (ratio[0] * w, ratio[1] * h, pad[0], pad[1]), ((h0, w0), ((h * ratio[1] / h0, w * ratio[0] / w0),
                                                                               pad))
 
-    def _letterboxed(self, index: int) -> tuple[np.ndarray, np.ndarray, tuple]:
-        img, place, shapes = self._letterbox(index)
-        labels = self.labels[index].copy()
-        labels[:, 1:] = xywhn2xyxy(labels[:, 1:], *place)
-        if self.augment:
-            img, labels = random_perspective(img, labels, self.rng, **self._warp_hyp())
-        return img, labels, shapes
-
-    def __getitem__(self, index: int | tuple[int, tuple[int, ...]]) -> Sample | SegmentSample:
-        """Sample ``index``; ``(index, key)`` (from the training sampler) first seeds the augmentation from key."""
+    def __getitem__(self, index: int | tuple[int, tuple[int, ...]]) -> Sample | TaskSample:
+        """Sample ``index``; ``(index, key)`` (from the training sampler) first seeds the augmentation from key. One
+        pipeline for every task: each geometric step moves the task's extras with the boxes (``sample_extras``)."""
         if isinstance(index, tuple):
             index, key = index
             self.seed_sample(key)
-        if self.segments is not None:
-            return self._segment_sample(index)
-        hyp, rng = self.hyp, self.rng
+        hyp, rng, geometry = self.hyp, self.rng, self.sample_extras
         hsv = hsv_table(rng, hyp.get("hsv_h", 0), hyp.get("hsv_s", 0), hyp.get("hsv_v", 0)) if self.augment else None
         if self.mosaic and rng.random() < hyp.get("mosaic", 0):
             shapes, mix = None, rng.random() < hyp.get("mixup", 0)
-            img, labels = self.load_mosaic(index, None if mix else hsv)  # coloured where it costs least
+            img, labels, extras = self.load_mosaic(index, None if mix else hsv)  # coloured where it costs least
             if mix:
-                img, labels = mixup(img, labels, *self.load_mosaic(int(rng.integers(0, len(self)))), rng)
-            else:
-                hsv = None
-        else:
-            img, labels, shapes = self._letterboxed(index)
-        if hsv is not None:
-            apply_hsv(img, hsv)
-        labels[:, 1:] = xyxy2xywhn(labels[:, 1:], img.shape[1], img.shape[0], clip=True)
-        if self.augment:
-            if rng.random() < hyp.get("flipud", 0):
-                img, labels = flip_ud(img, labels)
-            if rng.random() < hyp.get("fliplr", 0):
-                img, labels = flip_lr(img, labels)
-        targets = torch.zeros((len(labels), 6))
-        targets[:, 1:] = torch.from_numpy(labels)
-        return Sample(bgr_to_chw_rgb(img), targets, self.im_files[index], shapes)
-
-    # ------------------------------------------------------------------------------------------ outlines
-    def outlines(self, index: int) -> np.ndarray:
-        """Image ``index``'s outlines, normalised, resampled to (k, RESAMPLE_POINTS, 2) for augmentation."""
-        return resample_polygons(self.segments[index], RESAMPLE_POINTS)
-
-    def _segment_mosaic(self, index: int, hsv: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``load_mosaic`` with outlines: (image, labels (k, 5) [cls, x1, y1, x2, y2], outlines (k, n, 2) pixels)."""
-        indices = [index, *self.rng.integers(0, len(self), 3).tolist()]
-        images, sizes = zip(*(self._mosaic_source(i) for i in indices))
-        return warp_mosaic_segments(images, [self.labels[i] for i in indices], [self.outlines(i) for i in indices],
-                                    self.img_size, self.rng, sizes, **self._warp_hyp(), hsv=hsv)
-
-    def _segment_sample(self, index: int) -> SegmentSample:
-        """``__getitem__`` of a segment data set: the detection sample's draws and steps, each moving the outlines
-        with the boxes, plus copy-paste (hyp ``copy_paste``) on mosaics."""
-        hyp, rng = self.hyp, self.rng
-        hsv = hsv_table(rng, hyp.get("hsv_h", 0), hyp.get("hsv_s", 0), hyp.get("hsv_v", 0)) if self.augment else None
-        if self.mosaic and rng.random() < hyp.get("mosaic", 0):
-            shapes, mix = None, rng.random() < hyp.get("mixup", 0)
-            img, labels, polygons = self._segment_mosaic(index, None if mix else hsv)
-            if mix:
-                img2, labels2, polygons2 = self._segment_mosaic(int(rng.integers(0, len(self))))
+                img2, labels2, extras2 = self.load_mosaic(int(rng.integers(0, len(self))))
                 img, labels = mixup(img, labels, img2, labels2, rng)
-                polygons = mixup_segments(polygons, polygons2)
+                extras = geometry.join(extras, extras2)
             else:
                 hsv = None
-            if hyp.get("copy_paste", 0) > 0:
-                img, labels, polygons = copy_paste(img, labels, polygons, hyp["copy_paste"], rng)
+            img, labels, extras = geometry.paste(img, labels, extras, hyp, rng)
         else:
             img, place, shapes = self._letterbox(index)
             labels = self.labels[index].copy()
             labels[:, 1:] = xywhn2xyxy(labels[:, 1:], *place)
-            polygons = to_pixels(self.outlines(index), *place)
+            extras = None if self.extras is None else geometry.place(geometry.prepare(self.extras[index]), *place)
             if self.augment:
-                img, labels, polygons = random_perspective_segments(img, labels, polygons, rng, **self._warp_hyp())
+                img, labels, extras = random_perspective_extras(img, labels, extras, geometry, rng,
+                                                                **self._warp_hyp())
         if hsv is not None:
             apply_hsv(img, hsv)
         labels[:, 1:] = xyxy2xywhn(labels[:, 1:], img.shape[1], img.shape[0], clip=True)
-        polygons = to_normalized(polygons, img.shape[1], img.shape[0])
+        extras = geometry.normalize(extras, img.shape[1], img.shape[0])
         if self.augment:
             if rng.random() < hyp.get("flipud", 0):
-                (img, labels), polygons = flip_ud(img, labels), flip_polygons_ud(polygons)
+                (img, labels), extras = flip_ud(img, labels), geometry.flip_ud(extras)
             if rng.random() < hyp.get("fliplr", 0):
-                (img, labels), polygons = flip_lr(img, labels), flip_polygons_lr(polygons)
+                (img, labels), extras = flip_lr(img, labels), geometry.flip_lr(extras)
         targets = torch.zeros((len(labels), 6))
         targets[:, 1:] = torch.from_numpy(labels)
-        return SegmentSample(bgr_to_chw_rgb(img), targets, self.im_files[index], shapes, polygons)
+        sample = (bgr_to_chw_rgb(img), targets, self.im_files[index], shapes)
+        return Sample(*sample) if self.extras is None else TaskSample(*sample, extras)
 
-    def collate_segments(self, batch: Sequence[tuple]) -> SegmentBatch:
-        """``collate_fn`` of segment samples, plus a fifth item: ``masks``, the batch's masks at 1/mask_ratio of its
-        size (overlap: one index image per image (b, h, w), object r of an image the pixels equal to r + 1, the
-        smaller object on top, its targets put in that order; else one 0/1 mask per target (n, h, w)); without
-        augmentation (validation) also ``outlines``, per image its objects' outlines (k, n, 2) normalised to the
-        batch's size, in the targets' order."""
+    def collate_extras(self, batch: Sequence[tuple]) -> TaskBatch:
+        """``collate_fn`` of TaskSamples: the task's SampleExtras collates their extras (for the batch's size) and
+        may reorder each sample's targets; then the plain collate, with the extras by name as a fifth item."""
         height, width = max(s[0].shape[1] for s in batch), max(s[0].shape[2] for s in batch)
-        ratio, overlap = self.options.mask_ratio, self.options.overlap_mask
-        samples, masks, outlines = [], [], []
-        for img, targets, path, shapes, polygons in batch:
-            pixels = polygons * np.array([img.shape[2], img.shape[1]], np.float32)
-            if overlap:
-                index, order = overlap_index(list(pixels), (height, width), ratio)
-                targets, pixels = targets[torch.from_numpy(order)], pixels[order]
-                masks.append(torch.from_numpy(index))
-            else:
-                masks.append(torch.from_numpy(polygons_to_masks(list(pixels), (height, width), ratio)))
-            outlines.append(pixels / np.array([width, height], np.float32))
-            samples.append((img, targets, path, shapes))
-        if overlap and any(m.dtype != torch.uint8 for m in masks):
-            masks = [m.to(torch.int32) for m in masks]
-        extras = {"masks": torch.stack(masks) if overlap else torch.cat(masks)}
-        if not self.augment:
-            extras["outlines"] = outlines
-        return SegmentBatch(*YoloDataset.collate_fn(samples), extras)
+        samples, extras = self.sample_extras.collate(batch, height, width, self.augment)
+        return TaskBatch(*YoloDataset.collate_fn(samples), extras)
 
     def seed_sample(self, key: Sequence[int]) -> None:
         """Seed the augmentation of the next sample from (seed, epoch, position in the epoch)."""
@@ -485,8 +338,8 @@ class YoloDataset(torch.utils.data.Dataset):
     def collate_quad(self, batch: Sequence[tuple]) -> Batch:
         """--quad: every 4 samples become one image of twice the size: the first one upscaled 2x, or the four
         tiled 2 x 2 (by a draw from the last sample's seeded stream, so a resumed run repeats it)."""
-        if self.segments is not None:
-            raise DataError("--quad is for detection data; a segment data set's batches keep their size")
+        if self.extras is not None:
+            raise DataError(f"--quad is for detection data; a {self.options.task} data set's batches keep their size")
         imgs, targets, paths, shapes = self.collate_fn(batch)
         imgs = imgs.contiguous()  # NCHW: the 2x upscale below then rounds exactly as it always did
         if len(imgs) % 4:

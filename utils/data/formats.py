@@ -18,25 +18,29 @@ from typing import Any
 
 import numpy as np
 
-from utils.data.annotations import AnnotationFormat, AnnotationSplit, concat_results, scan_annotations
-from utils.data.coco_json import coco_files, parse_coco, parse_coco_outlines
+from utils.data.annotations import (
+    BOXES,
+    AnnotationFormat,
+    AnnotationSplit,
+    LabelReader,
+    concat_results,
+    scan_annotations,
+)
+from utils.data.coco_json import coco_files, parse_coco
 from utils.data.errors import DataError
 from utils.data.label_cache import ScanResult, cache_dir_for, cached_scan, img2label_paths, list_image_files
-from utils.data.segments import check_segment_sample
 from utils.data.shared_scan import shared_scan
-from utils.data.synthetic import ensure_synthetic
-from utils.data.synthetic_seg import ensure_synthetic_seg
 from utils.data.voc import parse_voc, voc_files
 from utils.distributed import comm as dist
 from utils.paths import confined
 from utils.safe_yaml import shown
+from utils.tasks.registry import get_task
 
 FORMATS: dict[str, AnnotationFormat] = {
-    "coco": AnnotationFormat(parse=parse_coco, files=coco_files, parse_outlines=parse_coco_outlines),
+    "coco": AnnotationFormat(parse=parse_coco, files=coco_files),
     "voc": AnnotationFormat(parse=parse_voc, files=voc_files),
 }
 SPLIT_KEYS = {"images", "list", "keep_crowd"}
-SYNTHETIC_SETS = {"detect": ensure_synthetic, "segment": ensure_synthetic_seg}  # a data YAML's synthetic: task
 
 
 def _resolve(value: Any, root: Path, where: str) -> Path:
@@ -65,41 +69,44 @@ def split_from_mapping(value: dict, root: Path, names: Sequence[str], yaml_file:
                            image_list, tuple(names), bool(value.get("keep_crowd", False)))
 
 
+def label_reader(task: str | None) -> LabelReader:
+    """How ``task``'s labels are read (its registered LabelReader; the base task's: the boxes alone)."""
+    return get_task(task).load("labels") or BOXES
+
+
 def scan_sources(sources: Any, nc: int | None, prefix: str = "",
-                 segments: bool = False) -> tuple[ScanResult, Path, Path]:
+                 reader: LabelReader = BOXES) -> tuple[ScanResult, Path, Path]:
     """The checked scan of a split's sources, YOLO ones first, then each annotation split:
-    (result, the first source's cache file, its cache folder). With ``segments`` the YOLO labels are read as
-    segment rows and every object's outline is kept (``ScanResult.segments``). All local ranks build it
-    zero-first."""
+    (result, the first source's cache file, its cache folder). A task's ``reader`` reads what its labels add
+    beside the boxes, kept per object (``ScanResult.extras``). All local ranks build it zero-first."""
     items = list(sources) if isinstance(sources, list | tuple) else [sources]
     yolo = [s for s in items if not isinstance(s, AnnotationSplit)]
     parts = []
     if yolo:
         im_files = list_image_files(yolo)
         label_files = img2label_paths(im_files)
-        check = {"check": check_segment_sample, "kind": "segments"} if segments else {}
-        result, path = cached_scan(im_files, label_files, nc, prefix, **check)
+        result, path = cached_scan(im_files, label_files, nc, prefix, check=reader.check, kind=reader.kind)
         parts.append((result, path, cache_dir_for(label_files)))
     for split in (s for s in items if isinstance(s, AnnotationSplit)):
-        parts.append((scan_annotations(split, FORMATS[split.format], nc, prefix, segments), split.cache_path(),
+        parts.append((scan_annotations(split, FORMATS[split.format], nc, prefix, reader), split.cache_path(),
                       split.cache_dir()))
     if not parts or not sum(len(r.im_files) for r, _, _ in parts):
         raise DataError(f"no images found in {', '.join(map(str, items))}")
     return concat_results([r for r, _, _ in parts]), parts[0][1], parts[0][2]
 
 
-def shared_scan_sources(sources: Any, nc: int | None, prefix: str = "", segments: bool = False) -> ScanResult | None:
+def shared_scan_sources(sources: Any, nc: int | None, prefix: str = "",
+                        reader: LabelReader = BOXES) -> ScanResult | None:
     """Under DDP, before the dataset is built: the YOLO txt files of a split are scanned by every rank together
     when a cache is missing or stale (utils.data.shared_scan), so the dataset then reads the cache;
-    ``segments`` as scan_sources'. Returns that scan (None when nothing was scanned). Annotation-file splits are
+    ``reader`` as scan_sources'. Returns that scan (None when nothing was scanned). Annotation-file splits are
     read as before. All ranks must call it; a no-op for one process."""
     items = list(sources) if isinstance(sources, list | tuple) else [sources]
     yolo = [s for s in items if not isinstance(s, AnnotationSplit)]
     if dist.get_world_size() == 1 or not yolo:
         return None
     im_files = list_image_files(yolo)
-    check = {"check": check_segment_sample, "kind": "segments"} if segments else {}
-    return shared_scan(im_files, img2label_paths(im_files), nc, prefix, **check)
+    return shared_scan(im_files, img2label_paths(im_files), nc, prefix, check=reader.check, kind=reader.kind)
 
 
 def ignore_regions(sources: Any, single_cls: bool = False) -> dict[str, np.ndarray]:

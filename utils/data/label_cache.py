@@ -191,18 +191,18 @@ def check_label_rows(labels: np.ndarray, nc: int | None) -> tuple[np.ndarray, in
     return labels, duplicates, note
 
 
-def unique_objects(labels: np.ndarray, outlines: Sequence[np.ndarray | None]) -> tuple[np.ndarray, list, int, str]:
-    """Objects repeated exactly (the same row and the same outline) kept once, in their first place: (labels,
-    outlines, duplicates removed, note)."""
+def unique_objects(labels: np.ndarray, points: Sequence[np.ndarray | None]) -> tuple[np.ndarray, list, int, str]:
+    """Objects repeated exactly (the same row and the same points a task's labels add: a segmenter's outline) kept
+    once, in their first place: (labels, points, duplicates removed, note)."""
     seen, keep = set(), []
-    for i, (row, points) in enumerate(zip(labels, outlines)):
-        key = (row.tobytes(), None if points is None else np.asarray(points).tobytes())
+    for i, (row, object_points) in enumerate(zip(labels, points)):
+        key = (row.tobytes(), None if object_points is None else np.asarray(object_points).tobytes())
         if key not in seen:
             seen.add(key)
             keep.append(i)
     duplicates = len(labels) - len(keep)
     note = f"{duplicates} duplicate labels removed" if duplicates else ""
-    return labels[keep], [outlines[i] for i in keep], duplicates, note
+    return labels[keep], [points[i] for i in keep], duplicates, note
 
 
 def check_sample(args: tuple[str, str, int | None, Path | None]) -> tuple[np.ndarray, tuple[int, int], str, int, str,
@@ -251,7 +251,7 @@ class ScanResult:
     duplicates: np.ndarray  # (n,) int32
     messages: list[str]
     repaired: list[str] = field(default_factory=list)  # per image: a repaired copy to read instead, or ''
-    segments: list[list[np.ndarray | None]] | None = None  # per image, per object its outline (a segment scan)
+    extras: list[list[np.ndarray | None]] | None = None  # per image, per object what a task's labels add (points)
 
     def read_path(self, index: int) -> str:
         """The file to decode for image ``index``: its repaired copy when the scan made one, else the image."""
@@ -267,7 +267,7 @@ class ScanResult:
 
 def files_hash(im_files: Sequence[str], label_files: Sequence[str], nc: int | None, kind: str = "") -> str:
     """A hash of the file list, sizes and mtimes (and nc, which decides class validity, and the scan's ``kind``:
-    '' for boxes, 'segments' for a scan that keeps outlines)."""
+    '' for boxes, a task's reader's kind for a scan that keeps what its labels add)."""
     h = hashlib.sha256(f"v{CACHE_VERSION} nc={nc}{f' {kind}' if kind else ''}".encode())
     for path in (*im_files, *label_files):
         try:
@@ -295,18 +295,19 @@ def scan_files(im_files: Sequence[str], label_files: Sequence[Any], nc: int | No
     """Check every pair on a pool sized to the cores (``cores``, default all), with a progress bar when ``show``;
     damaged images that can be repaired get a repaired copy in ``repair_dir``. ``check`` reads one pair's labels
     (the default: a YOLO txt file; utils.data.annotations passes the boxes an annotation file gave). A ``check``
-    that returns a seventh value, each object's outline (utils.data.segments), makes a scan that keeps them."""
+    that returns a seventh value, per object what a task's labels add to its box (its LabelReader's points, or
+    None), makes a scan that keeps them (``ScanResult.extras``)."""
     n = len(im_files)
     states, shapes = np.zeros(n, np.int8), np.zeros((n, 2), np.int32)
-    labels, duplicates, messages, repaired, segments = [], np.zeros(n, np.int32), [], [], []
+    labels, duplicates, messages, repaired, extras = [], np.zeros(n, np.int32), [], [], []
     counts = dict.fromkeys(STATES, 0)
     with _check_pool(n, cores) as pool:
         jobs = [(im, lb, nc, repair_dir) for im, lb in zip(im_files, label_files)]
         bar = tqdm(pool.imap(check, jobs, chunksize=16), total=n, desc=desc, leave=False, unit="img",
                    disable=not show or not sys.stderr.isatty())  # a log file gets the summary line only
-        for i, (lab, shape, state, dup, msg, copy, *outlines) in enumerate(bar):
+        for i, (lab, shape, state, dup, msg, copy, *points) in enumerate(bar):
             states[i], shapes[i], duplicates[i] = STATES.index(state), shape, dup
-            segments += outlines
+            extras += points
             labels.append(lab)
             messages.append(msg)
             repaired.append(copy)
@@ -314,25 +315,27 @@ def scan_files(im_files: Sequence[str], label_files: Sequence[Any], nc: int | No
             bar.set_postfix_str(f"{counts['found'] + counts['empty']} found, {counts['missing']} missing, "
                                 f"{counts['empty']} empty, {counts['corrupt']} corrupt", refresh=False)
     return ScanResult(list(im_files), states, shapes, labels, duplicates, messages, repaired,
-                      segments if len(segments) == n and n else None)
+                      extras if len(extras) == n and n else None)
 
 
-def pack_segments(segments: Sequence[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
-    """Outlines (None: no outline) -> (points (P, 2) float32, offsets (k + 1,) int64): object i's points are
-    ``points[offsets[i]:offsets[i + 1]]`` (none for no outline); plain arrays an ``.npz`` holds without pickles."""
-    lengths = [0 if s is None else len(s) for s in segments]
+def pack_points(objects: Sequence[np.ndarray | None]) -> tuple[np.ndarray, np.ndarray]:
+    """Per object its points (n_i, width) (None: none) -> (points (P, width) float32, offsets (k + 1,) int64): object
+    i's points are ``points[offsets[i]:offsets[i + 1]]`` (none for None); plain arrays an ``.npz`` holds without
+    pickles (a segmenter's outlines, a pose model's keypoints). The width is the first object's (2 without any)."""
+    width = next((int(np.asarray(s).shape[-1]) for s in objects if s is not None), 2)
+    lengths = [0 if s is None else len(s) for s in objects]
     offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
-    arrays = [np.asarray(s, np.float32).reshape(-1, 2) for s in segments if s is not None]
-    points = np.concatenate(arrays) if arrays else np.zeros((0, 2), np.float32)
+    arrays = [np.asarray(s, np.float32).reshape(-1, width) for s in objects if s is not None]
+    points = np.concatenate(arrays) if arrays else np.zeros((0, width), np.float32)
     return points, offsets
 
 
-def unpack_segments(points: np.ndarray, offsets: np.ndarray) -> list[np.ndarray | None]:
-    """The inverse of ``pack_segments``; ValueError when the offsets do not index the points (a damaged cache)."""
+def unpack_points(points: np.ndarray, offsets: np.ndarray) -> list[np.ndarray | None]:
+    """The inverse of ``pack_points``; ValueError when the offsets do not index the points (a damaged cache)."""
     offsets = np.asarray(offsets)
     if offsets.ndim != 1 or not len(offsets) or offsets[0] != 0 or offsets[-1] != len(points) \
             or (np.diff(offsets) < 0).any():
-        raise ValueError("segment offsets do not index the stored points")
+        raise ValueError("point offsets do not index the stored points")
     return [points[a:b] if b > a else None for a, b in zip(offsets[:-1].tolist(), offsets[1:].tolist())]
 
 
@@ -358,8 +361,8 @@ def save_cache(path: Path, result: ScanResult, file_hash: str) -> bool:
         "messages": np.array(result.messages if result.messages else [], dtype=str),
         "repaired": np.array(result.repaired if result.repaired else [], dtype=str),
     }
-    if result.segments is not None:  # every object's outline, in label order: (P, 2) points and offsets
-        arrays["seg_points"], arrays["seg_offsets"] = pack_segments([s for image in result.segments for s in image])
+    if result.extras is not None:  # every object's points, in label order: (P, width) points and offsets
+        arrays["extra_points"], arrays["extra_offsets"] = pack_points([s for image in result.extras for s in image])
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -398,16 +401,16 @@ def load_cache(path: Path, file_hash: str) -> ScanResult | None:
                 return None
             counts = z["counts"]
             labels = np.split(z["labels"].astype(np.float32), np.cumsum(counts)[:-1]) if len(counts) else []
-            segments = None
-            if "seg_points" in z.files:
-                flat = unpack_segments(z["seg_points"].astype(np.float32), z["seg_offsets"])
+            extras = None
+            if "extra_points" in z.files:
+                flat = unpack_points(z["extra_points"].astype(np.float32), z["extra_offsets"])
                 if len(flat) != int(counts.sum()):
                     return None
                 ends = np.cumsum(counts).tolist()
-                segments = [flat[end - c:end] for c, end in zip(counts.tolist(), ends)]
+                extras = [flat[end - c:end] for c, end in zip(counts.tolist(), ends)]
             return ScanResult([str(f) for f in z["im_files"]], z["states"].astype(np.int8),
                               z["shapes"].astype(np.int32), labels, z["duplicates"].astype(np.int32),
-                              [str(m) for m in z["messages"]], [str(r) for r in z["repaired"]], segments)
+                              [str(m) for m in z["messages"]], [str(r) for r in z["repaired"]], extras)
     except Exception:  # any damage means: rebuild
         return None
 
@@ -421,7 +424,7 @@ def cached_scan(im_files: Sequence[str], label_files: Sequence[str], nc: int | N
     """
     path, file_hash = cache_path_for(label_files, kind), files_hash(im_files, label_files, nc, kind)
     result = load_cache(path, file_hash)
-    if result is not None and kind and result.segments is None:
+    if result is not None and kind and result.extras is None:
         result = None
     shown = path
     if result is None:

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler
 
 from utils.data.datasets import DatasetOptions, YoloDataset
 from utils.data.errors import DataError
-from utils.data.formats import shared_scan_sources
+from utils.data.formats import label_reader, shared_scan_sources
 from utils.data.ram_cache import plan_shared_memory, shm_free, size_text
 from utils.data.shard_urls import ShardSpec
 from utils.data.stream import StreamDataset, load_stream, rank_positions
@@ -29,6 +29,7 @@ from utils.device import available_cores
 from utils.distributed import comm as dist
 from utils.distributed.signals import protect_worker
 from utils.log import LOGGER
+from utils.tasks.registry import get_task
 
 
 class ResumableSampler(Sampler):
@@ -261,9 +262,10 @@ def create_dataloader(sources: str | Path | Sequence[str | Path], options: Datas
     if options.rect and shuffle:
         LOGGER.warning(f"{options.prefix}WARNING: --rect keeps images sorted by aspect ratio; shuffle is turned off")
     shared_scan_sources(sources, options.nc, options.prefix,  # every rank scans its share when a cache is stale
-                        segments=options.task == "segment")
+                        label_reader(options.task))
     with dist.zero_first(local=True):  # then the cache is read (or, unwritable, scanned by local rank 0 first)
-        dataset = YoloDataset(sources, options, batch_size=batch_size * world if options.rect else batch_size,
+        dataset_class = get_task(options.task).load("dataset") or YoloDataset  # a task may read its own data
+        dataset = dataset_class(sources, options, batch_size=batch_size * world if options.rect else batch_size,
                               cache=None)
     if options.cache:  # every rank takes part (a shared RAM cache, or a share of the disk cache)
         dataset.cache_images(options.cache, options.prefix)
@@ -284,9 +286,9 @@ def stream_loader(items: list, options: DatasetOptions, workers: int, *, trainin
     if options.fraction < 1:
         raise DataError(f"{options.prefix}--fraction keeps a share of a split's image files; a split in shards "
                         "streams whole shards: name fewer shards in the data YAML instead")
-    if options.task != "detect":
-        raise DataError(f"{options.prefix}tar shards hold boxes only; a {options.task} model reads YOLO segment "
-                        "labels or COCO JSON")
+    reader = label_reader(options.task)
+    if reader.kind:
+        raise DataError(f"{options.prefix}tar shards hold boxes only; a {options.task} model reads {reader.sources}")
     if options.rect and training:
         LOGGER.warning(f"{options.prefix}WARNING: --rect does not apply to streamed shards; square batches are used")
     dataset, split = load_stream(items[0], options, training=training)

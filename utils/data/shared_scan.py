@@ -1,5 +1,6 @@
 """The label scan of a YOLO txt split shared by every rank of every machine under DDP: each rank checks its
-contiguous share, the shares travel as a few plain arrays (outlines too, for a segment scan) and are merged into the
+contiguous share, the shares travel as a few plain arrays (what a task's labels add too, for a scan that keeps
+it) and are merged into the
 one-process scan, and the cache is written once (utils.data.label_cache holds the scan and the cache themselves;
 they are called through that module, so whatever wraps them there wraps them here too)."""
 
@@ -31,9 +32,9 @@ def packed(result: ScanResult) -> dict[str, Any]:
             "counts": np.array([len(lab) for lab in result.labels], np.int64),
             "labels": np.concatenate(result.labels, 0) if result.labels else np.zeros((0, 5), np.float32),
             "messages": result.messages, "repaired": [bool(r) for r in result.repaired],
-            "segments": None if result.segments is None else (
-                np.array([len(image) for image in result.segments], np.int64),
-                *label_cache.pack_segments([s for image in result.segments for s in image]))}
+            "extras": None if result.extras is None else (
+                np.array([len(image) for image in result.extras], np.int64),
+                *label_cache.pack_points([s for image in result.extras for s in image]))}
 
 
 def merged(parts: Sequence[dict[str, Any]], im_files: Sequence[str], repair_dir: Path) -> ScanResult:
@@ -51,18 +52,18 @@ def merged(parts: Sequence[dict[str, Any]], im_files: Sequence[str], repair_dir:
     return ScanResult(list(im_files), np.concatenate([p["states"] for p in parts]),
                       np.concatenate([p["shapes"] for p in parts]), labels,
                       np.concatenate([p["duplicates"] for p in parts]), [m for p in parts for m in p["messages"]],
-                      repaired, merged_segments(parts))
+                      repaired, merged_extras(parts))
 
 
-def merged_segments(parts: Sequence[dict[str, Any]]) -> list[list[np.ndarray | None]] | None:
-    """The gathered shares' outlines per image (None for a box scan)."""
-    if any(p["segments"] is None for p in parts):
+def merged_extras(parts: Sequence[dict[str, Any]]) -> list[list[np.ndarray | None]] | None:
+    """The gathered shares' extras (what a task's labels add) per image (None for a box scan)."""
+    if any(p["extras"] is None for p in parts):
         return None
     merged = []
-    for per_image, points, offsets in (p["segments"] for p in parts):
-        outlines = label_cache.unpack_segments(points, offsets)
+    for per_image, points, offsets in (p["extras"] for p in parts):
+        objects = label_cache.unpack_points(points, offsets)
         bounds = np.concatenate(([0], np.cumsum(per_image)))
-        merged += [outlines[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
+        merged += [objects[a:b] for a, b in zip(bounds[:-1].tolist(), bounds[1:].tolist())]
     return merged
 
 

@@ -36,6 +36,7 @@ import torch
 
 from utils.data.datasets import DatasetOptions, YoloDataset
 from utils.data.image_io import ImageRefused, decode_image
+from utils.data.samples import SampleExtras
 from utils.data.shard_urls import ShardSpec
 from utils.data.shards import Opener, ShardIndex, opener, read_index, read_samples
 from utils.distributed import comm as dist
@@ -135,7 +136,8 @@ class SamplePool(YoloDataset):
         self.rng = np.random.default_rng(opts.seed)
         self.im_files, self.read_files, self.labels, self.images = [], [], [], []
         self.shapes = np.zeros((0, 2))
-        self.batch_index = self.batch_shapes = self.ram = self.segments = None  # boxes only (masks: not yet)
+        self.batch_index = self.batch_shapes = self.ram = self.extras = None  # boxes only (no task extras yet)
+        self.sample_extras = SampleExtras(opts)
         self.npy_cached, self.next_slot = False, 0
 
     def add(self, name: str, image: np.ndarray, labels: np.ndarray) -> int:

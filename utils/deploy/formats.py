@@ -70,7 +70,8 @@ class LoadOptions:
 @dataclass
 class LoadedModel:
     """A format's opened file: ``run`` maps a float batch (b, 3, h, w) to the decoded predictions (b, n, columns of
-    the output contract its metadata records), followed for a segmenter by its prototypes (b, nm, h', w')."""
+    the output contract its metadata records), followed by its task's other outputs (a segmenter's prototypes
+    (b, nm, h', w'))."""
 
     run: Callable[[torch.Tensor], torch.Tensor | tuple[torch.Tensor, ...]]
     meta: dict[str, Any]  # what export_metadata wrote (stride, names, img_size, ...)
@@ -182,13 +183,13 @@ def export_metadata(model: nn.Module, img_size: tuple[int, int], batch_size: int
             "num_anchors": len(anchors[0]), "half": bool(half), "head": head}
 
 
-OUTPUT_NAMES = ("output0", "output1")  # the rows, and a segmenter's prototypes (a detector has only the first)
+OUTPUT_NAMES = tuple(f"output{i}" for i in range(8))  # the rows, then the task's other outputs, in order
 
 
 def output_count(model: nn.Module) -> int:
-    """How many outputs an export of ``model`` has: the rows, and a segmenter's prototypes (its contract has
-    ``nm``)."""
-    return 2 if model.head.contract.nm else 1
+    """How many outputs an export of ``model`` has: the rows, then its task's other outputs (its contract's
+    ``outputs``: a segmenter's prototypes)."""
+    return len(model.head.contract.outputs)
 
 
 MAX_METADATA_TEXT = 1 << 20  # bytes of an exported file's metadata text (80 class names: ~1 KB)
@@ -281,7 +282,7 @@ def _head(value: Any) -> dict[str, Any] | None:
     checked: dict[str, Any] = {}
     for key, field in value.items():
         if key == "contract":
-            plain = isinstance(field, dict) and len(field) <= 3 and \
+            plain = isinstance(field, dict) and len(field) <= 8 and \
                 all(_plain_value(v) is not None for v in field.values())
             used = dict(field) if plain else None
         elif key == "stride":

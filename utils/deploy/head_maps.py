@@ -15,30 +15,39 @@ from models.head import Detect
 from models.head_anchor_free import AnchorFreeDetect
 from models.head_end_to_end import EndToEndDetect
 from models.registry import LIMITS
-from models.segment import Segment
 from utils.deploy.formats import FormatError, check_metadata
-from utils.predictions import MAX_MASKS, ContractError, OutputContract
+from utils.tasks.contract import ContractError, OutputContract
+from utils.tasks.registry import get_task
 
 
 def head_from_metadata(meta: dict, source: object = "metadata") -> nn.Module:
     """The Detect head (anchors and strides from the metadata, no convolutions) whose decode() turns raw maps into
-    (b, n, 5 + nc) (YOLOv5's row layout), a Segment head's when the metadata records ``nm`` mask coefficients
-    (rows (b, n, 5 + nc + nm)); the fields are checked first (check_metadata), one FormatError line otherwise."""
+    (b, n, 5 + nc) (YOLOv5's row layout); for a model of another task, the head its ``export`` part rebuilds
+    (``raw_map_head(nc, anchors, contract)``: a segmenter's rows carry its mask coefficients); the fields are
+    checked first (check_metadata), one FormatError line otherwise."""
     meta = check_metadata(meta, source)
     missing = [key for key in ("names", "anchors", "strides") if key not in meta]
     if missing:
         raise FormatError(f"{source}: its metadata lacks {', '.join(missing)}; re-export it with export.py")
     anchors = [[v for pair in level for v in pair] for level in meta["anchors"]]
-    nm = mask_count(meta)
-    head = Segment.decoder(len(meta["names"]), anchors, nm) if nm else Detect(len(meta["names"]), anchors, ())
+    contract, task = recorded_contract(meta, source), get_task(recorded_contract(meta, source).task)
+    rebuild = getattr(task.load("export"), "raw_map_head", None)
+    if not task.base and rebuild is None:
+        raise FormatError(f"{source}: the raw maps of {task.model_noun} are not decoded here; re-export it in float")
+    head = Detect(len(meta["names"]), anchors, ()) if task.base else rebuild(len(meta["names"]), anchors, contract)
     head.stride.copy_(torch.tensor(meta["strides"]))
     return head.eval()
 
 
-def mask_count(meta: dict) -> int:
-    """The mask coefficients per row the (checked) metadata records under ``head``: 0 for a detector."""
-    nm = (meta.get("head") or {}).get("nm", 0)
-    return nm if isinstance(nm, int) and not isinstance(nm, bool) and 0 <= nm <= MAX_MASKS else 0
+def recorded_contract(meta: dict, source: object = "metadata") -> OutputContract:
+    """The output contract export.py recorded under ``head`` (a file from before contracts: YOLOv5's layout for its
+    classes); one FormatError line for one that cannot be honoured."""
+    head = meta.get("head")
+    try:
+        return OutputContract.from_metadata(head.get("contract") if isinstance(head, dict) else None,
+                                            nc=len(meta.get("names") or ()) or None)
+    except ContractError as e:
+        raise FormatError(f"{source}: {e}") from None
 
 
 class RawMapDecoder:
@@ -50,9 +59,9 @@ class RawMapDecoder:
 
     def __init__(self, head_meta: Any, source: object = "the file") -> None:
         contract, strides, reg_max, max_det = checked_head_metadata(head_meta, source)
-        if contract.layout not in ("xywh_cls", "xyxy_score_cls") or contract.nm:
-            raise FormatError(f"{source}: raw maps of a {contract.layout} head with {contract.nm} mask coefficients "
-                              "are not decoded here (anchor-free detection heads only)")
+        if contract.layout not in ("xywh_cls", "xyxy_score_cls") or contract.extra:
+            raise FormatError(f"{source}: raw maps of a {contract.layout} head with {contract.extra} extra columns "
+                              f"({contract.task}) are not decoded here (anchor-free detection heads only)")
         self.contract, self.end_to_end, self.source = contract, contract.end_to_end, source
         channels = [4] * len(strides)  # the convolutions are never run: the smallest that builds
         self.head = (EndToEndDetect(contract.nc, reg_max, False, channels, max_det) if self.end_to_end

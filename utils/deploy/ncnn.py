@@ -28,8 +28,8 @@ from utils.deploy.formats import (
     read_metadata_yaml,
     require,
 )
-from utils.deploy.head_maps import RawMapDecoder, head_from_metadata, mask_count
-from utils.predictions import ContractError, OutputContract
+from utils.deploy.head_maps import RawMapDecoder, head_from_metadata, recorded_contract
+from utils.tasks.contract import ContractError, OutputContract
 
 PARAM, BIN, METADATA = "model.ncnn.param", "model.ncnn.bin", "metadata.yaml"
 
@@ -150,15 +150,15 @@ class NcnnFormat(ExportFormat):
             extractor.input(inputs[0], ncnn.Mat(np.ascontiguousarray(image)))
             return [torch.from_numpy(np.array(extractor.extract(name)[1]))[None] for name in outputs]
 
-        segments = mask_count(meta) > 0
+        others = len(recorded_contract(meta, file).outputs) - 1  # the task's other outputs follow the maps
 
-        def run(images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        def run(images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
             array = images.detach().cpu().float().numpy()
             per_image = [run_one(image) for image in array]
-            maps = [torch.cat(level) for level in zip(*per_image)]  # a segmenter's prototypes last
+            maps = [torch.cat(level) for level in zip(*per_image)]  # a task's other outputs (prototypes) last
             found = (head.decode(maps[:head.nl]) if head is not None else rows(maps[0]) if rows is not None
                      else maps[0])
-            return (found, maps[-1]) if segments else found
+            return (found, *maps[-others:]) if others else found
 
         img_size = meta.get("img_size")
         return LoadedModel(run, {**meta, "dynamic": False}, [1, 3, *img_size] if img_size else None)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -29,7 +29,6 @@ from utils.deploy.formats import (
     LoadedModel,
     LoadOptions,
     first_line,
-    output_count,
     parse_json_metadata,
     quiet_jit_warnings,
     require,
@@ -48,12 +47,13 @@ def onnx_export_parameters() -> Collection[str]:
     return inspect.signature(torch.onnx.export).parameters.keys()
 
 
-def onnx_export_kwargs(options: ExportOptions, parameters: Collection[str] | None = None, outputs: int = 1) -> dict:
-    """torch.onnx.export's keywords for these options, only those ``parameters`` (this torch's) has; ``outputs``: 2
-    for a segmenter (rows, prototypes)."""
+def onnx_export_kwargs(options: ExportOptions, parameters: Collection[str] | None = None,
+                       outputs: Sequence[str] = ("rows",)) -> dict:
+    """torch.onnx.export's keywords for these options, only those ``parameters`` (this torch's) has; ``outputs``:
+    the contract's outputs (the rows, then the task's others: a segmenter's prototypes)."""
     parameters = onnx_export_parameters() if parameters is None else parameters
     kwargs: dict = {"opset_version": options.opset, "input_names": ["images"],
-                    "output_names": list(OUTPUT_NAMES[:outputs]), "verbose": bool(options.verbose)}
+                    "output_names": list(OUTPUT_NAMES[:len(outputs)]), "verbose": bool(options.verbose)}
     if "dynamo" in parameters:
         kwargs["dynamo"] = options.dynamo
     elif options.dynamo:
@@ -64,9 +64,8 @@ def onnx_export_kwargs(options: ExportOptions, parameters: Collection[str] | Non
     elif options.dynamic:
         kwargs["dynamic_axes"] = {"images": {0: "batch", 2: "height", 3: "width"},
                                   "output0": {0: "batch", 1: "anchors"},
-                                  "output1": {0: "batch", 2: "mask_height", 3: "mask_width"}}
-        kwargs["dynamic_axes"] = {k: v for k, v in kwargs["dynamic_axes"].items() if k in ["images",
-                                                                                        *OUTPUT_NAMES[:outputs]]}
+                                  **{OUTPUT_NAMES[i]: {0: "batch", 2: f"{name}_height", 3: f"{name}_width"}
+                                     for i, name in enumerate(outputs) if i}}
     return kwargs
 
 
@@ -99,7 +98,8 @@ def write_onnx(model: nn.Module, images: torch.Tensor, file: Path, meta: dict, o
     import onnx
 
     with quiet_jit_warnings():
-        torch.onnx.export(model, (images,), str(file), **onnx_export_kwargs(options, outputs=output_count(model)))
+        torch.onnx.export(model, (images,), str(file),
+                          **onnx_export_kwargs(options, outputs=model.head.contract.outputs))
     proto = onnx.load(str(file))
     if options.simplify:
         proto = simplify_onnx(proto)

@@ -5,9 +5,9 @@ reads the metadata it carries (stride, class names, export image size, dynamic s
 ``test.py`` and ``hubconf.py`` treat them alike: call it with a float image batch (b, 3, h, w) in [0, 1] and get
 the decoded predictions (b, n, columns) as a torch tensor, laid out as its ``contract`` says (the output contract the
 file's metadata records; a file from before contracts were recorded is a YOLOv5 detector's: [cx, cy, w, h (input
-pixels), obj, cls...]). ``utils.predictions.postprocess(pred, model.contract, ...)`` turns them into detections.
-A segmenter (its contract has ``nm`` mask coefficients) returns ``(rows, prototypes)``, the prototypes
-(b, nm, h/4, w/4), as the PyTorch model does; ``utils.masks.process_masks`` makes the masks.
+pixels), obj, cls...]). ``utils.tasks.contract.postprocess(pred, model.contract, ...)`` turns them into detections.
+A model whose task has other outputs (``contract.outputs``: a segmenter's prototypes (b, nm, h/4, w/4)) returns
+``(rows, *others)`` as the PyTorch model does; the task's ``predict`` part reads them.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from utils.deploy.formats import ExportFormat, LoadOptions, all_formats, check_m
 from utils.errors import UserError
 from utils.evaluation.tta import DetectLayout
 from utils.log import LOGGER
-from utils.predictions import ContractError, OutputContract
+from utils.tasks.contract import ContractError, OutputContract
 from utils.weights.downloads import attempt_download_once_per_node, check_not_url, is_release_name
 
 
@@ -179,50 +179,51 @@ class InferenceModel:
         return self.module if self.module is not None else ExportedModule(self)
 
     @property
-    def segments(self) -> bool:
-        """Whether it is a segmenter: calls return (rows, prototypes)."""
-        return self.contract.nm > 0
+    def several_outputs(self) -> bool:
+        """Whether calls return (rows, *others): its task has outputs besides the rows (a segmenter's prototypes)."""
+        return len(self.contract.outputs) > 1
 
     @property
     def task(self) -> str:
-        """The task whose labels score it: 'segment' (a split's outlines are read) or 'detect'."""
-        return "segment" if self.segments else "detect"
+        """The task whose labels score it (its contract's)."""
+        return self.contract.task
 
     @torch.no_grad()
-    def __call__(self, images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Decoded predictions (b, n, contract columns) for a float image batch (b, 3, h, w) in [0, 1]; for a
-        segmenter ``(rows, prototypes (b, nm, h', w'))``."""
+    def __call__(self, images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """Decoded predictions (b, n, contract columns) for a float image batch (b, 3, h, w) in [0, 1]; for a task
+        with other outputs ``(rows, *others)`` (a segmenter's prototypes (b, nm, h', w'))."""
         if self.batch_size is None or images.shape[0] == self.batch_size:
             return self._forward(images)
         outputs = []  # a static export takes exactly batch_size images: run chunks, zero-padding the last
         for chunk in images.split(self.batch_size):
             padded = torch.cat((chunk, chunk.new_zeros(self.batch_size - len(chunk), *chunk.shape[1:])), 0)
             output = self._forward(padded)
-            outputs.append(tuple(part[: len(chunk)] for part in output) if self.segments else output[: len(chunk)])
-        if self.segments:
+            outputs.append(tuple(part[: len(chunk)] for part in output) if self.several_outputs
+                           else output[: len(chunk)])
+        if self.several_outputs:
             return tuple(torch.cat(parts, 0) for parts in zip(*outputs))  # type: ignore[return-value]
         return torch.cat(outputs, 0)
 
-    def _forward(self, images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """The runtime's outputs checked against the contract: the rows first, then (a segmenter) the prototypes."""
+    def _forward(self, images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """The runtime's outputs checked against the contract: the rows first, then the task's other outputs."""
         output = self._run(images)
         parts = list(output) if isinstance(output, (list, tuple)) else [output]
         rows, columns = (parts[0] if parts else None), self.contract.columns  # the row width its metadata promises
-        if not isinstance(rows, torch.Tensor) or rows.dim() != 3 or rows.shape[0] != images.shape[0] or \
-                rows.shape[2] != columns or not rows.is_floating_point():
+        if not isinstance(rows, torch.Tensor) or rows.dim() != self.contract.rank or rows.shape[0] != images.shape[0] \
+                or rows.shape[-1] != columns or not rows.is_floating_point():
             found = tuple(rows.shape) if isinstance(rows, torch.Tensor) else type(rows).__name__
             raise InferenceModelError(f"{self.weights} returned a {found} tensor, not (batch, boxes, {columns}) "
                                       f"floats for {len(self.names)} classes ({self.contract.layout}); it is not a "
                                       "detection model of this project's layout (re-export it with export.py)")
-        if not self.segments:
+        if not self.several_outputs:
             return rows.to(self.device)
-        protos = parts[1] if len(parts) > 1 else None
-        if not isinstance(protos, torch.Tensor) or protos.dim() != 4 or protos.shape[:2] != (len(rows),
-                                                                                            self.contract.nm):
-            found = tuple(protos.shape) if isinstance(protos, torch.Tensor) else "no"
-            raise InferenceModelError(f"{self.weights} returned {found} prototypes, not (batch, {self.contract.nm}, "
-                                      "h, w) as its segmentation contract needs (re-export it with export.py)")
-        return rows.to(self.device), protos.to(self.device)
+        names, others = self.contract.outputs[1:], parts[1:]
+        for name, other in zip(names, [*others, *[None] * (len(names) - len(others))]):
+            if not isinstance(other, torch.Tensor) or other.dim() < 2 or other.shape[0] != len(rows):
+                found = tuple(other.shape) if isinstance(other, torch.Tensor) else "no"
+                raise InferenceModelError(f"{self.weights} returned {found} {name}, not (batch, ...) as its "
+                                          f"{self.contract.task} contract needs (re-export it with export.py)")
+        return rows.to(self.device), *(other.to(self.device) for other in others[:len(names)])
 
     def warmup(self, img_size: tuple[int, int] = (640, 640)) -> None:
         """One forward pass on zeros, so the first timed image does not pay for lazy initialisation."""
@@ -242,6 +243,6 @@ class ExportedModule(nn.Module):
         self.contract = model.contract  # the row layout of its output, from the file's metadata
         self.register_buffer("stride", torch.tensor(model.strides, device=model.device), persistent=False)
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         output = self.inference(images.float())
-        return tuple(part.float() for part in output) if self.inference.segments else output.float()
+        return tuple(part.float() for part in output) if self.inference.several_outputs else output.float()

@@ -6,8 +6,9 @@ translation is refused with one line naming it.
 The graph takes (b, h, w, 3) float images in [0, 1] and returns what the .pt returns in eval mode, the head's
 decoded (b, n, columns) rows as its output contract lays them out: YOLOv5 (b, n, 5 + nc); YOLOv8/YOLO11 (b, n,
 4 + nc) after the DFL decode; YOLO26 its final (b, k, 6) rows, top-k included (TFLite has TOPK_V2 and GATHER as
-builtins). A segmenter returns ``(rows, prototypes)`` as the .pt does, its prototypes NHWC (b, h/4, w/4, nm) and
-its rows carrying the nm mask coefficients last. With ``raw_maps`` (detectors only) it stops at the head's
+builtins). A task's heads are translated by its ``export`` part, registered here (``register_translation``): a
+segmenter returns ``(rows, prototypes)`` as the .pt does, its prototypes NHWC (b, h/4, w/4, nm) and its rows
+carrying the nm mask coefficients last. With ``raw_maps`` (detectors only) it stops at the head's
 convolutions, one NHWC map per level, which --int8 uses so
 the decode stays float outside the integer graph: (b, ny, nx, na * (5 + nc)) for YOLOv5, the box and class
 branches concatenated, (b, ny, nx, 4 * reg_max + nc), for the anchor-free heads (YOLO26: its one-to-one branches);
@@ -28,12 +29,25 @@ from models.common import C3, SPP, SPPF, Bottleneck, Concat, Conv, Focus
 from models.head import Detect
 from models.head_anchor_free import AnchorFreeDetect, make_anchors
 from models.head_end_to_end import EndToEndDetect
-from models.segment import AnchorFreeSegmentHead, Proto, Segment
 from utils.deploy.formats import FormatError
+from utils.tasks.registry import all_tasks
 
 TENSORFLOW = (("tensorflow", "tensorflow-cpu"),)  # (module, pip package) the TensorFlow formats export with
 
 Layer = Callable[[Any], Any]  # a translated block: a function of one tf tensor (or a list, for Concat and heads)
+TRANSLATIONS: dict[type, Callable[[Translator, nn.Module], Layer]] = {}  # a task's heads (and their parts)
+
+
+def register_translation(cls: type, translate: Callable[[Translator, nn.Module], Layer]) -> None:
+    """Translate modules of exactly ``cls`` with ``translate(translator, module)`` (a task's export part calls it
+    for its heads when it is imported; utils/tasks/registry.py names the module)."""
+    TRANSLATIONS[cls] = translate
+
+
+def load_task_translations() -> None:
+    """Import every registered task's export part, so its heads' translations are registered."""
+    for task in all_tasks():
+        task.load("export")
 
 
 class Translator:
@@ -45,8 +59,7 @@ class Translator:
         Bottleneck: "bottleneck", C3: "c3", C3k: "c3", C2f: "c2f", C3k2: "c2f", SPPF: "sppf", SPP: "spp",
         Focus: "focus", Concat: "concat", nn.Upsample: "upsample", Attention: "attention",
         PSABlock: "psa_block", C2PSA: "c2psa", Detect: "detect", AnchorFreeDetect: "anchor_free_detect",
-        EndToEndDetect: "end_to_end_detect", nn.Identity: "identity", nn.ConvTranspose2d: "conv_transpose2d",
-        Proto: "proto", Segment: "segment", AnchorFreeSegmentHead: "anchor_free_segment"}
+        EndToEndDetect: "end_to_end_detect", nn.Identity: "identity", nn.ConvTranspose2d: "conv_transpose2d"}
 
     def __init__(self, tf: Any, raw_maps: bool = False) -> None:
         self.tf, self.raw_maps = tf, raw_maps
@@ -60,10 +73,12 @@ class Translator:
     def translate(self, module: nn.Module) -> Layer:
         """The function computing ``module``; FormatError naming the module when there is no translation."""
         method = self.METHODS.get(type(module))
-        if method is None:
+        if method is not None:
+            return getattr(self, method)(module)
+        if type(module) not in TRANSLATIONS:
             raise FormatError(f"the TensorFlow export has no translation for layer {type(module).__name__} "
                               f"({type(module).__module__}); export onnx or openvino instead")
-        return getattr(self, method)(module)
+        return TRANSLATIONS[type(module)](self, module)
 
     def identity(self, module: nn.Identity) -> Layer:
         return lambda x: x
@@ -246,32 +261,6 @@ class Translator:
             return cv2(tf.concat([a, m(b)], -1))
         return run
 
-    def proto(self, module: Proto) -> Layer:
-        cv1, upsample, cv2, cv3 = (self.translate(m) for m in (module.cv1, module.upsample, module.cv2, module.cv3))
-        return lambda x: cv3(cv2(upsample(cv1(x))))
-
-    def segment(self, module: Segment) -> Layer:
-        """YOLOv5's Segment: Detect's rows, the mask coefficients left raw, and the prototypes of the P3 map."""
-        if self.raw_maps:
-            raise FormatError("the TensorFlow export of a segmenter has no raw-map (INT8) form; export it in float")
-        rows, proto = self.detect(module, scored=5 + module.nc), self.proto(module.proto)
-        return lambda xs: (rows(xs), proto(xs[0]))
-
-    def anchor_free_segment(self, module: AnchorFreeSegmentHead) -> Layer:
-        """YOLOv8/YOLO11's Segment: the anchor-free rows with cv4's coefficients appended (level by level, row-major,
-        as the head flattens them), and the prototypes of the P3 map."""
-        if self.raw_maps:
-            raise FormatError("the TensorFlow export of a segmenter has no raw-map (INT8) form; export it in float")
-        rows, proto = self.anchor_free_detect(module), self.proto(module.proto)
-        branches, nm, tf = [self.translate(branch) for branch in module.cv4], module.nm, self.tf
-
-        def run(xs: list) -> Any:
-            batch = -1 if xs[0].shape[0] is None else xs[0].shape[0]
-            coefficients = tf.concat([tf.reshape(branch(x), (batch, x.shape[1] * x.shape[2], nm))
-                                      for branch, x in zip(branches, xs)], 1)
-            return tf.concat([rows(xs), coefficients], -1), proto(xs[0])
-        return run
-
     def detect(self, module: Detect, scored: int | None = None) -> Layer:
         """YOLOv5's Detect; ``scored``: how many leading columns of a row go through the sigmoid (all of them
         unless given: a Segment's mask coefficients stay raw)."""
@@ -409,6 +398,7 @@ def translate_model(tf: Any, model: nn.Module, raw_maps: bool = False) -> tuple[
     (b, h, w, 3) images, and the tf.Variables holding its weights."""
     if not hasattr(model, "model") or not hasattr(model, "save"):
         raise FormatError(f"the TensorFlow export translates models/yolo.py detectors, not {type(model).__name__}")
+    load_task_translations()
     translator = Translator(tf, raw_maps)
     layers = [(block.f, block.i, translator.translate(block)) for block in model.model]
     keep = set(model.save)

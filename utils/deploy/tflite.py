@@ -33,8 +33,9 @@ from utils.deploy.formats import (
     parse_json_metadata,
     require,
 )
-from utils.deploy.head_maps import RawMapDecoder, head_from_metadata, mask_count
+from utils.deploy.head_maps import RawMapDecoder, head_from_metadata, recorded_contract
 from utils.deploy.tf_graph import TENSORFLOW, import_tensorflow, nhwc_array, tf_module
+from utils.tasks.registry import get_task
 
 METADATA_NAME = "yolo_metadata"
 TFLITE_IDENTIFIER = b"TFL3"
@@ -138,21 +139,22 @@ class TfliteFormat(ExportFormat):
             raise FormatError(f"{file} is not a readable TFLite model ({first_line(e)})") from None
         model_input = interpreter.get_input_details()[0]
         outputs = sorted(interpreter.get_output_details(), key=lambda d: -int(np.prod(d["shape"])))  # P3 first
-        segments = mask_count(meta) > 0
-        if segments:  # the rows (rank 3), then the prototypes (rank 4, NHWC)
+        contract = recorded_contract(meta, file)
+        several = len(contract.outputs) > 1
+        if several:  # the rows (rank 3), then the task's other outputs (a segmenter's prototypes: rank 4, NHWC)
             outputs = sorted(outputs, key=lambda d: len(d["shape"]))
-            if [len(d["shape"]) for d in outputs] != [3, 4]:
-                raise FormatError(f"{file} is a segmenter but its outputs are not rows and prototypes; re-export it "
-                                  "with export.py")
-        decode = maps_decoder(meta, file) if len(outputs) > 1 and not segments else None
+            if len(outputs) != len(contract.outputs) or len(outputs[0]["shape"]) != 3:
+                raise FormatError(f"{file} is {get_task(contract.task).model_noun} but its outputs are not "
+                                  f"{', '.join(contract.outputs)}; re-export it with export.py")
+        decode = maps_decoder(meta, file) if len(outputs) > 1 and not several else None
         b, h, w, _ = (int(d) for d in model_input["shape"])
 
-        def run(images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        def run(images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
             interpreter.set_tensor(model_input["index"], nhwc_array(images))
             interpreter.invoke()
             found = [torch.from_numpy(interpreter.get_tensor(d["index"]).copy()) for d in outputs]
-            if segments:
-                return found[0], found[1].permute(0, 3, 1, 2)
+            if several:  # NHWC maps back to NCHW
+                return found[0], *(f.permute(0, 3, 1, 2) if f.dim() == 4 else f for f in found[1:])
             return found[0] if decode is None else decode(found)
 
         return LoadedModel(run, meta, [b, 3, h, w])

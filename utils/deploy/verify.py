@@ -1,6 +1,7 @@
 """Proof that an export computes what the .pt computes: float formats against PyTorch on the same letterboxed
-batches (each output component on its own scale, read as the output contract lays the rows out; a segmenter's mask
-coefficients and prototypes too), INT8 formats by mAP on --data against the float model."""
+batches (each output component on its own scale, read as the output contract lays the rows out; a task's extra
+columns and other outputs too: a segmenter's mask coefficients and prototypes), INT8 formats by mAP on --data
+against the float model."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from torch import nn
 from utils.deploy.formats import MAX_INT8_MAP_DROP, ExportFormat, ExportOptions, FormatError, Tolerance
 from utils.deploy.runtime import InferenceModel
 from utils.log import LOGGER
-from utils.predictions import OutputContract
+from utils.tasks.contract import ContractError, OutputContract
+from utils.tasks.registry import BASE_TASK, get_task
 
 if TYPE_CHECKING:
     from utils.evaluation.evaluate import EvalResult
@@ -31,7 +33,8 @@ class Verification:
 
     box_error: float | None = None  # fraction of the input's longer side
     score_error: float | None = None
-    mask_error: float | None = None  # segmenters: coefficients and prototypes, relative to their largest magnitude
+    extra_error: float | None = None  # a task's columns and other outputs, relative to their largest magnitude
+    extra_noun: str = ""  # what they hold (a segmenter's masks)
     map_reference: float | None = None  # mAP@.5:.95 of the float model on --data
     map_export: float | None = None
     read_back: str | None = None  # a format without a runtime here: what was read back from the written file
@@ -42,8 +45,8 @@ class Verification:
         if self.map_export is not None:
             return (f"mAP@.5:.95 {self.map_export:.4f} vs {self.map_reference:.4f} float "
                     f"(drop {self.map_reference - self.map_export:+.4f}, limit {MAX_INT8_MAP_DROP})")
-        masks = "" if self.mask_error is None else f", masks {self.mask_error:.1e}"
-        return f"max error boxes {self.box_error:.1e} x size, scores {self.score_error:.1e}{masks}"
+        extra = "" if self.extra_error is None else f", {self.extra_noun} {self.extra_error:.1e}"
+        return f"max error boxes {self.box_error:.1e} x size, scores {self.score_error:.1e}{extra}"
 
 
 def output_errors(reference: torch.Tensor, output: torch.Tensor, contract: OutputContract | None = None,
@@ -53,7 +56,7 @@ def output_errors(reference: torch.Tensor, output: torch.Tensor, contract: Outpu
     row's score: probabilities). An end-to-end head's final rows are its top candidates: each reference row is
     paired with the output row of its class nearest to its box (rows of near-equal scores may swap places), and
     rows within ``margin`` of the lowest kept score are left out (a candidate that ties the cut-off may be kept by
-    one runtime and not the other); mask coefficients are not compared."""
+    one runtime and not the other); a task's extra columns are not compared (``extra_errors``)."""
     if reference.shape != output.shape:
         raise VerificationError(f"output shape {tuple(output.shape)} differs from PyTorch's {tuple(reference.shape)}")
     contract = contract or OutputContract("xywh_obj_cls", reference.shape[-1] - 5)
@@ -65,32 +68,36 @@ def output_errors(reference: torch.Tensor, output: torch.Tensor, contract: Outpu
         output = torch.stack([_paired_rows(r, o) for r, o in zip(reference, output)])
         if not torch.equal(reference[..., 5][inside], output[..., 5][inside]):
             raise VerificationError("an exported detection has another class than PyTorch's")
-        reference, output = reference[inside], output[inside]  # (k, 6 + nm)
+        reference, output = reference[inside], output[inside]  # (k, 6 + extra)
         if reference.numel() == 0:
             return 0.0, 0.0
         scores = slice(4, 5)
     else:
-        scores = slice(4, contract.columns - contract.nm)
+        scores = slice(4, contract.columns - contract.extra)
     difference = (reference - output).abs()
     return float(difference[..., :4].max()), float(difference[..., scores].max())
 
 
-def mask_errors(reference: tuple[torch.Tensor, torch.Tensor], output: tuple[torch.Tensor, torch.Tensor],
-                contract: OutputContract) -> float:
-    """A segmenter's largest difference in its mask coefficients (the rows' last ``nm`` columns) and in its
-    prototypes, each relative to its largest magnitude in PyTorch's output (neither is bounded like a score); the
-    coefficients of an end-to-end head's rows, which may be paired differently, are left to ``output_errors``."""
-    (reference_rows, reference_protos), (rows, protos) = reference, output
-    if reference_protos.shape != protos.shape:
-        raise VerificationError(f"prototypes of shape {tuple(protos.shape)}, PyTorch's {tuple(reference_protos.shape)}")
-    pairs = [(reference_protos.float().cpu(), protos.float().cpu())]
-    if not contract.end_to_end:
-        pairs.append((reference_rows[..., -contract.nm:].float().cpu(), rows[..., -contract.nm:].float().cpu()))
-    return max(float((a - b).abs().max() / a.abs().max().clamp(min=1e-6)) for a, b in pairs if a.numel())
+def extra_errors(reference: tuple[torch.Tensor, ...], output: tuple[torch.Tensor, ...],
+                 contract: OutputContract) -> float:
+    """The largest difference in a task's extra columns (the rows' last ``extra``) and in its other outputs (a
+    segmenter's mask coefficients and prototypes), each relative to its largest magnitude in PyTorch's output
+    (neither is bounded like a score); the columns of an end-to-end head's rows, which may be paired differently,
+    are left to ``output_errors``."""
+    pairs = []
+    for name, a, b in zip(contract.outputs[1:], reference[1:], output[1:]):
+        if a.shape != b.shape:
+            raise VerificationError(f"{name} of shape {tuple(b.shape)}, PyTorch's {tuple(a.shape)}")
+        pairs.append((a.float().cpu(), b.float().cpu()))
+    if contract.extra and not contract.end_to_end:
+        columns = slice(-contract.extra, None)
+        pairs.append((reference[0][..., columns].float().cpu(), output[0][..., columns].float().cpu()))
+    return max((float((a - b).abs().max() / a.abs().max().clamp(min=1e-6)) for a, b in pairs if a.numel()),
+               default=0.0)
 
 
 def _paired_rows(reference: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
-    """``output``'s rows (n, 6 + nm) reordered to pair ``reference``'s: for each reference row, the output row of
+    """``output``'s rows (n, 6 + extra) reordered to pair ``reference``'s: for each reference row, the output row of
     the same class with the nearest box (largest coordinate difference)."""
     distance = (reference[:, None, :4] - output[None, :, :4]).abs().amax(-1)  # (n, n)
     distance[reference[:, None, 5] != output[None, :, 5]] = float("inf")
@@ -106,23 +113,27 @@ def verify_float(file: Path, model: nn.Module, checks: list[torch.Tensor], toler
     if inference.contract != model.head.contract:
         raise VerificationError(f"{file} records the output contract {inference.contract}, the model has "
                                 f"{model.head.contract}")
-    segments = inference.contract.nm > 0
-    worst = Verification(box_error=0.0, score_error=0.0, mask_error=0.0 if segments else None)
+    contract = inference.contract
+    several, extra = len(contract.outputs) > 1, bool(contract.extra or len(contract.outputs) > 1)
+    task = get_task(contract.task)
+    worst = Verification(box_error=0.0, score_error=0.0, extra_error=0.0 if extra else None,
+                         extra_noun=task.results_noun)
     with torch.no_grad():
         for images in checks:
             reference, output = model(images), inference(images)
-            rows = (reference[0], output[0]) if segments else (reference, output)
-            box_px, score = output_errors(*rows, inference.contract, tolerance.score)
+            reference, output = (tuple(reference), tuple(output)) if several else ((reference,), (output,))
+            box_px, score = output_errors(reference[0], output[0], contract, tolerance.score)
             box = box_px / max(images.shape[-2:])
             if box > tolerance.box or score > tolerance.score:
                 raise VerificationError(f"output differs from PyTorch: boxes by {box_px:.2e} px ({box:.1e} x image "
                                         f"size), scores by {score:.1e} (limit {tolerance.describe()})")
-            mask = mask_errors(reference, output, inference.contract) if segments else None
-            if mask is not None and mask > tolerance.score:
-                raise VerificationError(f"mask coefficients or prototypes differ from PyTorch's by {mask:.1e} of "
-                                        f"their largest magnitude (limit {tolerance.score:.0e})")
+            error = extra_errors(reference, output, contract) if extra else None
+            if error is not None and error > tolerance.score:
+                what = " or ".join([*([task.columns] if contract.extra else []), *contract.outputs[1:]])
+                raise VerificationError(f"{what} differ from PyTorch's by {error:.1e} of their largest magnitude "
+                                        f"(limit {tolerance.score:.0e})")
             worst = Verification(max(worst.box_error, box), max(worst.score_error, score),
-                                 None if mask is None else max(worst.mask_error, mask))
+                                 None if error is None else max(worst.extra_error, error), task.results_noun)
     return worst
 
 
@@ -130,7 +141,7 @@ def verify_written(fmt: ExportFormat, file: Path, images: torch.Tensor, meta: di
     """A format that cannot run here: its own tools read the file back, with the input shape, one output and the
     metadata export.py wrote; VerificationError otherwise."""
     found = fmt.read_back(file)
-    outputs = 2 if (meta.get("head") or {}).get("nm") else 1  # a segmenter's prototypes are its second output
+    outputs = len(recorded_outputs(meta))  # the rows, then the task's other outputs
     problems = [what for what, ok in (("input", found["inputs"] == {"images": list(images.shape)}),
                                       ("output", len(found["outputs"]) == outputs), ("metadata", found["meta"] == meta))
                 if not ok]
@@ -139,6 +150,15 @@ def verify_written(fmt: ExportFormat, file: Path, images: torch.Tensor, meta: di
     return Verification(read_back=f"read back: input images {list(images.shape)}, output "
                                   f"{', '.join(map(str, found['outputs']))}, metadata; not run "
                                   f"({fmt.runs_where.split(';')[0]})")
+
+
+def recorded_outputs(meta: dict) -> tuple[str, ...]:
+    """The outputs the contract in ``meta`` (export.py's own metadata) promises: the rows, then its task's others."""
+    try:
+        return OutputContract.from_metadata((meta.get("head") or {}).get("contract"), nc=len(meta.get("names") or
+                                                                                         [0])).outputs
+    except ContractError:
+        return ("rows",)
 
 
 def spread(items: list, count: int) -> list:
@@ -179,15 +199,15 @@ def calibration_batches(data_yaml: str, options: ExportOptions, stride: int) -> 
 def map_on_data(module: nn.Module, data_yaml: str, options: ExportOptions, stride: int,
                 task: str | None = None) -> float:
     """Box mAP@.5:.95 of ``module`` on at most ``options.verify_images`` validation images of ``data_yaml``, its
-    labels read as ``task`` reads them (a segmenter's split holds outlines; default: the module's head's task)."""
+    labels read as ``task`` reads them (default: the module's head's task)."""
     return evaluate_on_data(module, data_yaml, options, stride, task).map
 
 
 def evaluate_on_data(module: nn.Module, data_yaml: str, options: ExportOptions, stride: int,
                      task: str | None = None) -> EvalResult:
     """map_on_data's validation pass (square ``options.img_size`` inputs, test.py's thresholds) and all it measured:
-    box P, R, mAP@.5 and mAP@.5:.95, and a segmenter's mask metrics beside them."""
-    task = task or getattr(getattr(module, "head", None), "task", "detect")
+    box P, R, mAP@.5 and mAP@.5:.95, and each view of its task's metric beside them."""
+    task = task or getattr(getattr(module, "head", None), "task", BASE_TASK)
     from utils.data.config import load_data_config
     from utils.data.datasets import DatasetOptions
     from utils.data.label_cache import list_image_files
@@ -199,7 +219,7 @@ def evaluate_on_data(module: nn.Module, data_yaml: str, options: ExportOptions, 
     data = load_data_config(data_yaml)
     files = spread(list_image_files(data.val), options.verify_images)
     dataset_options = DatasetOptions(img_size=options.img_size[0], batch_size=options.batch_size, stride=stride,
-                                     nc=data.nc, names=data.names, task=task)
+                                     nc=data.nc, names=data.names, task=task, task_options=data.task_options)
     loader, _ = create_dataloader(files, dataset_options, workers=0)
     device = next(iter(module.parameters()), torch.zeros(0)).device
     return evaluate(module, loader, device, data.names, EvalOptions())
@@ -209,7 +229,7 @@ def verify_int8(file: Path, model: nn.Module, options: ExportOptions, stride: in
                 reference_map: float | None = None) -> Verification:
     """mAP of the INT8 ``file`` and of the float ``model`` on --data; VerificationError when the drop exceeds
     MAX_INT8_MAP_DROP."""
-    task = getattr(getattr(model, "head", None), "task", "detect")
+    task = getattr(getattr(model, "head", None), "task", BASE_TASK)
     reference = map_on_data(model, options.data, options, stride, task) if reference_map is None else reference_map
     exported = map_on_data(InferenceModel(file, trusted=True).as_module(), options.data, options, stride, task)
     result = Verification(map_reference=reference, map_export=exported)

@@ -2,15 +2,15 @@
 
 Every rank evaluates its shard of the val set (a ``shard_eval=True`` loader), the per-image statistics are gathered,
 and every rank computes the same metrics a 1-process run gets. Predictions become detections through the one
-post-processing call (utils.predictions.postprocess) with the model's output contract (its head's, or an exported
+post-processing call (utils.tasks.contract.postprocess) with the model's output contract (its head's, or an exported
 file's), whatever the family; validation losses, when asked, are named by the loss's terms. When the loader's
 dataset has ``ignore_regions`` (crowd boxes and difficult objects of a COCO or VOC split), detections on them are
 ignored as COCOeval does.
 
-A segmenter (a contract with ``nm`` mask coefficients, batches whose fifth item holds the labels' ``outlines``) is
-judged twice on the same detections: by box IoU and by mask IoU, each instance's mask compared at the image's
-original resolution (the predicted mask cropped, upsampled and un-letterboxed, the label's outline filled there),
-so the mask mAP is COCOeval ``segm``'s on the same masks; --save-json rows then carry the masks as RLE.
+A task whose outputs say more than boxes judges the same detections once more per view of its metric (its
+``metric`` part, utils/evaluation/task_metric.py: a segmenter's by mask IoU, so its mask mAP is COCOeval
+``segm``'s), from the model's other outputs and the batch's extras; each view's P, R and mAPs become results.csv
+columns (``<view>_precision``, ...) and --save-json rows carry what the metric adds (a mask's RLE).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -28,10 +28,8 @@ import torch
 from torch import nn
 
 from utils.boxes import scale_boxes, xywhn2xyxy
-from utils.data.coco_json import CocoIds
 from utils.device import autocast
 from utils.distributed import comm as dist
-from utils.evaluation.mask_metrics import match_mask_predictions
 from utils.evaluation.metrics import (
     ConfusionMatrix,
     DetectionMetrics,
@@ -40,86 +38,17 @@ from utils.evaluation.metrics import (
     match_predictions,
 )
 from utils.evaluation.outputs import json_rows, save_label_file, with_label_boxes, write_outputs
+from utils.evaluation.results import EvalOptions, EvalResult, ImageStats
+from utils.evaluation.task_metric import NO_VIEWS, ImageContext, TaskMetric
 from utils.evaluation.tta import augmented_forward, layout_of
 from utils.log import LOGGER
-from utils.masks import polygons_to_masks, process_masks, rle_encode, scale_masks
 from utils.plots.annotate import class_name
-from utils.predictions import ContractError, OutputContract, postprocess
+from utils.tasks.contract import ContractError, OutputContract, postprocess
+from utils.tasks.registry import get_task
 
 TABLE_HEADER = ("%22s" + "%11s" * 6) % ("Class", "Images", "Labels", "P", "R", "mAP@.5", "mAP@.5:.95")
 ROW_FORMAT = "%22s" + "%11i" * 2 + "%11.3g" * 4
 PLOTTED_BATCHES = 3  # val_batch0..2 images
-METRIC_NAMES = ("precision", "recall", "mAP_0.5", "mAP_0.5:0.95")  # results.csv's validation columns
-@dataclass
-class EvalOptions:
-    """How ``evaluate`` judges and what it writes."""
-
-    conf_thres: float = 0.001
-    iou_thres: float = 0.6
-    max_det: int = 300
-    single_cls: bool = False
-    agnostic: bool = False
-    half: bool = False  # mixed precision (float16 on CUDA, bfloat16 on the CPU)
-    save_dir: Path | None = None
-    plots: bool = False
-    save_json: bool = False
-    save_txt: bool = False
-    save_conf: bool = False
-    verbose: bool = False
-    is_coco: bool = False
-    anno_json: Path | None = None  # COCO annotations for pycocotools (with save_json)
-    coco_ids: CocoIds | None = None  # a COCO JSON split's own image and category ids, for the predictions JSON
-    augment: bool = False  # test-time augmentation (utils/evaluation/tta.py)
-    save_hybrid: bool = False  # the labels join the predictions before NMS (auto-labelling; inflates the mAP)
-
-
-@dataclass
-class EvalResult:
-    """What a validation pass measured; identical on every rank."""
-
-    mp: float = 0.0
-    mr: float = 0.0
-    map50: float = 0.0
-    map: float = 0.0
-    maps: np.ndarray = field(default_factory=lambda: np.zeros(0))  # (nc,) mAP@.5:.95 per class
-    speed: tuple[float, float, float] = (0.0, 0.0, 0.0)  # pre-process, inference, NMS ms per image
-    loss: dict[str, float] | None = None  # the mean of each loss term by its name, when compute_loss was given
-    seen: int = 0
-    n_labels: int = 0
-    metrics: DetectionMetrics | None = None  # per-class details and curves
-    confusion: ConfusionMatrix | None = None  # (nc + 1, nc + 1) counts at conf 0.25, IoU 0.45
-    json_path: Path | None = None
-    coco_map50: float | None = None  # pycocotools' figures, when it ran (rank 0 only)
-    coco_map: float | None = None
-    mask: DetectionMetrics | None = None  # a segmenter's mask metrics (the same detections, by mask IoU)
-
-    def results(self) -> tuple[float, float, float, float]:
-        """(P, R, mAP@.5, mAP@.5:.95), the order results.csv and fitness use."""
-        return self.mp, self.mr, self.map50, self.map
-
-    def named_results(self) -> dict[str, float]:
-        """The validation columns of results.csv by name: the boxes' P, R, mAP@.5, mAP@.5:.95, then a segmenter's
-        masks' (``mask_precision``, ...)."""
-        values = dict(zip(METRIC_NAMES, (float(v) for v in self.results())))
-        if self.mask is not None:
-            values.update(zip((f"mask_{n}" for n in METRIC_NAMES), (float(v) for v in self.mask.mean_results())))
-        return values
-
-
-@dataclass
-class ImageStats:
-    """One image's evaluation record: small, picklable, gathered across ranks."""
-
-    path: str
-    correct: np.ndarray  # (n, 10) bool
-    ignored: np.ndarray  # (n, 10) bool: taken by no label, on an ignore region (counts for nothing)
-    conf: np.ndarray  # (n,)
-    pred_cls: np.ndarray  # (n,)
-    target_cls: np.ndarray  # (m,)
-    json_rows: list[dict] = field(default_factory=list)
-    mask_correct: np.ndarray | None = None  # (n, 10) bool: a segmenter's detections matched by mask IoU
-
-
 class _Timer:
     """Accumulates seconds per stage; synchronises CUDA so GPU time is not misattributed."""
 
@@ -187,13 +116,18 @@ def _input_layout(model: nn.Module, device: torch.device) -> bool:
 
 
 def metric_names(contract: OutputContract) -> tuple[str, ...]:
-    """The validation columns a model of ``contract`` fills (``EvalResult.named_results``' keys)."""
-    return (*METRIC_NAMES, *(f"mask_{n}" for n in METRIC_NAMES if contract.nm))
+    """The validation columns a model of ``contract`` fills (``EvalResult.named_results``' keys): its task's."""
+    return tuple(get_task(contract.task).metrics)
+
+
+def task_metric(contract: OutputContract) -> TaskMetric:
+    """What the task of ``contract`` adds to the boxes' evaluation (nothing for the base task)."""
+    return get_task(contract.task).load("metric") or NO_VIEWS
 
 
 def batch_tensors(extras: Sequence[Any], device: torch.device) -> dict[str, torch.Tensor]:
-    """A batch's fifth item (a task's extras: the segment collate's ``masks``...) -> its tensors on ``device``, by
-    name, for a task's loss; nothing for a detection batch (four items)."""
+    """A batch's fifth item (a task's extras by name, from its collate) -> its tensors on ``device``, by name, for
+    a task's loss; nothing for a detection batch (four items)."""
     if not extras:
         return {}
     return {k: v.to(device, non_blocking=True) for k, v in extras[0].items() if isinstance(v, torch.Tensor)}
@@ -201,21 +135,21 @@ def batch_tensors(extras: Sequence[Any], device: torch.device) -> dict[str, torc
 
 def _forward(model: nn.Module, imgs: torch.Tensor, targets: torch.Tensor, compute_loss: Any, half: bool,
              augment: bool = False, loss_inputs: dict | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-    """Decoded predictions (b, n, contract columns), a segmenter's prototypes (b, nm, h, w) or None, and, with
-    ``compute_loss`` (given ``loss_inputs`` by name), the batch's loss items."""
+             ) -> tuple[torch.Tensor, tuple, torch.Tensor | None]:
+    """Decoded predictions (b, n, contract columns), the task's other outputs (a segmenter's prototypes; () for a
+    detector), and, with ``compute_loss`` (given ``loss_inputs`` by name), the batch's loss items."""
     if augment and compute_loss is None:
         with autocast(imgs.device, half):
-            return augmented_forward(model, imgs, layout_of(model), model_contract(model)).float(), None, None
+            return augmented_forward(model, imgs, layout_of(model), model_contract(model)).float(), (), None
     with autocast(imgs.device, half), _head_inputs(model, compute_loss is not None) as features:
         out = model(imgs)
-    protos = None
-    if isinstance(out, (list, tuple)):  # a segmentation head's (detections, prototypes)
-        out, protos = out[0], (out[1].float() if len(out) > 1 and torch.is_tensor(out[1]) else None)
+    others: tuple = ()
+    if isinstance(out, (list, tuple)):  # the rows, then the task's other outputs
+        out, others = out[0], tuple(o.float() if torch.is_tensor(o) else o for o in out[1:])
     if compute_loss is None:
-        return out.float(), protos, None
+        return out.float(), others, None
     loss_items = compute_loss(_training_outputs(model.head, features[-1]), targets, **(loss_inputs or {}))[1]
-    return out.float(), protos, loss_items.detach()
+    return out.float(), others, loss_items.detach()
 
 
 def _labels_in_original(targets: torch.Tensor, image_index: int, img_hw: Sequence[int], shape: Any,
@@ -229,47 +163,31 @@ def _labels_in_original(targets: torch.Tensor, image_index: int, img_hw: Sequenc
     return labels
 
 
-def _instance_masks(det: torch.Tensor, protos: torch.Tensor, outlines: np.ndarray, img_hw: Sequence[int],
-                    shape: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """One image's predicted masks (its detections (n, 6 + nm) in input pixels) and its labels' masks, both
-    (k, h0, w0) bool at the original image's size: a prediction cropped to its box, upsampled and un-letterboxed;
-    a label's outline (normalised to the batch's ``img_hw``) moved back by the letterbox's ratios and pads."""
-    (h0, w0), ratio_pad = shape
-    pred = scale_masks(process_masks(protos, det[:, 6:], det[:, :4], tuple(img_hw)), (h0, w0), ratio_pad)
-    (ratio_h, ratio_w), (pad_w, pad_h) = ratio_pad
-    pixels = np.asarray(outlines, np.float64) * (img_hw[1], img_hw[0])
-    original = (pixels - (pad_w, pad_h)) / (ratio_w, ratio_h)
-    gt = torch.from_numpy(polygons_to_masks(list(original), (int(h0), int(w0))).astype(bool))
-    return pred.cpu(), gt
-
-
 def _image_stats(det: torch.Tensor, targets: torch.Tensor, index: int, img_hw: Sequence[int], path: str,
                  shape: Any, opts: EvalOptions, confusion: ConfusionMatrix, txt_dir: Path | None,
-                 ignore: np.ndarray | None = None, protos: torch.Tensor | None = None,
-                 outlines: np.ndarray | None = None) -> ImageStats:
+                 ignore: np.ndarray | None = None, metric: TaskMetric = NO_VIEWS, outputs: tuple = (),
+                 batch: dict | None = None) -> ImageStats:
     """Scale one image's detections to original pixels, match them (labels first, then the image's ``ignore``
-    regions (k, 6) [cls, x1, y1, x2, y2, crowd] in original pixels), and record what the outputs need. With a
-    segmenter's ``protos`` (nm, h, w) and the labels' ``outlines``, the detections' masks are matched too."""
+    regions (k, 6) [cls, x1, y1, x2, y2, crowd] in original pixels), and record what the outputs need. A task's
+    ``metric`` matches them once more per view, from the model's other ``outputs`` and the ``batch``'s extras."""
     labels = _labels_in_original(targets, index, img_hw, shape, opts.single_cls)
-    masks = None if protos is None or outlines is None else _instance_masks(det, protos, outlines, img_hw, shape)
-    det = det[:, :6].clone()
+    rows, det = det, det[:, :6].clone()
     if opts.single_cls:
         det[:, 5] = 0
         ignore = None if ignore is None else np.concatenate((np.zeros((len(ignore), 1)), ignore[:, 1:]), 1)
     det[:, :4] = scale_boxes(img_hw, det[:, :4], shape[0], shape[1])
+    extra = metric.match(ImageContext(index, rows, outputs, batch or {}, tuple(img_hw), shape, labels.cpu(), det,
+                                      opts.save_json))
     confusion.process_batch(det, labels, ignore)
     if txt_dir is not None:
         save_label_file(path, det, shape[0], txt_dir, opts.save_conf)
     correct = match_predictions(det, labels)
     rows = json_rows(path, det.cpu(), opts.is_coco, opts.coco_ids) if opts.save_json else []
-    if masks is not None and rows:
-        for row, rle in zip(rows, rle_encode(masks[0])):
-            row["segmentation"] = rle
+    for row, added in zip(rows, extra.json or ()):
+        row.update(added)
     return ImageStats(path=str(path), correct=correct, ignored=ignored_detections(det, correct, ignore),
-                      conf=det[:, 4].cpu().numpy(),
-                      pred_cls=det[:, 5].cpu().numpy(), target_cls=labels[:, 0].cpu().numpy(), json_rows=rows,
-                      mask_correct=None if masks is None else match_mask_predictions(det, masks[0], labels.cpu(),
-                                                                                     masks[1]))
+                      conf=det[:, 4].cpu().numpy(), pred_cls=det[:, 5].cpu().numpy(),
+                      target_cls=labels[:, 0].cpu().numpy(), json_rows=rows, views=extra.correct)
 
 
 def _show_progress() -> bool:
@@ -296,19 +214,19 @@ def _plot_batch(imgs: torch.Tensor, targets: torch.Tensor, dets: list[torch.Tens
 
 
 def _merge(parts: list[dict]) -> tuple[list[ImageStats], DetectionMetrics, dict]:
-    """Every rank's records in one order (by path, as a 1-process run sorts them) and the metrics (a segmenter's
-    mask metrics in the totals, ``mask``)."""
+    """Every rank's records in one order (by path, as a 1-process run sorts them) and the metrics (each view of the
+    task's metric that every record has, in the totals' ``views``)."""
     records = sorted((r for part in parts for r in part["records"]), key=lambda r: r.path)
     correct, ignored = (np.concatenate([getattr(r, k) for r in records]) if records else np.zeros((0, 10), bool)
                         for k in ("correct", "ignored"))
     conf, pred_cls, target_cls = (np.concatenate([getattr(r, k) for r in records]) if records else np.zeros(0)
                                   for k in ("conf", "pred_cls", "target_cls"))
     metrics = ap_per_class(correct, conf, pred_cls, target_cls, ignored=ignored)
-    segmenter = bool(records) and all(r.mask_correct is not None for r in records)
-    mask_metrics = ap_per_class(np.concatenate([r.mask_correct for r in records]), conf, pred_cls, target_cls,
-                                ignored=ignored) if segmenter else None
+    names = [v for v in (records[0].views if records else {}) if all(v in r.views for r in records)]
+    views = {v: ap_per_class(np.concatenate([r.views[v] for r in records]), conf, pred_cls, target_cls,
+                             ignored=ignored) for v in names}
     totals = {
-        "mask": mask_metrics,
+        "views": views,
         "times": np.sum([p["times"] for p in parts], 0),
         "batches": sum(p["batches"] for p in parts),
         "loss": sum(losses) if (losses := [p["loss"] for p in parts if p["loss"] is not None]) else None,
@@ -319,16 +237,17 @@ def _merge(parts: list[dict]) -> tuple[list[ImageStats], DetectionMetrics, dict]
 
 
 def _log_table(records: list[ImageStats], metrics: DetectionMetrics, names: Sequence[str], verbose: bool,
-               mask_metrics: DetectionMetrics | None = None) -> None:
-    """The table users know: an ``all`` row (and a segmenter's ``all (masks)`` row), then one row per class with
-    ``verbose``."""
+               views: dict[str, DetectionMetrics] | None = None, labels: Mapping[str, str] | None = None) -> None:
+    """The table users know: an ``all`` row (and one ``all (<label>)`` row per view of the task's metric, labelled
+    by ``labels``), then one row per class with ``verbose``."""
     n_labels = sum(len(r.target_cls) for r in records)
     mp, mr, map50, map_ = metrics.mean_results()
     if not _show_progress():  # the progress bar's title is the header
         LOGGER.info(TABLE_HEADER)
     LOGGER.info(ROW_FORMAT % ("all", len(records), n_labels, mp, mr, map50, map_))
-    if mask_metrics is not None:
-        LOGGER.info(ROW_FORMAT % ("all (masks)", len(records), n_labels, *mask_metrics.mean_results()))
+    for view, view_metrics in (views or {}).items():
+        label = f"all ({(labels or {}).get(view, view)})"
+        LOGGER.info(ROW_FORMAT % (label, len(records), n_labels, *view_metrics.mean_results()))
     if n_labels == 0:
         LOGGER.warning("WARNING: no labels in the val set: metrics need labels (check the data YAML's val path)")
     if verbose and len(names) > 1:
@@ -346,6 +265,7 @@ def _run_shard(model: nn.Module, loader: Any, device: torch.device, names: Seque
     records: list[ImageStats] = []
     loss_sum, batches, batch_shape = None, 0, (0, 3, 0, 0)
     contract = model_contract(model)
+    metric = task_metric(contract)
     nms = {"conf_thres": opts.conf_thres, "iou_thres": opts.iou_thres, "max_det": opts.max_det,
            "agnostic": opts.agnostic or opts.single_cls}
     ignore_of = getattr(getattr(loader, "dataset", None), "ignore_regions", lambda path: None)
@@ -356,9 +276,8 @@ def _run_shard(model: nn.Module, loader: Any, device: torch.device, names: Seque
             x = model_input(imgs, device, channels_last)
             targets = targets.to(device)
         with timer.stage(1):
-            preds, protos, loss_items = _forward(model, x, targets, compute_loss, opts.half, opts.augment,
+            preds, others, loss_items = _forward(model, x, targets, compute_loss, opts.half, opts.augment,
                                                  batch_tensors(extras, device))
-        outlines = extras[0].get("outlines") if extras and contract.nm and protos is not None else None
         if opts.save_hybrid:
             preds = with_label_boxes(preds, targets, x.shape[2:], contract)
         with timer.stage(2):
@@ -368,8 +287,8 @@ def _run_shard(model: nn.Module, loader: Any, device: torch.device, names: Seque
         batches, batch_shape = batches + 1, batch_shape if batches else tuple(x.shape)  # the first batch's
         img_hw = tuple(x.shape[2:])
         records += [_image_stats(det, targets, i, img_hw, paths[i], shapes[i], opts, confusion, txt_dir,
-                                 ignore_of(paths[i]), None if outlines is None else protos[i],
-                                 None if outlines is None else outlines[i]) for i, det in enumerate(dets)]
+                                 ignore_of(paths[i]), metric, others, extras[0] if extras else {})
+                    for i, det in enumerate(dets)]
         if plot_dir is not None and batch_index < PLOTTED_BATCHES:
             _plot_batch(imgs, targets.cpu(), [d[:, :6].cpu() for d in dets], paths, names, plot_dir, batch_index)
     return {"records": records, "times": timer.totals, "loss": loss_sum,
@@ -386,6 +305,9 @@ def evaluate(model: nn.Module, loader: Any, device: torch.device | str, names: S
     the metrics a 1-process run gives. Files and the table come from rank 0. All ranks must call it.
     """
     opts = replace(options or EvalOptions(), **overrides)
+    own = getattr(task_metric(model_contract(model)), "run", None)
+    if own is not None:  # a task whose outputs are not boxes (a classifier) judges the whole pass itself
+        return own(model, loader, torch.device(device), names, opts, compute_loss)
     device, main = torch.device(device), dist.is_main_process()
     save_dir = Path(opts.save_dir) if opts.save_dir is not None else None
     names = ["item"] if opts.single_cls else list(names)
@@ -403,7 +325,7 @@ def evaluate(model: nn.Module, loader: Any, device: torch.device | str, names: S
         model.train(was_training)
     records, metrics, totals = _merge(dist.all_gather_object(part, long=True))  # shards may end far apart
     result = _result(records, metrics, totals, len(names), getattr(compute_loss, "names", None))
-    _log_table(records, metrics, names, opts.verbose, totals["mask"])
+    _log_table(records, metrics, names, opts.verbose, totals["views"], task_metric(model_contract(model)).views)
     pre, inf, nms_ms = result.speed
     LOGGER.info(f"Speed: {pre:.1f}/{inf:.1f}/{nms_ms:.1f} ms pre-process/inference/NMS per image "
                 f"at shape {totals['shape']}")
@@ -425,7 +347,7 @@ def _result(records: list[ImageStats], metrics: DetectionMetrics, totals: dict, 
     mp, mr, map50, map_ = metrics.mean_results()
     return EvalResult(mp=mp, mr=mr, map50=map50, map=map_, maps=metrics.class_maps(nc), speed=speed, loss=loss,
                       seen=seen, n_labels=sum(len(r.target_cls) for r in records), metrics=metrics,
-                      confusion=confusion, mask=totals["mask"])
+                      confusion=confusion, views=totals["views"])
 
 
 @torch.no_grad()

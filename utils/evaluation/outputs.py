@@ -15,7 +15,7 @@ import torch
 from utils.boxes import label_rows, xywh2xyxy, xyxy2xywh
 from utils.data.coco_json import CocoIds
 from utils.log import LOGGER
-from utils.predictions import OutputContract
+from utils.tasks.contract import OutputContract
 
 # COCO's 80 training classes -> the 91 category ids of its annotation files.
 COCO80_TO_91 = (

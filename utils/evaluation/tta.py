@@ -20,7 +20,7 @@ import torch
 from torch.nn import functional as F
 
 from utils.errors import UserError
-from utils.predictions import OutputContract
+from utils.tasks.contract import OutputContract
 
 SCALES = (1.0, 0.83, 0.67)
 FLIPS = (False, True, False)  # left-right flip of each pass

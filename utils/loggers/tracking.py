@@ -26,12 +26,14 @@ import torch
 
 from utils.distributed import comm as dist
 from utils.evaluation.evaluate import model_contract
+from utils.evaluation.task_outputs import BOXES_ONLY
 from utils.hooks import LOGGER_PRIORITY, HookBase, TrainerView
 from utils.log import LOGGER, colorstr
 from utils.loggers.registry import LoggerContext, LoggerError
 from utils.loggers.tracker_queue import CANCELLED_FLUSH_S, FLUSH_S, TrackerQueue
 from utils.plots.annotate import draw_detections
-from utils.predictions import postprocess
+from utils.tasks.contract import postprocess
+from utils.tasks.registry import get_task
 
 INSTALL_HINT = "pip install -r requirements-trackers.txt"
 START_WAIT_S = 10.0  # the first checkpoint waits this long at most for a tracker's run id
@@ -280,10 +282,11 @@ def file_folder(path: Path, folder: str, kind: str) -> str:
 
 @torch.no_grad()
 def draw_predictions(trainer: TrainerView, folder: Path, count: int = VAL_IMAGES) -> list[Path]:
-    """The EMA model's boxes on the first ``count`` validation images (post-processed as its head's contract says),
-    drawn and written to ``folder``."""
+    """The EMA model's boxes on the first ``count`` validation images (post-processed as its head's contract says,
+    what its task predicts beyond them drawn under them), drawn and written to ``folder``."""
     model = trainer.ema_model
     contract = model_contract(model)
+    outputs = get_task(contract.task).load("predict") or BOXES_ONLY
     dataset = trainer.val_loader.dataset
     parameter = next(model.parameters())
     folder.mkdir(parents=True, exist_ok=True)
@@ -292,10 +295,16 @@ def draw_predictions(trainer: TrainerView, folder: Path, count: int = VAL_IMAGES
     written = []
     try:
         for index in range(min(count, len(dataset))):
-            img, _, path, _ = dataset[index]
+            img, _, path, *_ = dataset[index]
             batch = img.to(parameter.device, parameter.dtype).unsqueeze(0) / 255
-            det = postprocess(model(batch).float(), contract, conf_thres=0.001, iou_thres=0.6, max_det=30)[0].cpu()
+            output = model(batch)
+            rows, others = (output[0], tuple(output[1:])) if isinstance(output, (list, tuple)) else (output, ())
+            det = postprocess(rows.float(), contract, conf_thres=0.001, iou_thres=0.6, max_det=30)[0].cpu()
             bgr = np.ascontiguousarray(img.numpy().transpose(1, 2, 0)[:, :, ::-1])
+            if others:  # in the input's own pixels: no letterbox to undo
+                hw = tuple(img.shape[1:])
+                results = outputs.image(det, others, 0, hw, det[:, :4], hw, ((1.0, 1.0), (0.0, 0.0)))
+                bgr = outputs.draw(bgr, det[:, :6].numpy(), results)
             draw_detections(bgr, det[:, :4].numpy(), det[:, 5].numpy(), det[:, 4].numpy(), trainer.names,
                             line_thickness=1)
             target = folder / f"{Path(path).stem}.jpg"

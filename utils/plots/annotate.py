@@ -1,4 +1,5 @@
-"""Drawing detections on images: one colour per class, boxes with 'name conf' labels, masks (OpenCV, BGR)."""
+"""Drawing detections on images: one colour per class, boxes with 'name conf' labels (OpenCV, BGR); a task draws
+what it predicts beyond the boxes itself (utils/evaluation/task_outputs.py)."""
 
 from __future__ import annotations
 
@@ -67,15 +68,4 @@ def draw_detections(img_bgr: np.ndarray, boxes_xyxy: np.ndarray | Sequence, clas
         if not hide_labels:
             conf = None if conf_values is None else float(conf_values[i])
             _draw_label(img_bgr, _label_text(int(cls), conf, names, hide_conf), p1, color, line_thickness)
-    return img_bgr
-
-
-def draw_masks(img_bgr: np.ndarray, masks: np.ndarray, classes: np.ndarray | Sequence,
-               alpha: float = 0.5) -> np.ndarray:
-    """Blend instance masks (k, h, w) bool, the image's size, onto a uint8 BGR image in place, each in its class
-    colour with opacity ``alpha`` (later masks over earlier ones); returns it."""
-    classes = np.asarray(classes).reshape(-1).astype(int)
-    for mask, cls in zip(np.asarray(masks, dtype=bool), classes):
-        color = np.array(class_color(cls), np.float32)
-        img_bgr[mask] = (img_bgr[mask] * (1 - alpha) + color * alpha).round().astype(np.uint8)
     return img_bgr

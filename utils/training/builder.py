@@ -22,7 +22,7 @@ import torch.nn as nn
 import yaml
 
 from models.yolo import Model
-from utils.data.config import DEFAULT_DATA, TASK_DEFAULT_DATA, DataError, load_data_config
+from utils.data.config import DEFAULT_DATA, DataError, load_data_config
 from utils.data.datasets import DatasetOptions
 from utils.data.loader import create_dataloader
 from utils.distributed import comm as dist
@@ -35,6 +35,7 @@ from utils.loggers.background import BackgroundTasks
 from utils.loggers.batch_plots import TrainBatchPlots
 from utils.loggers.registry import LoggerContext, build_loggers
 from utils.plots.figures import plot_labels
+from utils.tasks.registry import BASE_TASK, get_task
 from utils.training.amp import decide_amp
 from utils.training.autoanchor import check_anchors
 from utils.training.autobatch import AUTO_BATCH, auto_batch
@@ -64,7 +65,7 @@ from utils.training.optim import (
 from utils.training.resume import check_unfinished, resume_options, shared_checkpoint, shared_resumable
 from utils.training.run_plan import plan_run
 from utils.training.train_state import TrainPosition, TrainState
-from utils.weights.checkpoint import to_plain
+from utils.weights.checkpoint import recorded_family, to_plain
 
 DEFAULT_CFG = "yolov5n"
 
@@ -105,9 +106,10 @@ def prepare_run(config: RunConfig, defaults: RunConfig) -> tuple[RunConfig, dict
         dist.batch_per_rank(config.batch_size)
     family_name, task = model_kind(config, ckpt)
     family = get_family(family_name)
-    if task in TASK_DEFAULT_DATA and Path(config.data or DEFAULT_DATA) == DEFAULT_DATA:
-        config = config.replace(data=str(TASK_DEFAULT_DATA[task]))  # the built-in set with what the task needs
-        LOGGER.info(f"A {task} model without --data trains on {TASK_DEFAULT_DATA[task].name}")
+    built_in = DEFAULT_DATA.parent / get_task(task).default_data  # the built-in set with what the task needs
+    if built_in != DEFAULT_DATA and Path(config.data or DEFAULT_DATA) == DEFAULT_DATA:
+        config = config.replace(data=str(built_in))
+        LOGGER.info(f"A {task} model without --data trains on {built_in.name}")
     config = config.replace(hyp=config.hyp or str(family.default_hyp_file(config.data)))
     hyp = override_hyp(load_hyp(hyp or config.hyp, family.required_hyp, family.name), config.hyp_set)
     config = config.replace(optimizer=config.optimizer if config.optimizer not in ("", AUTO) else
@@ -125,7 +127,7 @@ def model_kind(config: RunConfig, ckpt: dict | None = None) -> tuple[str, str]:
     if not config.cfg and ckpt is None and config.weights:
         ckpt = shared_checkpoint([config.weights], trusted=config.trust_weights)[1]
     if not config.cfg and ckpt is not None:
-        return str(ckpt.get("family") or "yolov5"), str(ckpt.get("task") or "detect")
+        return recorded_family(ckpt)
     head = Model(config.cfg or DEFAULT_CFG).head
     return str(head.family), str(head.task)
 
@@ -258,14 +260,15 @@ def build_model(config: RunConfig, nc: int, names: list[str], device: torch.devi
 
 
 def load_train_data(config: RunConfig, hyp: dict, data_cfg: Any, grid: int, nc: int,
-                    reserved_cores: int = 0, task: str = "detect") -> TrainData:
+                    reserved_cores: int = 0, task: str = BASE_TASK) -> TrainData:
     """Train loader (distributed sampler, augmented) and the sharded val loader of --data; batch is per rank;
     the workers get the rank's cores less ``reserved_cores`` (utils.data.loader.worker_count); the samples carry
-    what the model's ``task`` trains on (outlines and masks for ``segment``). ``nc`` is the data set's class count,
+    what the model's ``task`` trains on beside the boxes (its ``sample`` part). ``nc`` is the data set's class count,
     which its labels are checked against; with --single-cls they become class 0 after the check."""
     batch = dist.batch_per_rank(config.batch_size)
     common = DatasetOptions(img_size=config.img_size, batch_size=batch, stride=grid, hyp=hyp, cache=config.cache,
-                            seed=config.seed, single_cls=config.single_cls, nc=nc, task=task)
+                            seed=config.seed, single_cls=config.single_cls, nc=nc, task=task,
+                            task_options=dict(getattr(data_cfg, "task_options", None) or {}))
     train_options = DatasetOptions(**{**vars(common), "augment": True, "rect": config.rect,
                                       "prefix": colorstr("train: "), "fraction": config.fraction})
     train_loader, train_set = create_dataloader(data_cfg.train, train_options, workers=config.workers,

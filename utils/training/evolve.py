@@ -70,7 +70,7 @@ def evolve(base_hyp: dict, config: RunConfig, device: torch.device,
     for generation in range(config.evolve):
         hyp = dist.main_decides(lambda: mutate(base_hyp, history, rng, bounds=bounds))
         metrics, used = train(hyp, config.replace(save_dir=str(evolve_dir / f"gen{generation}")), device)
-        history.append((fitness(list(metrics.values())), used))
+        history.append((fitness(metrics), used))
         if dist.is_main_process():
             _write_evolution(evolve_dir, history, metrics)
     LOGGER.info(f"Hyperparameter evolution finished: {len(history)} runs; best hyps in {evolve_dir}/hyp_evolve.yaml")

@@ -10,9 +10,9 @@ hyperparameters plus the two run options a loss may read, ``img_size`` and ``lab
 weights change over the run (YOLO26's one-to-many / one-to-one balance) defines ``set_epoch(epoch, epochs)``, which
 the Trainer calls before every epoch (a resumed run's too).
 
-Losses are registered by (family, task): a family's ``loss`` trains its detect heads, and ``task_losses`` holds
-one factory per other task its heads may have (``segment``: utils/training/loss_segment.py); ``loss_for(task)``
-picks, from the head's ``task``. A task's loss takes the batch's extra tensors by name as keywords (``masks``).
+A family's ``loss`` trains its heads of the base task (detection); every other task names its loss per family in
+its record (utils/tasks/registry.py, ``Task.losses``), and ``loss_for(task)`` picks, from the head's ``task``. A
+task's loss takes the batch's extra tensors by name as keywords (what the task's collate adds to a batch).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from torch import nn
 
 from utils.errors import UserError
 from utils.hyp import HYPS_DIR, SYNTHETIC_DATA, SYNTHETIC_HYP
+from utils.tasks.registry import BASE_TASK, all_tasks, get_task
 
 BASE_HYP = ("lr0", "lrf", "momentum", "weight_decay")  # what the optimizer and its schedule read, in every family
 
@@ -60,21 +61,22 @@ class Family:
     required_hyp: tuple[str, ...]
     synthetic_hyp_file: Path | None = None
     evolve_bounds: Mapping[str, tuple[float, float, float]] = field(default_factory=dict)
-    task_losses: Mapping[str, LossFactory] = field(default_factory=dict)  # task -> its loss (besides detect)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "evolve_bounds", MappingProxyType(dict(self.evolve_bounds)))
-        object.__setattr__(self, "task_losses", MappingProxyType(dict(self.task_losses)))
 
-    def loss_for(self, task: str = "detect") -> LossFactory:
-        """The loss factory of this family's heads of ``task``; a one-line FamilyError when it has none."""
-        if task == "detect":
+    def loss_for(self, task: str = BASE_TASK) -> LossFactory:
+        """The loss factory of this family's heads of ``task`` (the base task's: ``loss``; another task's: the one
+        its record names for this family); a one-line FamilyError when it has none."""
+        record = get_task(task)
+        if record.base:
             return self.loss
-        found = self.task_losses.get(str(task))
-        if found is None:
-            raise FamilyError(f"the {self.name} family has no {str(task)[:40]!r} loss (tasks: "
-                              f"{', '.join(['detect', *self.task_losses])})")
-        return found
+        reference = record.loss_reference(self.name)
+        if reference is None:
+            known = [t.name for t in all_tasks() if t.base or t.loss_reference(self.name)]
+            raise FamilyError(f"the {self.name} family has no {str(task)[:40]!r} loss (tasks: {', '.join(known)})")
+        module, _, attribute = reference.partition(":")
+        return lazy_loss(module, attribute, self.name)
 
     def default_hyp_file(self, data: str | Path | None) -> Path:
         """The hyp file used without --hyp: the synthetic set's tuned one for the built-in data (where the family
@@ -132,13 +134,9 @@ ANCHOR_FREE_HYP = HYPS_DIR / "hyp.anchor-free.yaml"
 ANCHOR_FREE_BOUNDS = {"box": (1, 1.0, 20.0), "cls": (1, 0.2, 4.0), "dfl": (1, 0.4, 6.0)}  # evolved gains' ranges
 
 register_family(Family("yolov5", _yolov5_loss, HYPS_DIR / "hyp.scratch.yaml",
-                       (*BASE_HYP, "box", "obj", "cls", "anchor_t"), synthetic_hyp_file=SYNTHETIC_HYP,
-                       task_losses={"segment": lazy_loss("utils.training.loss_segment", "YoloV5SegmentLoss",
-                                                         "yolov5")}))
+                       (*BASE_HYP, "box", "obj", "cls", "anchor_t"), synthetic_hyp_file=SYNTHETIC_HYP))
 for _name in ("yolov8", "yolo11"):  # one anchor-free loss (task-aligned assigner, BCE + CIoU + DFL); own recipes
     register_family(Family(_name, lazy_loss("utils.training.loss_anchor_free", "AnchorFreeLoss", _name),
-                           ANCHOR_FREE_HYP, (*BASE_HYP, "box", "cls", "dfl"), evolve_bounds=ANCHOR_FREE_BOUNDS,
-                           task_losses={"segment": lazy_loss("utils.training.loss_segment", "AnchorFreeSegmentLoss",
-                                                             _name)}))
+                           ANCHOR_FREE_HYP, (*BASE_HYP, "box", "cls", "dfl"), evolve_bounds=ANCHOR_FREE_BOUNDS))
 register_family(Family("yolo26", lazy_loss("utils.training.loss_anchor_free", "EndToEndLoss", "yolo26"),
                        ANCHOR_FREE_HYP, (*BASE_HYP, "box", "cls", "dfl"), evolve_bounds=ANCHOR_FREE_BOUNDS))

@@ -107,7 +107,7 @@ class ComputeLoss:
     def detection_terms(self, preds: list[torch.Tensor], targets: torch.Tensor,
                         positives: list | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The gained (box, obj, cls) terms, each (1,); ``positives``, when given, receives each level's
-        (MatchedTargets, its cells' rows (m, no)) for a task's own terms (the masks of utils.training.loss_segment)."""
+        (MatchedTargets, its cells' rows (m, no)) for a task's own terms (the masks of utils.tasks.segment.loss)."""
         device = preds[0].device
         loss_box, loss_obj, loss_cls = (torch.zeros(1, device=device) for _ in range(3))
         targets = targets.to(device)

@@ -58,7 +58,7 @@ class AnchorFreeLoss:
     def assigned_terms(self, preds: dict[str, Any],
                        targets: torch.Tensor) -> tuple[torch.Tensor, Assignment, list[float]]:
         """``terms`` with the assignment they came from and the input's (h, w) in pixels (for a task's own terms,
-        the masks of utils.training.loss_segment)."""
+        the masks of utils.tasks.segment.loss)."""
         # (b, n, 4 * reg_max) and (b, n, nc), float32 under autocast too; copied cell-major once, so that the
         # softmax over each side's bins and the gathers below read contiguous rows
         pred_dist = preds["boxes"].permute(0, 2, 1).to(torch.float32, memory_format=torch.contiguous_format)

@@ -42,6 +42,7 @@ from models.yolo import Model, ModelConfigError
 from utils.atomic_files import fsync_dir, remove_dead_writers_files
 from utils.errors import UserError
 from utils.log import LOGGER
+from utils.tasks.registry import BASE_TASK
 from utils.weights.downloads import check_not_url
 from utils.weights.untrusted import (
     UntrustedFileError,
@@ -274,7 +275,7 @@ def _load_release_file(path: Path) -> dict | None:
 
 def recorded_family(ckpt: dict) -> tuple[str, str]:
     """(family, task) a checkpoint records; ("yolov5", "detect") for one from before they were recorded."""
-    return str(ckpt.get("family") or "yolov5"), str(ckpt.get("task") or "detect")
+    return str(ckpt.get("family") or "yolov5"), str(ckpt.get("task") or BASE_TASK)
 
 
 def model_from_checkpoint(ckpt: dict, source: str = "checkpoint") -> Model:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import pickle
 import pickletools
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from models.yolo import Model, ModelConfigError
+from utils.tasks.registry import all_tasks
 from utils.weights.checkpoint import CheckpointError, new_checkpoint, plain_names, register_release_reader, to_plain
 from utils.weights.safe_pickle import (
     _LEGACY_MODULES,
@@ -42,8 +43,7 @@ from utils.weights.untrusted import (
 )
 
 RELEASE_SOURCE = "yolov5-release"
-MODEL_CLASSES = ("models.yolo.Model", "models.yolo.DetectionModel",  # v5.0/v6.x and v7.0 detection models
-                 "models.yolo.SegmentationModel")  # v7.0 segmentation models
+MODEL_CLASSES = ("models.yolo.Model", "models.yolo.DetectionModel")  # v5.0/v6.x and v7.0 detection models
 RELEASE_MARKERS = ("models.yolo.", "models.common.", "ultralytics.")  # globals of YOLOv5's and ultralytics' pickles
 __all__ = ["Record", "UnsafeGlobalError", "load_release_checkpoint", "read_records", "is_release_file"]
 
@@ -142,9 +142,24 @@ _SETTINGS = {
     "Bottleneck": ("add",),
     "Concat": ("d",),
     "Detect": ("nc", "na", "nl"),
-    "Segment": ("nc", "na", "nl", "nm", "npr", "no"),
 }
-_CLASS_ALIASES = {"DetectionModel": "Model", "SegmentationModel": "Model"}  # v7.0's names for our Model
+_CLASS_ALIASES = {"DetectionModel": ("Model",)}  # v7.0's name for our Model
+
+
+def release_classes(reader: str, models: Sequence[str] = (), settings: Mapping[str, tuple] | None = None,
+                    aliases: Mapping[str, tuple] | None = None, heads: Sequence[str] = ()) -> dict[str, Any]:
+    """A weights reader's class tables (``reader``: ``yolov5`` or ``ultralytics``): the base task's given here,
+    joined with every registered task's own (its ``releases`` part): ``models`` and ``heads`` (pickled global
+    names it reads), ``settings`` (our class -> constructor settings compared), ``aliases`` (their class -> ours)."""
+    tables = {"models": list(models), "heads": list(heads), "settings": dict(settings or {}),
+              "aliases": dict(aliases or {})}
+    for task in all_tasks():
+        own = (task.load("releases") or {}).get(reader, {})
+        tables["models"] += own.get("models", ())
+        tables["heads"] += own.get("heads", ())
+        tables["settings"].update(own.get("settings", {}))
+        tables["aliases"].update(own.get("aliases", {}))
+    return tables
 
 
 def load_release_checkpoint(path: str | Path) -> dict:
@@ -189,9 +204,10 @@ def model_record(raw: Any) -> Record:
     record = raw.get("ema") if isinstance(raw.get("ema"), Record) else raw.get("model")
     if not isinstance(record, Record):
         raise _FormatError(f"no pickled model under 'model' or 'ema' (keys: {sorted(map(str, raw))[:8]})")
-    if record.global_name not in MODEL_CLASSES:
-        raise _FormatError(f"holds a {record.global_name}; only YOLOv5 detection and segmentation models "
-                           f"({' or '.join(MODEL_CLASSES)}) can be loaded")
+    models = release_classes("yolov5", MODEL_CLASSES)["models"]
+    if record.global_name not in models:
+        raise _FormatError(f"holds a {record.global_name}; only YOLOv5 models ({' or '.join(models)}) can be "
+                           "loaded")
     return record
 
 
@@ -268,10 +284,10 @@ def flat_state(record: Record, prefix: str = "", depth: int = 0) -> dict[str, to
 
 def check_structure(record: Record, module: nn.Module, where: str = "model") -> None:
     """Same classes, same children and same shape-free settings (strides, padding, pooling, shortcuts) everywhere."""
-    ours = type(module).__name__
-    if _CLASS_ALIASES.get(record.class_name, record.class_name) != ours:
+    ours, tables = type(module).__name__, release_classes("yolov5", settings=_SETTINGS, aliases=_CLASS_ALIASES)
+    if ours not in tables["aliases"].get(record.class_name, (record.class_name,)):
         raise _FormatError(f"{where} is a {record.global_name} in the file but a {ours} in the model its yaml builds")
-    for setting in _SETTINGS.get(ours, ()):
+    for setting in tables["settings"].get(ours, ()):
         if setting in record.attrs and _comparable(record.attrs[setting]) != _comparable(getattr(module, setting)):
             raise _FormatError(f"{where}.{setting} is {record.attrs[setting]!r} in the file but "
                                f"{getattr(module, setting)!r} in the model its yaml builds")

@@ -33,14 +33,15 @@ from utils.weights.release_reader import (
     flat_state,
     load_exact,
     read_records,
+    release_classes,
     release_names,
 )
 from utils.weights.untrusted import UntrustedFileError, check_config_against_state
 
 ULTRALYTICS_SOURCE = "ultralytics-release"
-MODEL_CLASSES = ("ultralytics.nn.tasks.DetectionModel", "ultralytics.nn.tasks.SegmentationModel")
+MODEL_CLASSES = ("ultralytics.nn.tasks.DetectionModel",)  # and each task's (utils/tasks/<task>/releases.py)
 MARKER = "ultralytics."  # globals that make a file an ultralytics pickle
-HEAD_CLASSES = ("ultralytics.nn.modules.head.Detect", "ultralytics.nn.modules.head.Segment")
+HEAD_CLASSES = ("ultralytics.nn.modules.head.Detect",)
 
 # Settings that change the output without changing any tensor's shape, compared module by module (our class names).
 SETTINGS = {
@@ -59,10 +60,13 @@ SETTINGS = {
     "DFL": ("c1",),
     "AnchorFreeDetect": ("nc", "nl", "reg_max", "no"),
     "EndToEndDetect": ("nc", "nl", "reg_max", "no"),
-    "AnchorFreeSegmentHead": ("nc", "nl", "reg_max", "no", "nm", "npr"),
 }
-ALIASES = {"DetectionModel": ("Model",), "SegmentationModel": ("Model",),
-           "Detect": ("AnchorFreeDetect", "EndToEndDetect"), "Segment": ("AnchorFreeSegmentHead",)}
+ALIASES = {"DetectionModel": ("Model",), "Detect": ("AnchorFreeDetect", "EndToEndDetect")}
+
+
+def classes() -> dict:
+    """This reader's class tables joined with every task's (release_reader.release_classes)."""
+    return release_classes("ultralytics", MODEL_CLASSES, SETTINGS, ALIASES, HEAD_CLASSES)
 
 
 def is_ultralytics_model(raw: Any) -> bool:
@@ -97,9 +101,10 @@ def model_record(raw: Any) -> Record:
     record = raw.get("ema") if isinstance(raw.get("ema"), Record) else raw.get("model")
     if not isinstance(record, Record):
         raise _FormatError(f"no pickled model under 'model' or 'ema' (keys: {sorted(map(str, raw))[:8]})")
-    if record.global_name not in MODEL_CLASSES:
-        raise _FormatError(f"holds a {record.global_name}; only ultralytics detection and segmentation models "
-                           f"({', '.join(MODEL_CLASSES)}) can be loaded")
+    models = classes()["models"]
+    if record.global_name not in models:
+        raise _FormatError(f"holds a {record.global_name}; only ultralytics models ({', '.join(models)}) can be "
+                           "loaded")
     return record
 
 
@@ -109,8 +114,9 @@ def release_model(record: Record) -> Model:
     layers = _child(record, "model")
     head_index = list(_children(layers))[-1]
     head = _children(layers)[head_index]
-    if head.global_name not in HEAD_CLASSES:
-        raise _FormatError(f"the last layer is a {head.global_name}, not a head of {', '.join(HEAD_CLASSES)}")
+    heads = classes()["heads"]
+    if head.global_name not in heads:
+        raise _FormatError(f"the last layer is a {head.global_name}, not a head of {', '.join(heads)}")
     stride = head.attrs.get("stride", record.attrs.get("stride"))
     if not isinstance(stride, torch.Tensor) or stride.dim() != 1 or not 1 <= stride.numel() <= 8:
         raise _FormatError(f"the head ({head.global_name}) has no strides")
@@ -145,10 +151,10 @@ def release_config(record: Record, head: Record) -> tuple[dict, int]:
 def check_structure(record: Record, module: nn.Module, where: str = "model") -> None:
     """Same classes, same children and the same shape-free settings (strides, padding, pooling, shortcuts,
     attention heads) everywhere."""
-    ours, theirs_name = type(module).__name__, record.class_name
-    if ours not in ALIASES.get(theirs_name, (theirs_name,)):
+    ours, theirs_name, tables = type(module).__name__, record.class_name, classes()
+    if ours not in tables["aliases"].get(theirs_name, (theirs_name,)):
         raise _FormatError(f"{where} is a {record.global_name} in the file but a {ours} in the model its yaml builds")
-    for setting in SETTINGS.get(ours, ()):
+    for setting in tables["settings"].get(ours, ()):
         if setting in record.attrs and _comparable(record.attrs[setting]) != _comparable(getattr(module, setting)):
             raise _FormatError(f"{where}.{setting} is {repr(record.attrs[setting])[:40]} in the file but "
                                f"{getattr(module, setting)!r} in the model its yaml builds")

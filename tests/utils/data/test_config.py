@@ -65,7 +65,7 @@ def test_a_downloaded_segment_set_reads_its_outlines(tmp_path: Path, monkeypatch
                         f"download: {url}/mini-seg.zip\n")
         config = load_data_config(data)
     dataset = YoloDataset(config.train, img_size=32, nc=1, task="segment")
-    assert dataset.scan.found == 1 and np.allclose(dataset.segments[0][0], [[0.1, 0.1], [0.9, 0.1], [0.5, 0.8]])
+    assert dataset.scan.found == 1 and np.allclose(dataset.extras[0][0], [[0.1, 0.1], [0.9, 0.1], [0.5, 0.8]])
 
 
 def test_safe_extract_refuses_escaping_members(tmp_path: Path) -> None:

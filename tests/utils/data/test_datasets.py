@@ -152,7 +152,7 @@ def _segment_set(tmp_path: Path, n_train: int = 8) -> object:
 
 def test_segment_batches_carry_index_masks_in_the_targets_order(tmp_path: Path) -> None:
     from utils.hyp import load_hyp
-    from utils.masks import polygons_to_masks
+    from utils.tasks.segment.masks import polygons_to_masks
 
     cfg = _segment_set(tmp_path)
     hyp = {**load_hyp(), "mixup": 0.5, "copy_paste": 0.5, "degrees": 10.0, "flipud": 0.5}
@@ -186,16 +186,16 @@ def test_segment_batches_carry_index_masks_in_the_targets_order(tmp_path: Path) 
 
 def test_segment_scan_caches_the_outlines_beside_the_box_cache(tmp_path: Path) -> None:
     from utils.data.label_cache import cached_scan, img2label_paths, list_image_files
-    from utils.data.segments import check_segment_sample
+    from utils.tasks.segment.labels import check_segment_sample
 
     cfg = _segment_set(tmp_path)
     first = YoloDataset(cfg.train, img_size=64, task="segment", nc=3)
     files = list_image_files(cfg.train)
     cached, path = cached_scan(files, img2label_paths(files), 3, check=check_segment_sample, kind="segments")
     assert path.name == "train.segments.cache" and path.is_file()
-    assert [len(s) for s in cached.segments] == [len(lab) for lab in first.labels]
-    for image, outlines in enumerate(cached.segments):
-        for outline, kept in zip(outlines, first.segments[image]):
+    assert [len(s) for s in cached.extras] == [len(lab) for lab in first.labels]
+    for image, outlines in enumerate(cached.extras):
+        for outline, kept in zip(outlines, first.extras[image]):
             assert outline.shape[1] == 2 and len(outline) >= 3 and np.array_equal(outline, kept)
     with pytest.raises(DataError, match="unknown task"):
         YoloDataset(cfg.train, img_size=64, task="keypoints", nc=3)
@@ -213,7 +213,7 @@ def test_coco_json_outlines_train_a_segmenter(tmp_path: Path) -> None:
     import json
 
     from utils.data.annotations import AnnotationSplit
-    from utils.masks import polygons_to_masks, rle_encode
+    from utils.tasks.segment.masks import polygons_to_masks, rle_encode
 
     images = tmp_path / "images"
     images.mkdir()
@@ -238,8 +238,8 @@ def test_coco_json_outlines_train_a_segmenter(tmp_path: Path) -> None:
     split = AnnotationSplit("coco", tmp_path / "instances.json", images, names=("a", "b", "c"))
     for _ in range(2):  # scanned, then from the cache
         ds = YoloDataset([split], img_size=48, task="segment", nc=3)
-        assert ds.scan.found == 1 and ds.scan.corrupt == 1 and [len(s) for s in ds.segments] == [3]
-        joined, traced, box = ds.segments[0]
+        assert ds.scan.found == 1 and ds.scan.corrupt == 1 and [len(s) for s in ds.extras] == [3]
+        joined, traced, box = ds.extras[0]
         masks = polygons_to_masks([o * (48, 40) for o in (joined, traced, box)], (40, 48))
         parts = polygons_to_masks([np.reshape(part1, (-1, 2)), np.reshape(part2, (-1, 2))], (40, 48)).max(0)
         assert (masks[0] == parts).all() and (masks[1] == rle_mask).all() and masks[2].sum() == 100

@@ -16,7 +16,7 @@ from utils.deploy.formats import export_metadata
 from utils.deploy.runtime import InferenceModel
 from utils.deploy.verify import VerificationError, output_errors
 from utils.errors import UserError
-from utils.predictions import OutputContract
+from utils.tasks.contract import OutputContract
 
 
 def reshaping_onnx(path: Path, meta: dict) -> Path:
@@ -73,7 +73,7 @@ def test_export_metadata_records_the_heads_own(tiny_cfg: dict) -> None:
 
 
 def test_output_errors_read_the_rows_as_the_contract_lays_them_out() -> None:
-    contract = OutputContract("xywh_cls", 2, nm=2)  # 4 box, 2 class, 2 mask-coefficient columns
+    contract = OutputContract("xywh_cls", 2, 2, "segment")  # 4 box, 2 class, 2 mask-coefficient columns
     a = torch.zeros(1, 3, 8)
     b = a.clone()
     b[0, 0, 5], b[0, 1, 1], b[0, 2, 7] = 0.125, 2.0, 50.0  # a class score, a box, a coefficient (not compared)
@@ -155,7 +155,7 @@ def test_an_anchor_free_heads_export_records_its_contract_and_verifies_by_it(tin
     from models.yolo import Model
     from utils.deploy.formats import FLOAT_TOLERANCE, ExportOptions, get_format
     from utils.deploy.verify import verify_float
-    from utils.predictions import postprocess
+    from utils.tasks.contract import postprocess
 
     fmt = get_format(name)
     missing = [pip for module, pip in (*fmt.export_packages, *fmt.runtime_packages)
@@ -172,7 +172,8 @@ def test_an_anchor_free_heads_export_records_its_contract_and_verifies_by_it(tin
     model = model.fuse().eval()
     images = torch.rand(1, 3, 64, 64)
     meta = export_metadata(model, (64, 64), 1, dynamic=False)
-    assert meta["head"]["contract"] == {"layout": "xywh_cls", "nc": 3, "nm": 0} and meta["num_anchors"] == 1
+    assert meta["head"]["contract"] == {"layout": "xywh_cls", "nc": 3, "extra": 0, "task": "detect"}
+    assert meta["num_anchors"] == 1
     file = fmt.export(model, images, fmt.output_path(tmp_path / "af.pt"), meta, ExportOptions(img_size=(64, 64)))
     check = verify_float(file, model, [images], FLOAT_TOLERANCE, torch.device("cpu"))
     assert check.box_error <= FLOAT_TOLERANCE.box and check.score_error <= FLOAT_TOLERANCE.score

@@ -1,4 +1,4 @@
-"""Evaluation reads every output contract (utils.predictions): the same detections laid out as YOLOv5's rows
+"""Evaluation reads every output contract (utils.tasks.contract): the same detections laid out as YOLOv5's rows
 (objectness x class), an anchor-free head's (class scores only) or an end-to-end head's final rows give the same
 metrics through the one post-processing call; --save-hybrid writes labels in each layout; TTA is refused where
 its merge cannot apply."""
@@ -19,7 +19,7 @@ from utils.data.synthetic import SYNTHETIC_NAMES, ensure_synthetic
 from utils.evaluation.evaluate import evaluate, model_contract
 from utils.evaluation.outputs import with_label_boxes
 from utils.evaluation.tta import AugmentError, DetectLayout, augmented_forward, layout_of
-from utils.predictions import ContractError, OutputContract, postprocess
+from utils.tasks.contract import ContractError, OutputContract, postprocess
 
 NC = len(SYNTHETIC_NAMES)
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -166,10 +166,10 @@ class MaskOracle(torch.nn.Module):
     object j's mask from the batch's index image, moved by up to one prototype pixel), plus false positives."""
 
     def __init__(self, loader, nc: int, nm: int = 25, seed: int = 0) -> None:
-        from utils.predictions import OutputContract
+        from utils.tasks.contract import OutputContract
 
         super().__init__()
-        self.contract = OutputContract("xyxy_score_cls", nc, nm)
+        self.contract = OutputContract("xyxy_score_cls", nc, nm, "segment")
         rng = np.random.default_rng(seed)
         self.outputs = [self._batch(imgs, targets, extras["masks"], nm, rng)
                         for imgs, targets, _, _, extras in loader]
@@ -213,7 +213,7 @@ def test_mask_map_of_a_segmenter_agrees_with_cocoeval_segm(tmp_path):
 
     from utils.data.config import load_data_config
     from utils.evaluation.outputs import coco_evaluate
-    from utils.masks import polygons_to_masks, rle_encode
+    from utils.tasks.segment.masks import polygons_to_masks, rle_encode
 
     (tmp_path / "seg.yaml").write_text(yaml.safe_dump({
         "synthetic": {"task": "segment", "n_train": 2, "n_val": 16, "img_size": [64, 96], "seed": 5},
@@ -227,7 +227,7 @@ def test_mask_map_of_a_segmenter_agrees_with_cocoeval_segm(tmp_path):
                       save_json=True, plots=True)  # rows of 31 columns: the plots take the first 6
     assert (tmp_path / "val_batch0_pred.jpg").is_file() and (tmp_path / "val_batch1_pred.jpg").is_file()
     gt = {"images": [], "annotations": [], "categories": [{"id": c, "name": n} for c, n in enumerate(SYNTHETIC_NAMES)]}
-    for path, labels, outlines, (w, h) in zip(dataset.im_files, dataset.labels, dataset.segments, dataset.shapes):
+    for path, labels, outlines, (w, h) in zip(dataset.im_files, dataset.labels, dataset.extras, dataset.shapes):
         image_id, (w, h) = int(Path(path).stem), (int(w), int(h))
         gt["images"].append({"id": image_id, "width": w, "height": h, "file_name": Path(path).name})
         masks = polygons_to_masks([o * (w, h) for o in outlines], (h, w))

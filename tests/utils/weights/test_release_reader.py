@@ -342,7 +342,7 @@ def _classification_model(raw: dict) -> None:
     (_extra_buffer, "tensor model.4.cv2.bn.surprise (3,) has no place in the model"),
     (_change_stride, "model.model.1.conv.stride is (1, 1) in the file but (2, 2)"),
     (_inconsistent_anchor_grid, "model.24.anchor_grid disagrees with model.24.anchors x stride"),
-    (_classification_model, "holds a models.yolo.ClassificationModel; only YOLOv5 detection and segmentation"),
+    (_classification_model, "holds a models.yolo.ClassificationModel; only YOLOv5 models"),
 ])
 def test_file_that_does_not_map_is_refused_naming_the_first_mismatch(mutate: Any, expected: str) -> None:
     raw = read_records(FIXTURES / "yolov5n-v7.0.pt")

@@ -190,7 +190,7 @@ def _yaml(key: str, value: Any) -> Callable[[dict], None]:
 
 REFUSALS = {
     "classification": (_classification, "holds a ultralytics.nn.tasks.ClassificationModel; only ultralytics "
-                                         "detection and segmentation"),
+                                         "models"),
     "missing tensor": (_drop_tensor, "tensor model.23.one2one_cv2.0.2.bias (4,) is missing from the file"),
     "linear SPPF input": (_attribute("model.9", "add", False), "model.model.9.add is False in the file but True"),
     "attention heads": (_attribute("model.10.m.0.attn", "num_heads", 4), "attn.num_heads is 4 in the file but 2"),

@@ -1,4 +1,5 @@
-"""utils/masks.py: the scanline fill against matplotlib's point-in-polygon, the overlap index image, mask IoU,
+"""utils/tasks/segment/masks.py:
+the scanline fill against matplotlib's point-in-polygon, the overlap index image, mask IoU,
 cropping, prototype masks, letterbox undo, polygons from masks and COCO RLE against pycocotools."""
 
 from __future__ import annotations
@@ -8,7 +9,7 @@ import pytest
 import torch
 from matplotlib.path import Path as MplPath
 
-from utils.masks import (
+from utils.tasks.segment.masks import (
     crop_masks,
     fill_polygon,
     index_to_masks,

@@ -1,5 +1,8 @@
 """Instance segmentation metrics: box and mask P, R, mAP@.5 and mAP@.5:.95 side by side, and predictions JSON with
-RLE masks.
+RLE masks. METRIC is the segment task's metric (utils/evaluation/task_metric.py): the view ``mask`` of the same
+detections, each instance's mask compared at the image's original resolution (the predicted mask cropped,
+upsampled and un-letterboxed, the label's outline filled there), so the mask mAP is COCOeval ``segm``'s on the
+same masks; --save-json rows then carry the masks as RLE.
 
 A detection's mask is matched to the labels' masks exactly as its box is to their boxes (utils.evaluation.metrics:
 COCOeval's greedy matching per IoU threshold, 101-point AP), with mask IoU in place of box IoU, so the mask mAP
@@ -17,9 +20,9 @@ import numpy as np
 import torch
 
 from utils.evaluation.metrics import IOU_THRESHOLDS, DetectionMetrics, ap_per_class, match_by_iou, match_predictions
-from utils.masks import mask_iou, rle_encode
-
-FITNESS_WEIGHTS = (0.1, 0.9)  # of mAP@.5 and mAP@.5:.95, for the boxes and for the masks alike (the reference's)
+from utils.evaluation.task_metric import ImageContext, TaskMatch, TaskMetric
+from utils.tasks.registry import BOX_METRICS, get_task
+from utils.tasks.segment.masks import mask_iou, polygons_to_masks, process_masks, rle_encode, scale_masks
 
 
 def match_mask_predictions(detections: torch.Tensor | np.ndarray, pred_masks: torch.Tensor,
@@ -72,10 +75,11 @@ class SegmentationMetrics:
         return (*self.box.mean_results(), *self.mask.mean_results())
 
     def fitness(self) -> float:
-        """0.1 mAP@.5 + 0.9 mAP@.5:.95 of the boxes plus the same of the masks: how a segmenter picks best.pt."""
-        values = self.mean_results()
-        w50, w = FITNESS_WEIGHTS
-        return w50 * values[2] + w * values[3] + w50 * values[6] + w * values[7]
+        """0.1 mAP@.5 + 0.9 mAP@.5:.95 of the boxes plus the same of the masks: how a segmenter picks best.pt (the
+        segment task's fitness weights, utils/tasks/registry.py)."""
+        names = (*BOX_METRICS, *(f"mask_{n}" for n in BOX_METRICS))
+        weights = get_task("segment").fitness
+        return sum(weights.get(name, 0.0) * value for name, value in zip(names, self.mean_results()))
 
 
 def segmentation_metrics(records: Sequence[SegmentRecord]) -> SegmentationMetrics:
@@ -106,3 +110,36 @@ def mask_json_rows(image_id: int | str, detections: torch.Tensor, masks: torch.T
                      "bbox": [round(v, 3) for v in (x1, y1, x2 - x1, y2 - y1)], "score": round(conf, 5),
                      "segmentation": rle})
     return rows
+
+
+def instance_masks(rows: torch.Tensor, protos: torch.Tensor, outlines: np.ndarray, img_hw: Sequence[int],
+                   shape: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """One image's predicted masks (its detections (n, 6 + nm) in input pixels) and its labels' masks, both
+    (k, h0, w0) bool at the original image's size: a prediction cropped to its box, upsampled and un-letterboxed;
+    a label's outline (normalised to the batch's ``img_hw``) moved back by the letterbox's ratios and pads."""
+    (h0, w0), ratio_pad = shape
+    pred = scale_masks(process_masks(protos, rows[:, 6:], rows[:, :4], tuple(img_hw)), (h0, w0), ratio_pad)
+    (ratio_h, ratio_w), (pad_w, pad_h) = ratio_pad
+    pixels = np.asarray(outlines, np.float64) * (img_hw[1], img_hw[0])
+    original = (pixels - (pad_w, pad_h)) / (ratio_w, ratio_h)
+    gt = torch.from_numpy(polygons_to_masks(list(original), (int(h0), int(w0))).astype(bool))
+    return pred.cpu(), gt
+
+
+class SegmentMetric(TaskMetric):
+    """The segment task's metric: the view ``mask`` (each detection's mask against the labels' masks), when the
+    model gave prototypes and the batch its labels' ``outlines`` (a segment loader's validation batches)."""
+
+    views = {"mask": "masks"}
+
+    def match(self, image: ImageContext) -> TaskMatch:
+        outlines = image.batch.get("outlines")
+        if outlines is None or not image.outputs:
+            return TaskMatch()
+        pred, gt = instance_masks(image.rows, image.outputs[0][image.index], outlines[image.index], image.img_hw,
+                                  image.shape)
+        return TaskMatch({"mask": match_mask_predictions(image.det, pred, image.labels, gt)},
+                         [{"segmentation": rle} for rle in rle_encode(pred)] if image.json else None)
+
+
+METRIC = SegmentMetric()

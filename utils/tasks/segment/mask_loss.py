@@ -13,7 +13,8 @@ by the box gain ``hyp["box"]``, as the reference does.
 
 Ground-truth masks come in one of two layouts (the data loader's choice, the reference's ``overlap_mask``):
 - overlap (default): one index image per training image (b, H, W), pixel value r + 1 where that image's r-th object
-  is (the smaller object on top where objects overlap; utils.masks.overlap_index), so object r of an image is
+  is (the smaller object on top where objects overlap; utils.tasks.segment.masks.overlap_index), so object r of an
+  image is
   the pixels equal to r + 1;
 - stacked: one mask per object of the batch (n, H, W) in the order of the targets.
 Masks larger than the prototypes (full input size) are brought to their size by nearest-neighbour sampling.
@@ -24,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from utils.masks import box_window, prototype_masks
+from utils.tasks.segment.masks import box_window, prototype_masks
 
 MASK_RATIO = 4  # the prototypes' (and the masks') resolution: 1/4 of the input's
 

@@ -10,18 +10,18 @@ import numpy as np
 import pytest
 
 from utils.data.config import DataError
-from utils.data.segments import read_segment_label_file
 from utils.data.synthetic import draw_sample, draw_shapes, make_spec
-from utils.data.synthetic_seg import (
+from utils.paths import ROOT
+from utils.safe_yaml import load_yaml
+from utils.tasks.segment.labels import read_segment_label_file
+from utils.tasks.segment.masks import polygons_to_masks
+from utils.tasks.segment.synthetic import (
     default_seg_root,
     draw_seg_sample,
     ensure_synthetic_seg,
     is_valid_seg,
     shape_outline,
 )
-from utils.masks import polygons_to_masks
-from utils.paths import ROOT
-from utils.safe_yaml import load_yaml
 
 SMALL = {"n_train": 5, "n_val": 2, "img_size": (64, 96), "seed": 3}
 

@@ -2,10 +2,11 @@
 
 A segmenter predicts, for every box it predicts, ``nm`` mask coefficients (32), and once per image ``nm``
 prototype masks at 1/4 of the input's resolution (the P3 map upsampled 2x). An instance's mask is the sigmoid of
-its coefficients times the prototypes, cropped to its box (utils.masks.process_masks).
+its coefficients times the prototypes, cropped to its box (utils.tasks.segment.masks.process_masks).
 
-The heads offer the head interface of models/head.py with ``task = "segment"`` and a contract whose ``nm`` is the
-coefficient count; their eval-mode output is a tuple ``(decoded, protos)``: the decoded rows (b, n, columns) of
+The heads offer the head interface of models/head.py with ``task = "segment"`` and a contract whose ``extra``
+columns are the ``nm`` coefficients; their eval-mode output is a tuple ``(decoded, protos)``: the decoded rows
+(b, n, columns) of
 the family's layout with the coefficients as the last ``nm`` columns, and the prototypes (b, nm, h/4, w/4).
 """
 
@@ -22,7 +23,7 @@ from models.common import Conv, apply_conv
 from models.head import Detect
 from models.head_anchor_free import AnchorFreeDetect, head_args
 from models.registry import LIMITS, ModelConfigError, Row, RowArgs, is_number, register_module
-from utils.predictions import OutputContract
+from utils.tasks.contract import OutputContract
 
 PROTO_UPSAMPLE = ("nearest", "transpose")
 
@@ -109,7 +110,7 @@ class Segment(Detect):
 
     @property
     def contract(self) -> OutputContract:
-        return OutputContract("xywh_obj_cls", self.nc, self.nm)
+        return OutputContract("xywh_obj_cls", self.nc, self.nm, self.task)
 
     def init_biases(self, class_freq: torch.Tensor | None = None) -> None:
         """Detect's priors on objectness and the class scores only (the mask coefficients keep their init)."""
@@ -183,7 +184,7 @@ class AnchorFreeSegment:
 
     @property
     def contract(self) -> OutputContract:
-        return dataclasses.replace(super().contract, nm=self.nm)  # type: ignore[misc]
+        return dataclasses.replace(super().contract, extra=self.nm, task=self.task)  # type: ignore[misc]
 
     def export_metadata(self) -> dict[str, Any]:
         return {**super().export_metadata(), **mask_metadata(self)}  # type: ignore[misc]
@@ -201,7 +202,7 @@ class AnchorFreeSegment:
         return torch.cat((out, coefficients.transpose(1, 2).to(out.dtype)), 2), protos
 
 
-@register_module("Segment", when=_anchor_free_segment, table_name="models.segment.AnchorFreeSegmentHead")
+@register_module("Segment", when=_anchor_free_segment, table_name="utils.tasks.segment.head.AnchorFreeSegmentHead")
 class AnchorFreeSegmentHead(AnchorFreeSegment, AnchorFreeDetect):
     """The Segment head of YOLOv8-seg and YOLO11-seg: the anchor-free Detect (YOLO11's depthwise class branch when
     a C3k2 row came before) with the prototypes and the coefficient branch. YAML row ``[[15, 18, 21], 1, Segment,

@@ -9,7 +9,7 @@ import cv2
 import numpy as np
 
 from utils.data import label_cache, shared_scan
-from utils.data.segments import check_segment_sample
+from utils.tasks.segment.labels import check_segment_sample
 
 
 def write_split(root: Path) -> tuple[list[str], list[str]]:
@@ -29,13 +29,13 @@ def write_split(root: Path) -> tuple[list[str], list[str]]:
 def test_segment_shares_merge_into_the_one_process_scan(tmp_path: Path) -> None:
     images, labels = write_split(tmp_path)
     whole = label_cache.scan_files(images, labels, 3, show=False, check=check_segment_sample, cores=1)
-    assert whole.segments is not None and [len(s) for s in whole.segments] == [2, 0, 1, 1]
+    assert whole.extras is not None and [len(s) for s in whole.extras] == [2, 0, 1, 1]
     parts = [shared_scan.packed(label_cache.scan_files(images[s.start:s.stop], labels[s.start:s.stop], 3,
                                                         show=False, check=check_segment_sample, cores=1))
              for s in (shared_scan.share_of(len(images), r, 3) for r in range(3))]
     merged = shared_scan.merged(parts, images, tmp_path / "repaired")
-    assert merged.segments is not None and len(merged.segments) == len(whole.segments)
-    for got, want in zip(merged.segments, whole.segments):
+    assert merged.extras is not None and len(merged.extras) == len(whole.extras)
+    for got, want in zip(merged.extras, whole.extras):
         assert len(got) == len(want)
         for g, w in zip(got, want):
             assert (g is None) == (w is None) and (g is None or np.array_equal(g, w))
@@ -47,4 +47,4 @@ def test_box_shares_merge_with_no_outlines(tmp_path: Path) -> None:
     images, labels = write_split(tmp_path)
     parts = [shared_scan.packed(label_cache.scan_files(images[:2], labels[:2], 3, show=False, cores=1)),
              shared_scan.packed(label_cache.scan_files(images[2:], labels[2:], 3, show=False, cores=1))]
-    assert shared_scan.merged(parts, images, tmp_path / "repaired").segments is None
+    assert shared_scan.merged(parts, images, tmp_path / "repaired").extras is None

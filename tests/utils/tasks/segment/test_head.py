@@ -1,4 +1,5 @@
-"""models/segment.py: Proto and the Segment heads, checked against the reference's facts (parameter counts, state
+"""utils/tasks/segment/head.py:
+Proto and the Segment heads, checked against the reference's facts (parameter counts, state
 dict names and shapes) and, for YOLOv5, against the v7.0 release fixture's outputs and prototypes."""
 
 from __future__ import annotations
@@ -12,16 +13,16 @@ import pytest
 import torch
 from torch import nn
 
-from models.segment import AnchorFreeSegment, Proto, Segment, coefficient_convs
 from models.yolo import Model, load_model_config, parse_model
-from utils.predictions import OutputContract, postprocess
+from utils.tasks.contract import OutputContract, postprocess
+from utils.tasks.segment.head import AnchorFreeSegment, Proto, Segment, coefficient_convs
 from utils.weights.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from utils.weights.release_reader import RELEASE_SOURCE, flat_state, read_records
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 N_CHANNELS = (64, 128, 256)  # P3, P4, P5 widths of the n models (yolov5n, yolov8n, yolo11n)
 TOLERANCE = 1e-4
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[3] / "fixtures"
 
 
 def params(module: nn.Module) -> int:
@@ -99,7 +100,7 @@ def test_yolov5_segment_modes_contract_and_metadata() -> None:
     model = yolov5n_seg()
     head = model.head
     assert (head.task, head.family, head.anchor_based) == ("segment", "yolov5", True)
-    assert head.contract == OutputContract("xywh_obj_cls", 80, 32) and head.contract.columns == 117
+    assert head.contract == OutputContract("xywh_obj_cls", 80, 32, "segment") and head.contract.columns == 117
     maps, protos = model(torch.rand(1, 3, 64, 96))
     assert [tuple(m.shape) for m in maps] == [(1, 3, 8, 12, 117), (1, 3, 4, 6, 117), (1, 3, 2, 3, 117)]
     assert protos.shape == (1, 32, 16, 24)
@@ -112,7 +113,7 @@ def test_yolov5_segment_modes_contract_and_metadata() -> None:
     rows = postprocess(decoded, head.contract, conf_thres=0.0, max_det=10)
     assert rows[0].shape[1] == 6 + 32
     meta = head.export_metadata()
-    assert meta["nm"] == 32 and meta["proto_stride"] == 4.0 and meta["contract"]["nm"] == 32
+    assert meta["nm"] == 32 and meta["proto_stride"] == 4.0 and meta["contract"]["extra"] == 32
     assert meta["task"] == "segment" and len(meta["anchors"]) == 3
 
 
@@ -181,7 +182,7 @@ def test_anchor_free_mask_parts_have_the_reference_sizes_and_names() -> None:
 def test_anchor_free_segment_outputs_line_up_with_the_base_rows() -> None:
     head = PlainSegment(3, 4, 8, (8, 16, 32))
     assert head.task == "segment" and head.family == "yolov8" and not head.anchor_based
-    assert head.contract == OutputContract("xywh_cls", 3, 4) and head.contract.columns == 11
+    assert head.contract == OutputContract("xywh_cls", 3, 4, "segment") and head.contract.columns == 11
     assert head.export_metadata()["nm"] == 4 and head.export_metadata()["proto_stride"] == 4.0
     xs = [torch.rand(2, 8, 8, 10), torch.rand(2, 16, 4, 5), torch.rand(2, 32, 2, 3)]
     out, coefficients, protos = head(list(xs))

@@ -1,5 +1,5 @@
 """The segment task's losses, to the LossFn interface of utils/training/families.py: each family's detection loss
-with the mask term (utils/training/loss_mask.py) beside it, read from the same assignment.
+with the mask term (utils/tasks/segment/mask_loss.py) beside it, read from the same assignment.
 
 ``YoloV5SegmentLoss`` (YOLOv5-seg): YOLOv5's box, objectness and class terms on the Segment head's maps (the class
 scores are the columns before the mask coefficients); each level's positives add their mask term, averaged per
@@ -18,9 +18,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from utils.tasks.segment.mask_loss import anchor_free_mask_loss, object_indices, yolov5_mask_loss
 from utils.training.loss import ComputeLoss
 from utils.training.loss_anchor_free import AnchorFreeLoss
-from utils.training.loss_mask import anchor_free_mask_loss, object_indices, yolov5_mask_loss
 
 
 class YoloV5SegmentLoss(ComputeLoss):

@@ -14,8 +14,9 @@ than 3 points are dropped and counted; malformed values make the image corrupt, 
 mask is kept as it is (checked against the image's size without being decoded) and becomes an outline only when
 asked (``instance_polygon``).
 
-Outlines are stored without pickles as one (P, 2) float32 point array and (k + 1,) offsets (``pack_segments``,
-which the label cache uses; a segment scan is ``check_segment_sample``).
+Outlines are stored without pickles as one (P, 2) float32 point array and (k + 1,) offsets (the label cache's
+``pack_points``). READER is the segment task's LabelReader (utils/tasks/registry.py names it): YOLO segment rows
+(``check_segment_sample``), COCO JSON splits with their ``segmentation`` (``attach_outlines``), VOC refused.
 """
 
 from __future__ import annotations
@@ -27,16 +28,10 @@ from typing import Any
 
 import numpy as np
 
-from utils.data.label_cache import (  # noqa: F401  (pack/unpack: the outlines' storage, kept importable here)
-    COORD_TOLERANCE,
-    check_image,
-    check_label_rows,
-    pack_segments,
-    read_label_rows,
-    unique_objects,
-    unpack_segments,
-)
-from utils.masks import mask_outlines, rle_counts, rle_decode
+from utils.data.annotations import ImageEntry, LabelReader, checked_entry
+from utils.data.coco_json import parse_coco_with
+from utils.data.label_cache import COORD_TOLERANCE, check_image, check_label_rows, read_label_rows, unique_objects
+from utils.tasks.segment.masks import mask_outlines, rle_counts, rle_decode
 
 MIN_POLYGON_POINTS = 3
 MAX_POLYGON_POINTS = 10_000  # per object: COCO's largest outlines have a few hundred; the reference resamples to 1000
@@ -268,3 +263,37 @@ def coco_instance_segments(data: dict, keep_crowd: bool = False) -> tuple[dict[A
     notes = [f"{dropped} polygon parts of fewer than {MIN_POLYGON_POINTS} points dropped" if dropped else "",
              f"{empty} annotations without an outline (boxes only)" if empty else ""]
     return out, "; ".join(n for n in notes if n)
+
+
+def attach_outlines(entry: ImageEntry, annotations: Sequence[dict]) -> None:
+    """``entry.extras`` from its boxes' annotations' ``segmentation`` values, one outline (n, 2) in the image's
+    pixels per box (None: none given); a malformed one sets ``entry.problem`` (the image is then corrupt)."""
+    width, height = entry.size or (0, 0)
+    outlines = []
+    for annotation in annotations:
+        segmentation = annotation.get("segmentation")
+        try:
+            if not (width and height) and segmentation not in (None, []):
+                raise ValueError("an outline needs the image entry's 'width' and 'height'")
+            instance = coco_segmentation(segmentation, width, height)
+            outlines.append(instance_polygon(instance, width, height))
+        except ValueError as e:
+            entry.problem = f"bad segmentation: {e}"
+            return
+    entry.extras = outlines
+
+
+def normalised_outline(outline: np.ndarray, shape: tuple[int, int]) -> np.ndarray:
+    """An outline in an image's pixels -> normalised to its ``shape`` (w, h), clipped to [0, 1]."""
+    return (np.asarray(outline, np.float64) / shape).clip(0, 1).astype(np.float32)
+
+
+def check_segment_entry(args: tuple[str, ImageEntry, int | None, Path | None]) -> tuple:
+    """``annotations.check_entry`` keeping outlines: its six values and, seventh, each object's outline normalised
+    to the image (None: a box without one); objects repeated exactly, outline included, are kept once."""
+    return checked_entry(args, normalise=normalised_outline)
+
+
+READER = LabelReader(kind="segments", check=check_segment_sample, check_entry=check_segment_entry,
+                     parsers={"coco": parse_coco_with(attach_outlines)}, width=2, what="outlines",
+                     who="a segmenter", sources="YOLO segment labels or COCO JSON")

@@ -1,4 +1,4 @@
-"""utils/evaluation/mask_metrics.py: mask matching by hand, box and mask metrics side by side, and the mask mAP
+"""utils/tasks/segment/metric.py: mask matching by hand, box and mask metrics side by side, and the mask mAP
 against pycocotools' COCOeval ``segm`` on a data set the test writes (ground truth and predictions as RLE)."""
 
 from __future__ import annotations
@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 import torch
 
-from utils.evaluation.mask_metrics import (
+from utils.evaluation.outputs import coco_evaluate
+from utils.tasks.segment.masks import polygons_to_masks, rle_decode, rle_encode
+from utils.tasks.segment.metric import (
     SegmentRecord,
     mask_json_rows,
     match_mask_predictions,
     segment_record,
     segmentation_metrics,
 )
-from utils.evaluation.outputs import coco_evaluate
-from utils.masks import polygons_to_masks, rle_decode, rle_encode
 
 CATEGORY_IDS = [2, 5, 9]
 

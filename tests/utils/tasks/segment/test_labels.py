@@ -1,4 +1,5 @@
-"""utils/data/segments.py: YOLO segment rows and COCO outlines read and checked like boxes, parts joined, RLE kept
+"""utils/tasks/segment/labels.py:
+YOLO segment rows and COCO outlines read and checked like boxes, parts joined, RLE kept
 and checked, outlines stored without pickles."""
 
 from __future__ import annotations
@@ -9,19 +10,19 @@ import numpy as np
 import pytest
 
 from utils.data.coco_json import coco_entries
-from utils.data.segments import (
+from utils.data.label_cache import pack_points as pack_segments
+from utils.data.label_cache import unpack_points as unpack_segments
+from utils.tasks.segment.labels import (
     InstanceSegment,
     coco_instance_segments,
     coco_segmentation,
     instance_polygon,
     join_parts,
-    pack_segments,
     parse_segment_rows,
     read_segment_label_file,
     segment_rows_text,
-    unpack_segments,
 )
-from utils.masks import polygon_area, polygons_to_masks, rle_decode, rle_encode
+from utils.tasks.segment.masks import polygon_area, polygons_to_masks, rle_decode, rle_encode
 
 
 def rows(text: str) -> list[list[str]]:

@@ -1,4 +1,5 @@
-"""Outlines that follow the pixels: the polygon side of every geometric augmentation in utils.data.augment.
+"""Outlines that follow the pixels: the segment task's Geometry (``OutlineGeometry``), which the one sample pipeline
+(utils/data/datasets.py, utils/data/augment.py) moves with the boxes at every geometric step.
 
 Each function takes outlines where the box code takes boxes and moves them the same way: letterbox scale and
 padding, mosaic placement and the canvas clip, the affine/perspective matrix (the same random draws), flips,
@@ -12,22 +13,21 @@ box of warped corners under rotation and equal to it without. Arrays are float32
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 
 import cv2
 import numpy as np
 
 from utils.data.augment import (
-    PAD_COLOR,
+    Geometry,
     TilePlace,
     _perspective_matrix,
     box_candidates,
-    mosaic_boxes,
     mosaic_layout,
-    warp_mosaic,
+    random_perspective_extras,
+    warp_mosaic_extras,
 )
-from utils.masks import fill_polygon
+from utils.tasks.segment.masks import fill_polygon
 
 RESAMPLE_POINTS = 1000  # points per outline while augmenting (the reference's count)
 SEGMENT_AREA_THRESHOLD = 0.01  # an object is dropped when under 1% of its area is left (boxes alone: 10%)
@@ -150,16 +150,8 @@ def random_perspective_segments(img: np.ndarray, labels: np.ndarray, polygons: n
                                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``augment.random_perspective`` moving outlines too: the same random draws, the same image, and the labels'
     boxes from the warped outlines (``warp_segments``)."""
-    height, width = img.shape[0] + border[0] * 2, img.shape[1] + border[1] * 2
-    matrix, s = _perspective_matrix(rng, img.shape[:2], (height, width), degrees, translate, scale, shear,
-                                    perspective)
-    if border[0] != 0 or border[1] != 0 or (matrix != np.eye(3)).any():
-        if perspective:
-            img = cv2.warpPerspective(img, matrix, dsize=(width, height), borderValue=PAD_COLOR)
-        else:
-            img = cv2.warpAffine(img, matrix[:2], dsize=(width, height), borderValue=PAD_COLOR)
-    labels, polygons = warp_segments(labels, polygons, matrix, s, (height, width))
-    return img, labels, polygons
+    return random_perspective_extras(img, labels, polygons, OUTLINES, rng, degrees, translate, scale, shear,
+                                     perspective, border)
 
 
 def mosaic_polygons(polygons: Sequence[np.ndarray], sizes: Sequence[tuple[int, int]], places: Sequence[TilePlace],
@@ -193,14 +185,8 @@ def warp_mosaic_segments(images: Sequence[np.ndarray], labels: Sequence[np.ndarr
     """``augment.warp_mosaic`` with outlines: the image is warp_mosaic's (the same draws from ``rng``), the
     tiles' normalised outlines (k_i, n, 2) are placed, clipped and warped by the same geometry, and the boxes come
     from the outlines. Returns (image, labels (k, 5) [cls, x1, y1, x2, y2], outlines (k, n, 2) pixels)."""
-    sizes = [tuple(img.shape[:2]) for img in images] if sizes is None else [tuple(hw) for hw in sizes]
-    places, matrix, s = mosaic_geometry(sizes, size, copy.deepcopy(rng), degrees, translate, scale, shear,
-                                        perspective)
-    img, _ = warp_mosaic(images, labels, size, rng, sizes, degrees, translate, scale, shear, perspective, hsv)
-    boxes = mosaic_boxes(labels, sizes, places, size)
-    canvas_polygons = mosaic_polygons(polygons, sizes, places, size)
-    out_labels, out_polygons = warp_segments(boxes, canvas_polygons, matrix, s, (size, size))
-    return img, out_labels, out_polygons
+    return warp_mosaic_extras(images, labels, polygons, OUTLINES, size, rng, sizes, degrees, translate, scale, shear,
+                              perspective, hsv)
 
 
 def flip_polygons_lr(polygons_normalized: np.ndarray) -> np.ndarray:
@@ -256,3 +242,42 @@ def _cover(box: np.ndarray, boxes: np.ndarray) -> np.ndarray:
     w = (np.minimum(box[2], boxes[:, 2]) - np.maximum(box[0], boxes[:, 0])).clip(0)
     h = (np.minimum(box[3], boxes[:, 3]) - np.maximum(box[1], boxes[:, 1])).clip(0)
     return w * h / ((boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1]) + 1e-7)
+
+
+class OutlineGeometry(Geometry):
+    """Outlines (k, n, 2) moved with their boxes (utils.data.augment.Geometry): placed, put on a mosaic's canvas
+    and clipped, warped (each box the clipped outline's extent), normalised, mirrored, joined by mixup, and pasted
+    by copy-paste (hyp ``copy_paste``) after a mosaic."""
+
+    def place(self, extras: np.ndarray, width: float, height: float, pad_x: float = 0.0,
+              pad_y: float = 0.0) -> np.ndarray:
+        return to_pixels(extras, width, height, pad_x, pad_y)
+
+    def mosaic(self, extras: Sequence[np.ndarray], sizes: Sequence[tuple[int, int]], places: Sequence[TilePlace],
+               size: int) -> np.ndarray:
+        return mosaic_polygons(extras, sizes, places, size)
+
+    def warp(self, labels: np.ndarray, extras: np.ndarray, matrix: np.ndarray, scale: float,
+             out_shape: tuple[int, int]) -> tuple[np.ndarray, np.ndarray]:
+        return warp_segments(labels, extras, matrix, scale, out_shape)
+
+    def normalize(self, extras: np.ndarray, width: float, height: float) -> np.ndarray:
+        return to_normalized(extras, width, height)
+
+    def flip_lr(self, extras: np.ndarray) -> np.ndarray:
+        return flip_polygons_lr(extras)
+
+    def flip_ud(self, extras: np.ndarray) -> np.ndarray:
+        return flip_polygons_ud(extras)
+
+    def join(self, extras: np.ndarray, other: np.ndarray) -> np.ndarray:
+        return mixup_segments(extras, other)
+
+    def paste(self, img: np.ndarray, labels: np.ndarray, extras: np.ndarray, hyp: dict,
+              rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        if hyp.get("copy_paste", 0) > 0:
+            return copy_paste(img, labels, extras, hyp["copy_paste"], rng)
+        return img, labels, extras
+
+
+OUTLINES = OutlineGeometry()

@@ -4,7 +4,8 @@ segment rows (``class x1 y1 x2 y2 ...`` normalised), so segmentation trains offl
 Each outline is the drawn shape's: cv2 draws anti-aliased edges half a pixel outside the geometric outline, so a
 triangle's or square's outline is its whole-pixel vertices (in pixel-centre coordinates) moved out by half a
 pixel, and a circle's is a 72-gon of the drawn radius plus half a pixel (of the same area as that circle). Filled
-(utils.masks), an outline gives the pixels cv2 painted at least half. Outlines are whole shapes: where a later
+(utils.tasks.segment.masks), an outline gives the pixels cv2 painted at least half. Outlines are whole shapes:
+where a later
 shape covers part of an earlier one, the earlier outline still includes it, as its box does.
 
 The set is written into ``data_home()/synthetic-seg-v<version>-<params hash>`` on first use (zero-first under
@@ -25,7 +26,6 @@ import cv2
 import numpy as np
 
 from utils.data.errors import DataError
-from utils.data.segments import polygon_rows, segment_rows_text
 from utils.data.synthetic import (
     MANIFEST,
     SPLITS,
@@ -38,6 +38,7 @@ from utils.data.synthetic import (
 from utils.distributed import comm as dist
 from utils.log import LOGGER, colorstr
 from utils.paths import data_home
+from utils.tasks.segment.labels import polygon_rows, segment_rows_text
 
 SEG_VERSION = 1
 CIRCLE_POINTS = 72

@@ -1,4 +1,4 @@
-"""utils/training/loss_mask.py: the mask term by hand, ~0 for a perfect prediction, the two mask layouts alike,
+"""utils/tasks/segment/mask_loss.py: the mask term by hand, ~0 for a perfect prediction, the two mask layouts alike,
 and each family's reduction."""
 
 from __future__ import annotations
@@ -8,8 +8,7 @@ import math
 import pytest
 import torch
 
-from utils.masks import overlap_index
-from utils.training.loss_mask import (
+from utils.tasks.segment.mask_loss import (
     anchor_free_mask_loss,
     fit_masks,
     gather_masks,
@@ -17,6 +16,7 @@ from utils.training.loss_mask import (
     object_indices,
     yolov5_mask_loss,
 )
+from utils.tasks.segment.masks import overlap_index
 
 
 def bce(logit: float, target: float) -> float:

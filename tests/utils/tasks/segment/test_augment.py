@@ -1,7 +1,7 @@
-"""utils/data/augment_masks.py: outlines follow the pixels and the boxes through every geometric augmentation.
+"""utils/tasks/segment/augment.py: outlines follow the pixels and the boxes through every geometric augmentation.
 
 The checks compare two independent routes: an outline rasterised then moved as pixels (cv2's warps, the box code,
-the mosaic's own image) against the outline moved then rasterised (utils.masks' exact fill)."""
+the mosaic's own image) against the outline moved then rasterised (utils.tasks.segment.masks' exact fill)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from utils.data.augment import (
     warp_boxes,
     warp_mosaic,
 )
-from utils.data.augment_masks import (
+from utils.tasks.segment.augment import (
     RESAMPLE_POINTS,
     clip_polygon,
     clip_polygons,
@@ -39,7 +39,7 @@ from utils.data.augment_masks import (
     warp_polygons,
     warp_segments,
 )
-from utils.masks import polygon_area, polygons_to_masks
+from utils.tasks.segment.masks import polygon_area, polygons_to_masks
 
 
 def blob(rng: np.random.Generator, centre: tuple[float, float], radius: float, points: int = 10) -> np.ndarray:

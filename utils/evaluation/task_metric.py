@@ -1,0 +1,59 @@
+"""What a task adds to the boxes' evaluation: its metric (a task's ``metric`` part, utils/tasks/registry.py).
+
+Evaluation (utils/evaluation/evaluate.py) matches every image's detections to its labels by box IoU, the base
+task's metric. A task whose outputs say more (a segmenter's masks) judges the same detections once more per
+``view`` it declares (``{"mask": "masks"}``: the view's name, which prefixes its results.csv columns, and what the
+table's ``all (...)`` row calls it): ``match`` returns, for one image, each view's true positives (n, 10) and what
+each detection's JSON row gains (a mask's RLE). Sharded evaluation gathers these plain arrays and computes each
+view's P, R and mAP once, as it does the boxes'.
+
+A task whose outputs are not boxes at all (a classifier's probabilities) gives its metric a ``run(model, loader,
+device, names, options, compute_loss)`` method instead, which evaluate() hands the whole pass (sharded and gathered
+through utils.distributed.comm as the boxes' is) and whose result (an EvalResult, or one with ``named_results``
+and ``maps``) it returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+
+@dataclass
+class ImageContext:
+    """One image as a task's metric sees it."""
+
+    index: int  # the image's place in its batch
+    rows: torch.Tensor  # its post-processed detections (n, 6 + extra) in the batch's input pixels
+    outputs: tuple  # the model's other outputs for the whole batch (a segmenter's prototypes)
+    batch: Mapping[str, Any]  # the batch's extras by name (what the task's collate added)
+    img_hw: tuple[int, int]  # the batch's input size
+    shape: Any  # ((h0, w0), ((ratio_h, ratio_w), (pad_w, pad_h))): the letterbox of this image
+    labels: torch.Tensor  # (m, 5) [cls, x1, y1, x2, y2] in the image's original pixels
+    det: torch.Tensor  # (n, 6) [x1, y1, x2, y2, conf, cls] in the image's original pixels
+    json: bool = False  # whether its detections' COCO JSON rows are written (--save-json)
+
+
+@dataclass
+class TaskMatch:
+    """One image's matching beyond the boxes: per view its true positives (n, 10), and per detection the keys its
+    COCO JSON row gains (None: nothing)."""
+
+    correct: dict[str, np.ndarray] = field(default_factory=dict)
+    json: list[dict] | None = None
+
+
+class TaskMetric:
+    """The base task's: nothing beyond the boxes (see the module docstring)."""
+
+    views: Mapping[str, str] = {}
+
+    def match(self, image: ImageContext) -> TaskMatch:
+        return TaskMatch()
+
+
+NO_VIEWS = TaskMetric()
