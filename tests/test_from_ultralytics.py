@@ -1,5 +1,5 @@
 """docs/from-ultralytics.md: every row of its side-by-side table runs here (on the tiny data and model at 64 px),
-the words and the flags of a row are the same options, and its key table is utils/spellings.py's. Also the
+the words and the flags of a row are the same options, and its key table is utils/compat/ultralytics.py's. Also the
 command lines YOLOv5's README, tutorial and CI type, parsed verbatim."""
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import train
 import val
 from tests.helpers import ROOT, load_script, one_thread_and_logger_kept
 from utils import api
+from utils.compat.ultralytics import key_table
 from utils.hooks import HookBase
-from utils.spellings import key_table
 
 PAGE = ROOT / "docs" / "from-ultralytics.md"
 test_script = load_script("test")
@@ -38,8 +38,8 @@ def table_rows() -> list[tuple[str, str, str]]:
     return [tuple(cells) for cells in rows]
 
 
-def test_the_key_table_is_the_one_in_utils_spellings() -> None:
-    marker = "<!-- the table below is utils/spellings.py's KEYS"
+def test_the_key_table_is_the_one_in_utils_compat_ultralytics() -> None:
+    marker = "<!-- the table below is utils/compat/ultralytics.py's KEYS"
     assert PAGE.read_text().split(marker, 1)[1].split("\n", 1)[1].strip() == key_table()
 
 

@@ -31,12 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from utils.cli import PeerLost
+from utils.compat.ultralytics import KEYS, option_names, valid_keys
 from utils.device import processes_to_start
 from utils.distributed.launcher import SEPARATE_STORES, launched
 from utils.distributed.signals import StopRequested
 from utils.errors import UserError
 from utils.paths import ROOT
-from utils.spellings import KEYS, option_names, valid_keys
 
 
 class OptionError(UserError, TypeError):
@@ -72,8 +72,8 @@ def _flag_values(action: argparse.Action, name: str, value: Any, script: str) ->
 
 def to_argv(parser: argparse.ArgumentParser, options: Mapping[str, Any], script: str) -> list[str]:
     """The command line that means ``options`` (keywords named as :func:`option_names`, or ultralytics' keys as
-    utils/spellings.py reads them: ``model="yolo11n.pt"``); OptionError for an unknown keyword (naming the closest
-    one) or one option given under two names."""
+    utils/compat/ultralytics.py reads them: ``model="yolo11n.pt"``); OptionError for an unknown keyword (naming
+    the closest one) or one option given under two names."""
     names, argv, seen = option_names(parser), [], {}
     for name, value in options.items():
         if name not in names and name in KEYS:  # ultralytics' name (model=, batch=): the parser reads the word

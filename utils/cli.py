@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from utils import paths
+from utils.compat.ultralytics import SpellingError, flags_of, nearest, translate
 from utils.device import idle_gpus_warning
 from utils.distributed import comm as dist
 from utils.distributed.launcher import record_error_line
@@ -27,7 +28,6 @@ from utils.distributed.signals import StopRequested, ignore_launcher_stop
 from utils.errors import UserError
 from utils.log import LOGGER, setup_logging
 from utils.paths import ROOT
-from utils.spellings import SpellingError, flags_of, nearest, translate
 
 EXIT_USER_ERROR = 2
 EXIT_PEER_LOST = 3
@@ -121,7 +121,7 @@ class CliError(UserError, ValueError):
 
 class Parser(argparse.ArgumentParser):
     """The scripts' parser: argparse without abbreviations (aliases are explicit), ultralytics' ``key=value`` words
-    read through utils/spellings.py, and every error as one line (``train.py: error: ...``, exit code 2) that
+    read through utils/compat/ultralytics.py, and every error as one line (``train.py: error: ...``, exit code 2) that
     names the nearest valid flags, never the usage text."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

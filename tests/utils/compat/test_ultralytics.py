@@ -1,5 +1,5 @@
-"""utils/spellings.py: ultralytics' key=value words and --model become the script's flags; a key the script does
-not take is one line naming the nearest; the parsers take no abbreviations."""
+"""utils/compat/ultralytics.py: ultralytics' key=value words and --model become the script's flags; a key the
+script does not take is one line naming the nearest; the parsers take no abbreviations."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import export
 import train
 from tests.helpers import load_script
 from utils.cli import Parser, add_flags
-from utils.spellings import HYP, KEYS, SpellingError, key_table, nearest, translate
+from utils.compat.ultralytics import HYP, KEYS, SpellingError, key_table, nearest, translate
 
 test_script = load_script("test")
 PARSERS = {"train.py": train.build_parser(), "test.py": test_script.build_parser(), "val.py":
