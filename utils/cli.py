@@ -269,6 +269,10 @@ def distributed_session(opt: argparse.Namespace, script: str = "train") -> Itera
     try:
         yield device
         clean_exit = True
+    except UserError:  # rank 0 says it after the teardown: a launcher's SIGTERM (another rank left first) must wait
+        if dist.get_rank() == 0 and dist.get_world_size() > 1:
+            ignore_launcher_stop()
+        raise
     except RuntimeError as e:
         if (lost := peer_lost(e)) is None:
             raise
