@@ -338,8 +338,9 @@ def launch_command(script: Path, argv: Sequence[str], nproc_per_node: int) -> in
         with _process_state_kept(), _launcher_quiet():
             elastic_launch(_config(nproc_per_node, logs), sys.executable)(str(script), *argv)
         return 0
-    except ChildFailedError as e:
-        code = e.get_first_failure()[1].exitcode
+    except ChildFailedError as e:  # the first process that ended by itself (others may be the launcher's kills)
+        failures = sorted(e.failures.items(), key=lambda item: (item[1].exitcode < 0, item[1].timestamp, item[0]))
+        code = failures[0][1].exitcode
         return code if code > 0 else 128 - code
     except SignalException as e:  # Ctrl-C or a scheduler's signal to this process: the ranks got it and saved
         return 128 + int(e.sigval)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import http.client
 import os
-import sys
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -111,7 +110,7 @@ def fetch_to_file(url: str, target: Path, max_bytes: int, timeout: float, progre
     """
     with open_url(url, timeout) as response, open(target, "wb") as out:
         with tqdm(total=declared_length(response), unit="B", unit_scale=True, unit_divisor=1024, desc=progress,
-                  disable=progress is None or not sys.stderr.isatty()) as bar:  # no bar in a log
+                  disable=progress is None) as bar:
             written = 0
             for chunk in capped_chunks(response, max_bytes):
                 out.write(chunk)
