@@ -5,19 +5,20 @@
     python detect.py --weights best.onnx --source folder/ --save-txt --save-conf --save-crop
     python detect.py --weights yolov5s.pt --source rtsp://host/live --view-img    # release name, live stream
     python detect.py --weights yolov5n-seg.pt --save-txt --retina-masks           # a segmenter: masks, polygons
+    python detect.py --weights best.pt --source video.mp4 --track bytetrack         # track IDs (or botsort)
 
 Weights may be our .pt checkpoint, a YOLOv5 release file or name, an exported .torchscript or .onnx file, or an
 OpenVINO folder (see export.py). Outputs go to runs/detect/exp{N}: annotated images and videos at their original
 size, labels/*.txt (YOLO rows normalised to the original image; a segmenter's as YOLO segment rows, the outline of
 each mask), crops/<class>/*.jpg and, with --visualize, <image>/stage*_features.png. What a task predicts beyond the
 boxes (a segmenter's masks) is made, drawn under the boxes and written by its ``predict`` part
-(utils/evaluation/task_outputs.py), read from the model's output contract.
+(utils/evaluation/task_outputs.py), read from the model's output contract. With --track, each tracked object's ID is
+drawn and ends its label rows, and tracks/<video>.txt is each video's MOT-challenge file (utils/tracking).
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ import torch
 from utils import api, paths
 from utils.boxes import label_rows, scale_boxes
 from utils.cli import (
+    FLAGS,
     Parser,
     add_flags,
     add_refused_flags,
@@ -53,6 +55,11 @@ from utils.plots.feature_maps import capture_stages, save_feature_maps
 from utils.plots.viewer import Viewer
 from utils.tasks.contract import OutputContract, postprocess
 from utils.tasks.registry import all_tasks, get_task
+from utils.tracking.registry import load_tracker_config
+from utils.tracking.session import TrackingSession
+
+CONF_THRES = 0.25
+TRACK_CONF_THRES = 0.1  # a tracker's second association takes detections down to its track_low_thresh (0.1)
 
 
 class DetectError(UserError, ValueError):
@@ -69,6 +76,8 @@ class DetectResult:
     weights: Path
     detections: list[tuple[str, np.ndarray]] = field(default_factory=list)  # xyxy in original pixels, conf, cls
     extras: dict[str, list] = field(default_factory=dict)  # a task's frame summaries by name, per frame
+    track_ids: list[np.ndarray] = field(default_factory=list)  # --track: per frame, each detection's track ID
+    mot_files: list[Path] = field(default_factory=list)  # --track: each video's or stream's MOT-challenge file
     skipped: int = 0
     speed_ms: tuple[float, float, float] = (0.0, 0.0, 0.0)  # pre-process, inference, NMS per image
 
@@ -87,14 +96,18 @@ def build_parser() -> argparse.ArgumentParser:
     add_flags(parser, "weights", nargs={"weights": "+"})
     parser.add_argument("--source", type=str, default="", help="file, folder, glob, .txt list, video, webcam index, "
                         "URL (rtsp://, rtmp://, http(s)://) or .streams file of URLs (default: data/images)")
-    add_flags(parser, "img_size", "conf_thres", "iou_thres", "max_det", "device", conf_thres=0.25, iou_thres=0.45,
-              max_det=1000, img_size=None)
+    add_flags(parser, "img_size", img_size=None)
+    parser.add_argument(*FLAGS["conf_thres"][0], type=float, default=None, help=f"confidence threshold (default "
+                        f"{CONF_THRES}; {TRACK_CONF_THRES} with --track, for ByteTrack's low-score association)")
+    add_flags(parser, "iou_thres", "max_det", "device", iou_thres=0.45, max_det=1000)
     parser.add_argument("--view-img", action="store_true", help="show results in a window (where a display exists)")
     parser.add_argument("--classes", nargs="+", type=int, help="keep only these classes: --classes 0 2")
     add_flags(parser, "agnostic_nms", "augment")
     parser.add_argument("--visualize", action="store_true", help="save the feature maps of every stage as "
                         "images (.pt weights)")
     parser.add_argument("--vid-stride", type=int, default=1, help="video frame-rate stride: read every N-th frame")
+    parser.add_argument("--track", type=str, default="", metavar="TRACKER", help="keep an ID per object across the "
+                        "frames of each video or stream: bytetrack, botsort, or a tracker YAML (data/trackers)")
     add_flags(parser, "save_txt", "save_conf")
     parser.add_argument("--save-crop", action="store_true", help="save cropped boxes to crops/<class>/")
     parser.add_argument("--retina-masks", action="store_true", help="segmenters: make the masks at the original "
@@ -112,6 +125,8 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     """detect.py's options (``argv=None`` reads sys.argv)."""
     opt = build_parser().parse_args(argv)
     opt.weights = collapse_weights(opt.weights)
+    if opt.conf_thres is None:
+        opt.conf_thres = TRACK_CONF_THRES if opt.track else CONF_THRES
     opt.project = project_dir(opt, "detect")
     return opt
 
@@ -169,13 +184,9 @@ def summarize(det: torch.Tensor, names: list[str]) -> str:
 
 
 def crop_folder(crop_dir: Path, names: list[str], cls: float) -> Path:
-    """crops/<class name>/, the name made safe: letters, digits, spaces and ``._-`` only (others become ``_``), no
-    leading dot, at most 64 characters, the class index when nothing is left; always a folder inside ``crop_dir``."""
-    safe = re.sub(r"[^\w .-]", "_", class_name(names, cls), flags=re.ASCII)[:64].strip().lstrip(".")
-    folder = crop_dir / (safe or str(int(cls)))
-    if folder.resolve().parent != crop_dir.resolve():
-        folder = crop_dir / str(int(cls))
-    return folder
+    """crops/<class name>/, the name made safe (paths.safe_stem: no separator or unprintable character, no leading
+    dot, at most 64 characters, the class index when nothing is left); always a folder inside ``crop_dir``."""
+    return paths.derived_path(crop_dir, paths.safe_stem(class_name(names, cls), str(int(cls)), limit=64))
 
 
 def boxes_alone(contract: OutputContract) -> bool:
@@ -191,16 +202,22 @@ def save_crops(image: np.ndarray, det: np.ndarray, names: list[str], crop_dir: P
             continue
         folder = crop_folder(crop_dir, names, cls)
         folder.mkdir(parents=True, exist_ok=True)
-        cv2.imwrite(str(paths.increment_path(folder / f"{stem}.jpg")), image[y1:y2, x1:x2])
+        cv2.imwrite(str(paths.increment_path(paths.derived_path(folder, stem, suffix=".jpg"))), image[y1:y2, x1:x2])
 
 
 def output_stem(frame: Frame) -> str:
-    """What a frame's outputs are named after: the file (or URL) stem, ``webcam0``, ``stream2``."""
+    """What a frame's outputs are named after: the file (or URL) stem made safe (paths.safe_stem; ``image<N>`` when
+    nothing is left, as of ``...jpg``), ``webcam0``, ``stream2``."""
     if frame.kind == "webcam":
-        return f"webcam{frame.path}"
+        return f"webcam{paths.safe_stem(str(frame.path), '')}"
     if frame.kind == "stream":
         return f"stream{frame.index}"
-    return frame.stem
+    return paths.safe_stem(frame.stem, f"image{frame.index}")
+
+
+def frame_stem(frame: Frame) -> str:
+    """An image's output stem; a video or stream frame's with its frame number (``clip_12``)."""
+    return output_stem(frame) if frame.kind == "image" else f"{output_stem(frame)}_{frame.frame}"
 
 
 class OutputWriter:
@@ -214,17 +231,19 @@ class OutputWriter:
         if opt.save_txt:
             (save_dir / "labels").mkdir(parents=True, exist_ok=True)
 
-    def write(self, frame: Frame, det: np.ndarray, extras: dict[str, Any] | None = None) -> None:
+    def write(self, frame: Frame, det: np.ndarray, extras: dict[str, Any] | None = None,
+              ids: np.ndarray | None = None) -> None:
         """Save (and show) one processed frame; ``det`` (k, 6) is in original-image pixels; ``extras`` what the
         model's task predicts beyond the boxes, at the original image's size (its ``image`` results and frame
-        ``summary``: a segmenter's masks and outlines)."""
+        ``summary``: a segmenter's masks and outlines); ``ids`` --track's track IDs."""
         opt, extras = self.opt, extras or {}
-        stem = output_stem(frame) if frame.kind == "image" else f"{output_stem(frame)}_{frame.frame}"
+        stem = frame_stem(frame)
         if opt.save_txt and len(det):  # as the reference does: no file for an image without detections
             shape = frame.original.shape[:2]
-            rows = self.outputs.label_rows(det, extras, shape, opt.save_conf) if extras else None
-            rows = label_rows(det, shape, opt.save_conf) if rows is None else rows
-            (self.save_dir / "labels" / f"{stem}.txt").write_text("".join(f"{r}\n" for r in rows))
+            rows = self._label_rows(det, extras, shape) if ids is None else [
+                f"{row} {int(i)}" for k, i in enumerate(ids)  # the track ID ends each of a detection's rows
+                for row in self._label_rows(det[k:k + 1], select_extras(extras, np.array([k])), shape)]
+            paths.derived_path(self.save_dir, "labels", stem, suffix=".txt").write_text("".join(f"{r}\n" for r in rows))
         if opt.save_crop:
             save_crops(frame.original, det, self.names, self.save_dir / "crops", stem)
         if opt.nosave and not self.viewer.enabled:
@@ -233,21 +252,27 @@ class OutputWriter:
         if extras:
             annotated = self.outputs.draw(annotated, det, extras)
         annotated = draw_detections(annotated, det[:, :4], det[:, 5], det[:, 4], self.names,
-                                    opt.line_thickness, opt.hide_labels, opt.hide_conf)
+                                    opt.line_thickness, opt.hide_labels, opt.hide_conf, ids)
         self.viewer.show(output_stem(frame) if frame.kind != "image" else frame.path, annotated)
         if opt.nosave:
             return
         if frame.kind == "image":
-            cv2.imwrite(str(self.save_dir / media_name(frame.path)), annotated)
+            suffix = Path(media_name(frame.path)).suffix
+            suffix = suffix if suffix.lower() in paths.IMG_SUFFIXES else ".jpg"
+            cv2.imwrite(str(paths.derived_path(self.save_dir, output_stem(frame), suffix=suffix)), annotated)
         else:
             self._video(frame).write(annotated)
+
+    def _label_rows(self, det: np.ndarray, extras: dict[str, Any], shape: tuple[int, int]) -> list[str]:
+        rows = self.outputs.label_rows(det, extras, shape, self.opt.save_conf) if extras else None
+        return label_rows(det, shape, self.opt.save_conf) if rows is None else rows
 
     def _video(self, frame: Frame) -> cv2.VideoWriter:
         name = output_stem(frame)
         if name not in self.videos:
             height, width = frame.original.shape[:2]
-            self.videos[name] = cv2.VideoWriter(str(self.save_dir / f"{name}.mp4"), cv2.VideoWriter_fourcc(*"mp4v"),
-                                                frame.fps or 30.0, (width, height))
+            self.videos[name] = cv2.VideoWriter(str(paths.derived_path(self.save_dir, name, suffix=".mp4")),
+                                                cv2.VideoWriter_fourcc(*"mp4v"), frame.fps or 30.0, (width, height))
         return self.videos[name]
 
     def close(self) -> None:
@@ -259,7 +284,7 @@ class OutputWriter:
 
 def feature_folder(save_dir: Path, frame: Frame) -> Path:
     """--visualize: <save_dir>/<image stem>/, or <stem>_<frame number>/ for a video or stream frame."""
-    return save_dir / (output_stem(frame) if frame.kind == "image" else f"{output_stem(frame)}_{frame.frame}")
+    return paths.derived_path(save_dir, frame_stem(frame))
 
 
 def predict(model: InferenceModel, image: torch.Tensor, opt: argparse.Namespace,
@@ -300,20 +325,42 @@ def detect_frame(model: InferenceModel, frame: Frame, opt: argparse.Namespace,
     return det.cpu().numpy(), extras, [prepared - start, inferred - prepared, done - inferred]
 
 
+def select_extras(extras: dict[str, Any], index: np.ndarray) -> dict[str, Any]:
+    """A task's per-detection results (arrays, tensors and lists with one entry per detection) of the detections
+    at ``index``."""
+    return {name: [value[i] for i in index] if isinstance(value, list) else value[index]
+            for name, value in extras.items()}
+
+
+def track_frame(tracking: TrackingSession, frame: Frame, det: np.ndarray,
+                extras: dict[str, Any]) -> tuple[np.ndarray, dict[str, Any], np.ndarray]:
+    """--track: the frame's detections a track holds, their task results (a segmenter's masks) and their track IDs.
+    Each video, webcam and stream has its own tracker; a source's still images are one sequence, in order."""
+    still = frame.kind == "image"
+    stream = "images" if still else f"{frame.kind} {frame.index} {frame.path}"
+    tracked = tracking.update(stream, det, frame.original, "images" if still else output_stem(frame),
+                              None if still else frame.frame, frame.fps)
+    return tracked.rows, select_extras(extras, tracked.index), tracked.ids
+
+
 def detect_source(model: InferenceModel, source: LoadImages | LoadWebcam | LoadStreams, writer: OutputWriter,
-                  opt: argparse.Namespace) -> DetectResult:
-    """Detect on every frame of ``source``, log one line each, save the outputs."""
+                  opt: argparse.Namespace, tracking: TrackingSession | None = None) -> DetectResult:
+    """Detect (and with ``tracking``, track) on every frame of ``source``, log one line each, save the outputs."""
     result, outputs = DetectResult(writer.save_dir, model.weights), task_outputs(model)
     totals = np.zeros(3)
     for frame in source:
         feature_dir = feature_folder(writer.save_dir, frame) if opt.visualize else None
         det, extras, seconds = detect_frame(model, frame, opt, feature_dir)
+        ids = None
+        if tracking is not None:
+            det, extras, ids = track_frame(tracking, frame, det, extras)
+            result.track_ids.append(ids)
         totals += seconds
         h, w = frame.image.shape[1:]
         summary = summarize(torch.from_numpy(det), model.names)
         LOGGER.info(f"{frame.describe()} {h}x{w} {summary}, Done. ({seconds[1]:.3f}s)")
         frame_summary = outputs.summary(extras) if extras else {}
-        writer.write(frame, det, {**extras, **frame_summary})
+        writer.write(frame, det, {**extras, **frame_summary}, ids)
         result.detections.append((frame.describe(), det))
         for name, value in frame_summary.items():
             result.extras.setdefault(name, []).append(value)
@@ -331,19 +378,26 @@ def main(opt: argparse.Namespace) -> DetectResult:
     if (several := one_device_warning(opt.device, "detect.py")) is not None:
         LOGGER.warning(several)
     check_options(opt, device)
+    tracker = load_tracker_config(opt.track) if opt.track else None
     weights = resolve_weights_arg(one_weights(opt.weights))
     source = opt.source or str(paths.ROOT / "data" / "images")
     model = InferenceModel(weights, device, half=opt.half, trusted=opt.trust_weights)
     check_model_options(opt, model)
     img_size = resolve_img_size(opt, model)
     dataset = load_source(source, img_size, model.stride, auto=model.dynamic, vid_stride=opt.vid_stride)
-    save_dir = paths.increment_path(Path(opt.project) / opt.name, exist_ok=opt.exist_ok, mkdir=True)
-    model.warmup(img_size)
-    writer = OutputWriter(save_dir, opt, model.names, task_outputs(model))
-    try:
-        result = detect_source(model, dataset, writer, opt)
-    finally:
-        writer.close()
+    save_dir = paths.new_run_folder(opt.project, opt.name, opt.exist_ok)
+    with paths.discarded_on_failure(save_dir):  # a run that fails before writing anything leaves no empty folder
+        model.warmup(img_size)
+        writer = OutputWriter(save_dir, opt, model.names, task_outputs(model))
+        tracking = None if tracker is None else \
+            TrackingSession(tracker, save_dir / "tracks", concurrent=isinstance(dataset, LoadStreams))
+        try:
+            result = detect_source(model, dataset, writer, opt, tracking)
+        finally:
+            writer.close()
+            if tracking is not None:
+                tracking.close()
+        result.mot_files = [] if tracking is None else tracking.mot_files
     if result.skipped:
         LOGGER.warning(f"WARNING: {result.skipped} unreadable image(s) skipped")
     pre, inference, nms = result.speed_ms
@@ -351,7 +405,8 @@ def main(opt: argparse.Namespace) -> DetectResult:
                 f"(1, 3, {img_size[0]}, {img_size[1]})")
     labels = f", {len(list(save_dir.glob('labels/*.txt')))} labels saved to {save_dir / 'labels'}" \
         if opt.save_txt else ""
-    LOGGER.info(f"Results saved to {colorstr('bold', str(save_dir))}{labels}")
+    tracks = f", {len(result.mot_files)} MOT track file(s) in {save_dir / 'tracks'}" if result.mot_files else ""
+    LOGGER.info(f"Results saved to {colorstr('bold', str(save_dir))}{labels}{tracks}")
     return result
 
 

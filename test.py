@@ -45,7 +45,7 @@ from utils.errors import UserError
 from utils.evaluation.evaluate import EvalOptions, EvalResult, evaluate, measure_speed
 from utils.evaluation.outputs import write_study
 from utils.log import LOGGER, colorstr, print_options
-from utils.paths import increment_path
+from utils.paths import discarded_on_failure, new_run_folder
 from utils.tasks.registry import get_task
 
 TASKS = ("train", "val", "test", "speed", "study")
@@ -177,13 +177,13 @@ def run_task(opt: argparse.Namespace, device: torch.device) -> EvalResult | list
     if len(model.names) != data.nc and not opt.single_cls:
         raise TestError(f"--weights {weights} predicts {len(model.names)} classes but {data.yaml_file} has "
                         f"{data.nc}; pass the data set the model was trained on, or --single-cls")
-    save_dir = dist.main_decides(lambda: increment_path(Path(opt.project) / opt.name, exist_ok=opt.exist_ok,
-                                                        mkdir=True))
-    if opt.task != "study":
-        size = default_img_size([opt.img_size] if opt.img_size else None, model)[0]
-        result = validate(opt, model, data, device, save_dir, image_size(opt, model, size))
-    else:
-        result = study(opt, model, data, device, save_dir, weights)
+    save_dir = dist.main_decides(lambda: new_run_folder(opt.project, opt.name, opt.exist_ok))
+    with discarded_on_failure(save_dir, enabled=dist.is_main_process()):  # a failed start leaves no empty folder
+        if opt.task != "study":
+            size = default_img_size([opt.img_size] if opt.img_size else None, model)[0]
+            result = validate(opt, model, data, device, save_dir, image_size(opt, model, size))
+        else:
+            result = study(opt, model, data, device, save_dir, weights)
     LOGGER.info(f"Results saved to {colorstr('bold', str(save_dir))}")
     return result
 

@@ -24,6 +24,8 @@ import torch
 
 from utils import api
 from utils.cli import DISTRIBUTED, Parser, add_flags, distributed_session, peer_lost, project_dir, square_size
+from utils.distributed import ray_train
+from utils.distributed.elastic import elastic_store_warning
 from utils.distributed.signals import StopRequested, signal_name
 from utils.hooks import HookBase, load_hook
 from utils.log import LOGGER, print_options
@@ -129,6 +131,9 @@ def main(opt: argparse.Namespace, hooks: Sequence[HookBase] = ()) -> TrainResult
     """Join the process group, train (or evolve), and always tear the group down outside train().
     ``hooks`` are added to those of ``--hook`` (for callers in Python)."""
     with distributed_session(opt) as device:
+        if (elastic_line := elastic_store_warning()) is not None:  # rank 0 talks
+            LOGGER.warning(elastic_line)
+        user_hooks = [*(load_hook(spec) for spec in opt.hook), *hooks]  # before the run folder: a bad one leaves none
         defaults = RunConfig.from_options(parse_opt([]))
         try:
             config, hyp = prepare_run(RunConfig.from_options(opt), defaults=defaults)
@@ -136,7 +141,6 @@ def main(opt: argparse.Namespace, hooks: Sequence[HookBase] = ()) -> TrainResult
             LOGGER.info(done.message)
             return TrainResult(done.metrics, done.save_dir, done.hyp)
         print_options("train", config.options(), defaults.options())
-        user_hooks = [*(load_hook(spec) for spec in config.hook), *hooks]
         if not config.evolve:
             return train(hyp, config, device, user_hooks)
         generations: list[TrainResult] = []
@@ -149,18 +153,51 @@ def main(opt: argparse.Namespace, hooks: Sequence[HookBase] = ()) -> TrainResult
         return max(generations, key=lambda r: fitness(r.metrics))
 
 
-def run(*, nproc_per_node: int | None = None, hooks: Sequence[HookBase] = (), **options: Any) -> TrainResult:
+def run(*, nproc_per_node: int | None = None, ray_workers: int = 0, ray_address: str = "", ray_storage: str = "",
+        ray_max_failures: int = 0, hooks: Sequence[HookBase] = (), **options: Any) -> TrainResult:
     """train.py from Python: ``train.run(data="coco128.yaml", epochs=3, img_size=640)`` takes the command line's
     option names (utils/api.py) and returns rank 0's TrainResult. As on the command line, ``nproc_per_node=N``
     (N > 1) or several GPUs in ``device`` ("0,1") start one process per GPU (or N on the CPU) on this machine with
     torch's elastic launcher, as ``torchrun --standalone --nproc_per_node N train.py`` does; ``hooks`` then reach
-    every process as pickled copies. Errors are the UserErrors the command line prints."""
+    every process as pickled copies. ``ray_workers=N`` trains on N workers of Ray Train's TorchTrainer instead
+    (``ray_train_loop``; docs/ray.md): on the cluster at ``ray_address`` ('' = a local one, started and stopped
+    here), checkpoints in ``ray_storage``, the worker group restarted up to ``ray_max_failures`` times. Errors are
+    the UserErrors the command line prints."""
+    if ray_workers:
+        if nproc_per_node not in (None, 1):
+            raise api.OptionError("train.run(): give nproc_per_node or ray_workers, not both (Ray starts processes)")
+        opt = api.parse(parse_opt, api.to_argv(build_parser(), options, "train"), "train")
+        value = api.ray_launch(ray_train_loop, options, hooks, opt.device, opt.backend, opt.ddp_timeout,
+                               ray_workers, ray_address, ray_storage, ray_max_failures)
+        return TrainResult(dict(value["metrics"]), Path(value["save_dir"]), dict(value["hyp"]))
     argv = api.to_argv(build_parser(), {**options, "nproc_per_node": nproc_per_node}, "train")
     opt = api.parse(parse_opt, argv, "train")
     processes = api.processes(opt)
     if processes == 1:
         return main(opt, hooks)
     return api.launch(_launched, processes, argv, tuple(hooks))
+
+
+def ray_train_loop(config: dict[str, Any]) -> None:
+    """Ray Train's ``train_loop_per_worker``, for a TorchTrainer you build yourself:
+    ``TorchTrainer(train.ray_train_loop, train_loop_config={"data": "coco128.yaml", "epochs": 3}, ...)``. ``config``
+    holds train.run()'s options (and ``hooks``: HookBase objects). The process group is Ray's; every checkpoint and
+    every epoch's results.csv row is reported to Ray; a worker group Ray restarted resumes from Ray's latest
+    checkpoint by itself. The last report carries rank 0's result (utils/distributed/ray_train.py)."""
+    options = dict(config)
+    hooks = tuple(options.pop("hooks", ()))
+    save_dir: list[Path] = []
+
+    def work() -> dict[str, Any]:
+        opt = api.parse(parse_opt, api.to_argv(build_parser(), options, "train"), "train")
+        opt.device = ray_train.worker_device()
+        opt.resume = ray_train.restore_run(opt.project) or opt.resume  # a restarted group: Ray's last checkpoint
+        result = main(opt, (*hooks, ray_train.RayReport()))
+        save_dir.append(result.save_dir)
+        return {"metrics": result.metrics, "save_dir": str(result.save_dir), "hyp": result.hyp}
+
+    outcome = api.outcome(work)
+    ray_train.report_outcome(outcome.value, outcome.error, save_dir[0] if save_dir else None)
 
 
 def _launched(argv: list[str], hooks: tuple[HookBase, ...]) -> api.RankOutcome:

@@ -140,6 +140,22 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
+def gloo_rank(rank: int, port: int, world: int = 2) -> Iterator[None]:
+    """In a process a test spawned: rank ``rank`` of ``world`` on one machine (the launcher's variables, loopback),
+    one torch thread, the gloo group joined through utils.distributed.comm inside and torn down on leaving."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    from utils.distributed import comm
+
+    comm.init_distributed("cpu", "gloo", 120, 120)
+    try:
+        yield
+    finally:
+        comm.cleanup(clean_exit=True)
+
+
 def job_env(**extra: str) -> dict[str, str]:
     """The environment of a launched job: unbuffered, no colour, one thread, no inherited launcher variables."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "NO_COLOR": "1", "OMP_NUM_THREADS": "1", **extra}
@@ -262,6 +278,18 @@ def png_writer(channels: int, dtype: type = np.uint8) -> Callable[[Path], None]:
         shape = (30, 36) if channels == 1 else (30, 36, channels)
         cv2.imwrite(str(path), (np.random.default_rng(1).random(shape) * np.iinfo(dtype).max).astype(dtype))
     return write
+
+
+def victim_folder(parent: Path) -> tuple[Path, dict[str, bytes]]:
+    """``parent/victim``: a user's folder holding what a run writes (results.csv, opt.yaml, weights/last.pt and
+    best.pt), and its files' bytes by relative name."""
+    victim = parent / "victim"
+    (victim / "weights").mkdir(parents=True)
+    files = {"results.csv": b"my results", "opt.yaml": b"mine: 1\n", "weights/last.pt": b"my weights",
+             "weights/best.pt": b"my best"}
+    for name, content in files.items():
+        (victim / name).write_bytes(content)
+    return victim, files
 
 
 def make_set(root: Path, files: dict[str, tuple[Callable[[Path], None], str | None]]) -> Path:

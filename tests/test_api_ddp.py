@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 
 import train
+from tests.helpers import victim_folder
 from tests.test_api import results_row, tiny_train
 from utils.distributed.comm import DistError
+from utils.errors import UserError
 
 pytestmark = [pytest.mark.ddp, pytest.mark.slow]
 
@@ -37,7 +39,18 @@ def test_a_user_error_in_the_processes_is_raised_as_itself(tiny_dataset: Path, t
     options = {**tiny_train(tiny_dataset, tiny_cfg_file, tmp_path), "batch_size": 3}
     with pytest.raises(DistError, match=r"^--batch-size 3 must be a positive multiple of the world size 2"):
         train.run(nproc_per_node=2, **options)
-    assert not (tmp_path / "exp" / "weights" / "last.pt").exists()
+    assert list(tmp_path.iterdir()) == []  # issue 42: a failed start leaves no empty run folder
+
+
+def test_two_processes_never_train_into_a_folder_outside_the_project(tiny_dataset: Path, tiny_cfg_file: Path,
+                                                                     tmp_path: Path) -> None:
+    """Issue 44: ``name='../victim'`` with the project folder not made yet trained into ``victim``."""
+    victim, files = victim_folder(tmp_path)
+    options = {**tiny_train(tiny_dataset, tiny_cfg_file, tmp_path / "runs" / "train"), "name": "../victim"}
+    with pytest.raises(UserError, match=r"^--name '../victim' holds a path separator"):
+        train.run(nproc_per_node=2, **options)
+    assert {p.relative_to(victim).as_posix(): p.read_bytes() for p in victim.rglob("*") if p.is_file()} == files
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["victim"]
 
 
 def test_a_crash_in_one_process_is_the_launchers_error_with_its_traceback(tiny_dataset: Path, tiny_cfg_file: Path,

@@ -28,9 +28,9 @@ LAYERS: list[list[str]] = [
     ["utils.log", "utils.paths", "utils.atomic_files", "utils.boxes", "utils.http_fetch", "utils.safe_yaml",
      "utils.tasks.registry", "utils.tasks.segment.masks", "utils.tasks.segment.hub",
      "utils.tasks.segment.releases", "utils.compat"],
-    ["utils.device", "utils.hyp", "utils.hooks", "utils.tasks.contract", "utils.tasks.segment.mask_loss"],
+    ["utils.device", "utils.hyp", "utils.hooks", "utils.tasks.contract", "utils.tracking"],
     ["utils.distributed"],
-    ["models.registry"],
+    ["models.registry", "utils.tasks.segment.mask_loss"],
     ["models.common"],
     ["models.blocks"],
     ["models.head", "models.head_anchor_free"],
@@ -56,9 +56,9 @@ LAYERS: list[list[str]] = [
 # Inside each package, its modules lowest first; modules on one line are one layer and may not import each other.
 # A declared module may be absent (a file another branch adds); a present one must be declared.
 MODULE_LAYERS: dict[str, list[list[str]]] = {
-    "utils.distributed": [["launcher", "signals", "watchdog"], ["comm"]],
+    "utils.distributed": [["launcher", "signals", "watchdog"], ["comm", "elastic"], ["loss_share", "ray_train"]],
     "utils.compat": [["ultralytics"]],
-    "utils.data": [["augment", "errors", "ram_cache", "regular_files", "shard_urls", "synthetic"],
+    "utils.data": [["generated"], ["augment", "errors", "ram_cache", "regular_files", "shard_urls", "synthetic"],
                    ["image_io", "samples"], ["download", "label_cache"],
                    ["annotations", "shards", "shared_scan"],
                    ["sources", "voc", "coco_json"],
@@ -74,6 +74,8 @@ MODULE_LAYERS: dict[str, list[list[str]]] = {
     "utils.loggers": [["background", "progress", "tracker_queue"], ["batch_plots", "registry"],
                       ["results_csv", "tensorboard", "tracking"],
                       ["clearml_logger", "comet_logger", "mlflow_logger", "wandb_logger"]],
+    "utils.tracking": [["appearance", "config", "gmc", "kalman", "matching", "track"], ["bytetrack"], ["botsort"],
+                       ["registry"], ["session"]],
     "utils.training": [["amp", "autoanchor", "autobatch", "config", "early_stop", "fingerprint", "fitness", "loss",
                         "optim", "tal", "train_state"], ["loss_anchor_free", "resume"],
                        ["families", "run_plan"], ["checkpointer", "engine"], ["loop"], ["builder"], ["evolve"]],

@@ -88,8 +88,8 @@ def test_the_ddp_commands_are_torchrun_on_one_and_on_several_machines() -> None:
 def test_the_models_table_is_the_models() -> None:
     """Each family's row: the five scales' parameter counts and GFLOPs, as the builder's tests check them."""
     from tests.models.test_families import DOC_SIZES
-    from tests.utils.tasks.segment.test_head import DOC_SIZES as SEG_SIZES
     from tests.models.test_yolo import REFERENCE
+    from tests.utils.tasks.segment.test_head import DOC_SIZES as SEG_SIZES
 
     rows = re.findall(r"^\| `(\w+)n(-seg)?` \.\.\. `\w+x(?:-seg)?` \| [^|]+ \| ([\d, /]+) \| ([\d. /]+) \|$",
                       sections()["Models and tasks"], re.M)

@@ -150,7 +150,7 @@ def test_speed_task_only_times(checkpoint, tiny_dataset, tmp_path, capsys):
     assert result.seen == 12 and all(ms > 0 for ms in result.speed[1:2])
     assert result.metrics is None and result.results() == (0.0, 0.0, 0.0, 0.0)  # nothing was matched
     assert "mAP@.5:.95" not in out and "(12 images, timing only)" in out
-    assert _files(tmp_path / "exp") == set()  # no plots, no JSON, no label files
+    assert _files(tmp_path / "exp") == {".yolo-run"}  # the run folder's marker; no plots, no JSON, no label files
     data = _unlabeled(tmp_path, 3)
     assert test_script.main(test_script.parse_opt(_args(checkpoint, data, tmp_path, "--task", "speed"))).seen == 3
 
@@ -164,7 +164,7 @@ def test_study_task_writes_a_table_and_a_plot(checkpoint, tiny_dataset, tmp_path
     results = test_script.main(test_script.parse_opt(_args(checkpoint, tiny_dataset, tmp_path, "--task", "study",
                                                            "--study-sizes", "64", "96", "32")))
     run_dir = tmp_path / "exp"
-    assert _files(run_dir) == {"study_tiny_tiny.txt", "study.png"}  # study_<data>_<weights>.txt
+    assert _files(run_dir) == {".yolo-run", "study_tiny_tiny.txt", "study.png"}  # study_<data>_<weights>.txt
     rows = np.loadtxt(run_dir / "study_tiny_tiny.txt", ndmin=2)
     assert rows.shape == (2, 8) and rows[:, 0].tolist() == [64, 96]
     plain = test_script.main(test_script.parse_opt(_args(checkpoint, tiny_dataset, tmp_path)))  # img 64

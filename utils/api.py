@@ -1,6 +1,7 @@
 """The Python API of the scripts: ``train.run(epochs=3)``, ``test.run(...)``, ``detect.run(...)``,
 ``export.run(...)`` take the command line's option names as keywords, and ``train.run(..., nproc_per_node=N)``
-starts N processes with torch's own elastic launcher (what torchrun runs), returning rank 0's result.
+starts N processes with torch's own elastic launcher (what torchrun runs), returning rank 0's result;
+``train.run(..., ray_workers=N)`` trains on N workers of Ray Train's TorchTrainer (utils/distributed/ray_train.py).
 
 Keywords become the script's own argv (``img_size=64`` -> ``--img-size 64``) and go through the script's parser,
 so a value is checked, converted and refused exactly as on the command line, with the same one-line errors.
@@ -374,3 +375,22 @@ def elastic_launch(config: Any, entrypoint: Any) -> Any:
     from torch.distributed.launcher.api import elastic_launch as launcher
 
     return launcher(config, entrypoint)
+
+
+def ray_launch(loop: Callable[[dict], None], options: Mapping[str, Any], hooks: Sequence[Any], device: str,
+               backend: str, timeout_s: float, ray_workers: int, ray_address: str = "", ray_storage: str = "",
+               ray_max_failures: int = 0) -> Any:
+    """Start ``loop(config)`` (train.ray_train_loop) on ``ray_workers`` workers of Ray Train's TorchTrainer, ``config``
+    being the script's ``options`` and the ``hooks``, on the Ray cluster at ``ray_address`` ('' = a local one started
+    and stopped here), with one GPU per worker unless ``device`` is 'cpu' ('' = where the cluster has GPUs),
+    checkpoints in ``ray_storage`` and ``ray_max_failures`` restarts of the worker group; return rank 0's value, or
+    raise its one-line error (utils/distributed/ray_train.py)."""
+    from utils.distributed.ray_train import RayError, RayJob, fit, outcome_of
+
+    device = str(device).strip().lower()
+    if device not in ("", "cpu", "cuda") and not all(part.strip().isdigit() for part in device.split(",")):
+        raise RayError(f"--device {device!r} with ray_workers: give 'cpu', '' or CUDA GPUs ('0'); Ray assigns each "
+                       "worker its GPU")
+    job = RayJob(workers=ray_workers, address=ray_address, use_gpu=None if device == "" else device != "cpu",
+                 storage=ray_storage, max_failures=ray_max_failures, backend=backend, timeout_s=timeout_s)
+    return outcome_of(fit(loop, {**options, "hooks": list(hooks)}, job))

@@ -25,18 +25,26 @@ def _armed(rank: int) -> bool:
 
 class FailAt(HookBase):
     """Before batch ``batch`` of ``epoch`` on ``rank``: ``raise`` an error, ``kill`` the process (SIGKILL),
-    ``term``/``int``/``usr1`` send it that signal (a graceful stop), ``stop`` freeze it with SIGSTOP."""
+    ``term``/``int``/``usr1`` send it that signal (a graceful stop), ``stop`` freeze it with SIGSTOP. With ``marker``
+    (a file path) it acts once per test whatever the engine's restart count says (Ray's restarts are not torchrun's):
+    only while the file does not exist, which it writes first."""
 
     SIGNALS = {"kill": signal.SIGKILL, "term": signal.SIGTERM, "int": signal.SIGINT, "usr1": signal.SIGUSR1,
                "stop": signal.SIGSTOP}
 
-    def __init__(self, rank: int = 0, epoch: int = 0, batch: int = 0, action: str = "raise") -> None:
+    def __init__(self, rank: int = 0, epoch: int = 0, batch: int = 0, action: str = "raise", marker: str = "") -> None:
         if action != "raise" and action not in self.SIGNALS:
             raise ValueError(f"action {action!r} is not raise or one of {', '.join(self.SIGNALS)}")
-        self.rank, self.epoch, self.batch, self.action = rank, epoch, batch, action
+        self.rank, self.epoch, self.batch, self.action, self.marker = rank, epoch, batch, action, marker
 
     def before_step(self, trainer: TrainerView, epoch: int, batch: int) -> None:
-        if (epoch, batch) != (self.epoch, self.batch) or not _armed(self.rank):
+        if (epoch, batch) != (self.epoch, self.batch) or dist.get_rank() != self.rank:
+            return
+        if self.marker:
+            if Path(self.marker).exists():
+                return
+            Path(self.marker).write_text(f"{os.getpid()}\n")
+        elif not _armed(self.rank):
             return
         if self.action == "raise":
             raise RuntimeError(f"rank {self.rank}: test fault injected at epoch {epoch} batch {batch}")
@@ -167,3 +175,19 @@ class HoldAt(HookBase):
                 time.sleep(0.05)
         finally:
             signal.signal(signal.SIGTERM, previous)
+
+
+class LoseRunFiles(HookBase):
+    """Before batch ``batch`` of ``epoch`` on ``rank``, once per test (while ``marker`` does not exist): delete the run
+    folder's checkpoints and results.csv, as when an engine restarts the worker group on a machine that never had
+    them (Ray Train without a shared file system)."""
+
+    def __init__(self, marker: str, rank: int = 0, epoch: int = 1, batch: int = 0) -> None:
+        self.marker, self.rank, self.epoch, self.batch = Path(marker), rank, epoch, batch
+
+    def before_step(self, trainer: TrainerView, epoch: int, batch: int) -> None:
+        if (epoch, batch, dist.get_rank()) != (self.epoch, self.batch, self.rank) or self.marker.exists():
+            return
+        self.marker.write_text("lost\n")
+        for name in ("weights/last.pt", "weights/last.prev.pt", "weights/best.pt", "results.csv"):
+            (trainer.save_dir / name).unlink(missing_ok=True)

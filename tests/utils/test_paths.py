@@ -74,3 +74,100 @@ def test_confined_to_any_accepts_one_of_several_folders(tmp_path: Path) -> None:
     for escape in ("..", "../elsewhere", "/etc", str(tmp_path)):
         with pytest.raises(UserError, match=f"leads outside {beside} and {home}"):
             confined_to_any(escape, [beside, home], "path")
+
+
+# ------------------------------------------------------------------------------------------------ run folders
+BAD_NAMES = ["..", ".", "../victim", "a/b", "a\\b", "/abs", "x\x00y", "two\nlines", "", ".hidden", "n" * 129,
+             "é" * 101, None, 7]
+
+
+@pytest.mark.parametrize("name", BAD_NAMES, ids=range(len(BAD_NAMES)))
+def test_a_run_name_that_is_not_one_folder_name_is_one_line(name: object, tmp_path: Path) -> None:
+    from utils.paths import RunFolderError, new_run_folder
+
+    with pytest.raises(RunFolderError, match=r"^--name .* give one folder name") as info:
+        new_run_folder(tmp_path / "runs", name)
+    assert "\n" not in str(info.value) and not (tmp_path / "runs").exists()  # refused before anything is made
+
+
+def test_new_run_folders_are_new_marked_and_numbered(tmp_path: Path) -> None:
+    from utils.paths import RUN_MARKER, is_run_folder, new_run_folder
+
+    project = tmp_path / "deep" / "runs"  # made when missing
+    first = new_run_folder(project, "exp")
+    assert first == project / "exp" and is_run_folder(first) and (first / RUN_MARKER).is_file()
+    assert new_run_folder(project, "exp") == project / "exp2"
+    (project / "exp7").mkdir()  # a folder of someone else's takes a number too, and is never adopted
+    assert new_run_folder(project, "exp") == project / "exp8" and not is_run_folder(project / "exp7")
+    (project / "exp9").symlink_to(tmp_path)  # so does a symlink, never followed
+    assert new_run_folder(project, "exp") == project / "exp10"
+    assert new_run_folder(project, "my run (b) 实验") == project / "my run (b) 实验"
+    assert new_run_folder(project, "exp", exist_ok=True) == project / "exp"  # ours: reused
+
+
+def test_exist_ok_never_adopts_a_folder_it_did_not_make(tmp_path: Path) -> None:
+    from utils.paths import RunFolderError, is_run_folder, new_run_folder
+
+    project = tmp_path / "runs"
+    (project / "mine").mkdir(parents=True)
+    (project / "mine" / "results.csv").write_text("my results")
+    (project / "link").symlink_to(tmp_path)
+    (project / "forged").mkdir()
+    (project / "forged" / ".yolo-run").write_text("something else\n")
+    for name in ("mine", "link", "forged"):
+        with pytest.raises(RunFolderError, match=r"^--exist-ok: .* was not made by this project") as info:
+            new_run_folder(project, name, exist_ok=True)
+        assert "\n" not in str(info.value)
+    assert (project / "mine" / "results.csv").read_text() == "my results" and not is_run_folder(project / "mine")
+    assert new_run_folder(project, "new", exist_ok=True) == project / "new"  # missing: made (and marked)
+    assert is_run_folder(project / "new")
+
+
+def test_a_project_that_cannot_be_a_folder_is_one_line(tmp_path: Path) -> None:
+    from utils.paths import RunFolderError, new_run_folder
+
+    (tmp_path / "a-file").write_text("x")
+    for project, expected in ((tmp_path / "a-file", "cannot be a folder"), ("bad\x00project", "not a usable path"),
+                              (tmp_path / "a-file" / "under", "cannot be a folder")):
+        with pytest.raises(RunFolderError, match=expected) as info:
+            new_run_folder(project, "exp")
+        assert "\n" not in str(info.value)
+    assert (tmp_path / "a-file").read_text() == "x"
+
+
+def test_only_an_unused_run_folder_of_ours_is_discarded(tmp_path: Path) -> None:
+    from utils.paths import discard_if_unused, discarded_on_failure, new_run_folder
+
+    unused = new_run_folder(tmp_path, "exp")
+    (unused / "labels").mkdir()  # an empty folder it made is nothing written
+    with pytest.raises(KeyError), discarded_on_failure(unused):
+        raise KeyError("a start that failed")
+    assert not unused.exists()
+    used = new_run_folder(tmp_path, "exp")
+    (used / "opt.yaml").write_text("epochs: 1\n")
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    assert not discard_if_unused(used) and not discard_if_unused(theirs) and not discard_if_unused(None)
+    assert (used / "opt.yaml").is_file() and theirs.is_dir()
+    kept = new_run_folder(tmp_path, "kept")
+    with discarded_on_failure(kept):
+        pass  # no failure: kept
+    assert kept.is_dir()
+
+
+def test_derived_paths_stay_inside_their_run_folder(tmp_path: Path) -> None:
+    from utils.paths import derived_path, safe_stem
+
+    run = tmp_path / "run"
+    run.mkdir()
+    assert derived_path(run, "labels", "bus", suffix=".txt") == (run / "labels" / "bus.txt").resolve()
+    assert derived_path(run, "..") == (run / "_").resolve()  # the stem of an image named '...jpg'
+    assert derived_path(run, "../../etc/passwd").parent == run.resolve()
+    assert derived_path(run, "a\x00b/c", suffix=".png").name == "a_b_c.png"
+    assert safe_stem("..", "image3") == "image3" and safe_stem(".hidden", "x") == "hidden"
+    assert safe_stem("straße 1", "x") == "straße 1" and len(safe_stem("n" * 300, "x")) == 100
+    (run / "escape").symlink_to(tmp_path)  # a symlink inside the run folder does not lead out either
+    from utils.paths import RunFolderError
+
+    with pytest.raises(RunFolderError, match="leads outside"):
+        derived_path(run, "escape", "x")

@@ -3,25 +3,19 @@
 It makes ``python train.py`` work offline. The set is written in YOLO format
 (``images/{train,val}/*.jpg`` + ``labels/{train,val}/*.txt``) into
 ``data_home()/synthetic-v<version>-<params hash>`` on first use, zero-first under DDP, and is
-skipped when already present and valid. Generation happens in a new temporary folder that is
-renamed into place, so a crash never leaves a half-written set that looks valid.
+skipped when already present and valid.
 
-Nothing a user has is ever removed: the set is generated only into a folder that does not exist yet, an empty
-one, or one holding an earlier set of this generator. Its manifest lists every file it wrote with a hash; an
-earlier set is cleared of exactly those files (when unchanged) and of the label caches made for them, and when
-anything else is left there, generation is refused with one line naming it.
+Nothing a user has is ever removed: the set is written and replaced by utils.data.generated, the mechanism every
+generated set shares (a folder it creates and marks, a manifest of every file with its size and SHA-256, and on
+regeneration only those files removed; a folder holding anything else is refused in one line).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
-import os
 import re
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,27 +23,21 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from utils.distributed import comm as dist
-from utils.errors import UserError
-from utils.log import LOGGER, colorstr
+from utils.data.generated import MANIFEST as MANIFEST  # the set's manifest, named here for its readers
+from utils.data.generated import GeneratedSet, GeneratedSetError
 from utils.paths import data_home
 from utils.safe_yaml import shown
 
 SYNTHETIC_NAMES = ["circle", "square", "triangle"]
 SYNTHETIC_VERSION = 1
-MANIFEST = "synthetic.json"
 SPLITS = ("train", "val")
 OWN_FILE = re.compile(r"(images/(train|val)/\d{5}\.jpg|labels/(train|val)/\d{5}\.txt)")  # what it writes
-OWN_CACHES = ("labels/train.cache", "labels/val.cache", "labels/train.cache.d", "labels/val.cache.d")  # the scan's
-MAX_OWN_FILE = 16 << 20  # a file named as one of ours but larger was not written by the generator
-MAX_MANIFEST = 4 << 20
+DETECT_SET = GeneratedSet("synthetic-detect", OWN_FILE)
 MAX_IMAGES = 100_000  # train + val images of one set (the default set has 640)
 MAX_SIDE = 4096
 
 
-class SyntheticError(UserError):
-    """The synthetic set cannot be generated where it was asked for (a folder holding other files)."""
-
+SyntheticError = GeneratedSetError  # the synthetic set cannot be generated where it was asked for
 
 @dataclass(frozen=True)
 class SyntheticSpec:
@@ -196,130 +184,44 @@ def draw_sample(rng: np.random.Generator, spec: SyntheticSpec) -> tuple[np.ndarr
     return img, np.array(labels, np.float32).reshape(-1, 5)
 
 
-def _write_split(folder: Path, split: str, count: int, spec: SyntheticSpec) -> dict[str, str]:
-    """Write one split's images and labels; {relative path: sha1 of the bytes written} for the manifest."""
+def _write_split(folder: Path, split: str, count: int, spec: SyntheticSpec) -> None:
+    """Write one split's images and labels into ``folder``."""
     image_dir, label_dir = folder / "images" / split, folder / "labels" / split
     image_dir.mkdir(parents=True)
     label_dir.mkdir(parents=True)
-    written = {}
     for i in range(count):
         rng = np.random.default_rng([spec.seed, SPLITS.index(split), i])  # independent of order
         img, labels = draw_sample(rng, spec)
-        jpg = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 95])[1].tobytes()
         rows = [f"{int(c)} {x:.6f} {y:.6f} {w:.6f} {h:.6f}" for c, x, y, w, h in labels]
-        txt = ("\n".join(rows) + ("\n" if rows else "")).encode()
-        for path, content in ((image_dir / f"{i:05d}.jpg", jpg), (label_dir / f"{i:05d}.txt", txt)):
-            path.write_bytes(content)
-            written[path.relative_to(folder).as_posix()] = hashlib.sha1(content).hexdigest()
-    return written
+        (image_dir / f"{i:05d}.jpg").write_bytes(cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 95])[1])
+        (label_dir / f"{i:05d}.txt").write_text("\n".join(rows) + ("\n" if rows else ""))
 
 
-def _manifest(spec: SyntheticSpec) -> dict:
+def _header(spec: SyntheticSpec) -> dict:
+    """What identifies a set in its manifest (the keys a set of the first version has too, so it stays valid)."""
     return {"version": SYNTHETIC_VERSION, "spec": asdict(spec) | {"img_size": list(spec.img_size)},
             "names": SYNTHETIC_NAMES}
 
 
-def _read_manifest(root: Path) -> dict:
-    """The manifest in ``root`` ({} when there is none or it is not one: too large, not JSON, not a mapping)."""
-    path = root / MANIFEST
-    try:
-        if path.is_symlink() or not path.is_file() or path.stat().st_size > MAX_MANIFEST:
-            return {}
-        found = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError):
-        return {}
-    return found if isinstance(found, dict) else {}
+def split_counts(spec: SyntheticSpec) -> dict[str, int]:
+    """The files each folder of a complete set holds (``images/train``: n_train, ...)."""
+    return {f"{kind}/{split}": count for split, count in zip(SPLITS, (spec.n_train, spec.n_val))
+            for kind in ("images", "labels")}
 
 
 def is_valid(root: Path, spec: SyntheticSpec) -> bool:
     """True when ``root`` holds a complete set made from ``spec`` (manifest matches, files all there)."""
-    manifest = _read_manifest(root)
-    if {key: manifest.get(key) for key in ("version", "spec", "names")} != _manifest(spec):
-        return False
-    counts = {"train": spec.n_train, "val": spec.n_val}
-    try:
-        return all(len(os.listdir(root / kind / split)) == counts[split]
-                   for split in SPLITS for kind in ("images", "labels"))
-    except OSError:
-        return False
-
-
-def _unchanged(path: Path, digest: object) -> bool:
-    """Whether ``path`` is a plain file still holding what the generator wrote (its sha1 is ``digest``)."""
-    try:
-        return (not path.is_symlink() and path.is_file() and path.stat().st_size <= MAX_OWN_FILE
-                and hashlib.sha1(path.read_bytes()).hexdigest() == digest)
-    except OSError:
-        return False
-
-
-def _clear_own_set(root: Path) -> None:
-    """Remove from ``root`` what the generator wrote there before (listed in its manifest, unchanged), the label
-    caches made for it, then the folders left empty; nothing else is touched."""
-    files = _read_manifest(root).get("files")
-    if not isinstance(files, dict):
-        return  # no list of its own files (not a set of this generator, or one from before the list): keep all
-    for name, digest in files.items():
-        if isinstance(name, str) and OWN_FILE.fullmatch(name) and _unchanged(root / name, digest):
-            (root / name).unlink()
-    for name in OWN_CACHES:
-        cache = root / name
-        if cache.is_symlink():
-            continue
-        if cache.is_file():
-            cache.unlink()
-        elif cache.is_dir():
-            shutil.rmtree(cache)
-    (root / MANIFEST).unlink()
-    for folder in sorted((p for p in root.rglob("*") if p.is_dir() and not p.is_symlink()), reverse=True):
-        with contextlib.suppress(OSError):
-            folder.rmdir()  # only an empty folder goes
-
-
-def check_target(root: Path, spec: SyntheticSpec) -> None:
-    """SyntheticError (one line) unless ``root`` may receive a new set: missing, empty, or holding only an earlier
-    set of this generator (with its list of files). Reads only; all ranks may call it."""
-    if root.is_symlink() or (root.exists() and not root.is_dir()):
-        raise SyntheticError(f"synthetic set: {root} exists and is not a folder; choose another path")
-    if not root.exists() or is_valid(root, spec):
-        return
-    files = _read_manifest(root).get("files")
-    own = isinstance(files, dict)  # an earlier set that lists its files (with their hashes)
-    allowed = {name for name, digest in files.items() if isinstance(name, str) and OWN_FILE.fullmatch(name)
-               and _unchanged(root / name, digest)} | {MANIFEST} if own else set()
-    for path in sorted(root.rglob("*")):
-        name = path.relative_to(root).as_posix()
-        if name in allowed or (own and any(name == c or name.startswith(c + "/") for c in OWN_CACHES)):
-            continue
-        if path.is_symlink() or not path.is_dir():
-            raise SyntheticError(f"synthetic set: {root} is not empty and holds files the generator did not make "
-                                 f"or that changed since it made them ({name!r}); it generates only into a new or "
-                                 "empty folder or its own earlier set: choose another path or move them away")
+    return DETECT_SET.is_complete(root, _header(spec), split_counts(spec))
 
 
 def generate(root: Path, spec: SyntheticSpec) -> Path:
-    """Write the set into a new temporary sibling folder, then rename it to ``root`` (atomic on one disk); an
-    earlier set of this generator at ``root`` is cleared first (check_target says when that is refused)."""
-    check_target(root, spec)
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.tmp", dir=root.parent))  # new: nobody else's
-    try:
-        written = _write_split(tmp, "train", spec.n_train, spec)
-        written.update(_write_split(tmp, "val", spec.n_val, spec))
-        (tmp / MANIFEST).write_text(json.dumps(_manifest(spec) | {"files": written}, indent=1))
-        if root.exists():
-            _clear_own_set(root)
-            with contextlib.suppress(OSError):
-                root.rmdir()  # empty now; if not (another writer), the rename below fails and nothing is lost
-        try:
-            tmp.rename(root)
-        except OSError:  # another process (not in our group) finished first, or something appeared there
-            if not is_valid(root, spec):
-                raise SyntheticError(f"synthetic set: could not move the new set into {root} (something else is "
-                                     "writing there); try again") from None
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # made by mkdtemp above: only this call's own files
-    return root
+    """Write the set into a new folder renamed to ``root``; an earlier set of ours there is cleared first of what
+    it wrote (utils.data.generated says when that is refused)."""
+    def write(folder: Path) -> None:
+        _write_split(folder, "train", spec.n_train, spec)
+        _write_split(folder, "val", spec.n_val, spec)
+
+    return DETECT_SET.generate(root, _header(spec), write)
 
 
 def default_root(spec: SyntheticSpec) -> Path:
@@ -337,10 +239,5 @@ def ensure_synthetic(root: str | Path | None = None, n_train: int = 512, n_val: 
     """
     spec = make_spec(n_train, n_val, img_size, seed, max_objects, min_object, max_object)
     folder = Path(root) if root is not None else default_root(spec)
-    check_target(folder, spec)  # on every rank, so a refusal is the same line everywhere
-    with dist.zero_first(local=True):
-        if dist.is_local_main_process() and not is_valid(folder, spec):
-            LOGGER.info(f"{colorstr('synthetic:')} generating {spec.n_train} train + {spec.n_val} val images "
-                        f"into {folder} ...")
-            generate(folder, spec)
-    return folder
+    return DETECT_SET.ensure(folder, _header(spec), split_counts(spec), lambda: generate(folder, spec),
+                             f"{spec.n_train} train + {spec.n_val} val images")

@@ -14,7 +14,7 @@ import contextlib
 import datetime
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
 import torch
@@ -38,6 +38,7 @@ class _State:
     long_group: Any = None  # gloo group with a long timeout, for "rank 0 is busy" waits
     watch: MarkWatch | None = None  # this rank's mark and the stuck-rank watch (utils.distributed.watchdog)
     job_store: Any = None  # client of torchrun's agent store, opened on first use by job_store()
+    owns_group: bool = True  # False: the engine that started this process made the group (Ray Train) and ends it
 
 
 _STATE = _State()
@@ -149,13 +150,16 @@ def init_distributed(device: str = "", backend: str = "auto", timeout_s: float =
     Reads the launcher's environment, picks the device and backend, sets the CUDA device
     before init (so NCCL never guesses the rank-to-GPU mapping), and joins the group with
     ``timeout_s`` for training collectives plus a gloo side group with ``long_timeout_s``
-    for long waits. With WORLD_SIZE 1 (plain ``python train.py``) nothing is initialised.
-    All ranks must call it.
+    for long waits. With WORLD_SIZE 1 (plain ``python train.py``) nothing is initialised. A group that the engine
+    which started this process already made (Ray Train's TorchTrainer) is joined, with its backend and timeout, and
+    left for that engine to end (``cleanup``). All ranks must call it.
     """
     env = read_env(local_rank_flag)
+    if is_initialized():  # the engine that started this process made the group (Ray Train): join it, make none
+        env = replace(env, rank=tdist.get_rank(), world_size=tdist.get_world_size(), launcher="engine")
     device_obj = select_device(device, env.local_rank)
     chosen = resolve_backend(backend, device_obj)
-    _STATE.env, _STATE.device = env, device_obj
+    _STATE.env, _STATE.device, _STATE.owns_group = env, device_obj, not is_initialized()
     if device_obj.type == "cuda":
         torch.cuda.set_device(device_obj)
     if not env.distributed:
@@ -163,17 +167,25 @@ def init_distributed(device: str = "", backend: str = "auto", timeout_s: float =
     if env.world_size % max(env.local_world_size, 1) and env.local_world_size > env.world_size:
         raise DistError(f"LOCAL_WORLD_SIZE {env.local_world_size} > WORLD_SIZE {env.world_size}")
     timeout = datetime.timedelta(seconds=timeout_s)
-    kwargs: dict[str, Any] = {}
-    if chosen == "nccl":
-        kwargs["device_id"] = device_obj  # binds the group to this GPU: barriers never guess
-    tdist.init_process_group(chosen, store=_store_for(env, timeout), rank=env.rank,
-                             world_size=env.world_size, timeout=timeout, **kwargs)
+    if _STATE.owns_group:
+        kwargs: dict[str, Any] = {"device_id": device_obj} if chosen == "nccl" else {}  # NCCL never guesses the GPU
+        tdist.init_process_group(chosen, store=_store_for(env, timeout), rank=env.rank,
+                                 world_size=env.world_size, timeout=timeout, **kwargs)
+    # the engine's group has the engine's backend and timeout: the long waits get a gloo group of their own anyway
+    side_group = tdist.get_backend() != "gloo" or long_timeout_s != timeout_s or not _STATE.owns_group
+    _start_side_group_and_watch(env, side_group, timeout_s, long_timeout_s, script)
+    return device_obj
+
+
+def _start_side_group_and_watch(env: DistEnv, side_group: bool, timeout_s: float, long_timeout_s: float,
+                                script: str) -> None:
+    """The gloo group with the long timeout (when ``side_group``) and this rank's mark in the job's store with the
+    watch that names a stuck rank. All ranks must call it."""
     _STATE.long_group = tdist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=long_timeout_s)) \
-        if chosen != "gloo" or long_timeout_s != timeout_s else None
+        if side_group else None
     watch_store = tdist.PrefixStore(f"yolo/attempt{env.restart_count}", tdist.TCPStore(
         env.master_addr, env.master_port, is_master=False, timeout=store_timeout(timeout_s), wait_for_workers=False))
     _STATE.watch = MarkWatch(watch_store, env.rank, env.world_size, timeout_s, long_timeout_s, script=script).start()
-    return device_obj
 
 
 def peer_failure_line(error: BaseException) -> str | None:
@@ -381,7 +393,8 @@ def cleanup(clean_exit: bool = True) -> None:
     Called from each script's ``main()`` ``finally``, outside ``train()``, so every exit path
     releases the group and the process exits. On a clean exit the ranks meet at a barrier first
     (so no rank tears down while a peer still sends); after an error they do not wait for peers
-    that may be gone. All ranks must call it.
+    that may be gone. A group an engine made is left to it (Ray Train destroys it when its workers end). All ranks
+    must call it.
     """
     global _STATE
     watch = _STATE.watch
@@ -394,7 +407,10 @@ def cleanup(clean_exit: bool = True) -> None:
             if clean_exit:
                 barrier()
         with contextlib.suppress(Exception):
-            tdist.destroy_process_group()
+            if _STATE.owns_group:
+                tdist.destroy_process_group()
+            elif _STATE.long_group is not None:  # ours; the engine ends its own group (Ray Train on shutdown)
+                tdist.destroy_process_group(_STATE.long_group)
     if watch is not None:
         watch.close()
     _STATE = _State()

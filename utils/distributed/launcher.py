@@ -47,7 +47,7 @@ class DistEnv:
     master_port: int = 29500
     agent_store: bool = False
     run_id: str = ""  # torchrun's --rdzv-id (TORCHELASTIC_RUN_ID); "" outside torchrun
-    launcher: str = "none"  # 'torchrun' | 'slurm' | 'none'
+    launcher: str = "none"  # 'torchrun' | 'slurm' | 'engine' (a group made before us: Ray Train) | 'none'
     job: SchedulerJob | None = None
 
     @property
@@ -67,12 +67,15 @@ def read_env(local_rank_flag: int = -1, env: Mapping[str, str] | None = None) ->
         return _slurm_env(env, job)
     world_size = int(env.get("WORLD_SIZE", 1))
     local_rank = int(env.get("LOCAL_RANK", local_rank_flag if local_rank_flag >= 0 else 0))
+    rank = int(env.get("RANK", local_rank if world_size > 1 else 0))
+    # RANK and WORLD_SIZE with no local rank (a Kubernetes operator's pods without torchrun): one process a machine
+    alone = "LOCAL_RANK" not in env and local_rank_flag < 0 and "RANK" in env
     return DistEnv(
-        rank=int(env.get("RANK", local_rank if world_size > 1 else 0)),
+        rank=rank,
         local_rank=local_rank,
         world_size=world_size,
-        local_world_size=int(env.get("LOCAL_WORLD_SIZE", world_size)),
-        node_rank=int(env.get("GROUP_RANK") or 0) if world_size > 1 else 0,
+        local_world_size=int(env.get("LOCAL_WORLD_SIZE", 1 if alone else world_size)),
+        node_rank=int(env.get("GROUP_RANK") or env.get("NODE_RANK") or (rank if alone else 0)) if world_size > 1 else 0,
         restart_count=int(env.get("TORCHELASTIC_RESTART_COUNT") or 0),
         master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
         master_port=int(env.get("MASTER_PORT", 29500)),

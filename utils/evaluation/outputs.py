@@ -15,6 +15,7 @@ import torch
 from utils.boxes import label_rows, xywh2xyxy, xyxy2xywh
 from utils.data.coco_json import CocoIds
 from utils.log import LOGGER
+from utils.paths import derived_path
 from utils.tasks.contract import OutputContract
 
 # COCO's 80 training classes -> the 91 category ids of its annotation files.
@@ -74,7 +75,7 @@ def with_label_boxes(preds: torch.Tensor, targets: torch.Tensor, img_hw: Sequenc
 def save_label_file(path: str, det: torch.Tensor, shape0: Sequence[int], folder: Path, save_conf: bool) -> None:
     """labels/<stem>.txt: ``cls cx cy w h [conf]`` rows normalised to the original image of ``shape0`` (h, w)."""
     rows = label_rows(det, (shape0[0], shape0[1]), save_conf)
-    (folder / f"{Path(path).stem}.txt").write_text("".join(row + "\n" for row in rows))
+    derived_path(folder, Path(path).stem, suffix=".txt").write_text("".join(row + "\n" for row in rows))
 
 
 def write_outputs(result: Any, records: list[Any], names: Sequence[str], save_dir: Path, plots: bool,

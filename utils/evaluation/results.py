@@ -10,7 +10,7 @@ import numpy as np
 
 from utils.data.coco_json import CocoIds
 from utils.evaluation.metrics import ConfusionMatrix, DetectionMetrics
-from utils.tasks.registry import BOX_METRICS
+from utils.tasks.registry import BOX_METRICS, all_tasks
 
 METRIC_NAMES = BOX_METRICS  # results.csv's validation columns of the boxes
 
@@ -70,11 +70,14 @@ class EvalResult:
             values.update(zip((f"{view}_{n}" for n in METRIC_NAMES), (float(v) for v in metrics.mean_results())))
         return values
 
-    def __getattr__(self, name: str) -> DetectionMetrics:
-        """A view's metrics by its name (``result.<view>``); AttributeError for another name."""
+    def __getattr__(self, name: str) -> DetectionMetrics | None:
+        """A view's metrics by its name (``result.<view>``: a segmenter's ``mask``); None for the view of another
+        task (a detector's ``mask``); AttributeError for another name."""
         views = self.__dict__.get("views") or {}
         if name in views:
             return views[name]
+        if any(column.startswith(f"{name}_") for task in all_tasks() for column in task.metrics):
+            return None
         raise AttributeError(f"{type(self).__name__} has no attribute or view {name!r}")
 
 

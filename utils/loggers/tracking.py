@@ -31,6 +31,7 @@ from utils.hooks import LOGGER_PRIORITY, HookBase, TrainerView
 from utils.log import LOGGER, colorstr
 from utils.loggers.registry import LoggerContext, LoggerError
 from utils.loggers.tracker_queue import CANCELLED_FLUSH_S, FLUSH_S, TrackerQueue
+from utils.paths import derived_path
 from utils.plots.annotate import draw_detections
 from utils.tasks.contract import postprocess
 from utils.tasks.registry import get_task
@@ -307,7 +308,7 @@ def draw_predictions(trainer: TrainerView, folder: Path, count: int = VAL_IMAGES
                 bgr = outputs.draw(bgr, det[:, :6].numpy(), results)
             draw_detections(bgr, det[:, :4].numpy(), det[:, 5].numpy(), det[:, 4].numpy(), trainer.names,
                             line_thickness=1)
-            target = folder / f"{Path(path).stem}.jpg"
+            target = derived_path(folder, Path(path).stem, suffix=".jpg")
             _write_jpg(target, bgr)
             written.append(target)
     finally:

@@ -33,8 +33,10 @@ def class_name(names: Sequence[str] | None, cls: int) -> str:
     return names[cls] if names is not None and 0 <= cls < len(names) else str(cls)
 
 
-def _label_text(cls: int, conf: float | None, names: Sequence[str] | None, hide_conf: bool) -> str:
-    name = class_name(names, cls)
+def _label_text(cls: int, conf: float | None, names: Sequence[str] | None, hide_conf: bool,
+                track_id: int | None = None) -> str:
+    """``person 0.91``; with a track ID ``id:7 person 0.91``."""
+    name = class_name(names, cls) if track_id is None else f"id:{track_id} {class_name(names, cls)}"
     return name if conf is None or hide_conf else f"{name} {conf:.2f}"
 
 
@@ -56,8 +58,10 @@ def _draw_label(img: np.ndarray, text: str, corner: tuple[int, int], color: tupl
 
 def draw_detections(img_bgr: np.ndarray, boxes_xyxy: np.ndarray | Sequence, classes: np.ndarray | Sequence,
                     confs: np.ndarray | Sequence | None = None, names: Sequence[str] | None = None,
-                    line_thickness: int = 2, hide_labels: bool = False, hide_conf: bool = False) -> np.ndarray:
-    """Draw xyxy pixel boxes on a uint8 BGR image in place (class colours, 'name conf' tags); returns it."""
+                    line_thickness: int = 2, hide_labels: bool = False, hide_conf: bool = False,
+                    ids: np.ndarray | Sequence | None = None) -> np.ndarray:
+    """Draw xyxy pixel boxes on a uint8 BGR image in place (class colours, 'name conf' tags, 'id:7 name conf' with
+    track ``ids``); returns it."""
     boxes = np.asarray(boxes_xyxy, dtype=np.float64).reshape(-1, 4)
     classes = np.asarray(classes).reshape(-1).astype(int)
     conf_values = None if confs is None else np.asarray(confs, dtype=np.float64).reshape(-1)
@@ -67,5 +71,6 @@ def draw_detections(img_bgr: np.ndarray, boxes_xyxy: np.ndarray | Sequence, clas
         cv2.rectangle(img_bgr, p1, p2, color, line_thickness, cv2.LINE_AA)
         if not hide_labels:
             conf = None if conf_values is None else float(conf_values[i])
-            _draw_label(img_bgr, _label_text(int(cls), conf, names, hide_conf), p1, color, line_thickness)
+            track_id = None if ids is None else int(ids[i])
+            _draw_label(img_bgr, _label_text(int(cls), conf, names, hide_conf, track_id), p1, color, line_thickness)
     return img_bgr

@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from utils.paths import derived_path
+
 MAX_CHANNELS = 32
 COLUMNS = 8
 MIN_TILE = 48  # small maps are enlarged (nearest neighbour) to at least this many pixels a side
@@ -64,13 +66,14 @@ def feature_grid(features: torch.Tensor, max_channels: int = MAX_CHANNELS) -> np
 
 
 def save_feature_maps(captured: dict[int, tuple[str, torch.Tensor]], folder: Path) -> list[Path]:
-    """One ``stage{i}_{module}_features.png`` (and ``.npy``) per captured stage with a map larger than 1 x 1."""
+    """One ``stage{i}_{module}_features.png`` (and ``.npy``) per captured stage with a map larger than 1 x 1, each
+    path checked to stay inside ``folder`` (utils.paths.derived_path)."""
     folder.mkdir(parents=True, exist_ok=True)
     written = []
     for stage, (kind, output) in sorted(captured.items()):
         if kind == "Detect" or output.dim() != 4 or min(output.shape[2:]) < 2:
             continue
-        path = folder / f"stage{stage}_{kind}_features.png"
+        path = derived_path(folder, f"stage{stage}_{kind}_features", suffix=".png")  # kind: a module's name
         cv2.imwrite(str(path), feature_grid(output[0]))
         np.save(path.with_suffix(".npy"), output[0].float().cpu().numpy())
         written.append(path)

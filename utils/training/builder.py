@@ -63,7 +63,7 @@ from utils.training.optim import (
     unwrap,
 )
 from utils.training.resume import check_unfinished, resume_options, shared_checkpoint, shared_resumable
-from utils.training.run_plan import plan_run
+from utils.training.run_plan import discarded_if_start_fails, plan_run
 from utils.training.train_state import TrainPosition, TrainState
 from utils.weights.checkpoint import recorded_family, to_plain
 
@@ -91,9 +91,11 @@ def prepare_run(config: RunConfig, defaults: RunConfig) -> tuple[RunConfig, dict
     optimizer. A resumed run (--resume, an elastic restart, a requeued Slurm job) takes the checkpoint's options
     and hyps, except the runtime flags given on the command line (``defaults``: the parser's, to tell them). All
     ranks must call it."""
-    hyp, ckpt = None, None
-    if not config.evolve:
-        plan = plan_run(config)
+    if config.evolve:
+        return choose_hyp(config, None, None)
+    plan = plan_run(config)
+    with discarded_if_start_fails(config.replace(save_dir=str(plan.save_dir))):
+        hyp, ckpt = None, None
         if plan.resume_from:
             path, ckpt = shared_resumable(plan.resume_from, trusted=config.trust_weights)
             config = resume_options(config, ckpt.get("opt") or {}, defaults).replace(weights=str(path),
@@ -101,7 +103,12 @@ def prepare_run(config: RunConfig, defaults: RunConfig) -> tuple[RunConfig, dict
             hyp = ckpt.get("hyp") or {}
             check_unfinished(ckpt, config, Path(plan.save_dir))
             LOGGER.info(f"Resuming ({plan.reason}) from {path}")
-        config = config.replace(save_dir=str(plan.save_dir))
+        return choose_hyp(config.replace(save_dir=str(plan.save_dir)), hyp, ckpt)
+
+
+def choose_hyp(config: RunConfig, hyp: dict | None, ckpt: dict | None) -> tuple[RunConfig, dict]:
+    """The model's family, its hyps (a resumed run's ``hyp``, else --hyp or the family's) and the optimizer; the
+    built-in set of the model's task when no --data is given. All ranks must call it."""
     if config.batch_size != AUTO_BATCH:  # else measured when the model is built (build_trainer)
         dist.batch_per_rank(config.batch_size)
     family_name, task = model_kind(config, ckpt)
@@ -142,6 +149,13 @@ def build_trainer(config: RunConfig, hyp: dict, device: torch.device, hooks: Seq
     """The run (``data``: its batches, else loaded from --data): every rank builds the same model; a resumed run
     restores its state before the run folder is written. ``--batch-size -1``: AutoBatch (utils.training.autobatch)
     once the model is built. All ranks must call it."""
+    with discarded_if_start_fails(config):  # a start that fails leaves no empty run folder
+        return assemble_trainer(config, hyp, device, hooks, data)
+
+
+def assemble_trainer(config: RunConfig, hyp: dict, device: torch.device, hooks: Sequence[HookBase],
+                     data: TrainData | None) -> Trainer:
+    """build_trainer's work: the parts, the resumed state restored, then the run files written."""
     if config.sync_bn and dist.get_world_size() > 1 and device.type != "cuda":
         raise TrainError("--sync-bn needs CUDA (torch's SyncBatchNorm does not run on CPU); drop it for CPU/gloo runs")
     seed_everything(config.seed)  # the same on every rank: identical initial weights

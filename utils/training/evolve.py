@@ -13,7 +13,7 @@ import yaml
 
 from utils.distributed import comm as dist
 from utils.log import LOGGER
-from utils.paths import increment_path
+from utils.paths import check_run_name, new_run_folder
 from utils.training.builder import model_family
 from utils.training.config import RunConfig
 from utils.training.fitness import fitness
@@ -64,8 +64,8 @@ def evolve(base_hyp: dict, config: RunConfig, device: torch.device,
     own optimizer entry), and evolve.csv records what each run used."""
     config = config.replace(noval=True, nosave=True)
     bounds = {**EVOLVE_BOUNDS, **model_family(config).evolve_bounds}
-    evolve_dir = dist.main_decides(lambda: increment_path(Path(config.project) / f"{config.name}-evolve",
-                                                          exist_ok=config.exist_ok, mkdir=True))
+    check_run_name(config.name)
+    evolve_dir = dist.main_decides(lambda: new_run_folder(config.project, f"{config.name}-evolve", config.exist_ok))
     rng, history = np.random.default_rng(config.seed), []
     for generation in range(config.evolve):
         hyp = dist.main_decides(lambda: mutate(base_hyp, history, rng, bounds=bounds))

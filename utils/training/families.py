@@ -13,6 +13,22 @@ the Trainer calls before every epoch (a resumed run's too).
 A family's ``loss`` trains its heads of the base task (detection); every other task names its loss per family in
 its record (utils/tasks/registry.py, ``Task.losses``), and ``loss_for(task)`` picks, from the head's ``task``. A
 task's loss takes the batch's extra tensors by name as keywords (what the task's collate adds to a batch).
+
+One DDP step = one process's step. Over W ranks of b images each (B = W b), rank r's loss is
+``total_r = b * T_r`` and the Trainer backpropagates ``W * total_r``; DDP averages the gradients, so the step's
+gradient is ``(1 / W) * sum_r W b grad T_r = b * sum_r grad T_r``. One process on the B images backpropagates
+``B * T`` with T the terms on the whole batch. The two are equal exactly when ``sum_r T_r = W * T``, that is when
+the ranks' terms average to the whole batch's. A term that is a sum over items (cells, positives, pixels) divided
+by a count that depends on the batch (matched targets, positives, the sum of target scores, the cells of a mean),
+``T = S / N`` with ``S = sum_r S_r`` and ``N = sum_r N_r``, gets that only when each rank divides its own sum by
+``N / W``: ``sum_r S_r / (N / W) = W * S / N``. A loss therefore never divides by its own rank's count:
+``utils.distributed.loss_share.LossShare(counts)`` all-reduces a call's counts once (every rank, every call, before
+any early return) and gives ``divisor(i, floor)`` (a floor such as ``max(., 1)`` applies to the global count, as one
+process applies it) and ``mean(local_mean, i)`` (a mean over this rank's items as its share of the global mean). A
+divisor that is the same on every rank (the batch per rank, a fixed pixel count) needs nothing. For one process
+both return the values the loss computed before, so its training is unchanged bit for bit. The logged terms (the
+ranks' mean) are then the whole batch's too. BatchNorm still normalises each rank's batch alone (use --sync-bn on
+GPUs).
 """
 
 from __future__ import annotations

@@ -4,6 +4,9 @@ named ("box", "obj", "cls") for the logs (the LossFn interface of utils/training
 Targets are matched to anchors whose width/height ratio to the box is under ``anchor_t``; each
 target is assigned to its own grid cell and the two neighbouring cells its centre is closest to
 (offset 0.5), which triples the positives and speeds up early training.
+
+Under DDP each mean (a level's positives for the box and class terms, its cells for objectness) is taken over the
+whole global batch (utils.distributed.loss_share): a step over N ranks trains as one process on their batches.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import torch
 import torch.nn as nn
 
 from utils.boxes import bbox_iou
+from utils.distributed.loss_share import LossShare
 
 # Per-level weight of the objectness loss: small objects (P3) count more; P3-P7 for 5-level heads.
 LEVEL_BALANCE = {3: [4.0, 1.0, 0.4]}
@@ -111,8 +115,10 @@ class ComputeLoss:
         device = preds[0].device
         loss_box, loss_obj, loss_cls = (torch.zeros(1, device=device) for _ in range(3))
         targets = targets.to(device)
-        for level, pred in enumerate(preds):  # pred: (b, na, ny, nx, 5 + nc)
-            match = self.build_targets(level, pred.shape, targets)
+        matches = [self.build_targets(level, pred.shape, targets) for level, pred in enumerate(preds)]
+        levels = len(preds)  # the means' counts, shared by the ranks: each level's positives, then its cells
+        share = LossShare([m.image.numel() for m in matches] + [pred[..., 4].numel() for pred in preds])
+        for level, (pred, match) in enumerate(zip(preds, matches)):  # pred: (b, na, ny, nx, 5 + nc)
             target_obj = torch.zeros(pred.shape[:4], dtype=pred.dtype, device=device)  # (b, na, ny, nx)
             if match.image.numel():
                 cell = pred[match.image, match.anchor, match.grid_y, match.grid_x]  # (m, 5 + nc [+ nm])
@@ -121,15 +127,16 @@ class ComputeLoss:
                 pred_xy = cell[:, :2].sigmoid() * 2 - 0.5
                 pred_wh = (cell[:, 2:4].sigmoid() * 2) ** 2 * match.anchor_wh
                 iou = bbox_iou(torch.cat((pred_xy, pred_wh), 1), match.box, kind="ciou")  # (m,)
-                loss_box = loss_box + (1.0 - iou).mean()
+                loss_box = loss_box + share.mean((1.0 - iou).mean(), level)
                 target_obj[match.image, match.anchor, match.grid_y, match.grid_x] = \
                     iou.detach().clamp(0).to(target_obj.dtype)
                 if self.num_classes > 1:
                     scores = cell[:, 5:5 + self.num_classes]
                     cls_target = torch.full_like(scores, self.cls_neg)
                     cls_target[torch.arange(len(match.cls), device=device), match.cls] = self.cls_pos
-                    loss_cls = loss_cls + self.bce_cls(scores, cls_target)
-            loss_obj = loss_obj + self.bce_obj(pred[..., 4], target_obj) * self.balance[level]
+                    loss_cls = loss_cls + share.mean(self.bce_cls(scores, cls_target), level)  # (m, nc): m's ratio
+            loss_obj = loss_obj + share.mean(self.bce_obj(pred[..., 4], target_obj), levels + level) \
+                * self.balance[level]
         return loss_box * self.gains.box, loss_obj * self.gains.obj, loss_cls * self.gains.cls
 
     def build_targets(self, level: int, shape: torch.Size, targets: torch.Tensor) -> MatchedTargets:

@@ -3,7 +3,8 @@
 ``AnchorFreeLoss`` (YOLOv8, YOLO11): cells assigned by the task-aligned assigner (utils/training/tal.py, top 10,
 alpha 0.5, beta 6); a BCE class loss against the soft targets over every cell; for the assigned cells a CIoU box
 loss and the distribution focal loss (DFL) of each side's bins, both weighted by the cell's target score; each
-normalised by the sum of target scores and scaled by its gain (hyp ``box`` 7.5, ``cls`` 0.5, ``dfl`` 1.5). A head
+normalised by the sum of target scores (over every rank's batch under DDP: utils.distributed.loss_share) and
+scaled by its gain (hyp ``box`` 7.5, ``cls`` 0.5, ``dfl`` 1.5). A head
 with one value per side (``reg_max`` 1) has an L1 loss on the sides (normalised by the image size) in the DFL's
 place, under the ``dfl`` gain. ``total`` is the gained sum times the batch size (as YOLOv5's loss), ``items`` the
 three gained terms.
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from utils.boxes import bbox_iou
+from utils.distributed.loss_share import LossShare
 from utils.training.tal import Assignment, TaskAlignedAssigner, bbox2dist, dist2bbox
 
 ALPHA, BETA = 0.5, 6.0  # the task-aligned metric: score ** alpha * ciou ** beta
@@ -72,7 +74,7 @@ class AnchorFreeLoss:
         assigned = self.assigner(logits.detach().sigmoid(), (pred_boxes * strides).to(gt_boxes.dtype),
                                  points * strides, gt_labels, gt_boxes, mask_gt)
         target_scores = self.smoothed(assigned)
-        score_sum = target_scores.sum().clamp(min=1)
+        score_sum = LossShare([target_scores.sum()]).divisor(0, floor=1)  # summed over the ranks under DDP
         cls = F.binary_cross_entropy_with_logits(logits, target_scores.to(logits.dtype), reduction="none").sum() \
             / score_sum
         box, side = self.box_terms(pred_dist, points, strides, assigned, target_scores, score_sum, image_hw)

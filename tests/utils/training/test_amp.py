@@ -4,7 +4,6 @@ rank 0 decides for every rank."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,7 @@ import torch
 import torch.multiprocessing as mp
 
 import utils.device
-from tests.helpers import free_port
+from tests.helpers import free_port, gloo_rank
 from utils.training import amp
 
 CPU = torch.device("cpu")
@@ -97,19 +96,11 @@ def test_the_step_probe_and_the_flags_are_real() -> None:
 
 
 def _rank_decides(rank: int, port: int, out_dir: str) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    import utils.distributed.comm as dist
-
-    dist.init_distributed("cpu", "gloo", 120, 120)
-    try:
+    with gloo_rank(rank, port):
         accepted = Cancelling(exact=True) if rank == 0 else Untouchable()
         refused = Cancelling() if rank == 0 else Untouchable()
         result = {"on": amp.decide_amp(accepted, CPU, "on"), "refused": amp.decide_amp(refused, CPU, "on")}
         (Path(out_dir) / f"rank{rank}.json").write_text(json.dumps(result))
-    finally:
-        dist.cleanup(clean_exit=True)
 
 
 @pytest.mark.ddp

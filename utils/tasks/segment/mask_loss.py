@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from utils.distributed.loss_share import LossShare
 from utils.tasks.segment.masks import box_window, prototype_masks
 
 MASK_RATIO = 4  # the prototypes' (and the masks') resolution: 1/4 of the input's
@@ -107,7 +108,8 @@ def anchor_free_mask_loss(protos: torch.Tensor, coefficients: torch.Tensor, fore
                           object_index: torch.Tensor, boxes: torch.Tensor, input_hw: tuple[int, int],
                           masks: torch.Tensor, image_of_target: torch.Tensor | None = None,
                           overlap: bool = True) -> torch.Tensor:
-    """The anchor-free families' mask term before the box gain: the sum over all positives over their count.
+    """The anchor-free families' mask term before the box gain: the sum over all positives over their count (every
+    rank's under DDP, utils.distributed.loss_share).
 
     ``protos`` (b, nm, h, w); per anchor point (b, A, ...) as the task-aligned assigner gives them:
     ``coefficients`` (b, A, nm), ``foreground`` (b, A) bool (a positive), ``object_index`` (b, A) the assigned
@@ -118,6 +120,7 @@ def anchor_free_mask_loss(protos: torch.Tensor, coefficients: torch.Tensor, fore
     size = tuple(protos.shape[-2:])
     masks = fit_masks(masks, size)
     count = foreground.sum()
+    share = LossShare([count])  # every rank, before any return: the positives of the whole batch divide
     total = protos.sum() * 0 + coefficients.sum() * 0
     if not count:
         return total
@@ -136,4 +139,4 @@ def anchor_free_mask_loss(protos: torch.Tensor, coefficients: torch.Tensor, fore
         areas = (mine[:, 2] - mine[:, 0]) * (mine[:, 3] - mine[:, 1]) / (height * width)
         total = total + instance_mask_loss(gt, coefficients[image][positives], protos[image], mine * scale,
                                            areas).sum()
-    return total / count
+    return total / share.divisor(0)

@@ -9,15 +9,14 @@ where a later
 shape covers part of an earlier one, the earlier outline still includes it, as its box does.
 
 The set is written into ``data_home()/synthetic-seg-v<version>-<params hash>`` on first use (zero-first under
-DDP), generated in a temporary folder renamed into place; data/synthetic-seg.yaml names its parameters.
+DDP) by utils.data.generated (a folder it creates and marks; on regeneration only the files its manifest lists and
+that are unchanged are removed; a folder holding anything else is refused); data/synthetic-seg.yaml names its
+parameters.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import shutil
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -25,24 +24,24 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from utils.data.errors import DataError
+from utils.data.generated import GeneratedSet
 from utils.data.synthetic import (
-    MANIFEST,
+    OWN_FILE,
     SPLITS,
     SYNTHETIC_NAMES,
     Shape,
     SyntheticSpec,
     draw_shapes,
     make_spec,
+    split_counts,
 )
-from utils.distributed import comm as dist
-from utils.log import LOGGER, colorstr
 from utils.paths import data_home
 from utils.tasks.segment.labels import polygon_rows, segment_rows_text
 
 SEG_VERSION = 1
 CIRCLE_POINTS = 72
 EDGE_OFFSET = 0.5  # pixels between the geometric outline and where cv2's anti-aliased fill is half painted
+SEGMENT_SET = GeneratedSet("synthetic-segment", OWN_FILE)  # the detection set's file names
 
 
 def _convex_offset(points: np.ndarray, distance: float) -> np.ndarray:
@@ -89,54 +88,25 @@ def _write_split(folder: Path, split: str, count: int, spec: SyntheticSpec) -> N
         (label_dir / f"{i:05d}.txt").write_text(segment_rows_text(labels, outlines))
 
 
-def _manifest(spec: SyntheticSpec) -> dict:
+def _header(spec: SyntheticSpec) -> dict:
+    """What identifies a segment set in its manifest (a set of the first version holds exactly these keys)."""
     return {"version": SEG_VERSION, "task": "segment", "spec": asdict(spec) | {"img_size": list(spec.img_size)},
             "names": SYNTHETIC_NAMES}
 
 
 def is_valid_seg(root: Path, spec: SyntheticSpec) -> bool:
     """True when ``root`` holds a complete segment set made from ``spec`` (manifest matches, files all there)."""
-    try:
-        if json.loads((root / MANIFEST).read_text()) != _manifest(spec):
-            return False
-        counts = {"train": spec.n_train, "val": spec.n_val}
-        return all(len(os.listdir(root / kind / split)) == counts[split]
-                   for split in SPLITS for kind in ("images", "labels"))
-    except (OSError, ValueError):
-        return False
+    return SEGMENT_SET.is_complete(root, _header(spec), split_counts(spec))
 
 
 def generate_seg(root: Path, spec: SyntheticSpec) -> Path:
-    """Write the segment set into a temporary sibling folder, then rename it to ``root`` (atomic on one disk)."""
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = root.with_name(f".{root.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    for split, count in zip(SPLITS, (spec.n_train, spec.n_val)):
-        _write_split(tmp, split, count, spec)
-    (tmp / MANIFEST).write_text(json.dumps(_manifest(spec), indent=1))
-    if root.exists():  # only a leftover of this generator (older or damaged set) is replaced
-        _check_replaceable(root, tmp)
-        shutil.rmtree(root, ignore_errors=True)
-    try:
-        tmp.rename(root)
-    except OSError:  # another process (not in our group) finished first
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not is_valid_seg(root, spec):
-            raise
-    return root
+    """Write the segment set into a new folder renamed to ``root``; an earlier set of ours there is cleared first
+    of what it wrote, and any other folder is refused (utils.data.generated)."""
+    def write(folder: Path) -> None:
+        for split, count in zip(SPLITS, (spec.n_train, spec.n_val)):
+            _write_split(folder, split, count, spec)
 
-
-def _check_replaceable(root: Path, tmp: Path) -> None:
-    """Refuse (one line, the temporary folder removed) to replace a folder this generator did not make: an empty
-    folder, or one whose manifest says it is a synthetic segment set, may go; anything else is the user's."""
-    try:
-        ours = not any(root.iterdir()) or json.loads((root / MANIFEST).read_text()).get("task") == "segment"
-    except (OSError, ValueError, AttributeError):
-        ours = False
-    if not ours:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise DataError(f"{root} exists and is not a synthetic segment set made here; refusing to replace it "
-                        "(choose another 'path' or remove the folder)")
+    return SEGMENT_SET.generate(root, _header(spec), write)
 
 
 def default_seg_root(spec: SyntheticSpec) -> Path:
@@ -149,13 +119,10 @@ def ensure_synthetic_seg(root: str | Path | None = None, n_train: int = 512, n_v
                          min_object: float = 0.2, max_object: float = 0.5) -> Path:
     """The folder of the synthetic segment set for these parameters, generated first when missing or invalid.
 
-    Generation runs on local rank 0 while the other ranks wait (zero-first). All ranks must call it.
+    Generation runs on local rank 0 while the other ranks wait (zero-first). All ranks must call it. A folder
+    holding anything but an earlier set of ours is refused (one line), never cleared.
     """
     spec = make_spec(n_train, n_val, img_size, seed, max_objects, min_object, max_object)
     folder = Path(root) if root is not None else default_seg_root(spec)
-    with dist.zero_first(local=True):
-        if dist.is_local_main_process() and not is_valid_seg(folder, spec):
-            LOGGER.info(f"{colorstr('synthetic:')} generating {spec.n_train} train + {spec.n_val} val images with "
-                        f"outlines into {folder} ...")
-            generate_seg(folder, spec)
-    return folder
+    return SEGMENT_SET.ensure(folder, _header(spec), split_counts(spec), lambda: generate_seg(folder, spec),
+                              f"{spec.n_train} train + {spec.n_val} val images with outlines")

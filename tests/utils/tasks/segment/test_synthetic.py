@@ -9,8 +9,8 @@ import cv2
 import numpy as np
 import pytest
 
-from utils.data.config import DataError
 from utils.data.synthetic import draw_sample, draw_shapes, make_spec
+from utils.errors import UserError
 from utils.paths import ROOT
 from utils.safe_yaml import load_yaml
 from utils.tasks.segment.labels import read_segment_label_file
@@ -90,8 +90,9 @@ def test_a_folder_it_did_not_make_is_never_replaced(tmp_path: Path) -> None:
     mine = tmp_path / "mine"
     mine.mkdir()
     (mine / "notes.txt").write_text("keep me")
-    with pytest.raises(DataError, match="refusing to replace it"):
+    with pytest.raises(UserError, match="'notes.txt' but no .yolo-generated file") as info:
         ensure_synthetic_seg(mine, **SMALL)
+    assert "\n" not in str(info.value)
     assert (mine / "notes.txt").read_text() == "keep me" and not list(tmp_path.glob(".*tmp*"))
     empty = tmp_path / "empty"
     empty.mkdir()
