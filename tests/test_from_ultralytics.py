@@ -74,14 +74,15 @@ class TrainedImages(HookBase):
 def tiny(words: list[str], data: Path, cfg: Path, weights: Path, tmp: Path) -> list[str]:
     """A row's words on the tiny data, model and sizes, writing into ``tmp`` (run folders, sources)."""
     runs = tmp / "runs"
-    values = {"data": str(data), "epochs": "1", "imgsz": "64", "batch": "8", "source": str(tmp / "images"),
-              "device": "cpu"}
+    values = {"data": str(data), "epochs": "1", "imgsz": "64", "batch": "8", "device": "cpu"}
     out = []
     for word in words:
         key, _, value = word.partition("=")
         if key == "model":
             value = str(cfg) if value.endswith(".yaml") else str(weights) if value == "yolo11n.pt" else \
                 str(runs / "exp" / "weights" / Path(value).name)
+        if key == "source":
+            value = str(tmp / ("video.mp4" if value.endswith(".mp4") else "images"))
         out.append(f"{key}={values.get(key, value)}" if "=" in word else word)
     return out
 
@@ -103,12 +104,15 @@ def run_row(words: str, data: Path, cfg: Path, weights: Path, tmp: Path, capsys:
 @pytest.mark.slow
 def test_every_row_of_the_table_runs(tiny_dataset: Path, tiny_cfg_file: Path, tiny_weights: Path, tmp_path: Path,
                                      capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    """In the table's order: the trainings write runs/exp, exp2, ...; resume finds exp finished; val, predict and
-    export take exp's best.pt. ``device=0,1`` is two processes where there are two GPUs (decided here with two
+    """In the table's order: the trainings write runs/exp, exp2, ...; resume finds exp finished; val, predict, track
+    and export take exp's best.pt. ``device=0,1`` is two processes where there are two GPUs (decided here with two
     GPUs counted) and runs in one on this CPU."""
+    from tests.helpers import write_video
+
     (tmp_path / "images").mkdir()
     for i in range(2):
         cv2.imwrite(str(tmp_path / "images" / f"{i}.png"), np.full((48, 64, 3), 60 * i, np.uint8))
+    write_video(tmp_path / "video.mp4", [np.full((48, 64, 3), 40 * i, np.uint8) for i in range(4)])
     rows = {theirs.split()[0] + " " + theirs.split()[1] if theirs.startswith("yolo ") else "python": words
             for theirs, words, _ in table_rows()}
     trains = [words for theirs, words, _ in table_rows() if theirs.startswith("yolo train") and "resume" not in theirs]
@@ -135,6 +139,8 @@ def test_every_row_of_the_table_runs(tiny_dataset: Path, tiny_cfg_file: Path, ti
         assert evaluated.seen == 12
         found, _, _ = run_row(rows["yolo predict"], tiny_dataset, tiny_cfg_file, tiny_weights, tmp_path, capsys)
         assert len(found.detections) == 2 and found.save_dir == tmp_path / "detect" / "exp"
+        tracked, _, _ = run_row(rows["yolo track"], tiny_dataset, tiny_cfg_file, tiny_weights, tmp_path, capsys)
+        assert len(tracked.track_ids) == 4 and len(tracked.mot_files) == 1  # a track ID column per frame
         exported, _, _ = run_row(rows["yolo export"], tiny_dataset, tiny_cfg_file, tiny_weights, tmp_path, capsys)
         assert [r.file.suffix for r in exported] == [".onnx"] and exported[0].error is None
         name, kwargs = python_call(rows["python"])

@@ -91,6 +91,7 @@ KEYS: dict[str, Key] = {
     "visualize": Key("--visualize", SWITCH),
     "retina_masks": Key("--retina-masks", SWITCH),
     "vid_stride": Key("--vid-stride"),
+    "tracker": Key("--track"),
     "split": Key("--task"),
     "save_json": Key("--save-json", SWITCH),
     "verbose": Key("--verbose", SWITCH),
