@@ -406,7 +406,10 @@ def main(opt: argparse.Namespace) -> DetectResult:
     labels = f", {len(list(save_dir.glob('labels/*.txt')))} labels saved to {save_dir / 'labels'}" \
         if opt.save_txt else ""
     tracks = f", {len(result.mot_files)} MOT track file(s) in {save_dir / 'tracks'}" if result.mot_files else ""
-    LOGGER.info(f"Results saved to {colorstr('bold', str(save_dir))}{labels}{tracks}")
+    if paths.discard_if_unused(save_dir):  # --nosave without --save-txt/--save-crop: no empty folder left behind
+        LOGGER.info("Nothing saved (--nosave)")
+    else:
+        LOGGER.info(f"Results saved to {colorstr('bold', str(save_dir))}{labels}{tracks}")
     return result
 
 

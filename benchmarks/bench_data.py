@@ -6,22 +6,23 @@ scaling, and the label scan; optionally against an older checkout timed alternat
     python benchmarks/bench_data.py --source-px 480 640          # COCO-like sources instead of small ones
     python benchmarks/bench_data.py --quick                      # 3 repeats, 1 and 2 workers: about a minute
     python benchmarks/bench_data.py --shards                     # streamed S3 shards (loopback) vs the files
+    python benchmarks/bench_data.py --anchor ultralytics         # against ultralytics' pipeline, per worker core
 
-Per worker: one process with one thread (as a DataLoader worker) builds ``--samples`` training samples of
-``--img`` px and collates them into batches; "mosaic" is mosaic + perspective + HSV + flips with
-hyp.scratch.yaml, "letterbox" is the validation pipeline (letterbox, no augmentation). Each tree runs in its
-own process, a fresh one for each pipeline (what ran before in a process changes the speed of the next: the C
-allocator's state); the trees take turns pass by pass (ABBA order), so a change in the machine's load hits
-both alike, and "speed-up" is the median of the per-pair ratios. Worker scaling times epochs of a torch
-DataLoader with 1, 2, 4 workers (this tree only; the main process only receives the batches). A reference
-fp32 matmul on one thread is timed before and after (benchmarks/harness.py): "matmuls/img" is the time per
-image in units of it, comparable between runs on a loaded machine; images/s are absolute (this machine, as
-loaded now). Figures are medians [min-max].
+Per worker: one process with one thread (as a DataLoader worker) builds ``--samples`` training samples of ``--img``
+px and collates them into batches, a batch's samples fetched as a DataLoader does; "mosaic" is mosaic + perspective
++ HSV + flips with hyp.scratch.yaml, "letterbox" the validation pipeline (no augmentation). Each tree runs in its own
+process, a fresh one for each pipeline (what ran before in a process changes the speed of the next: the C
+allocator's state); the trees take turns pass by pass (ABBA order), so a change in the machine's load hits both
+alike, and "speed-up" is the median of the per-pair ratios. Worker scaling times epochs of a torch DataLoader with
+1, 2, 4 workers (this tree only; the main process only receives the batches). A reference fp32 matmul on one thread
+is timed before and after (benchmarks/harness.py): "matmuls/img" is the time per image in units of it, comparable
+between runs on a loaded machine; images/s are absolute (this machine, as loaded now). Medians [min-max].
 
 ``--shards``: the same synthetic images written as tar shards (python -m utils.data.convert --to shards), served by
 moto's S3-compatible server on loopback, against the same images as files: training epochs (mosaic, ``--img``, the
 last ``--workers`` count, one rank) through the loaders train.py builds, alternating, and each one's start-up per
 rank: reading the shard index from S3 (no scan), and a label scan without its cache; medians and ratios.
+``--anchor ultralytics``: ours against ultralytics' pipeline, per worker core and phase (benchmarks/data_anchor.py).
 """
 
 from __future__ import annotations
@@ -47,10 +48,10 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     """The benchmark's flags."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--img", type=int, default=640, help="training image size (pixels)")
-    parser.add_argument("--source-px", type=int, nargs=2, default=[128, 160], metavar=("MIN", "MAX"),
-                        help="source image sides are drawn from [MIN, MAX] (128 160: the built-in synthetic set)")
-    parser.add_argument("--images", type=int, default=32, help="source images")
-    parser.add_argument("--samples", type=int, default=64, help="samples per timed pass")
+    parser.add_argument("--source-px", type=int, nargs=2, default=None, metavar=("MIN", "MAX"),
+                        help="source sides drawn from [MIN, MAX] (128 160, the synthetic set; 480 640 with --anchor)")
+    parser.add_argument("--images", type=int, default=None, help="source images (32; 400 with --anchor)")
+    parser.add_argument("--samples", type=int, default=None, help="samples per timed pass (64; 320 with --anchor)")
     parser.add_argument("--batch", type=int, default=16, help="batch size for collate")
     parser.add_argument("--repeats", type=int, default=7, help="timed passes per tree and mode")
     parser.add_argument("--workers", type=int, nargs="*", default=[1, 2, 4], help="DataLoader worker counts")
@@ -61,8 +62,15 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="3 repeats, workers 1 2, no scan")
     parser.add_argument("--shards", action="store_true", help="streamed shards from loopback S3 vs the same files")
     parser.add_argument("--shard-images", type=int, default=256, help="--shards: images in the set (4 shards)")
+    parser.add_argument("--anchor", choices=["ultralytics"], help="ultralytics' pipeline against ours, same images")
+    parser.add_argument("--venv", type=Path, default=None, help="--anchor: ultralytics' venv (bench_learn.py's)")
     parser.add_argument("--serve", nargs=2, metavar=("TREE", "DATA"), help=argparse.SUPPRESS)
     opt = parser.parse_args(argv)
+    for key, plain, anchored in (("source_px", [128, 160], [480, 640]), ("images", 32, 400),
+                                 ("samples", 64, 96 if opt.quick else 320)):
+        setattr(opt, key, getattr(opt, key) or (anchored if opt.anchor else plain))
+    if opt.anchor and opt.samples < 3 * opt.batch:
+        parser.error(f"--anchor needs --samples of at least 3 batches ({3 * opt.batch})")
     if opt.quick:
         opt.repeats, opt.workers, opt.scan_images, opt.loader_samples, opt.cache_images = 3, [1, 2], 0, 64, 16
         opt.shard_images = min(opt.shard_images, 64)
@@ -102,20 +110,23 @@ def _keys(dataset: Any, samples: int, epoch: int) -> list:
     return [(i % n, (0, epoch, i)) if dataset.augment else i % n for i in range(samples)]
 
 
+def fetch_batch(dataset: Any) -> Any:
+    """How a DataLoader fetches a batch's samples: the data set's ``__getitems__`` where it has one."""
+    return getattr(dataset, "__getitems__", None) or (lambda keys: [dataset[k] for k in keys])
+
+
 def _time_pass(dataset: Any, batch: int, samples: int, epoch: int) -> float:
     """Seconds to build and collate ``samples`` samples in this process."""
-    keys = _keys(dataset, samples, epoch)
+    keys, fetch = _keys(dataset, samples, epoch), fetch_batch(dataset)
     start = time.perf_counter()
     for i in range(0, samples, batch):
-        dataset.collate_fn([dataset[k] for k in keys[i:i + batch]])
+        dataset.collate_fn(fetch(keys[i:i + batch]))
     return time.perf_counter() - start
 
 
-def _init_worker(_: int) -> None:
+def init_worker(_: int) -> None:
     """A DataLoader worker as utils.data.loader sets one up: OpenCV on one thread."""
-    import cv2
-
-    cv2.setNumThreads(0)
+    __import__("cv2").setNumThreads(0)
 
 
 def _time_loader(dataset: Any, batch: int, samples: int, workers: int, repeats: int) -> list[float]:
@@ -125,7 +136,7 @@ def _time_loader(dataset: Any, batch: int, samples: int, workers: int, repeats: 
 
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch, sampler=_keys(dataset, samples, 0),
                                          num_workers=workers, collate_fn=dataset.collate_fn,
-                                         worker_init_fn=_init_worker, persistent_workers=True, prefetch_factor=4)
+                                         worker_init_fn=init_worker, persistent_workers=True, prefetch_factor=4)
     seconds = []
     for r in range(repeats + 1):
         start = time.perf_counter()
@@ -396,6 +407,11 @@ def main(opt: argparse.Namespace) -> None:
         sys.path.insert(0, str(ROOT))
         print("\n".join(bench_shards(opt)))
         return None
+    if opt.anchor:
+        sys.path.insert(0, str(ROOT))
+        from benchmarks.data_anchor import main_anchor
+
+        return main_anchor(opt)
     sys.path.insert(0, str(ROOT))
     import torch
 

@@ -3,6 +3,7 @@ checked image decoder adds over a bare ``cv2.imread``.
 
     python benchmarks/bench_readers.py              # both parts (about a minute)
     python benchmarks/bench_readers.py --memory     # peak memory only
+    python benchmarks/bench_readers.py --memory --only shards     # the cases whose name holds 'shards'
     python benchmarks/bench_readers.py --decode     # decode time only
 
 Memory: for each case one child process writes the file, then a fresh one imports the readers and reads it; "peak"
@@ -121,6 +122,31 @@ def _labels(path: Path) -> Path:
     return path
 
 
+def _shard_index(count: int) -> Callable[[Path], Path]:
+    """A shard index of ``count`` samples with 64-letter keys and no boxes: the most memory an index takes for its
+    bytes (each sample a few values, each value a Python object while it is parsed)."""
+    def write(path: Path) -> Path:
+        head = {"format": "yolo-ddp shards", "version": 1, "nc": 3, "names": list(NAMES), "count": count,
+                "shards": [{"name": "train-000000.tar", "samples": count, "bytes": 1}]}
+        with open(path, "w") as f:
+            f.write(json.dumps(head)[:-1] + ',"samples":[')
+            f.write(",".join(f'[0,{512 * i},1024,"{"k" * 55}{i:09d}","jpg",64,64]' for i in range(count)))
+            f.write('],"labels":[' + ",".join(["[]"] * count) + "]}")
+        (path.parent / "train-000000.tar").write_bytes(b"")
+        return path
+    return write
+
+
+def _read_shard_index(path: Path) -> str:
+    from utils.data.shard_urls import parse_shard_spec
+    from utils.data.shards import read_index
+    from utils.data.stream import ShardSplit
+    from utils.paths import confined
+
+    spec = parse_shard_spec("train-000000.tar", path.parent, lambda p: confined(p, path.parent))
+    return f"{len(ShardSplit(read_index(spec, 3)))} samples"
+
+
 def _read_image(path: Path) -> str:
     from utils.data.image_io import read_image
 
@@ -163,6 +189,9 @@ CASES: dict[str, tuple[str, Callable[[Path], Path], Callable[[Path], str]]] = {
     "coco: 100k nested lists": ("deep.json", lambda p: (p.write_text("[" * 100_000 + "]" * 100_000), p)[1],
                                 _read_coco),
     "yolo txt: 8 MB label file (the cap)": ("labels.txt", _labels, _read_labels),
+    "shards: index of 1.15 M samples (the caps)": ("train.index.json", _shard_index(1_150_000), _read_shard_index),
+    "shards: index of 1.3 M samples (over 12 M values)": ("train.index.json", _shard_index(1_300_000),
+                                                          _read_shard_index),
 }
 
 
@@ -180,6 +209,7 @@ def read_case(name: str, folder: Path) -> dict:
     import utils.data.coco_json  # noqa: F401  (the readers' imports are not the read's memory)
     import utils.data.image_io  # noqa: F401
     import utils.data.label_cache  # noqa: F401
+    import utils.data.stream  # noqa: F401
     import utils.data.voc  # noqa: F401
 
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
@@ -191,9 +221,9 @@ def read_case(name: str, folder: Path) -> dict:
     return {"name": name, "size": path.stat().st_size, "outcome": outcome, "grew": grew}
 
 
-def memory_table() -> None:
+def memory_table(only: str = "") -> None:
     print(f"{'case':46s} {'file':>9s} {'peak':>9s} {'x size':>7s}  outcome")
-    for name in CASES:
+    for name in (n for n in CASES if only in n):
         with tempfile.TemporaryDirectory() as folder:
             for step in ("--write", "--read"):
                 out = subprocess.run([sys.executable, __file__, step, name, "--folder", folder],
@@ -241,6 +271,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--memory", action="store_true", help="peak memory only")
     p.add_argument("--decode", action="store_true", help="decode time only")
+    p.add_argument("--only", default="", help="memory: only the cases whose name holds this text")
     p.add_argument("--write", help=argparse.SUPPRESS)
     p.add_argument("--read", help=argparse.SUPPRESS)
     p.add_argument("--folder", type=Path, help=argparse.SUPPRESS)
@@ -252,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(read_case(opt.read, opt.folder)))
         return
     if opt.memory or not opt.decode:
-        memory_table()
+        memory_table(opt.only)
     if opt.decode or not opt.memory:
         decode_table()
 

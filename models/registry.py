@@ -32,10 +32,13 @@ from torch import nn
 from utils.errors import UserError
 from utils.tasks.registry import all_tasks
 
-# Bounds of a config from a file (a stranger's checkpoint holds one): yolov5x uses 1.33/1.25, n <= 9, 1280 channels.
-LIMITS = {"multiple": 4.0, "repeats": 100, "channels": 8192, "rows": 256, "classes": 10_000, "levels": 8,
-          "anchors": 32, "upsample": 8, "reg_max": 64, "parameters": 500_000_000, "activation": 2**27,
-          "probe_values": 2**28, "probe_flops": 2e11}
+# Bounds of a config from a file (a stranger's checkpoint holds one): yolov5x uses 1.33/1.25, n <= 9, 1280 channels,
+# kernels of at most 13 (SPP).
+# What one image's forward pass may cost at 1280 px (models/cost.py; more in proportion to the pixels above it):
+# yolov8x-seg takes 1.3e12 FLOPs, yolo26x writes 2.5e9 values in 1160 operations, yolov8x's largest tensor 4.1e7.
+LIMITS = {"multiple": 4.0, "repeats": 100, "channels": 8192, "kernel": 64, "rows": 256, "classes": 10_000,
+          "levels": 8, "anchors": 32, "upsample": 8, "reg_max": 64, "parameters": 500_000_000, "flops": 2e13,
+          "values": 4e10, "tensor": 2**28, "operations": 100_000}
 
 
 class ModelConfigError(UserError, ValueError):

@@ -10,14 +10,13 @@ ultralytics resolves them.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import inspect
 import json
 import math
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,8 @@ from torch import nn
 import models.blocks  # noqa: F401  (registers the YOLOv8/YOLO11/YOLO26 blocks)
 import models.head_anchor_free  # noqa: F401  (registers the YOLOv8/YOLO11 head)
 import models.head_end_to_end  # noqa: F401  (registers YOLO26's head)
-from models.common import C3, Concat, Conv, exporting
+from models.common import C3, Conv, exporting
+from models.cost import REFERENCE_SIZE, check_cost, check_settings
 from models.head import Detect, check_anchor_order
 from models.registry import LIMITS, ModelConfigError, Row, is_number, known_names, lookup, make_divisible
 from utils.log import LOGGER
@@ -176,8 +176,9 @@ def _build_row(i: int, row: Any, section: str, cfg: dict, ctx: dict, channels: l
     try:
         inspect.signature(entry.cls).bind(*args)
         block = nn.Sequential(*(entry.cls(*args) for _ in range(n))) if n > 1 else entry.cls(*args)
-    except (TypeError, ValueError, IndexError, RuntimeError, ZeroDivisionError) as e:
+    except (TypeError, ValueError, IndexError, RuntimeError, ArithmeticError) as e:  # inf expansions overflow
         raise ModelConfigError(f"{where}: {name}{shown(args)} is not valid: {e}") from None
+    check_settings(block, where)
     block.i, block.f, block.type = i, f, entry.table_name  # per-instance wiring, read by Model.forward
     params = sum(p.numel() for p in block.parameters())
     line = f"{i:>3}{str(f):>18}{n:>3}{params:>10}  {entry.table_name + ' ':<40}{str(args):<30}"
@@ -202,20 +203,20 @@ def parse_model(cfg: dict, ch: int, source: str = "<dict>") -> tuple[nn.Sequenti
     return nn.Sequential(*layers), sorted(set(save)), table
 
 
-def check_build_size(cfg: dict, ch: int, source: str) -> None:
-    """ModelConfigError (one line) when ``cfg`` would hold more than LIMITS' parameters, found by building it on the
-    meta device (no memory, a few ms); a config that passed is remembered."""
+def check_build_size(cfg: dict, ch: int, source: str, img_size: int | None = None) -> None:
+    """ModelConfigError (one line) when ``cfg`` would hold more than LIMITS' parameters or cost more than their
+    limits for one image of ``img_size`` px (at least models.cost.REFERENCE_SIZE): built and traced on the meta
+    device (no memory, no arithmetic); a config that passed is remembered."""
+    size = max(int(img_size or 0), REFERENCE_SIZE)
     try:
-        key = json.dumps([cfg, ch], sort_keys=True)
+        key = json.dumps([cfg, ch, size], sort_keys=True)
     except (TypeError, ValueError):
         key = None  # not plain data: checked every time
     if key is not None and key in _CHECKED:
         return
     with torch.device("meta"):
-        layers, _, _ = parse_model(copy.deepcopy(cfg), ch, source)
-    params = sum(p.numel() for p in layers.parameters())
-    if params > LIMITS["parameters"]:
-        raise ModelConfigError(f"{source}: {params:,} parameters, more than {LIMITS['parameters']:,}")
+        layers, save, _ = parse_model(copy.deepcopy(cfg), ch, source)
+    check_cost(layers.train(), lambda x: run_rows(layers, save, x), ch, size, source)
     if key is not None:
         _CHECKED[key] = None
         while len(_CHECKED) > 64:
@@ -225,63 +226,22 @@ def check_build_size(cfg: dict, ch: int, source: str) -> None:
 _CHECKED: dict[str, None] = {}  # configs that passed check_build_size (insertion order: oldest first)
 
 
-def _conv_out(module: nn.Conv2d, x: torch.Tensor) -> tuple[int, float]:
-    """(values, FLOPs) of a Conv2d's output for input ``x``, from the arithmetic alone."""
-    sides = []
-    for i, side in enumerate(x.shape[-2:]):
-        if isinstance(module.padding, str):
-            pad = 0 if module.padding == "valid" else module.dilation[i] * (module.kernel_size[i] - 1) // 2
-        else:
-            pad = module.padding[i]
-        span = module.dilation[i] * (module.kernel_size[i] - 1) + 1
-        sides.append(max((side + 2 * pad - span) // module.stride[i] + 1, 0))
-    values = x.shape[0] * module.out_channels * sides[0] * sides[1]
-    return values, 2.0 * values * module.in_channels // module.groups * module.kernel_size[0] * module.kernel_size[1]
-
-
-@contextlib.contextmanager
-def size_guard(model: nn.Module, source: str) -> Iterator[None]:
-    """Hooks that refuse, before it runs, a convolution, upsampling or concatenation whose output would exceed
-    LIMITS' activation values (one tensor, or all of them so far), or convolutions past LIMITS' probe FLOPs
-    (stacked x8 Upsample rows, a huge kernel: a few hundred bytes of config asking for gigabytes or minutes); the
-    stride probe runs under it, from the sizes alone."""
-    flops, total, rows = [0.0], [0.0], {}
-
-    def check(module: nn.Module, inputs: tuple) -> None:
-        x = inputs[0]
-        if isinstance(module, nn.Conv2d):
-            values, cost = _conv_out(module, x)
-            flops[0] += cost
-        elif isinstance(module, nn.Upsample):
-            scale = module.scale_factor if isinstance(module.scale_factor, tuple) else (module.scale_factor or 1,) * 2
-            values = x.numel() * math.prod(float(s) for s in scale)
-        else:  # Concat
-            values = sum(t.numel() for t in x)
-        total[0] += values
-        if values > LIMITS["activation"] or total[0] > LIMITS["probe_values"] or flops[0] > LIMITS["probe_flops"]:
-            raise ModelConfigError(f"{source}: row {rows.get(id(module), '?')} would make a tensor of {values:,.0f} "
-                                   f"values ({total[0]:,.0f} values and {flops[0]:.3g} FLOPs so far) from a "
-                                   f"{PROBE}x{PROBE} image, more than {LIMITS['activation']:,} values in one tensor, "
-                                   f"{LIMITS['probe_values']:,} in all or {LIMITS['probe_flops']:.3g} FLOPs")
-
-    handles = []
-    for layer in model.model:
-        for module in layer.modules():
-            if isinstance(module, nn.Conv2d | nn.Upsample | Concat):
-                rows[id(module)] = layer.i
-                handles.append(module.register_forward_pre_hook(check))
-    try:
-        yield
-    finally:
-        for handle in handles:
-            handle.remove()
+def run_rows(layers: nn.Sequential, save: Sequence[int], x: Any) -> Any:
+    """The rows in order, each fed from its ``from`` rows; the outputs of rows in ``save`` kept for later rows."""
+    outputs: list[Any] = []
+    for layer in layers:
+        if layer.f != -1:
+            x = outputs[layer.f] if isinstance(layer.f, int) else [x if j == -1 else outputs[j] for j in layer.f]
+        x = layer(x)
+        outputs.append(x if layer.i in save else None)
+    return x
 
 
 class Model(nn.Module):
     """A detection model built from a YAML config (path, bare name in models/, or dict)."""
 
     def __init__(self, cfg: str | Path | dict = "yolov5s.yaml", ch: int = 3, nc: int | None = None,
-                 anchors: list | None = None) -> None:
+                 anchors: list | None = None, img_size: int | None = None) -> None:
         super().__init__()
         self.yaml, self.yaml_source = load_model_config(cfg)
         if nc is not None:
@@ -290,7 +250,7 @@ class Model(nn.Module):
             self.yaml["anchors"] = anchors
         self.input_channels = ch
         self.channels_last_input = False  # set by fuse() on the CPU
-        check_build_size(self.yaml, ch, self.yaml_source)
+        check_build_size(self.yaml, ch, self.yaml_source, img_size)  # img_size: the run's, when it is known
         self.model, self.save, self._table = parse_model(copy.deepcopy(self.yaml), ch, self.yaml_source)
         self.names = [str(i) for i in range(self.yaml["nc"])]
         self.head.set_strides(self._dry_run_strides(probe=PROBE))
@@ -308,7 +268,7 @@ class Model(nn.Module):
 
         hook = self.head.register_forward_pre_hook(record)
         try:
-            with torch.no_grad(), size_guard(self, self.yaml_source):
+            with torch.no_grad():
                 self._forward_raw(torch.zeros(1, self.input_channels, probe, probe))
         except ModelConfigError:
             raise
@@ -340,13 +300,7 @@ class Model(nn.Module):
     def forward(self, x: torch.Tensor) -> Any:
         if self.channels_last_input and x.dim() == 4 and x.device.type == "cpu" and not exporting():
             x = x.contiguous(memory_format=torch.channels_last)
-        outputs: list[torch.Tensor | None] = []
-        for layer in self.model:
-            if layer.f != -1:
-                x = outputs[layer.f] if isinstance(layer.f, int) else [x if j == -1 else outputs[j] for j in layer.f]
-            x = layer(x)
-            outputs.append(x if layer.i in self.save else None)
-        return x
+        return run_rows(self.model, self.save, x)
 
     def _forward_raw(self, x: torch.Tensor) -> Any:
         was_training = self.training

@@ -135,6 +135,7 @@ def test_glob_and_txt_list_sources(weights: Path, tmp_path: Path) -> None:
     result = run_detect("--weights", weights, "--source", tmp_path / "src" / "img[12].png", "--img-size", 64,
                         "--nosave", "--project", tmp_path / "runs")
     assert len(result.detections) == 2 and not list(result.save_dir.glob("*.png"))
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").iterdir())  # --nosave: no empty run folder
 
 
 def test_video_source(weights: Path, tmp_path: Path, capsys) -> None:

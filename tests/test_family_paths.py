@@ -242,7 +242,8 @@ def test_tta_runs_for_an_anchor_free_family_in_test_and_detect(family_cfgs, tiny
                              project=tmp_path, name="val")
     assert result.seen == 12
     found = detect.run(weights=weights, source=tiny_dataset.parent / "synthetic" / "images" / "val", img=64,
-                       augment=True, conf_thres=0.0, max_det=5, device="cpu", nosave=True)
+                       augment=True, conf_thres=0.0, max_det=5, device="cpu", nosave=True,
+                       project=tmp_path / "detect")
     assert len(found.detections) == 12 and all(d.shape == (5, 6) for _, d in found.detections)
 
 

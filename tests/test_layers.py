@@ -31,7 +31,7 @@ LAYERS: list[list[str]] = [
     ["utils.device", "utils.hyp", "utils.hooks", "utils.tasks.contract", "utils.tracking"],
     ["utils.distributed"],
     ["models.registry", "utils.tasks.segment.mask_loss"],
-    ["models.common"],
+    ["models.common", "models.cost"],
     ["models.blocks"],
     ["models.head", "models.head_anchor_free"],
     ["models.head_end_to_end"],
@@ -58,7 +58,8 @@ LAYERS: list[list[str]] = [
 MODULE_LAYERS: dict[str, list[list[str]]] = {
     "utils.distributed": [["launcher", "signals", "watchdog"], ["comm", "elastic"], ["loss_share", "ray_train"]],
     "utils.compat": [["ultralytics"]],
-    "utils.data": [["generated"], ["augment", "errors", "ram_cache", "regular_files", "shard_urls", "synthetic"],
+    "utils.data": [["colour", "generated"], ["augment", "batch_pool", "errors", "ram_cache", "regular_files",
+                                             "shard_urls", "synthetic"],
                    ["image_io", "samples"], ["download", "label_cache"],
                    ["annotations", "shards", "shared_scan"],
                    ["sources", "voc", "coco_json"],

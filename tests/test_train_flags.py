@@ -76,3 +76,31 @@ def test_single_cls_trains_on_every_image_of_a_multi_class_set(tmp_path: Path, t
     assert set(result.metrics) >= {"mAP_0.5", "mAP_0.5:0.95"}
     ckpt = load_checkpoint(result.save_dir / "weights" / "last.pt")
     assert (ckpt["nc"], ckpt["names"]) == (1, ["item"])
+
+
+def test_the_thread_count_is_measured_again_between_epochs(tmp_path: Path, tiny_dataset: Path, tiny_cfg_file: Path,
+                                                           capsys: pytest.CaptureFixture[str],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without OMP_NUM_THREADS the thread count is measured at start-up and again after every epoch but the last,
+    changed after two agreeing probes: a core busy at start-up does not hold the run to one thread."""
+    from tests.helpers import one_thread_and_logger_kept, train_args
+    from utils.distributed import comm
+
+    verdicts, asked = iter([1, 2, 2]), []
+
+    def probe(most: int, apply: bool = True) -> int:  # busy at start-up, free after each epoch
+        asked.append((most, apply))
+        chosen = min(next(verdicts), most)
+        if apply:
+            torch.set_num_threads(chosen)
+        return chosen
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(comm, "measured_threads", probe)
+    monkeypatch.setattr(comm, "available_cores", lambda: 2)
+    with one_thread_and_logger_kept():
+        train.main(train.parse_opt(train_args(tiny_dataset, tiny_cfg_file, tmp_path, epochs=3)[1:]))
+    assert asked == [(2, True), (2, False), (2, False)]  # start-up, after epoch 0, after epoch 1; not the last
+    changes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("CPU threads")]
+    assert changes == ["CPU threads 1 -> 2: two probes in a row between epochs found 2 faster "
+                       "(utils.device.measured_threads)"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 
 import torch
 
@@ -31,19 +32,22 @@ def mps_available() -> bool:
     return bool(backend is not None and backend.is_available())
 
 
-def measured_threads(max_threads: int | None = None, rounds: int = 5, min_gain: float = 1.2) -> int:
+def measured_threads(max_threads: int | None = None, rounds: int = 5, min_gain: float = 1.2,
+                     apply: bool = True) -> int:
     """torch CPU threads for this process, measured: ``max_threads`` (default: the usable cores) when a small
     convolution runs at least ``min_gain`` times faster in wall time with them than with 1, else 1.
 
     The two settings take turns ``rounds`` times (~0.1 s on an idle machine). On cores that other jobs keep
     busy, a parallel region waits for its slowest thread: a yolov5n training step measured 6x slower in wall time
-    with 2 threads than with 1 on a loaded 2-core machine (docs/performance.md). Leaves torch set to the result.
+    with 2 threads than with 1 on a loaded 2-core machine (docs/performance.md). Leaves torch set to the result
+    (``apply``), or as it found it.
     """
     import time
 
     most = max_threads if max_threads is not None else available_cores()
+    found = torch.get_num_threads()
     if most <= 1:
-        torch.set_num_threads(1)
+        torch.set_num_threads(1 if apply else found)
         return 1
     weight = torch.randn(64, 64, 3, 3, generator=torch.Generator().manual_seed(0))
     image = torch.randn(1, 64, 56, 56, generator=torch.Generator().manual_seed(1))
@@ -57,8 +61,27 @@ def measured_threads(max_threads: int | None = None, rounds: int = 5, min_gain: 
                 samples.append(time.perf_counter() - start)
     one, many = (sorted(seconds[t][1:])[rounds // 2] for t in (1, most))
     chosen = most if one >= min_gain * many else 1
-    torch.set_num_threads(chosen)
+    torch.set_num_threads(chosen if apply else found)
     return chosen
+
+
+class ThreadVote:
+    """The measured thread count measured again with hysteresis (the load on the cores changes during a run, and one
+    busy moment at start-up must not hold it to one thread): it changes only when two probes in a row find the same
+    other count, so a single busy or idle moment never flips it."""
+
+    def __init__(self) -> None:
+        self.pending: int | None = None  # the other count the last probe found
+
+    def remeasure(self, probe: Callable[[], int]) -> tuple[int, int] | None:
+        """Run ``probe`` (a measured_threads that leaves torch as it is); (before, after) when the count changed."""
+        current, found = torch.get_num_threads(), probe()
+        if found == current or found != self.pending:
+            self.pending = None if found == current else found
+            return None
+        self.pending = None
+        torch.set_num_threads(found)
+        return current, found
 
 
 def select_device(device: str = "", local_rank: int = 0) -> torch.device:

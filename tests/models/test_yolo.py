@@ -383,7 +383,7 @@ def test_configs_that_would_take_gigabytes_are_refused_before_any_memory(tiny_cf
     upsample = [-1, 1, "nn.Upsample", [None, 8, "nearest"]]
     cases = {"upsample": {**tiny_cfg, "backbone": [[-1, 1, "Conv", [16, 3, 2]], upsample, upsample, upsample,
                                                    *tiny_cfg["backbone"][1:]]},
-             "kernel": {**tiny_cfg, "backbone": [[-1, 1, "Conv", [8192, 201, 1]], *tiny_cfg["backbone"][1:]]}}
+             "kernel": {**tiny_cfg, "backbone": [[-1, 1, "Conv", [8192, 63, 1]], *tiny_cfg["backbone"][1:]]}}
     for name, cfg in cases.items():
         path = tmp_path / f"{name}.yaml"
         path.write_text(yaml.safe_dump(cfg, sort_keys=False))

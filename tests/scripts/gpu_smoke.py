@@ -7,8 +7,14 @@
 3. train.py under torchrun with 2 ranks on the GPU (gloo: NCCL needs a GPU per rank), DDP with device_ids and AMP;
    then with --batch-size -1: AutoBatch under DDP (each rank measures the GPU, the ranks agree, the total is logged);
 4. detect.py with --half against fp32; test.py with --half; export.py on the GPU (TorchScript and ONNX, verified);
-5. the NMS and release-weight tests, whose CUDA cases run only there.
-Prints one line per check (PASS/FAIL, seconds, what it saw) and a summary; exits non-zero when a check failed.
+   a TensorRT engine exported and run by detect.py where the tensorrt package is importable;
+5. the NMS and release-weight tests, whose CUDA cases run only there;
+6. throughput (tests/scripts/gpu_throughput.py): yolo11n and yolov5s training at 640 px with AMP, train.py's step
+   fed by the real loader against the same step on batches already on the device (goal: at least 0.9x), and the
+   loader's images/s with the machine's cores; PASS when it ran, the ratio is a figure, not a verdict.
+Prints one line per check (PASS/FAIL, seconds, what it saw), then one table of every check and the throughput;
+exits non-zero when a check failed. Meant to finish in under 8 minutes on one GPU (the throughput part: 2 models
+x 35 steps of each kind at batch 32 on a generated set of 256 images, at most 330 s).
 """
 
 from __future__ import annotations
@@ -47,7 +53,8 @@ def record(name: str, ok: bool, seconds: float, detail: str) -> None:
 
 
 def nccl_branches() -> None:
-    """utils.distributed.comm with NCCL, 1 rank: barrier with device_ids, all_reduce on the GPU, the step vote."""
+    """utils.distributed.comm with NCCL, 1 rank: barrier with device_ids, all_reduce on the GPU, the step vote; the
+    start-up's and a barrier's seconds."""
     import torch
 
     from utils.distributed import comm as dist
@@ -56,12 +63,17 @@ def nccl_branches() -> None:
     start = time.perf_counter()
     try:
         with dist.single_process_group("0", "nccl") as device:
+            up = time.perf_counter() - start
+            dist.barrier()  # the first one creates the communicator
+            tick = time.perf_counter()
             dist.barrier()
+            barrier = time.perf_counter() - tick
             value = dist.all_reduce_max(torch.tensor([3.0], device=dist.collective_device())).item()
             vote = StepVote.cast(torch.tensor(float("nan"), device=device), 15, False)
             ok = dist.backend() == "nccl" and value == 3.0 and vote.nonfinite and vote.signum == 15
             record("nccl barrier / all_reduce / step vote", ok, time.perf_counter() - start,
-                   f"backend {dist.backend()}, collective device {dist.collective_device()}, vote {vote}")
+                   f"backend {dist.backend()}, collective device {dist.collective_device()}, vote {vote}, "
+                   f"start-up {up:.2f} s, barrier {barrier * 1e3:.2f} ms")
     except Exception as e:  # report, do not stop the other checks
         record("nccl barrier / all_reduce / step vote", False, time.perf_counter() - start, repr(e))
 
@@ -103,13 +115,40 @@ def main(out_dir: Path) -> int:
     run("export.py on GPU (TorchScript, ONNX)", [py, "export.py", "--weights", str(weights), "--device", "0",
                                                  "--img", "128", "--include", "torchscript", "onnx"],
         expect=r"Export summary")
+    tensorrt(weights, py, project)
     run("pytest: NMS (with its CUDA case) and release weights", [py, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                                                                   "tests/utils/test_boxes.py",
                                                                   "tests/utils/weights/test_release_reader.py"],
         expect=r"\[100%\]")  # -q -q prints no summary line; a failure makes the exit code non-zero
+    speed = run("throughput: yolo11n, yolov5s at 640, AMP, real loader vs batches on the device",
+                [py, "-m", "tests.scripts.gpu_throughput", "--device", "0", "--out", str(out_dir / "throughput")],
+                expect=r"(?m)^yolov5s\s", timeout=330)
+    print("\n".join(summary(speed)), flush=True)
+    return 1 if any(not r[1] for r in RESULTS) else 0
+
+
+def tensorrt(weights: Path, py: str, project: str) -> None:
+    """A TensorRT engine exported and run by detect.py, where the tensorrt package is importable."""
+    import importlib.util
+
+    if importlib.util.find_spec("tensorrt") is None:
+        record("TensorRT export and detect", True, 0.0, "skipped: the tensorrt package is not importable here")
+        return
+    run("TensorRT export", [py, "export.py", "--weights", str(weights), "--device", "0", "--img", "128",
+                            "--include", "engine"], expect=r"Export summary")
+    run("detect.py with the TensorRT engine", [py, "detect.py", "--weights", str(weights.with_suffix(".engine")),
+                                               "--source", "data/images", "--device", "0", "--img", "128",
+                                               "--nosave", "--project", project, "--name", "trt"], expect=r"Speed:")
+
+
+def summary(throughput_output: str) -> list[str]:
+    """One table: every check (PASS/FAIL, seconds, name), the throughput table, the count passed."""
     failed = [r for r in RESULTS if not r[1]]
-    print(f"\n{len(RESULTS) - len(failed)}/{len(RESULTS)} checks passed", flush=True)
-    return 1 if failed else 0
+    lines = ["", f"{'check':<78}{'result':>7}{'s':>8}"]
+    lines += [f"{name[:78]:<78}{'PASS' if ok else 'FAIL':>7}{seconds:>8.1f}" for name, ok, seconds, _ in RESULTS]
+    table = [line for line in throughput_output.splitlines() if re.match(r"(model\s+img|yolo)", line)]
+    lines += ["", *table, "", f"{len(RESULTS) - len(failed)}/{len(RESULTS)} checks passed"]
+    return lines
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ import cv2
 import numpy as np
 
 from utils.boxes import xywhn2xyxy
+from utils.data.colour import HsvChange
 
 PAD_COLOR = (114, 114, 114)
 
@@ -210,8 +211,11 @@ def hsv_table(rng: np.random.Generator, hgain: float = 0.5, sgain: float = 0.5,
     return table
 
 
-def apply_hsv(img: np.ndarray, table: np.ndarray, inplace: bool = True) -> np.ndarray:
-    """``img`` (BGR) with the HSV lookup ``table`` applied: in place (returns ``img``), or as a new image."""
+def apply_hsv(img: np.ndarray, table: np.ndarray | HsvChange, inplace: bool = True) -> np.ndarray:
+    """``img`` (BGR) with the HSV lookup ``table`` (or a utils.data.colour.HsvChange) applied: in place (returns
+    ``img``), or as a new image."""
+    if isinstance(table, HsvChange):
+        return table.apply(img, inplace)
     hsv = cv2.cvtColor(img, cv2.COLOR_BGR2HSV)
     cv2.LUT(hsv, table, dst=hsv)
     return cv2.cvtColor(hsv, cv2.COLOR_HSV2BGR, dst=img if inplace else hsv)
@@ -302,8 +306,10 @@ def warp_mosaic(images: Sequence[np.ndarray], labels: Sequence[np.ndarray], size
     the s x s output by its placement composed with the random transform, so no 2s canvas is built.
 
     ``sizes`` (h, w) are the sizes the images take on the canvas (default: their own); an image smaller than that
-    is enlarged by the same warp, which saves resizing it first. ``hsv`` (a ``hsv_table``) is applied to the
-    images before the warp when they have fewer pixels than the output, else to the output. The random draws
+    is enlarged by the same warp, which saves resizing it first. ``hsv`` (a ``hsv_table`` or an HsvChange) is
+    applied tile by tile where the tiles do not blend (no rotation, shear or perspective: to each tile's source crop
+    or to the block it pastes, whichever has fewer pixels), else to the images before the warp when they have fewer
+    pixels than the output, else to the output. The random draws
     are those of mosaic4 and random_perspective, so both ways give the same boxes and, within interpolation,
     the same pixels.
     """
@@ -325,7 +331,10 @@ def warp_mosaic_extras(images: Sequence[np.ndarray], labels: Sequence[np.ndarray
     boxes = mosaic_boxes(labels, sizes, places, size)
     matrix, s = _perspective_matrix(rng, (2 * size, 2 * size), (size, size), degrees, translate, scale, shear,
                                     perspective)
-    colour_first = hsv is not None and sum(img.shape[0] * img.shape[1] for img in images) < size * size
+    # colour in the tiles (each its source crop or the block it pastes, the smaller) where they do not blend: the
+    # default hyps' scale-and-shift; otherwise when the images have fewer pixels than the output
+    colour_first = hsv is not None and (_axis_aligned(matrix) or
+                                        sum(img.shape[0] * img.shape[1] for img in images) < size * size)
     pad = PAD_COLOR[0]
     if colour_first:  # the padding as it looks after the change (grey stays grey: only its value changes)
         pad = int(apply_hsv(np.full((1, 1, 3), pad, np.uint8), hsv, inplace=False)[0, 0, 0])
@@ -349,14 +358,12 @@ def _warp_tile(img: np.ndarray, canvas_hw: tuple[int, int], place: TilePlace, ma
     u0, u1 = math.floor(place.x1b / sx), min(math.ceil((place.x1b + place.x2a - place.x1a) / sx), src_w)
     v0, v1 = math.floor(place.y1b / sy), min(math.ceil((place.y1b + place.y2a - place.y1a) / sy), src_h)
     src, (dx, dy) = img[v0:v1, u0:u1], (place.x1a - place.x1b, place.y1a - place.y1b)
-    if matrix[0, 1] == 0 and matrix[1, 0] == 0 and matrix[2, 0] == 0 and matrix[2, 1] == 0 and matrix[0, 0] > 0:
+    if _axis_aligned(matrix):
         # no rotation, shear or perspective (the default hyps): one resize from the source, as cv2.resize maps
         # pixel centres (source pixel u of the crop -> canvas sx * (u0 + u + 0.5) - 0.5 + dx), then the matrix
-        to_canvas = np.array([[sx, 0, sx * (u0 + 0.5) - 0.5 + dx], [0, sy, sy * (v0 + 0.5) - 0.5 + dy], [0, 0, 1]])
-        full = matrix @ to_canvas
-        roi = _reach(full, src.shape[:2], out.shape[:2])
-        if roi is not None:
-            _paste_scaled(src, full, roi, out, hsv)
+        a, b = float(matrix[0, 0]), float(matrix[1, 1])
+        _paste_scaled(src, (a * sx, a * (sx * (u0 + 0.5) - 0.5 + dx) + float(matrix[0, 2])),
+                      (b * sy, b * (sy * (v0 + 0.5) - 0.5 + dy) + float(matrix[1, 2])), out, hsv)
         return
     if sx != 1 or sy != 1:  # at canvas size first, so the tile's edges blend over a canvas pixel as on the canvas
         src = cv2.resize(src, None, fx=sx, fy=sy, interpolation=cv2.INTER_LINEAR)
@@ -374,6 +381,11 @@ def _warp_tile(img: np.ndarray, canvas_hw: tuple[int, int], place: TilePlace, ma
          flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_TRANSPARENT)
 
 
+def _axis_aligned(matrix: np.ndarray) -> bool:
+    """A scale (not a mirror) and a shift: no rotation, shear or perspective."""
+    return matrix[0, 1] == 0 and matrix[1, 0] == 0 and matrix[2, 0] == 0 and matrix[2, 1] == 0 and matrix[0, 0] > 0
+
+
 def _reach(full: np.ndarray, src_hw: tuple[int, int], out_hw: tuple[int, int]) -> tuple[int, int, int, int] | None:
     """The output rectangle (x0, y0, x1, y1) that a source of ``src_hw`` (with a pixel's margin for blending)
     reaches through ``full``, clipped to the output; None when it reaches nothing."""
@@ -387,22 +399,27 @@ def _reach(full: np.ndarray, src_hw: tuple[int, int], out_hw: tuple[int, int]) -
     return (x0, y0, x1, y1) if x1 > x0 and y1 > y0 else None
 
 
-def _paste_scaled(src: np.ndarray, full: np.ndarray, roi: tuple[int, int, int, int], out: np.ndarray,
-                  hsv: np.ndarray | None) -> None:
-    """``src`` scaled and moved by the axis-aligned ``full`` into ``out``'s ``roi``, by cv2.resize (several times
-    faster than warpAffine) of just the source pixels the rectangle needs. The resized block lands on whole
-    pixels, so it may sit up to half an output pixel from where ``full`` puts it; its edges do not blend."""
-    (ax, cx), (ay, cy) = (full[0, 0], full[0, 2]), (full[1, 1], full[1, 2])
-    x0, y0, x1, y1 = roi
-    h, w = src.shape[:2]
+def _paste_scaled(src: np.ndarray, x_map: tuple[float, float], y_map: tuple[float, float], out: np.ndarray,
+                  hsv: np.ndarray | HsvChange | None) -> None:
+    """``src`` scaled and moved into ``out`` (source pixel centre (u, v) -> (ax * u + cx, ay * v + cy), from
+    ``x_map`` (ax, cx) and ``y_map`` (ay, cy), ax and ay > 0) by cv2.resize (several times faster than warpAffine)
+    of just the source pixels the output needs. The resized block lands on whole pixels, so it may sit up to half an
+    output pixel from where the map puts it; its edges do not blend. ``hsv`` colours the source pixels or the
+    pasted block, whichever are fewer."""
+    (ax, cx), (ay, cy), (h, w), (out_h, out_w) = x_map, y_map, src.shape[:2], out.shape[:2]
+    # the output rectangle the source reaches, with a pixel's margin (as _reach)
+    x0, y0 = max(math.floor(cx - ax), 0), max(math.floor(cy - ay), 0)
+    x1, y1 = min(math.ceil(ax * w + cx) + 1, out_w), min(math.ceil(ay * h + cy) + 1, out_h)
+    if x1 <= x0 or y1 <= y0:
+        return
     # source pixels that the rectangle samples, with a pixel's margin so interpolation never replicates an edge
     u0, u1 = max(math.floor((x0 - cx) / ax) - 1, 0), min(math.ceil((x1 - 1 - cx) / ax) + 2, w)
     v0, v1 = max(math.floor((y0 - cy) / ay) - 1, 0), min(math.ceil((y1 - 1 - cy) / ay) + 2, h)
     if u1 <= u0 or v1 <= v0:
         return
     part = src[v0:v1, u0:u1]
-    if hsv is not None:
-        part = apply_hsv(part, hsv, inplace=False)  # a copy: the image may be a cached one
+    if hsv is not None and (v1 - v0) * (u1 - u0) <= (y1 - y0) * (x1 - x0):  # colour the fewer pixels
+        part, hsv = apply_hsv(part, hsv, inplace=False), None  # a copy: the image may be a cached one
     scaled = cv2.resize(part, None, fx=ax, fy=ay, interpolation=cv2.INTER_LINEAR)
     # cv2.resize puts the centre of source pixel u at (u + 0.5) * ax - 0.5: the block's origin in the output
     bx, by = round(ax * (u0 - 0.5) + 0.5 + cx), round(ay * (v0 - 0.5) + 0.5 + cy)
@@ -410,3 +427,5 @@ def _paste_scaled(src: np.ndarray, full: np.ndarray, roi: tuple[int, int, int, i
     px1, py1 = min(x1, bx + scaled.shape[1]), min(y1, by + scaled.shape[0])
     if px1 > px0 and py1 > py0:
         out[py0:py1, px0:px1] = scaled[py0 - by:py1 - by, px0 - bx:px1 - bx]
+        if hsv is not None:  # the block just pasted: no pixel of another tile is coloured twice
+            apply_hsv(out[py0:py1, px0:px1], hsv)

@@ -18,7 +18,7 @@ from typing import Any
 from utils.data.download import download_dataset
 from utils.data.errors import MAX_NAME_LENGTH, DataError
 from utils.data.formats import split_from_mapping
-from utils.data.shard_urls import ShardSpec, ShardSpecError, is_shard_spec, parse_shard_spec
+from utils.data.shard_urls import ShardSpec, ShardSpecError, check_split_budget, is_shard_spec, parse_shard_spec
 from utils.data.zoo import CONVERTERS
 from utils.distributed import comm as dist
 from utils.log import LOGGER
@@ -141,6 +141,10 @@ def _split_paths(value: Any, root: Path, names: list[str], yaml_file: Path, key:
     if len(values) > MAX_SPLIT_ENTRIES or not all((isinstance(v, str) and v) or isinstance(v, dict) for v in values):
         raise DataError(f"{yaml_file}: '{key}' must be a path or a list of paths (or an annotation mapping), at "
                         f"most {MAX_SPLIT_ENTRIES} entries")
+    try:  # a split streams one shard set, of at most MAX_SHARDS shards: counted before any is expanded
+        check_split_budget([v for v in values if is_shard_spec(v)], f"'{key}'")
+    except ShardSpecError as e:
+        raise DataError(f"{yaml_file}: {e}") from None
     return [split_from_mapping(v, root, names, yaml_file) if isinstance(v, dict) else
             _shards(v, root, yaml_file, key) if is_shard_spec(v) else
             confined(v, root, f"{yaml_file}: '{key}' entry", DataError) for v in values]

@@ -27,15 +27,16 @@ from utils.data.augment import (
     apply_hsv,
     flip_lr,
     flip_ud,
-    hsv_table,
     letterbox,
     mixup,
     random_perspective_extras,
     warp_mosaic_extras,
 )
+from utils.data.batch_pool import BatchPool
+from utils.data.colour import draw_hsv
 from utils.data.errors import DataError
 from utils.data.formats import ignore_regions, label_reader, scan_sources
-from utils.data.image_io import ImageRefused, read_cached_array, read_image
+from utils.data.image_io import ImageRefused, read_cached_array, read_image, reduction
 from utils.data.label_cache import STATES, copy_name, img2label_paths
 from utils.data.ram_cache import SharedImages, build_shared
 from utils.data.samples import Batch, DatasetOptions, Sample, SampleExtras, TaskBatch, TaskSample
@@ -55,10 +56,27 @@ def resized_shape(shape: tuple[int, int], img_size: int) -> tuple[int, int]:
     return min(math.ceil(h0 * ratio), img_size), min(math.ceil(w0 * ratio), img_size)
 
 
-def bgr_to_chw_rgb(img: np.ndarray) -> torch.Tensor:
+def bgr_to_chw_rgb(img: np.ndarray, out: torch.Tensor | None = None) -> torch.Tensor:
     """HWC BGR -> a (3, h, w) RGB tensor over HWC memory (channels_last strides): one contiguous OpenCV pass, and
-    batches of such images are channels_last, the layout the CPU trains in (a float cast of them is one pass)."""
+    batches of such images are channels_last, the layout the CPU trains in (a float cast of them is one pass).
+    ``out``: such a tensor of the same size (a slot of the batch being built) that the pass writes into."""
+    if out is not None and tuple(out.shape[1:]) == img.shape[:2]:
+        cv2.cvtColor(img, cv2.COLOR_BGR2RGB, dst=out.permute(1, 2, 0).numpy())
+        return out
     return torch.from_numpy(cv2.cvtColor(img, cv2.COLOR_BGR2RGB)).permute(2, 0, 1)
+
+
+def slots_batch(imgs: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """The (b, 3, h, w) batch whose slots ``imgs`` are, in order and filling it (YoloDataset.__getitems__ writes
+    each sample into its slot of a new_batch), so collating copies nothing; None when they are not."""
+    first = imgs[0]
+    (c, h, w), storage = first.shape, first.untyped_storage()
+    size = c * h * w
+    if storage.nbytes() != len(imgs) * size or any(
+            img.shape != first.shape or img.stride() != (1, w * c, c) or img.storage_offset() != n * size
+            or img.untyped_storage().data_ptr() != storage.data_ptr() for n, img in enumerate(imgs)):
+        return None
+    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (len(imgs), h, w, c)).permute(0, 3, 1, 2)
 
 
 def new_batch(shape: tuple[int, ...]) -> torch.Tensor:
@@ -94,6 +112,9 @@ class YoloDataset(torch.utils.data.Dataset):
     ``labels`` and ``sample`` parts) a TaskSample, whose ``extras`` every augmentation moves with the boxes
     (``sample_extras``: the task's SampleExtras); ``collate_fn`` then makes a TaskBatch (``collate_extras``).
     """
+
+    pool: BatchPool | None = None  # the batch being built: its images, each decoded once (__getitems__)
+    slot: torch.Tensor | None = None  # and the slot of its batch tensor the next sample is written into
 
     def __init__(self, sources: str | Path | Sequence[str | Path], options: DatasetOptions | None = None,
                  **overrides: Any) -> None:
@@ -203,7 +224,7 @@ class YoloDataset(torch.utils.data.Dataset):
             os.replace(tmp, npy)
         return npy.stat().st_size
 
-    def _read(self, i: int) -> np.ndarray:
+    def _read(self, i: int, reduce: int = 1) -> np.ndarray:
         """The original decoded image (BGR, EXIF orientation applied), from .npy when cached on disk (the folder is
         looked for once: without it no image pays for the path and its stat)."""
         if self.npy_cached:
@@ -214,24 +235,26 @@ class YoloDataset(torch.utils.data.Dataset):
                     if (cached := read_cached_array(npy, (h, w, 3))) is not None:  # else another array: decode
                         return cached
         try:
-            return read_image(self.read_files[i])
+            return read_image(self.read_files[i], reduce)
         except ImageRefused as e:
             if self.read_files[i] == self.im_files[i]:
                 raise DataError(f"{self.im_files[i]}: {e}") from None
         try:  # the repaired copy is gone: the original
-            return read_image(self.im_files[i])
+            return read_image(self.im_files[i], reduce)
         except ImageRefused as e:
             raise DataError(f"{self.im_files[i]}: {e}") from None
 
     def load_image(self, i: int) -> tuple[np.ndarray, tuple[int, int], tuple[int, int]]:
         """Image i resized so its long side is ``img_size`` -> (img, (h0, w0), (h, w)); read-only when it comes
-        from the RAM cache."""
+        from the RAM cache. A JPEG at least twice as large as that is decoded at a half, quarter or eighth of its
+        sides first (utils.data.image_io.reduction)."""
         w0, h0 = (int(v) for v in self.shapes[i])
         if self.ram is not None:
             img = self.ram[i]
             return img, (h0, w0), img.shape[:2]
-        img = self._read(i)
-        h0, w0 = img.shape[:2]
+        img = self._read(i, reduce := reduction(max(h0, w0), self.img_size))
+        if reduce == 1 or img.shape[:2] != (math.ceil(h0 / reduce), math.ceil(w0 / reduce)):
+            h0, w0 = img.shape[:2]  # decoded whole (not a JPEG, or the disk cache's original)
         ratio = self.img_size / max(h0, w0)
         if ratio != 1:
             size = (min(math.ceil(w0 * ratio), self.img_size), min(math.ceil(h0 * ratio), self.img_size))
@@ -251,22 +274,56 @@ class YoloDataset(torch.utils.data.Dataset):
 
     def load_mosaic(self, index: int, hsv: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, Any]:
         """Mosaic of image ``index`` and 3 random others, warped and cropped to img_size in one pass, with the
-        colour change ``hsv`` (a utils.data.augment.hsv_table) applied when given: (image, labels (k, 5) [cls, x1,
+        colour change ``hsv`` (a utils.data.colour.HsvChange) applied when given: (image, labels (k, 5) [cls, x1,
         y1, x2, y2] pixels, the task's extras in pixels (None for boxes alone))."""
-        indices = [index, *self.rng.integers(0, len(self), 3).tolist()]
+        indices = [index, *self._partners()]
         images, sizes = zip(*(self._mosaic_source(i) for i in indices))
         extras = None if self.extras is None else [self.sample_extras.prepare(self.extras[i]) for i in indices]
         return warp_mosaic_extras(images, [self.labels[i] for i in indices], extras, self.sample_extras,
                                   self.img_size, self.rng, sizes, **self._warp_hyp(), hsv=hsv)
 
+    def __getitems__(self, keys: Sequence) -> list:
+        """The samples of a batch (the DataLoader passes a batch's keys): with mosaics and without the RAM cache,
+        their partners come from the batch's own images, each decoded once for the batch (utils.data.batch_pool);
+        without --rect each sample's pixels are written into its slot of the batch tensor (shared memory in a
+        DataLoader worker), which collate_fn then hands on without a copy."""
+        if not keys:
+            return []
+        if self.mosaic and self.ram is None:
+            first = keys[0]
+            self.pool = BatchPool([k[0] if isinstance(k, tuple) else k for k in keys], len(self),
+                                  first[1] if isinstance(first, tuple) else None)
+        batch = None if self.rect else new_batch((len(keys), 3, self.img_size, self.img_size))
+        try:
+            samples = []
+            for j, key in enumerate(keys):
+                self.slot = None if batch is None else batch[j]
+                samples.append(self[key])
+            return samples
+        finally:
+            self.pool = self.slot = None
+
+    def _partners(self) -> list[int]:
+        """A mosaic's 3 other images: from the batch's pool while a batch is built, else from the whole set."""
+        if self.pool is None:
+            return self.rng.integers(0, len(self), 3).tolist()
+        return self.pool.partners(self.rng)
+
     def _mosaic_source(self, i: int) -> tuple[np.ndarray, tuple[int, int]]:
         """Image i for a mosaic and the (h, w) it takes there (load_image's size): the decoded original when
-        load_image would only enlarge it, since the mosaic's warp enlarges it anyway; else load_image's."""
+        load_image would only enlarge it, since the mosaic's warp enlarges it anyway; else load_image's. Kept in
+        the batch's pool while a batch is built."""
+        if self.pool is not None and (held := self.pool.get(i)) is not None:
+            return held
         if self.ram is None and max(self.shapes[i]) < self.img_size:
             img = self._read(i)
-            return img, resized_shape(img.shape[:2], self.img_size)
-        img = self.load_image(i)[0]
-        return img, img.shape[:2]
+            hw = resized_shape(img.shape[:2], self.img_size)
+        else:
+            img = self.load_image(i)[0]
+            hw = img.shape[:2]
+        if self.pool is not None:
+            self.pool.put(i, img, hw)
+        return img, hw
 
     def _warp_hyp(self) -> dict[str, float]:
         return {k: self.hyp.get(k, 0.0) for k in ("degrees", "translate", "scale", "shear", "perspective")}
@@ -287,12 +344,13 @@ class YoloDataset(torch.utils.data.Dataset):
             index, key = index
             self.seed_sample(key)
         hyp, rng, geometry = self.hyp, self.rng, self.sample_extras
-        hsv = hsv_table(rng, hyp.get("hsv_h", 0), hyp.get("hsv_s", 0), hyp.get("hsv_v", 0)) if self.augment else None
+        hsv = draw_hsv(rng, hyp.get("hsv_h", 0), hyp.get("hsv_s", 0), hyp.get("hsv_v", 0)) if self.augment else None
         if self.mosaic and rng.random() < hyp.get("mosaic", 0):
             shapes, mix = None, rng.random() < hyp.get("mixup", 0)
             img, labels, extras = self.load_mosaic(index, None if mix else hsv)  # coloured where it costs least
             if mix:
-                img2, labels2, extras2 = self.load_mosaic(int(rng.integers(0, len(self))))
+                other = int(rng.integers(0, len(self))) if self.pool is None else self.pool.partners(rng, 1)[0]
+                img2, labels2, extras2 = self.load_mosaic(other)
                 img, labels = mixup(img, labels, img2, labels2, rng)
                 extras = geometry.join(extras, extras2)
             else:
@@ -317,7 +375,7 @@ class YoloDataset(torch.utils.data.Dataset):
                 (img, labels), extras = flip_lr(img, labels), geometry.flip_lr(extras)
         targets = torch.zeros((len(labels), 6))
         targets[:, 1:] = torch.from_numpy(labels)
-        sample = (bgr_to_chw_rgb(img), targets, self.im_files[index], shapes)
+        sample = (bgr_to_chw_rgb(img, self.slot), targets, self.im_files[index], shapes)
         return Sample(*sample) if self.extras is None else TaskSample(*sample, extras)
 
     def collate_extras(self, batch: Sequence[tuple]) -> TaskBatch:
@@ -368,12 +426,17 @@ class YoloDataset(torch.utils.data.Dataset):
         """Stack images (padding to the largest h, w when they differ) and index targets by image."""
         imgs, targets, paths, shapes = zip(*batch)
         height, width = max(i.shape[1] for i in imgs), max(i.shape[2] for i in imgs)
-        out = new_batch((len(imgs), 3, height, width))
-        if any(i.shape[1:] != (height, width) for i in imgs):
-            out.fill_(114)
-        pixels = out.numpy()  # numpy's single-threaded copy (a view in NHWC memory): torch's threads only slow it
+        out = slots_batch(imgs)
+        if out is None:
+            out = new_batch((len(imgs), 3, height, width))
+            if any(i.shape[1:] != (height, width) for i in imgs):
+                out.fill_(114)
+            # numpy's single-threaded copy (torch's threads only slow it), through (h, w, c) views of the NHWC
+            # memory: a copy in memory order, 2x faster than through the (c, h, w) views
+            pixels = out.permute(0, 2, 3, 1).numpy()
+            for i, img in enumerate(imgs):
+                pixels[i, :img.shape[1], :img.shape[2]] = img.permute(1, 2, 0).numpy()
         for i, (img, t) in enumerate(zip(imgs, targets)):
-            pixels[i, :, :img.shape[1], :img.shape[2]] = img.numpy()
             t[:, 0] = i
             t[:, [2, 4]] *= img.shape[2] / width  # padding on the right/bottom keeps pixel positions
             t[:, [3, 5]] *= img.shape[1] / height

@@ -31,6 +31,7 @@ MAX_IMAGE_FILE_BYTES = 1 << 30
 # Nor one larger than its pixels can need: 8 bytes a pixel (16-bit RGBA, uncompressed) and this much for metadata.
 IMAGE_SLACK_BYTES = 16 << 20
 LISTED = "JPEG, PNG, BMP, TIFF, WebP"
+REDUCED = {2: cv2.IMREAD_REDUCED_COLOR_2, 4: cv2.IMREAD_REDUCED_COLOR_4, 8: cv2.IMREAD_REDUCED_COLOR_8}
 # (first bytes, format): the formats decoded here. OpenCV chooses its decoder by the same signatures.
 SIGNATURES = ((b"\xff\xd8\xff", "JPEG"), (b"\x89PNG\r\n\x1a\n", "PNG"), (b"BM", "BMP"), (b"II*\x00", "TIFF"),
               (b"MM\x00*", "TIFF"), (b"II+\x00", "TIFF"), (b"MM\x00+", "TIFF"))
@@ -148,19 +149,25 @@ def decode_image(data: bytes) -> np.ndarray:
     return _decoded(data, header)
 
 
-def _decoded(data: bytes, header: ImageHeader) -> np.ndarray:
-    if header.format in ("JPEG", "MPO") and not data.endswith(b"\xff\xd9"):
+def _decoded(data: bytes, header: ImageHeader, reduce: int = 1) -> np.ndarray:
+    jpeg = header.format in ("JPEG", "MPO")
+    if jpeg and not data.endswith(b"\xff\xd9"):
         data += b"\xff\xd9"  # a truncated JPEG: the end marker libjpeg's file reader supplies, not its memory reader
-    image = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_COLOR)
+    image = cv2.imdecode(np.frombuffer(data, np.uint8), REDUCED.get(reduce, cv2.IMREAD_COLOR) if jpeg else
+                         cv2.IMREAD_COLOR)
     if image is None:
         raise ImageRefused("the image data cannot be decoded (damaged file)")
     return image
 
 
-def read_image(path: str | Path) -> np.ndarray:
+def read_image(path: str | Path, reduce: int = 1) -> np.ndarray:
     """BGR uint8 pixels of an image file (see decode_image); also refused: anything but a regular file (a FIFO
     would block for ever), a file larger than its pixels can need (file_cap). The header is read first, from the
-    file: nothing more is read of a file it refuses. Never raises anything but ImageRefused."""
+    file: nothing more is read of a file it refuses. Never raises anything but ImageRefused.
+
+    ``reduce`` 2, 4 or 8: a JPEG is decoded at that fraction of its sides (ceil(side / reduce)) by libjpeg's DCT
+    scaling, which skips most of the work of the pixels it does not make (the entropy decoding is still done); other
+    formats are decoded whole whatever ``reduce`` asks."""
     try:
         with open_regular(path) as f:
             header = image_header(f)
@@ -171,7 +178,13 @@ def read_image(path: str | Path) -> np.ndarray:
         raise ImageRefused(str(e)) from None
     except OSError as e:
         raise ImageRefused(f"cannot read the file ({e.strerror or type(e).__name__})") from None
-    return _decoded(data, header)
+    return _decoded(data, header, reduce)
+
+
+def reduction(size: int, needed: int) -> int:
+    """The largest of 8, 4, 2 that keeps a side of ``size`` at least ``needed`` after read_image's ``reduce``; 1 when
+    none does (the source is less than twice as large as it is needed)."""
+    return next((k for k in (8, 4, 2) if size >= k * needed), 1)
 
 
 def read_cached_array(path: str | Path, shape: tuple[int, ...]) -> np.ndarray | None:

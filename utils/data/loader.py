@@ -8,7 +8,6 @@ samples the interrupted run had not reached.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -36,14 +35,17 @@ class ResumableSampler(Sampler):
     """Shards a (seed, epoch)-determined order over ranks; ``set_start`` skips globally consumed samples.
 
     The remaining positions are padded (by wrapping) to a multiple of the world size so every rank
-    yields the same number of samples, as DistributedSampler does. With ``sample_seeds`` it yields
-    ``(index, (seed, epoch, position))``: the dataset seeds that sample's augmentation from it, so
-    augmentations depend on neither rank, worker nor world size, and a resumed run repeats them exactly.
+    yields the same number of samples, as DistributedSampler does, and by one more sample each where a rank's
+    last batch of ``batch_size`` would hold one image alone (BatchNorm cannot train on it). With ``sample_seeds`` it
+    yields ``(index, (seed, epoch, position))``: the dataset seeds that sample's augmentation from it, so
+    augmentations depend on neither rank nor worker (a mosaic's partners come from its batch: the batch per process
+    decides which images share one), and a resumed run repeats them exactly.
     """
 
     def __init__(self, dataset_len: int, *, shuffle: bool = True, seed: int = 0, rank: int | None = None,
-                 world_size: int | None = None, sample_seeds: bool = False) -> None:
+                 world_size: int | None = None, sample_seeds: bool = False, batch_size: int = 1) -> None:
         self.dataset_len, self.shuffle, self.seed, self.sample_seeds = dataset_len, shuffle, seed, sample_seeds
+        self.batch_size = batch_size
         self.rank = dist.get_rank() if rank is None else rank
         self.world_size = dist.get_world_size() if world_size is None else world_size
         self.epoch, self.start = 0, 0
@@ -73,7 +75,7 @@ class ResumableSampler(Sampler):
 
     def _my_positions(self) -> list[int]:
         """This rank's positions in the epoch order: start + rank, start + rank + W, ... (wrapped padding)."""
-        return rank_positions(self.dataset_len, self.start, self.rank, self.world_size)
+        return rank_positions(self.dataset_len, self.start, self.rank, self.world_size, batch=self.batch_size)
 
     def __iter__(self) -> Iterator:
         order = self.epoch_order()
@@ -82,7 +84,7 @@ class ResumableSampler(Sampler):
         return iter([order[p] for p in self._my_positions()])
 
     def __len__(self) -> int:
-        return math.ceil((self.dataset_len - self.start) / self.world_size)
+        return len(self._my_positions())
 
 
 class ShardSampler(Sampler[int]):
@@ -137,7 +139,7 @@ def build_dataloader(dataset: Dataset, batch_size: int, *, shuffle: bool, worker
         sampler: Sampler = ShardSampler(len(dataset), rank, world)
     elif resumable:
         sampler = ResumableSampler(len(dataset), shuffle=shuffle, seed=seed, rank=rank, world_size=world,
-                                   sample_seeds=hasattr(dataset, "seed_sample"))
+                                   sample_seeds=hasattr(dataset, "seed_sample"), batch_size=batch_size)
     else:
         sampler = torch.utils.data.SequentialSampler(dataset)
     batch_nbytes = dataset.batch_nbytes(batch_size) if hasattr(dataset, "batch_nbytes") else 0

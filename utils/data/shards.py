@@ -31,18 +31,24 @@ import numpy as np
 from utils.data.errors import DataError
 from utils.data.image_io import MAX_IMAGE_FILE_BYTES
 from utils.data.label_cache import MAX_LABEL_BYTES, ScanSummary, check_label_rows
-from utils.data.regular_files import read_regular
+from utils.data.regular_files import open_regular, read_capped, read_regular
 from utils.data.shard_urls import ShardSpec
+from utils.http_fetch import RangedFile
 from utils.log import LOGGER
-from utils.paths import IMG_SUFFIXES
+from utils.paths import IMG_SUFFIXES, confined
 
 INDEX_FORMAT, INDEX_VERSION = "yolo-ddp shards", 1
 MAX_INDEX_BYTES = 128 << 20
+MAX_INDEX_VALUES = 12_000_000  # COCO train's index holds 6.2 M (118 k images, 860 k boxes); parsed, ~70 bytes each
+NO_LABELS = np.zeros((0, 5), np.float32)  # shared by the samples without boxes (read-only)
+NO_LABELS.setflags(write=False)
 BLOCK = 512  # tar's block
 KEY = re.compile(r"[A-Za-z0-9_]{1,64}")
 SHARD_NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}\.tar")
 EXTENSIONS = {suffix.lstrip(".") for suffix in IMG_SUFFIXES}
 MAX_SAMPLE_BYTES = MAX_IMAGE_FILE_BYTES + MAX_LABEL_BYTES + 4 * BLOCK
+HTTP_TIMEOUT_S = 60.0  # one http(s) range request: connecting and each read
+SHARD_REASON = "shard "  # how the reason a whole shard is refused starts (a sample's starts "sample ")
 
 
 class ShardRefused(ValueError):
@@ -138,21 +144,31 @@ def _field(doc: Any, key: str, kind: type | tuple, where: str) -> Any:
     return value
 
 
-def _entry(entry: Any, shards: list[dict], where: str) -> tuple[int, int, int, str, str, int, int]:
-    """One sample's [shard, offset, length, key, ext, w, h], each value checked."""
-    if not isinstance(entry, list) or len(entry) != 7:
+def _entries(entries: list, shards: int, where: str) -> tuple[np.ndarray, ...]:
+    """The sample entries ``[shard, offset, length, key, ext, w, h]`` as columns (five int64 arrays, then the keys
+    and formats as object arrays), every value checked; ``entries`` is emptied as it is read."""
+    if not all(type(e) is list and len(e) == 7 for e in entries):
         raise ShardRefused(f"{where}: a sample entry must be [shard, offset, length, key, ext, w, h]")
-    s, offset, length, key, ext, w, h = entry
-    ints = (s, offset, length, w, h)
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in ints):
-        raise ShardRefused(f"{where}: a sample entry holds a non-integer number")
-    if not (0 <= s < len(shards) and offset >= 0 and offset % BLOCK == 0 and 2 * BLOCK <= length <= MAX_SAMPLE_BYTES
-            and 0 < w <= 1 << 20 and 0 < h <= 1 << 20):
-        raise ShardRefused(f"{where}: a sample entry is out of range (shard {s}, offset {offset}, length {length})")
-    if not isinstance(key, str) or not KEY.fullmatch(key) or ext not in EXTENSIONS:
+    columns = list(zip(*entries)) if entries else [()] * 7
+    entries.clear()  # the parsed lists go now; their values live on in the columns
+    try:
+        if not all(type(v) is int for i in (0, 1, 2, 5, 6) for v in columns[i]):
+            raise ValueError
+        s, offset, length, w, h = (np.array(columns[i], np.int64) for i in (0, 1, 2, 5, 6))
+    except (ValueError, OverflowError):
+        raise ShardRefused(f"{where}: a sample entry holds a number that is not an integer of 64 bits") from None
+    bad = ~((s >= 0) & (s < shards) & (offset >= 0) & (offset % BLOCK == 0) & (length >= 2 * BLOCK)
+            & (length <= MAX_SAMPLE_BYTES) & (w > 0) & (w <= 1 << 20) & (h > 0) & (h <= 1 << 20))
+    if bad.any():
+        i = int(bad.argmax())
+        raise ShardRefused(f"{where}: a sample entry is out of range (shard {s[i]}, offset {offset[i]}, length "
+                           f"{length[i]}, size {w[i]} x {h[i]})")
+    keys, exts = columns[3], columns[4]
+    if not all(type(k) is str and KEY.fullmatch(k) for k in keys) or \
+            not all(type(e) is str and e in EXTENSIONS for e in exts):
         raise ShardRefused(f"{where}: a sample key must be 1-64 letters, digits or _, its image one of "
                            f"{', '.join(sorted(EXTENSIONS))}")
-    return s, offset, length, key, ext, w, h
+    return s, offset, length, np.array(keys, object), np.array(exts, object), w, h
 
 
 def parse_index(data: bytes, spec: ShardSpec, nc: int | None) -> ShardIndex:
@@ -161,6 +177,9 @@ def parse_index(data: bytes, spec: ShardSpec, nc: int | None) -> ShardIndex:
     where = f"{spec.pattern} index"
     if len(data) > MAX_INDEX_BYTES:
         raise ShardRefused(f"{where}: larger than {MAX_INDEX_BYTES >> 20} MB")
+    values = data.count(b",") + data.count(b"[") + data.count(b"{")  # what JSON would build: at most ~70 bytes each
+    if values > MAX_INDEX_VALUES:
+        raise ShardRefused(f"{where}: holds more than {MAX_INDEX_VALUES:,} values (numbers, names, lists)")
     try:
         doc = json.loads(data)
     except (ValueError, RecursionError):
@@ -189,37 +208,38 @@ def parse_index(data: bytes, spec: ShardSpec, nc: int | None) -> ShardIndex:
 
 def _checked(spec: ShardSpec, names: list[str], entries: list, labels: list, shards: list, named: dict[int, int],
              nc: int | None, where: str) -> ShardIndex:
-    """The samples of the shards the pattern names (``named``: index shard -> pattern position), labels checked."""
-    rows, keep, summary = [], [], ScanSummary()
-    for entry, label in zip(entries, labels):
-        fields = _entry(entry, shards, where)
-        if fields[0] not in named:
-            continue
-        fields = (named[fields[0]], *fields[1:])
-        summary.total += 1
+    """The samples of the shards the pattern names (``named``: index shard -> pattern position), labels checked.
+    The parsed entries are dropped as they are read, so the document and the index are never both whole."""
+    s, offset, length, keys, exts, w, h = _entries(entries, len(shards), where)
+    position = np.full(len(shards), -1, np.int64)
+    position[list(named)] = list(named.values())
+    chosen = np.flatnonzero(position[s] >= 0)
+    rows, kept, summary = [], [], ScanSummary(total=len(chosen))
+    for i in chosen.tolist():
+        label, labels[i] = labels[i], None
         try:
-            if not isinstance(label, list) or not all(isinstance(r, list) and len(r) == 5 for r in label):
+            if type(label) is not list or not all(type(r) is list and len(r) == 5 for r in label):
                 raise ValueError("labels must be rows of 5 numbers")
-            table = np.array(label, np.float64).reshape(-1, 5)
-            checked, duplicates, note = check_label_rows(table, nc) if len(table) else \
-                (np.zeros((0, 5), np.float32), 0, "")
+            checked, duplicates, note = check_label_rows(np.array(label, np.float64), nc) if label else \
+                (NO_LABELS, 0, "")
         except (ValueError, TypeError, OverflowError) as e:
             summary.corrupt += 1
-            summary.warnings.append(f"{spec.pattern} sample {fields[3]}: ignoring corrupt labels: {str(e)[:120]}")
+            summary.warnings.append(f"{spec.pattern} sample {keys[i]}: ignoring corrupt labels: {str(e)[:120]}")
             continue
         summary.found += 1
         summary.empty += not len(checked)
         summary.duplicates += duplicates
         if note:
-            summary.warnings.append(f"{spec.pattern} sample {fields[3]}: {note}")
-        keep.append(fields)
+            summary.warnings.append(f"{spec.pattern} sample {keys[i]}: {note}")
+        kept.append(i)
         rows.append(checked)
-    if not keep:
+    labels.clear()
+    if not rows:
         raise ShardRefused(f"{where}: no usable samples ({summary.line()})")
-    columns = list(zip(*keep))
-    return ShardIndex(spec, names, np.array(columns[0], np.int32), np.array(columns[1], np.int64),
-                      np.array(columns[2], np.int64), list(columns[3]), list(columns[4]),
-                      np.array(list(zip(columns[5], columns[6])), np.float64), rows, summary)
+    kept = np.array(kept, np.int64)
+    return ShardIndex(spec, names, position[s[kept]].astype(np.int32), offset[kept], length[kept],
+                      keys[kept].tolist(), exts[kept].tolist(), np.stack([w[kept], h[kept]], 1).astype(np.float64),
+                      rows, summary)
 
 
 # ------------------------------------------------------------------------------------------------ opening
@@ -227,21 +247,24 @@ Opener = Callable[..., BinaryIO]  # (url, start=0, end=None): a file of the byte
 
 
 def opener(spec: ShardSpec, max_block: int = 4 << 20) -> Opener:
-    """A function opening one of ``spec``'s URLs for binary reading: local files as regular files, URLs through
-    fsspec (s3fs for s3://, gcsfs for gs://; credentials from the environment as each client reads them). Given the
-    byte range a reader needs (``start``, ``end``), a remote file fetches no more than that, in blocks of at most
+    """A function opening one of ``spec``'s URLs for binary reading. Local files: as regular files only (no FIFO,
+    device or folder), links resolved and kept inside the data set's folder. http(s): by byte ranges, each body
+    read with the cap of its range, never inflated (utils.http_fetch.RangedFile). Object stores through fsspec
+    (s3fs for s3://, gcsfs for gs://; credentials from the environment as each client reads them). Given the byte
+    range a reader needs (``start``, ``end``), a remote file fetches no more than that, in blocks of at most
     ``max_block`` bytes."""
     if spec.local:
-        from utils.data.regular_files import open_regular
-
-        return lambda url, start=0, end=None: open_regular(url)
+        return lambda url, start=0, end=None: open_regular(confined(url, spec.root or Path(url).parent, "a shard",
+                                                                    DataError))
     protocol = spec.urls[0].split("://", 1)[0].lower()
+    if protocol in ("http", "https"):
+        return lambda url, start=0, end=None: RangedFile(url, start, end, block=max_block, timeout=HTTP_TIMEOUT_S)
     try:
         import fsspec
 
         fs = fsspec.filesystem(protocol, skip_instance_cache=True)  # the environment as it is now
     except ImportError as e:
-        package = {"s3": "s3fs", "gs": "gcsfs", "gcs": "gcsfs"}.get(protocol, "aiohttp")
+        package = {"s3": "s3fs", "gs": "gcsfs", "gcs": "gcsfs"}.get(protocol, protocol)
         raise DataError(f"{spec.pattern}: shards at {protocol}:// need fsspec and {package} (pip install fsspec "
                         f"{package}): {str(e)[:100]}") from None
 
@@ -256,12 +279,23 @@ def opener(spec: ShardSpec, max_block: int = 4 << 20) -> Opener:
     return open_url
 
 
+def open_index(spec: ShardSpec) -> BinaryIO:
+    """The index file of ``spec``; a local one only when it is a regular file whose links stay in its folder (an
+    index that is a link to a file elsewhere is refused)."""
+    if spec.local:
+        index = Path(spec.index_url)
+        return open_regular(confined(index, index.parent, "the shard index", DataError))
+    if spec.index_url.split("://", 1)[0].lower() in ("http", "https"):
+        return RangedFile(spec.index_url, timeout=HTTP_TIMEOUT_S, cap=MAX_INDEX_BYTES)
+    return opener(spec)(spec.index_url)
+
+
 def read_index(spec: ShardSpec, nc: int | None, prefix: str = "") -> ShardIndex:
     """The checked index of ``spec`` (one DataError line when it cannot be read or is refused), its scan line and
     warnings logged as a label scan's are."""
     try:
-        with opener(spec)(spec.index_url) as f:
-            data = f.read(MAX_INDEX_BYTES + 1)
+        with open_index(spec) as f:  # a local file's size is checked first: no buffer of the cap for a small one
+            data = read_capped(f, MAX_INDEX_BYTES) if spec.local else f.read(MAX_INDEX_BYTES + 1)
         index = parse_index(data, spec, nc)
     except ShardRefused as e:
         raise DataError(str(e)) from None
@@ -295,11 +329,13 @@ def parse_sample(data: bytes, key: str, ext: str) -> bytes:
         if info.name not in (f"{key}.{ext}", f"{key}.txt"):
             raise ShardRefused(f"sample {key}: unexpected member name {info.name[:60]!r}")
         start = position + BLOCK
+        if info.size < 0:  # a base-256 size field can be negative: the next header would be this one again
+            raise ShardRefused(f"sample {key}: member {info.name!r} has a negative size ({info.size})")
         if info.size > MAX_IMAGE_FILE_BYTES or start + info.size > len(data):
             raise ShardRefused(f"sample {key}: member {info.name!r} of {info.size} bytes exceeds the sample's range")
         if info.name.endswith(f".{ext}") and image is None:
             image = data[start:start + info.size]
-        position = start + padded(info.size)
+        position = start + padded(info.size)  # > the last position: every header read moves on
     if image is None:
         raise ShardRefused(f"sample {key}: no {ext} member")
     return image
@@ -307,20 +343,35 @@ def parse_sample(data: bytes, key: str, ext: str) -> bytes:
 
 def read_samples(index: ShardIndex, ids: Sequence[int], open_url: Opener) -> Iterable[tuple[int, bytes | str]]:
     """(id, image bytes) for each sample id, in the order given (ascending within a shard reads sequentially); a
-    refused sample gives (id, the reason) instead. One file per run of ids in a shard, opened for the run's bytes."""
+    refused sample gives (id, the reason) instead, and so does every sample of a shard that cannot be opened or
+    read (missing, not a regular file, HTTP 404, refused by --cache disk), with one reason for the shard. One file
+    per run of ids in a shard, opened for the run's bytes."""
     runs = [0] + [k for k in range(1, len(ids)) if index.shard[ids[k]] != index.shard[ids[k - 1]]] + [len(ids)]
     for first, stop in zip(runs, runs[1:]):
         run = ids[first:stop]
+        url = index.spec.urls[int(index.shard[run[0]])]
         start, end = int(index.offset[run[0]]), int(index.offset[run[-1]] + index.length[run[-1]])
-        with open_url(index.spec.urls[int(index.shard[run[0]])], start, end) as handle:
-            for i in run:
-                offset, length = int(index.offset[i]), int(index.length[i])
-                if handle.tell() != offset:
-                    handle.seek(offset)
-                data = handle.read(length)
-                try:
-                    if len(data) != length:
-                        raise ShardRefused(f"sample {index.keys[i]}: the shard ends inside it")
-                    yield i, parse_sample(data, index.keys[i], index.exts[i])
-                except ShardRefused as e:
-                    yield i, str(e)
+        done = 0
+        try:
+            with open_url(url, start, end) as handle:
+                for i in run:
+                    yield i, _read_one(index, i, handle)
+                    done += 1
+        except Exception as e:  # noqa: BLE001 (a local file, urllib and the fsspec backends each raise their own)
+            reason = (f"{SHARD_REASON}{Path(url).name} cannot be read ({type(e).__name__}: {str(e)[:160]}): "
+                      f"{len(run) - done} of its samples are trained as grey backgrounds without boxes")
+            yield from ((i, reason) for i in run[done:])
+
+
+def _read_one(index: ShardIndex, i: int, handle: BinaryIO) -> bytes | str:
+    """Sample ``i``'s image bytes from its shard's open file, or why it is refused."""
+    offset, length = int(index.offset[i]), int(index.length[i])
+    if handle.tell() != offset:
+        handle.seek(offset)
+    data = handle.read(length)
+    try:
+        if len(data) != length:
+            raise ShardRefused(f"sample {index.keys[i]}: the shard ends inside it")
+        return parse_sample(data, index.keys[i], index.exts[i])
+    except ShardRefused as e:
+        return str(e)

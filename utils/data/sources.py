@@ -4,7 +4,9 @@ video URL, a live stream (rtsp://, rtmp://, http(s)://) or a ``.streams`` file l
 Every source yields ``Frame``s: the letterboxed network input (3, h, w) RGB uint8, the original
 BGR image (outputs keep its size) and where it came from. Images are decoded by utils.data.image_io (a listed
 format decided from the content, the pixel count from the header, regular files only): an image it refuses, or
-that does not decode, is skipped with a warning and counted; an image URL is read up to MAX_IMAGE_BYTES. A video
+that does not decode, is skipped with a warning and counted; an image URL is read up to MAX_IMAGE_BYTES. The
+entries of a ``.txt`` list are relative to its folder and must lie in it (no absolute path or ``../`` out of it,
+links resolved); a list is a regular file of at most MAX_LIST_BYTES. A video
 or stream with frames over the limit, a missing source, an empty folder, a video or stream that cannot be opened,
 a video path that is not a regular file, or a ``.streams`` file without streams raise a one-line ``SourceError``.
 A live stream is read by a background thread that keeps only its newest frame, so a slow model skips frames
@@ -30,14 +32,15 @@ from utils.data.augment import letterbox
 from utils.data.download import read_url
 from utils.data.errors import DataError
 from utils.data.image_io import ImageRefused, decode_image, pixel_limit_refusal, read_image
-from utils.data.regular_files import kind_of
+from utils.data.regular_files import FileRefused, kind_of, read_regular
 from utils.errors import UserError
 from utils.log import LOGGER
-from utils.paths import IMG_SUFFIXES, VID_SUFFIXES
+from utils.paths import IMG_SUFFIXES, VID_SUFFIXES, confined
 
 URL_SCHEMES = ("rtsp://", "rtmp://", "http://", "https://")
 NETWORK_TIMEOUT_S = 10.0  # opening a network video or stream, and waiting for its next frame
 MAX_IMAGE_BYTES = 64 << 20  # an image URL is read into memory: at most this much
+MAX_LIST_BYTES = 64 << 20  # a .txt or .streams list
 
 
 class SourceError(UserError, ValueError):
@@ -100,11 +103,22 @@ def letterbox_image(image_bgr: np.ndarray, img_size: int | tuple[int, int], stri
     return chw, ((ratio[1], ratio[0]), pad)
 
 
+def read_list(listing: Path) -> list[str]:
+    """The non-empty lines of a ``.txt`` or ``.streams`` list: a regular file of at most MAX_LIST_BYTES of UTF-8 text
+    (a FIFO, a device or a larger file is one SourceError line)."""
+    try:
+        text = read_regular(listing, MAX_LIST_BYTES).decode("utf-8")
+    except (OSError, FileRefused, UnicodeDecodeError) as e:
+        raise SourceError(f"--source {listing}: cannot read the list ({str(e)[:120]})") from None
+    return [line.strip() for line in text.splitlines() if line.strip()]
+
+
 def _list_entries(listing: Path) -> list[Path | str]:
-    """The lines of a .txt list: URLs as they are, paths relative to the list's folder unless they exist."""
-    lines = [line.strip() for line in listing.read_text().splitlines() if line.strip()]
-    return [line if is_url(line) else Path(line) if Path(line).is_absolute() or Path(line).exists()
-            else listing.parent / line for line in lines]
+    """The lines of a .txt list: URLs as they are, paths relative to the list's folder, each of which must lie in
+    that folder once resolved (links followed): an absolute path or ``../`` leading out is one SourceError line."""
+    folder = listing.resolve().parent
+    return [line if is_url(line) else confined(line, folder, f"--source {listing}: entry", SourceError)
+            for line in read_list(listing)]
 
 
 def collect_files(source: str | Path) -> list[Path | str]:
@@ -116,7 +130,7 @@ def collect_files(source: str | Path) -> list[Path | str]:
         files: list[Path | str] = [text]
     elif path.is_dir():
         files = sorted(p for p in path.iterdir() if p.is_file())
-    elif path.suffix.lower() == ".txt" and path.is_file():
+    elif path.suffix.lower() == ".txt" and path.exists():  # a FIFO too: read_list refuses it in one line
         files = _list_entries(path)
     elif path.is_file():
         files = [path]
@@ -311,7 +325,7 @@ def read_streams_file(path: Path) -> list[str]:
     """The stream URLs (or webcam indices) of a ``.streams`` file, one a line; '#' starts a comment line."""
     if not path.is_file():
         raise SourceError(f"--source {path} does not exist")
-    lines = [line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#")]
+    lines = [line for line in read_list(path) if not line.startswith("#")]
     if not lines:
         raise SourceError(f"--source {path} lists no streams (write one rtsp://, rtmp:// or http(s):// URL a line)")
     bad = [line for line in lines if not is_url(line) and not line.isdigit()]

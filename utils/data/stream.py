@@ -34,11 +34,13 @@ from typing import Any, BinaryIO
 import numpy as np
 import torch
 
+from utils.atomic_files import remove_dead_writers_files
 from utils.data.datasets import DatasetOptions, YoloDataset
 from utils.data.image_io import ImageRefused, decode_image
+from utils.data.regular_files import size_text
 from utils.data.samples import SampleExtras
 from utils.data.shard_urls import ShardSpec
-from utils.data.shards import Opener, ShardIndex, opener, read_index, read_samples
+from utils.data.shards import SHARD_REASON, Opener, ShardIndex, ShardRefused, opener, read_index, read_samples
 from utils.distributed import comm as dist
 from utils.hyp import load_hyp
 from utils.log import LOGGER
@@ -50,16 +52,19 @@ SHUFFLE_BUFFER = 16  # samples per part's shuffle buffer
 POOL_SIZE = 64  # decoded samples a worker keeps for mosaic and mixup partners
 
 
-def rank_positions(n: int, start: int, rank: int, world: int, pad: bool = True) -> list[int]:
+def rank_positions(n: int, start: int, rank: int, world: int, pad: bool = True, batch: int = 1) -> list[int]:
     """Rank ``rank``'s positions of an epoch of ``n`` (global order) after ``start`` consumed: start + rank,
-    start + rank + world, ...; with ``pad`` wrapped to a multiple of ``world`` so every rank gets as many."""
+    start + rank + world, ...; with ``pad`` wrapped to a multiple of ``world`` so every rank gets as many (as
+    DistributedSampler pads), and one more each when a rank's last batch of ``batch`` would hold one image alone
+    (BatchNorm cannot train on one value per channel: a 32 px image's last map is 1 x 1)."""
     remaining = n - start
     if remaining <= 0:
         return []
     if not pad:
         return list(range(start + rank, n, world))
-    padded = math.ceil(remaining / world) * world
-    return [start + (p % remaining) for p in range(rank, padded, world)]
+    per_rank = math.ceil(remaining / world)
+    per_rank += batch > 1 and per_rank % batch == 1
+    return [start + (p % remaining) for p in range(rank, per_rank * world, world)]
 
 
 def buffer_order(n: int, size: int, rng: np.random.Generator) -> np.ndarray:
@@ -154,19 +159,23 @@ class SamplePool(YoloDataset):
         self.shapes = np.array([(img.shape[1], img.shape[0]) for img in self.images], np.float64)
         return slot
 
-    def _read(self, i: int) -> np.ndarray:
+    def _read(self, i: int, reduce: int = 1) -> np.ndarray:  # decoded whole already: load_image resizes it
         return self.images[i]
 
 
 class ShardCache:
     """``--cache disk`` for shards in object storage: each shard fetched whole, once per machine (a file lock), into
-    ``folder``; the least recently used ones removed to stay under ``cap`` bytes. Only files it wrote are removed."""
+    ``folder``; the least recently used ones removed to stay under ``cap`` bytes. Only files it wrote are removed.
+    A shard is copied up to the cap and no further, whatever size the server gave: a larger one, or one the disk
+    has no room for, is refused (its samples counted as refused by the reader) and its temporary file removed."""
 
     SUFFIX = ".shard"
+    TMP = ".tmp"
 
     def __init__(self, folder: Path, cap: int, open_url: Opener) -> None:
         self.folder, self.cap, self.open_url = folder, cap, open_url
         folder.mkdir(parents=True, exist_ok=True)
+        remove_dead_writers_files(folder, f"*{self.SUFFIX}{self.TMP}*", self.TMP)  # writers killed mid-copy
 
     def _path(self, url: str) -> Path:
         return self.folder / f"{hashlib.sha1(url.encode()).hexdigest()[:20]}{self.SUFFIX}"
@@ -176,13 +185,25 @@ class ShardCache:
         with open(self.folder / ".lock", "a+b") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not path.is_file():
-                tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-                with self.open_url(url) as source, open(tmp, "wb") as target:
-                    shutil.copyfileobj(source, target, 1 << 20)
-                os.replace(tmp, path)
+                tmp = path.with_name(f"{path.name}{self.TMP}{os.getpid()}")
+                try:
+                    with self.open_url(url) as source, open(tmp, "wb") as target:
+                        self._copy(source, target, Path(url).name)
+                    os.replace(tmp, path)
+                finally:
+                    tmp.unlink(missing_ok=True)
                 self._evict(keep=path)
             os.utime(path)
         return open(path, "rb")  # an open file stays readable when a later eviction removes its name
+
+    def _copy(self, source: BinaryIO, target: BinaryIO, name: str) -> None:
+        """Copy up to ``cap`` bytes; ShardRefused past it."""
+        copied = 0
+        while chunk := source.read(min(1 << 20, self.cap + 1 - copied)):
+            copied += len(chunk)
+            if copied > self.cap:
+                raise ShardRefused(f"it is larger than --cache disk's cap of {size_text(self.cap)}")
+            target.write(chunk)
 
     def _evict(self, keep: Path) -> None:
         files = sorted(self.folder.glob(f"*{self.SUFFIX}"), key=lambda p: p.stat().st_mtime)
@@ -193,7 +214,6 @@ class ShardCache:
             total -= path.stat().st_size
             with contextlib.suppress(OSError):
                 path.unlink()
-
 
 def shard_cache_folder(spec: ShardSpec) -> Path:
     """Where ``--cache disk`` keeps a pattern's shards: the data home's ``shards/<hash of the pattern>``."""
@@ -208,10 +228,9 @@ class ShardSplit:
         self.index = index
         self.im_files = index.member_names()
         self.shapes = index.shapes
-        self.labels = [lab.copy() for lab in index.labels]
+        self.labels = list(index.labels)  # the index's arrays (many share one empty one): replaced, never edited
         if single_cls:
-            for lab in self.labels:
-                lab[:, 0] = 0
+            self.labels = [np.concatenate([np.zeros((len(lab), 1), np.float32), lab[:, 1:]], 1) for lab in self.labels]
         self.scan = index.summary
 
     def __len__(self) -> int:
@@ -230,6 +249,7 @@ class StreamDataset(torch.utils.data.IterableDataset):
         self.batch, self.seed = options.batch_size, options.seed
         self.position = torch.zeros(2, dtype=torch.int64).share_memory_()  # (epoch, start), seen by live workers
         self._open: tuple[int, Opener] | None = None  # (pid, opener) of this process
+        self.warned: set[str] = set()  # shards whose refusal this process said
         if options.augment and options.hyp is None:  # the scratch hyps, as YoloDataset augments without any
             self.options = options = replace(options, hyp=load_hyp())
         self.mosaic = options.augment and options.hyp.get("mosaic", 0) > 0
@@ -266,7 +286,8 @@ class StreamDataset(torch.utils.data.IterableDataset):
         return int(self.position[1])
 
     def positions(self) -> list[int]:
-        return rank_positions(len(self.split), self.start, self.rank, self.world, pad=self.training)
+        return rank_positions(len(self.split), self.start, self.rank, self.world, pad=self.training,
+                              batch=self.batch)
 
     def __len__(self) -> int:
         return math.ceil(len(self.positions()) / self.batch)
@@ -301,19 +322,29 @@ class StreamDataset(torch.utils.data.IterableDataset):
             samples.close()
 
     def _item(self, pool: SamplePool, position: int, sid: int, data: bytes | str) -> tuple:
-        """Sample ``sid`` decoded into the pool and augmented; a sample refused here (a damaged member or image)
-        becomes a grey background of its size without boxes, with a warning, so the batch keeps its size."""
+        """Sample ``sid`` decoded into the pool and augmented; a sample refused here (a damaged member or image, a
+        shard that cannot be read) becomes a grey background of the run's image size (never a size from the index)
+        without boxes, with a warning, so the batch keeps its size."""
         name, labels = self.split.im_files[sid], self.split.labels[sid]
         try:
             if isinstance(data, str):
                 raise ImageRefused(data)
             image = decode_image(data)
         except ImageRefused as e:
-            LOGGER.warning(f"WARNING: {name}: ignoring corrupt image: {e}; a grey background without boxes is trained "
-                           "in its place")
-            w, h = (int(v) for v in self.split.shapes[sid])
-            image, labels = np.full((h, w, 3), 114, np.uint8), labels[:0]
+            self._warn_refused(name, str(e))
+            side = self.options.img_size
+            image, labels = np.full((side, side, 3), 114, np.uint8), labels[:0]
         return pool[(pool.add(name, image, labels), (self.epoch, position))]
+
+    def _warn_refused(self, name: str, reason: str) -> None:
+        """One warning per refused sample; a shard that cannot be read is one warning for its samples (counted in
+        it), said once per process."""
+        if not reason.startswith(SHARD_REASON):
+            LOGGER.warning(f"WARNING: {name}: ignoring corrupt image: {reason}; a grey background without boxes is "
+                           "trained in its place")
+        elif reason not in self.warned:
+            self.warned.add(reason)
+            LOGGER.warning(f"WARNING: {reason}")
 
 
 class PartReader(threading.Thread):

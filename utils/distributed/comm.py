@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as tdist
 
-from utils.device import available_cores, measured_threads, select_device
+from utils.device import ThreadVote, available_cores, measured_threads, select_device
 from utils.distributed.launcher import DistEnv, DistError, SchedulerJob, read_env
 from utils.distributed.watchdog import MarkWatch, is_peer_failure, store_timeout
 from utils.errors import UserError
@@ -38,6 +38,7 @@ class _State:
     long_group: Any = None  # gloo group with a long timeout, for "rank 0 is busy" waits
     watch: MarkWatch | None = None  # this rank's mark and the stuck-rank watch (utils.distributed.watchdog)
     job_store: Any = None  # client of torchrun's agent store, opened on first use by job_store()
+    threads_vote: ThreadVote | None = None  # where configure_threads measured: remeasure_threads' hysteresis
     owns_group: bool = True  # False: the engine that started this process made the group (Ray Train) and ends it
 
 
@@ -226,8 +227,8 @@ def configure_threads() -> int:
     a user's, so with several local ranks "1" is read as torchrun's default and replaced by this
     rank's share of the cores (cores // local world size; 1 on a 2-core machine with 2 ranks anyway).
     Without OMP_NUM_THREADS a single process measures (utils.device.measured_threads, ~0.1 s): all its cores
-    where they are faster than one, else one (busy cores make a parallel region wait for its slowest thread).
-    Call after init_distributed (it needs the local world size).
+    where they are faster than one, else one (busy cores make a parallel region wait for its slowest thread);
+    remeasure_threads measures again later. Call after init_distributed (it needs the local world size).
     """
     value = os.environ.get("OMP_NUM_THREADS", "").strip()
     local_world = get_local_world_size()
@@ -236,9 +237,17 @@ def configure_threads() -> int:
     elif local_world > 1:
         threads = cpu_share()
     else:
+        _STATE.threads_vote = ThreadVote()
         return measured_threads(cpu_share())
     torch.set_num_threads(threads)
     return threads
+
+
+def remeasure_threads() -> tuple[int, int] | None:
+    """Where configure_threads measured the thread count, measure it again, changed after two agreeing probes
+    (utils.device.ThreadVote): (before, after) when it changed. A count the user or the launcher set is kept."""
+    vote = _STATE.threads_vote
+    return None if vote is None else vote.remeasure(lambda: measured_threads(cpu_share(), apply=False))
 
 
 def backend() -> str:

@@ -5,7 +5,9 @@ A signal only records its number. The training loop shares it with every rank in
 (``utils.training.engine.StepVote``), so every rank stops at the same step even when one alone was signalled; rank 0
 saves ``last.pt`` there and ``raise_stop()`` ends every rank with StopRequested. Outside the steps (validation,
 plots, the epoch's checkpoint) a signal stops at once: ``last.pt`` is whatever was last written whole.
-The same signal a second time (more than REPEAT_WINDOW_S later) aborts at once. SIGUSR1 ends with exit code 0,
+The same signal a second time (more than REPEAT_WINDOW_S later) aborts at once, and so does a stop request after
+which no step ends for STUCK_S seconds (a data reader or a peer stuck: the rank ends within a scheduler's grace
+period instead of waiting for its SIGKILL). SIGUSR1 ends with exit code 0,
 so Slurm can requeue the job and the new attempt resumes by itself; SIGTERM and SIGINT end with 128 + the signal
 number. DataLoader workers ignore all three (``protect_worker``): their rank decides.
 """
@@ -29,6 +31,9 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, *REQUEUE_SIGNALS)
 # The same signal again within this many seconds is the same request delivered twice (Slurm signals every process
 # of a job and torchrun forwards what it got to the ranks), not a user insisting.
 REPEAT_WINDOW_S = 3.0
+# After a stop request, this long without a step ending (a data reader or a peer stuck) stops at once: within the
+# grace period a scheduler gives before its SIGKILL (Kubernetes' and Slurm's default: 30 s).
+STUCK_S = 20.0
 
 
 class StopRequested(KeyboardInterrupt):
@@ -86,9 +91,12 @@ class GracefulStop:
     Handlers are installed only in the main thread (Python allows no other); elsewhere it is inert.
     """
 
-    def __init__(self, signals: tuple[int, ...] = STOP_SIGNALS, elastic: bool = False) -> None:
-        self.signals = signals
+    def __init__(self, signals: tuple[int, ...] = STOP_SIGNALS, elastic: bool = False,
+                 stuck_s: float = STUCK_S) -> None:
+        self.signals, self.stuck_s = signals, stuck_s
         self.elastic = elastic  # under torchrun's elastic agent, whose SIGTERM may be a restart (a node joined)
+        self._timer: threading.Timer | None = None  # while a stop is pending: fires when no step ends in stuck_s
+        self._stuck = False
         self.signum: int | None = None  # the first signal received here
         self.agreed_signum: int | None = None  # the signal every rank agreed to stop on
         self.where = ""  # what was running when it stopped, for the exit message
@@ -108,11 +116,20 @@ class GracefulStop:
 
     def restore(self) -> None:
         """Put the handlers that were there before back (idempotent)."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         for sig, handler in self._previous.items():
             signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
         self._previous.clear()
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self._stuck:  # our own timer: no step ended for stuck_s seconds after the stop request
+            self._stuck, self.agreed_signum = False, self.signum or signum
+            self.restore()
+            raise StopRequested(self.agreed_signum, f"stopped by {signal_name(self.agreed_signum)}: no step ended "
+                                                    f"within {self.stuck_s:g} s of it (a data reader or a peer is "
+                                                    "stuck); last.pt is the one last written whole")
         repeat = self.signum == signum and time.monotonic() - self._received_at > REPEAT_WINDOW_S
         if repeat:  # the same signal again, later: the user insists, stop now without saving
             self.restore()
@@ -125,6 +142,23 @@ class GracefulStop:
             raise StopRequested(signum, f"stopped by {signal_name(signum)} {self.where}")
         LOGGER.warning(f"{signal_name(signum)} received: stopping after this step and saving last.pt "
                        "(send it again to stop at once)")
+        self._arm()
+
+    def _arm(self) -> None:
+        """(Re)start the watch of a pending stop: when no step ends within ``stuck_s``, the main thread gets the
+        signal again and stops at once (a blocked read or wait is interrupted by it)."""
+        if self._timer is not None:
+            self._timer.cancel()
+        if not self._previous:  # handlers not installed here (not the main thread): nothing would act on it
+            return
+        self._timer = threading.Timer(self.stuck_s, self._overdue)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def _overdue(self) -> None:
+        if self._previous and self.signum is not None:
+            self._stuck = True
+            signal.pthread_kill(threading.main_thread().ident, self.signum)
 
     @property
     def requested(self) -> bool:
@@ -141,6 +175,8 @@ class GracefulStop:
         if voted_signum and self.agreed_signum is None:
             self.agreed_signum = voted_signum
             self.signum = self.signum or voted_signum
+        if self._timer is not None:  # a step ended: the stop is on its way (to the next checkpoint boundary)
+            self._arm()
 
     @contextlib.contextmanager
     def immediate(self, where: str) -> Iterator[None]:
@@ -156,6 +192,9 @@ class GracefulStop:
 
     def raise_stop(self, epoch: int, batch: int) -> None:
         """End training on this rank with StopRequested after rank 0 saved the step."""
+        if self._timer is not None:  # stopping now: nothing is stuck
+            self._timer.cancel()
+            self._timer = None
         signum = self.agreed_signum or signal.SIGTERM
         then = "the job can be requeued" if signum in REQUEUE_SIGNALS else "continue with --resume"
         if self.elastic and signum == signal.SIGTERM:

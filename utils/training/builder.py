@@ -257,7 +257,7 @@ def build_model(config: RunConfig, nc: int, names: list[str], device: torch.devi
     """A model from --cfg (or the checkpoint's YAML), with the matching tensors of --weights transferred
     (rank 0 reads the file and shares it). All ranks must call it."""
     ckpt = shared_checkpoint([config.weights], trusted=config.trust_weights)[1] if config.weights else None
-    model = Model(config.cfg or (ckpt["model_yaml"] if ckpt else DEFAULT_CFG), nc=nc)
+    model = Model(config.cfg or (ckpt["model_yaml"] if ckpt else DEFAULT_CFG), nc=nc, img_size=config.img_size)
     model.names = list(names)
     if ckpt is not None:
         skip_anchors = bool(config.cfg) and not config.resume  # a given --cfg brings its own anchors (if any)

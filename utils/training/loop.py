@@ -228,7 +228,17 @@ class Trainer:
             self.hooks.after_epoch(self.view, epoch, row)  # the Checkpointer first: last.pt, best.pt
         if self.stop.agreed:  # a stop voted during the epoch, still waiting for a point to save: last.pt just was
             self.stop.raise_stop(epoch + 1, 0)
+        if epoch + 1 < self.config.epochs and self.device.type == "cpu":
+            self.remeasure_threads()
         return dist.main_decides(lambda: self.stopper(epoch, fitness_value))  # every rank leaves together
+
+    def remeasure_threads(self) -> None:
+        """Between epochs on the CPU, the measured thread count is measured again (dist.remeasure_threads: changed
+        after two agreeing probes), in one line when it changes."""
+        changed = dist.remeasure_threads()
+        if changed:
+            LOGGER.info(f"CPU threads {changed[0]} -> {changed[1]}: two probes in a row between epochs found "
+                        f"{changed[1]} faster (utils.device.measured_threads)")
 
     def validate(self, final: bool) -> dict[str, float]:
         """Distributed validation of the EMA model on every rank's shard; the same numbers on every rank."""

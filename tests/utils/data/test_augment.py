@@ -246,3 +246,22 @@ def test_mosaic_colour_change_on_the_tiles_matches_the_change_afterwards() -> No
     assert diff.mean() < 1.5 and np.percentile(diff, 99) <= 8, (diff.mean(), np.percentile(diff, 99))
     pad = plain.max(2) == augment.PAD_COLOR[0]
     assert pad.any() and (first[pad] == after[pad]).all()  # the padding gets the same colour either way
+
+
+def test_large_tiles_are_coloured_tile_by_tile_as_the_output_would_be() -> None:
+    """Tiles larger than the output (the usual 480-640 px sources) are coloured on their source crop or on the block
+    they paste, whichever is smaller; the picture is that of colouring the output, each pixel coloured once."""
+    from utils.data.colour import draw_hsv
+
+    sizes = [(96, 128), (128, 96), (80, 128), (112, 112)]
+    images, labels = _gradients(sizes), [np.zeros((0, 5), np.float32)] * 4
+    kwargs = {"degrees": 0, "translate": 0.1, "scale": 0.5, "shear": 0, "perspective": 0}
+    for seed in range(4):
+        change = draw_hsv(np.random.default_rng(seed + 10), 0.015, 0.7, 0.4)
+        tiled, _ = augment.warp_mosaic(images, labels, 64, np.random.default_rng(seed), **kwargs, hsv=change)
+        plain, _ = augment.warp_mosaic(images, labels, 64, np.random.default_rng(seed), **kwargs)
+        after = change.apply(plain, inplace=False)
+        diff = np.abs(tiled.astype(int) - after.astype(int))
+        assert diff.mean() < 1.5 and np.percentile(diff, 99) <= 8, (diff.mean(), np.percentile(diff, 99))
+        twice = np.abs(change.apply(after, inplace=False).astype(int) - after.astype(int))
+        assert twice.mean() > diff.mean()  # colouring twice would show: no pixel is

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import cv2
 import numpy as np
 import pytest
 import torch
@@ -245,3 +246,38 @@ def test_coco_json_outlines_train_a_segmenter(tmp_path: Path) -> None:
         assert (masks[0] == parts).all() and (masks[1] == rle_mask).all() and masks[2].sum() == 100
     assert (tmp_path / "instances.all.segments.cache").is_file()
     assert any("bad segmentation" in w for w in ds.scan.warnings)
+
+
+def _photo(path: Path, h: int, w: int) -> None:
+    """A JPEG with smooth content and edges (a photo more than noise), ``h`` x ``w``."""
+    yy, xx = np.mgrid[0:h, 0:w]
+    img = np.stack([xx * 255 // w, yy * 255 // h, (xx + yy) * 127 // (w + h)], -1).astype(np.uint8)
+    img[h // 4:h // 2, w // 3:w // 2] = (30, 200, 90)
+    cv2.imwrite(str(path), img, [cv2.IMWRITE_JPEG_QUALITY, 95])
+
+
+def test_large_jpegs_decode_reduced_within_two_levels_of_the_whole_decode(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A JPEG at least twice as large as the training size is decoded at 1/2, 1/4 or 1/8 of its sides (libjpeg's
+    DCT scaling) and then resized: within 2 levels on average of decoding it whole and resizing (validation's
+    INTER_AREA and training's INTER_LINEAR); the sizes and shapes are those of the whole decode."""
+    from functools import partial
+
+    from utils.data import datasets as module
+    from utils.data.image_io import reduction
+
+    assert [reduction(s, 64) for s in (64, 127, 128, 255, 256, 511, 512, 4000)] == [1, 1, 2, 2, 4, 4, 8, 8]
+    images = make_set(tmp_path, {"big.jpg": (partial(_photo, h=300, w=520), GOOD_LABEL),
+                                 "small.jpg": (partial(_photo, h=90, w=100), GOOD_LABEL)})
+    asked = []
+    whole = module.read_image
+    for augment in (False, True):
+        ds = YoloDataset(images, img_size=64, augment=augment, nc=3)
+        monkeypatch.setattr(module, "read_image", lambda path, reduce=1: asked.append(reduce) or whole(path, reduce))
+        reduced = [ds.load_image(i) for i in range(2)]
+        monkeypatch.setattr(module, "read_image", lambda path, reduce=1: whole(path))
+        plain = [ds.load_image(i) for i in range(2)]
+        for (a, hw0_a, hw_a), (b, hw0_b, hw_b) in zip(reduced, plain):
+            assert a.shape == b.shape and hw0_a == hw0_b and hw_a == hw_b
+            assert np.abs(a.astype(int) - b.astype(int)).mean() < 2.0
+    assert sorted(asked) == [1, 1, 8, 8]  # 520 px at 64: an eighth (65 px); 100 px: whole

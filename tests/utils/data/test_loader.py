@@ -13,6 +13,7 @@ from utils.data import loader
 from utils.data.config import load_data_config
 from utils.data.datasets import DatasetOptions, YoloDataset
 from utils.data.loader import ResumableSampler, ShardSampler, build_dataloader, create_dataloader, set_epoch, set_start
+from utils.data.stream import rank_positions
 from utils.distributed import comm as dist
 
 
@@ -59,6 +60,46 @@ def test_resume_with_another_world_size_sees_exactly_the_rest(world_before: int,
     rest = sorted(set(i for part in after for i in part))
     assert sorted(seen + rest) == list(range(n))  # every sample exactly once over the two runs
     assert sum(len(p) for p in after) - (n - consumed) < world_after  # padding only to even out ranks
+
+
+@pytest.mark.parametrize(("n", "world", "batch", "per_rank"), [(7, 1, 2, 8), (5, 2, 2, 4), (9, 2, 4, 6),
+                                                               (7, 1, 3, 8), (8, 1, 3, 8), (7, 1, 1, 7)])
+def test_a_last_batch_of_one_image_is_padded(n: int, world: int, batch: int, per_rank: int) -> None:
+    """7 images at batch 2 (a last batch of one reached BatchNorm): each rank gets one more image, wrapped from the
+    start of the epoch's order as DistributedSampler pads, the same on every rank (5 images, 2 ranks of batch 2:
+    3 each, padded to 4); other last batches are kept as they are."""
+    parts = []
+    for rank in range(world):
+        sampler = ResumableSampler(n, seed=2, rank=rank, world_size=world, batch_size=batch)
+        sampler.set_epoch(1)
+        parts.append(list(sampler))
+        assert len(sampler) == len(parts[-1]) == per_rank and per_rank % batch != 1 or batch == 1
+    assert set().union(*parts) == set(range(n))  # every image, some twice
+    assert rank_positions(n, 0, 0, world, batch=batch)[-1] < n and rank_positions(n, 0, 0, world, pad=False,
+                                                                                   batch=batch) == \
+        list(range(0, n, world))  # evaluation: never padded
+
+
+def test_seven_images_at_batch_2_and_32_px_train(tmp_path: Path) -> None:
+    """The red-team's run: 7 images, --batch-size 2 --img 32 (its last batch of one image ended in a traceback)."""
+    import yaml
+
+    import train
+    from tests.conftest import _tiny_cfg
+    from tests.helpers import one_thread_and_logger_kept
+    from utils.cli import run_main
+    from utils.data.synthetic import SYNTHETIC_NAMES, ensure_synthetic
+
+    root = ensure_synthetic(tmp_path / "seven", n_train=7, n_val=2, img_size=(48, 64), seed=0)
+    (tmp_path / "d.yaml").write_text(yaml.safe_dump({"path": str(root), "train": "images/train",
+                                                     "val": "images/val", "names": list(SYNTHETIC_NAMES)}))
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(_tiny_cfg()))
+    opt = train.parse_opt(["--cfg", str(tmp_path / "m.yaml"), "--data", str(tmp_path / "d.yaml"), "--img", "32",
+                           "--batch-size", "2", "--epochs", "1", "--device", "cpu", "--workers", "0", "--noval",
+                           "--noplots", "--project", str(tmp_path / "runs")])
+    with one_thread_and_logger_kept():
+        assert run_main(train.main, opt, "train") == 0
+    assert (tmp_path / "runs" / "exp" / "weights" / "last.pt").is_file()
 
 
 def test_set_epoch_rewinds_the_start() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -138,3 +139,31 @@ def test_videos_and_streams_with_frames_over_the_pixel_limit_are_refused(video: 
     with serve_folder(video.parent) as url, pytest.raises(SourceError, match="decompression-bomb limit") as info:
         load_source(f"{url}/live", img_size=64)
     assert "\n" not in str(info.value)
+
+
+def test_a_txt_list_reads_only_inside_its_folder(tmp_path: Path) -> None:
+    """A .txt source list's entries are relative to its folder and stay in it: ``../`` and absolute paths leading
+    out (detect.py read them), and links out, are one SourceError line naming the entry; absolute paths inside, and
+    URLs, are read. A FIFO in place of the list is one line too."""
+    from utils.data.sources import collect_files
+
+    folder, outside = tmp_path / "lists", tmp_path / "private"
+    (folder / "sub").mkdir(parents=True)
+    outside.mkdir()
+    for path in (folder / "a.jpg", folder / "sub" / "b.jpg", outside / "secret.jpg"):
+        cv2.imwrite(str(path), np.zeros((8, 8, 3), np.uint8))
+    (folder / "link.jpg").symlink_to(outside / "secret.jpg")
+    listing = folder / "list.txt"
+    listing.write_text(f"a.jpg\nsub/b.jpg\n{folder / 'a.jpg'}\nhttps://example.invalid/c.jpg\n")
+    assert collect_files(listing) == [folder / "a.jpg", folder / "sub" / "b.jpg", folder / "a.jpg",
+                                      "https://example.invalid/c.jpg"]
+    for entry in ("../private/secret.jpg", str(outside / "secret.jpg"), "link.jpg", "sub/../../private/secret.jpg"):
+        listing.write_text(f"a.jpg\n{entry}\n")
+        with pytest.raises(SourceError) as refused:
+            collect_files(listing)
+        message = str(refused.value)
+        assert "\n" not in message and "leads outside" in message and entry in message, message
+    fifo = folder / "fifo.txt"
+    os.mkfifo(fifo)
+    with pytest.raises(SourceError, match="cannot read the list .*a FIFO"):
+        collect_files(fifo)

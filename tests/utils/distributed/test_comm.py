@@ -131,3 +131,32 @@ def test_rank_state_has_one_source(monkeypatch: pytest.MonkeyPatch, no_launcher:
     assert dist.restart_count() == 2 and dist.restart_count() == dist.launch_env().restart_count
     assert dist.scheduler_job() == SchedulerJob("77", 1) == dist.launch_env().job
     assert dist.node_rank() == 0  # outside a group
+
+
+def test_remeasured_threads_change_only_after_two_agreeing_probes(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dist, "_STATE", dist._State())  # this test's own module state, put back after it
+    monkeypatch.setattr(dist, "get_local_world_size", lambda: 1)
+    monkeypatch.setattr(dist, "available_cores", lambda: 2)
+    verdicts, asked = iter([1, 2, 1, 2, 2, 2, 1, 1]), []
+
+    def probe(most: int, apply: bool = True) -> int:  # the measurement's verdicts in turn
+        asked.append(apply)
+        chosen = next(verdicts)
+        if apply:
+            torch.set_num_threads(chosen)
+        return chosen
+
+    monkeypatch.setattr(dist, "measured_threads", probe)
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        dist.configure_threads()
+        assert dist.remeasure_threads() is None and asked == []  # a count the user set is never measured
+        monkeypatch.delenv("OMP_NUM_THREADS")
+        assert dist.configure_threads() == 1  # start-up: busy
+        changes = [dist.remeasure_threads() for _ in range(7)]
+        # 2 then 1: a single idle moment, no change; 2, 2: changed; 2: kept; 1 then 1: changed back
+        assert changes == [None, None, None, (1, 2), None, None, (2, 1)] and torch.get_num_threads() == 1
+        assert asked == [True] + [False] * 7  # the probes between epochs leave torch as they found it
+    finally:
+        torch.set_num_threads(before)

@@ -73,6 +73,29 @@ def test_immediate_section_stops_at_once() -> None:
     assert not stop.requested
 
 
+def test_a_stop_request_ends_a_stuck_wait_within_the_grace_period() -> None:
+    """After a stop request no step ends (a data reader blocked for good): the main thread gets the signal again
+    after ``stuck_s`` and stops at once, out of a wait that never returns by itself; a step ending re-arms it."""
+    import threading
+    import time
+
+    with GracefulStop(stuck_s=0.5) as stop:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.3)
+        stop.agree(0)  # a step ended: the watch starts again
+        start = time.monotonic()
+        with pytest.raises(StopRequested, match="no step ended within 0.5 s of it") as info:
+            threading.Event().wait()  # blocked for good, as a read from a server that never answers
+        assert 0.4 < time.monotonic() - start < 10 and info.value.exit_code == 143 and stop.agreed
+    with GracefulStop(stuck_s=0.2) as stop:  # stopped in time: the watch ends with the stop
+        os.kill(os.getpid(), signal.SIGTERM)
+        stop.agree(int(signal.SIGTERM))
+        with pytest.raises(StopRequested, match="last.pt saved"):
+            stop.raise_stop(epoch=0, batch=0)
+        time.sleep(0.5)  # no late signal arrives
+    assert stop._timer is None
+
+
 def test_protected_worker_ignores_stop_signals_from_others_but_not_from_its_rank() -> None:
     """A process (the 'rank') forks a protected child (the 'worker'): SIGTERM, SIGINT and SIGUSR1 from another
     process leave the worker running; SIGTERM from the rank (multiprocessing's terminate at exit) ends it."""

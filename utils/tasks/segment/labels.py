@@ -9,8 +9,9 @@ the image is skipped and counted 'corrupt' in the scan's summary.
 
 A COCO annotation's ``segmentation`` is a list of polygons (parts of one object, in pixels) or an RLE mask
 (``{"size": [h, w], "counts": ...}``, crowd annotations use it). Parts are joined into one outline through
-zero-width bridges (the reference's converter does the same), so every object has one polygon. Parts of fewer
-than 3 points are dropped and counted; malformed values make the image corrupt, as a bad ``bbox`` does. An RLE
+zero-width bridges (the reference's converter does the same), so every object has one polygon, in time linear in
+its points. Parts of fewer than 3 points are dropped and counted; more than MAX_POLYGON_POINTS points in all parts
+(counted before any part is read) and malformed values make the image corrupt, as a bad ``bbox`` does. An RLE
 mask is kept as it is (checked against the image's size without being decoded) and becomes an outline only when
 asked (``instance_polygon``).
 
@@ -173,6 +174,9 @@ def coco_segmentation(segmentation: Any, width: int, height: int) -> InstanceSeg
         return InstanceSegment(rle=segmentation)
     if not isinstance(segmentation, list) or not all(isinstance(p, list) for p in segmentation):
         raise ValueError("segmentation must be a list of polygons or an RLE mask")
+    points = sum(len(p) for p in segmentation) // 2  # bounded before any part is read, as a YOLO row is
+    if points > MAX_POLYGON_POINTS:
+        raise ValueError(f"{points} polygon points in {len(segmentation)} parts, more than {MAX_POLYGON_POINTS}")
     parts, dropped = [], 0
     for part in segmentation:
         if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in part):
@@ -192,12 +196,13 @@ def join_parts(parts: Sequence[np.ndarray]) -> np.ndarray:
         return np.asarray(parts[0], np.float64)
     links = [_closest_pair(parts[i], parts[i + 1]) for i in range(len(parts) - 1)]  # (exit of i, entry of i + 1)
     entries = [links[0][0], *(entry for _, entry in links)]  # part 0 starts where it leaves
-    path = _loop(parts[-1], entries[-1])
-    for i in range(len(parts) - 2, -1, -1):
+    heads, tails = [], []  # each part up to its exit, in order; then the rest of each, innermost first
+    for i in range(len(parts) - 1):
         loop = _loop(parts[i], entries[i])
         k = (links[i][0] - entries[i]) % len(parts[i])  # steps from this part's entry to its exit
-        path = np.concatenate((loop[:k + 1], path, loop[k:]))
-    return path
+        heads.append(loop[:k + 1])
+        tails.append(loop[k:])
+    return np.concatenate([*heads, _loop(parts[-1], entries[-1]), *reversed(tails)])  # one copy: linear in points
 
 
 def _loop(points: np.ndarray, start: int) -> np.ndarray:

@@ -13,7 +13,10 @@ from utils.data.coco_json import coco_entries
 from utils.data.label_cache import pack_points as pack_segments
 from utils.data.label_cache import unpack_points as unpack_segments
 from utils.tasks.segment.labels import (
+    MAX_POLYGON_POINTS,
     InstanceSegment,
+    _closest_pair,
+    _loop,
     coco_instance_segments,
     coco_segmentation,
     instance_polygon,
@@ -117,6 +120,33 @@ def test_coco_degenerate_parts_are_dropped_and_bad_values_refused() -> None:
                         ([1, 2, 3, 4, 5, 6], "list of polygons")):
         with pytest.raises(ValueError, match=reason):
             coco_segmentation(bad, 64, 48)
+
+
+def _join_by_nesting(parts: list[np.ndarray]) -> np.ndarray:
+    """join_parts as it was (each part wrapped round the path so far: a copy of the whole path per part)."""
+    links = [_closest_pair(parts[i], parts[i + 1]) for i in range(len(parts) - 1)]
+    entries = [links[0][0], *(entry for _, entry in links)]
+    path = _loop(parts[-1], entries[-1])
+    for i in range(len(parts) - 2, -1, -1):
+        loop = _loop(parts[i], entries[i])
+        k = (links[i][0] - entries[i]) % len(parts[i])
+        path = np.concatenate((loop[:k + 1], path, loop[k:]))
+    return path
+
+
+@pytest.mark.timeout(60)  # before: 80 s for one annotation
+def test_a_polygon_of_120k_parts_is_refused_before_its_parts_are_read_and_joining_is_linear() -> None:
+    """A COCO polygon in 120,000 three-point parts cost 80 s (each part copied the joined path so far): the points
+    of all parts are counted first (more than MAX_POLYGON_POINTS: the image is corrupt, counted, as a long YOLO row
+    is), and parts are joined in one copy, with the same outline as before."""
+    rng = np.random.default_rng(0)
+    parts = [list(rng.uniform(0, 45, 6)) for _ in range(120_000)]
+    with pytest.raises(ValueError, match=f"360000 polygon points in 120000 parts, more than {MAX_POLYGON_POINTS}"):
+        coco_segmentation(parts, 64, 48)
+    many = [rng.uniform(0, 45, (3, 2)) for _ in range(MAX_POLYGON_POINTS // 3)]
+    assert np.array_equal(join_parts(many), _join_by_nesting(many))
+    assert len(join_parts(many)) == 3 * len(many) + len(many) * 2 - 1  # each part closed, each bridge walked back
+    assert len(coco_segmentation([list(p.ravel()) for p in many], 64, 48).polygon) == len(join_parts(many))
 
 
 def test_coco_rle_is_kept_checked_and_outlined_on_request() -> None:

@@ -1,0 +1,57 @@
+"""utils/data/colour.py: the HSV change drawn as hsv_table draws it, applied by one matrix product within a level
+of the lookup table's H, S and V."""
+
+from __future__ import annotations
+
+import cv2
+import numpy as np
+
+from utils.data import augment
+from utils.data.colour import HsvChange, draw_hsv
+
+
+def _image(seed: int = 0, shape: tuple[int, int] = (48, 64)) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, (*shape, 3), dtype=np.uint8)
+
+
+def test_the_draws_are_hsv_tables_draws() -> None:
+    a, b = np.random.default_rng(5), np.random.default_rng(5)
+    change, table = draw_hsv(a, 0.015, 0.7, 0.4), augment.hsv_table(b, 0.015, 0.7, 0.4)
+    assert np.array_equal(change.table(), table)
+    assert a.random() == b.random()  # the same number of draws: the samples' later draws are kept
+
+
+def test_no_gains_draw_nothing() -> None:
+    a, b = np.random.default_rng(1), np.random.default_rng(1)
+    assert draw_hsv(a, 0, 0, 0) is None and augment.hsv_table(b, 0, 0, 0) is None
+    assert a.random() == b.random()
+
+
+def test_applied_within_one_level_of_the_table_in_hsv() -> None:
+    for seed in range(5):
+        change = draw_hsv(np.random.default_rng(seed), 0.015, 0.7, 0.4)
+        img = _image(seed)
+        hsv = cv2.cvtColor(img, cv2.COLOR_BGR2HSV)
+        by_table = cv2.LUT(hsv, change.table()).astype(int)
+        by_matrix = cv2.transform(hsv, np.diag(np.asarray(change.gains, np.float32))).astype(int)
+        hue = np.abs(by_table[..., 0] - by_matrix[..., 0] % 180)
+        assert np.minimum(hue, 180 - hue).max() <= 1  # the hue is circular: 179 and 0 are one level apart
+        assert np.abs(by_table[..., 1:] - by_matrix[..., 1:]).max() <= 1
+        fast, slow = change.apply(img, inplace=False), augment.apply_hsv(img.copy(), change.table())
+        diff = np.abs(fast.astype(int) - slow.astype(int))
+        assert diff.mean() < 1.5 and not np.array_equal(fast, img)
+
+
+def test_apply_in_place_or_not_and_through_apply_hsv() -> None:
+    change, img = HsvChange((1.01, 1.3, 0.8)), _image(1)
+    copy = img.copy()
+    out = change.apply(img, inplace=False)
+    assert np.array_equal(img, copy) and out is not img
+    assert augment.apply_hsv(img, change) is img and np.array_equal(img, out)  # apply_hsv takes a change too
+
+
+def test_hue_gains_past_the_range_use_the_table_exactly() -> None:
+    img = _image(2)
+    for gains in ((1.6, 1.0, 1.0), (1.5, 0.5, 1.2)):  # 179 x 1.6 > 255: the matrix would saturate the hue
+        change = HsvChange(gains)
+        assert np.array_equal(change.apply(img, inplace=False), augment.apply_hsv(img.copy(), change.table()))
