@@ -70,7 +70,9 @@ FLAGS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "save_conf": (("--save-conf",), {"action": "store_true", "help": "save confidences in --save-txt labels"}),
     "project": (("--project",), {"default": None, "help": "save to project/name (default: runs/<script's task>)"}),
     "name": (("--name",), {"default": "exp", "help": "save to project/name"}),
-    "exist_ok": (("--exist-ok",), {"action": "store_true", "help": "reuse project/name instead of incrementing"}),
+    "exist_ok": (("--exist-ok",), {"action": "store_true",
+                                   "help": "write into an existing project/name instead of a new numbered folder, "
+                                   "only if a run of this project made it (a .yolo-run marker in it)"}),
     "backend": (("--backend",), {"default": "auto", "choices": ["auto", "nccl", "gloo"],
                                  "help": "torch.distributed backend (auto: nccl on CUDA, else gloo)"}),
     "ddp_timeout": (("--ddp-timeout",), {"type": float, "default": 600.0,
