@@ -81,6 +81,34 @@ def test_train_run_with_two_processes_from_stdin(tiny_dataset: Path, tiny_cfg_fi
     assert "Traceback" not in out and "Grad strides" not in out and out.count("1 epochs completed in") == 1
 
 
+def test_hooks_defined_in_an_unguarded_script_or_python_c_get_one_line_saying_what_to_change(
+        tiny_dataset: Path, tiny_cfg_file: Path, tmp_path: Path) -> None:
+    """A hook class written in the calling script reaches the processes only by importing that script: from
+    ``python -c`` it cannot (said before any process starts); from a file without ``if __name__ == "__main__":``
+    each process meets train.run again and stops, and the caller's error says where to put the call."""
+    import subprocess
+
+    script = (f"import sys\nsys.path.insert(0, {str(ROOT)!r})\nimport train\nfrom utils.hooks import HookBase\n"
+              "class Seen(HookBase):\n    pass\n"
+              f"train.run(nproc_per_node=2, hooks=[Seen()], data={str(tiny_dataset)!r}, cfg={str(tiny_cfg_file)!r}, "
+              f"img=64, epochs=1, batch_size=8, workers=0, device='cpu', project={str(tmp_path / 'runs')!r})\n")
+    (tmp_path / "unguarded.py").write_text(script)
+    outputs = {}
+    for how, argv in (("-c", ["-c", script]), ("file", [str(tmp_path / "unguarded.py")])):
+        proc = subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300, env=job_env(),
+                              cwd=tmp_path)
+        outputs[how] = proc.stdout + proc.stderr
+        assert proc.returncode == 1, outputs[how][-3000:]
+    last = [text.strip().splitlines()[-1] for text in outputs.values()]
+    assert last[0] == ("utils.api.OptionError: Seen is defined in __main__ of an interactive session, python -c or "
+                       "stdin, which new processes cannot import: define it in a module of its own and import it")
+    assert last[1].startswith("utils.api.OptionError: a new process imported ") and last[1].endswith(
+        "unguarded.py for the hooks defined there, and it called train.run() again: put the call under `if __name__ "
+        "== \"__main__\":`"), outputs["file"][-3000:]
+    assert "Traceback" not in outputs["file"].split("Traceback", 1)[1]  # the caller's one, none from the processes
+    assert not (tmp_path / "runs").exists()  # nothing trained, no run folder
+
+
 def test_test_py_validates_in_two_shards_with_the_metrics_of_one_process(tiny_weights: Path, tiny_dataset: Path,
                                                                          tmp_path: Path) -> None:
     """``test.py --device cpu --nproc-per-node 2``: each process a shard of the images, the statistics gathered,

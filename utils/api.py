@@ -94,6 +94,7 @@ def to_argv(parser: argparse.ArgumentParser, options: Mapping[str, Any], script:
 
 def parse(parse_opt: Callable[[list[str]], argparse.Namespace], argv: list[str], script: str) -> argparse.Namespace:
     """``parse_opt(argv)``, its argparse errors (which print usage and exit) raised as one-line OptionErrors."""
+    _not_reentered(f"{script}.run()")
     stderr = io.StringIO()
     try:
         with contextlib.redirect_stderr(stderr):
@@ -166,9 +167,7 @@ def launch(worker: Callable[..., RankOutcome], nproc_per_node: int, *args: Any) 
     script imported in the processes, as multiprocessing's spawn does."""
     if not isinstance(nproc_per_node, int) or isinstance(nproc_per_node, bool) or nproc_per_node < 1:
         raise OptionError(f"nproc_per_node={nproc_per_node!r}: give the number of processes, 1 or more")
-    if _BOOTSTRAP.importing:
-        raise OptionError(f"a new process imported {_BOOTSTRAP.importing} for the hooks defined there, and it "
-                          "started processes again: put the call under `if __name__ == \"__main__\":`")
+    _not_reentered("launch()")
     job = Path(tempfile.mkdtemp(prefix="yolo-launch-"))  # the job, each rank's outcome, the launcher's error files
     try:
         _write_job(job, worker, args)
@@ -192,6 +191,14 @@ class _Bootstrap(threading.local):
 
 
 _BOOTSTRAP = _Bootstrap()
+
+
+def _not_reentered(call: str) -> None:
+    """OptionError when a launched process, importing the calling script for its hooks, meets ``call`` at the
+    script's top level (it would run again in every process, each rank a job of its own)."""
+    if _BOOTSTRAP.importing:
+        raise OptionError(f"a new process imported {_BOOTSTRAP.importing} for the hooks defined there, and it "
+                          f"called {call} again: put the call under `if __name__ == \"__main__\":`")
 
 
 def _config(nproc_per_node: int, log_dir: Path) -> Any:
