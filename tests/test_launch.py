@@ -46,6 +46,7 @@ def test_a_user_error_under_our_launcher_is_the_last_line(tiny_dataset: Path, ti
     code, out = run_job([sys.executable, str(ROOT / "train.py"), *args])
     assert code == 2 and out.strip().splitlines()[-1] == BATCH_LINE, out[-3000:]
     assert out.count(BATCH_LINE) == 1 and "Traceback" not in out and "FAILED" not in out
+    assert not list(tmp_path.glob("exp*"))  # a failed start leaves no empty run folder
 
 
 def test_a_user_error_under_torchrun_is_its_root_cause_and_last_line(tiny_dataset: Path, tiny_cfg_file: Path,
