@@ -63,6 +63,24 @@ def test_a_user_error_under_torchrun_is_its_root_cause_and_last_line(tiny_datase
     assert "rank      : 0 (local_rank: 0)" in root_cause and "To enable traceback" not in root_cause
 
 
+def test_a_user_error_in_srun_tasks_is_the_last_line_they_print(tiny_dataset: Path, tiny_cfg_file: Path,
+                                                               tmp_path: Path) -> None:
+    """Two tasks as srun starts them (Slurm's variables, no torchrun): rank 0 says the line and it is the last
+    thing the job's processes print; rank 1 leaves quietly with the same exit code (srun itself then adds its
+    summary of the tasks' exit codes)."""
+    from tests.helpers import finish, start
+    from tests.test_cluster import slurm_env, slurm_port_job_id
+
+    job_id = slurm_port_job_id()
+    args = [str(ROOT / "train.py"), *tiny_args(tiny_dataset, tiny_cfg_file, tmp_path, "--device", "cpu", "--batch",
+                                               "3")]
+    procs = [start([sys.executable, *args], env=slurm_env(rank, job_id)) for rank in range(2)]
+    (code0, out0), (code1, out1) = (finish(p) for p in procs)
+    assert (code0, code1) == (2, 2), out0[-3000:] + out1[-3000:]
+    assert out0.strip().splitlines()[-1] == BATCH_LINE and BATCH_LINE not in out1, out0[-3000:] + out1[-3000:]
+    assert "Traceback" not in out0 + out1 and not list(tmp_path.glob("exp*"))
+
+
 def test_train_run_with_two_processes_from_stdin(tiny_dataset: Path, tiny_cfg_file: Path, tmp_path: Path) -> None:
     """``python - <<EOF`` with train.run(nproc_per_node=2) at its top level: no __main__ guard, no file to import;
     the processes never run the caller's code, and rank 0's result comes back."""
