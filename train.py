@@ -88,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sync-bn", action="store_true", help="synchronised BatchNorm across ranks (DDP)")
     add_flags(p, "workers", "project", "name", "exist_ok")
     p.add_argument("--cos-lr", action="store_true", help="cosine LR schedule")
+    p.add_argument("--linear-lr", dest="cos_lr", action="store_false",
+                   help=argparse.SUPPRESS)  # YOLOv5 v5-v6.0: --linear-lr, the linear schedule (our default)
     p.add_argument("--batch-scaling", action="store_true",
                    help="above a total batch of 64, the large-batch rule for lr0, warmup and EMA (docs/cluster.md)")
     p.add_argument("--label-smoothing", type=float, default=0.0, help="label smoothing epsilon for the class targets")

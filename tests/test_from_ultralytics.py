@@ -169,6 +169,8 @@ YOLOV5_LINES = [
     ("python train.py --batch 64 --data coco.yaml --cfg yolov5s.yaml --weights '' --sync-bn --local-rank=1",
      {"sync_bn": True, "local_rank": 1}),
     ("python train.py --resume", {"resume": True}),
+    ("python train.py --img 640 --batch 16 --epochs 3 --data coco128.yaml --weights yolov5s.pt --linear-lr",
+     {"cos_lr": False}),
     ("python train.py --freeze 10 --single-cls --rect --noval --exist-ok --workers 2 --adam",
      {"freeze": [10], "single_cls": True, "rect": True, "noval": True, "exist_ok": True, "optimizer": "Adam"}),
     ("python val.py --weights yolov5x.pt --data coco.yaml --img 640 --iou 0.65 --half",
