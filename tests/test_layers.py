@@ -27,7 +27,7 @@ LAYERS: list[list[str]] = [
     ["utils.errors", "utils.tasks", "utils.tasks.segment", "utils.tasks.pose"],
     ["utils.log", "utils.paths", "utils.atomic_files", "utils.boxes", "utils.http_fetch", "utils.safe_yaml",
      "utils.tasks.registry", "utils.tasks.segment.masks", "utils.tasks.segment.hub",
-     "utils.tasks.segment.releases", "utils.tasks.pose.hub", "utils.tasks.pose.releases"],
+     "utils.tasks.segment.releases", "utils.tasks.pose.hub", "utils.tasks.pose.releases", "utils.compat"],
     ["utils.device", "utils.hyp", "utils.hooks", "utils.tasks.contract", "utils.tracking"],
     ["utils.distributed"],
     ["models.registry", "utils.tasks.segment.mask_loss"],
@@ -62,6 +62,7 @@ LAYERS: list[list[str]] = [
 # A declared module may be absent (a file another branch adds); a present one must be declared.
 MODULE_LAYERS: dict[str, list[list[str]]] = {
     "utils.distributed": [["launcher", "signals", "watchdog"], ["comm", "elastic"], ["loss_share", "ray_train"]],
+    "utils.compat": [["ultralytics"]],
     "utils.data": [["colour", "generated"], ["augment", "batch_pool", "errors", "ram_cache", "regular_files",
                                              "shard_urls", "synthetic"],
                    ["image_io", "samples"], ["download", "label_cache"],

@@ -21,6 +21,7 @@ COMMANDS = {
     "Quick start": "tests/test_requirements.py::test_requirements_txt_alone_runs_every_quick_start_line",
     "DDP on one machine": "tests/test_ddp.py::test_two_process_run_prints_once_and_exits_promptly",
     "DDP on several machines": "tests/test_ddp.py::test_two_nodes_on_localhost_with_c10d_rendezvous",
+    "Docker": "tests/test_docker.py::test_the_readme_docker_command_trains_with_torchrun_in_the_image",
     "Documentation": "tests/test_docs.py::test_the_site_builds_strictly_with_every_page",
 }
 

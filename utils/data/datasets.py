@@ -139,6 +139,7 @@ class YoloDataset(torch.utils.data.Dataset):
         if not len(keep):
             raise DataError(f"{opts.prefix}no usable images in {sources}: all {len(result.im_files)} are corrupt "
                             "(see warnings)")
+        keep = keep[:max(1, round(len(keep) * opts.fraction))]  # --fraction
         self.im_files = [result.im_files[i] for i in keep]
         self.read_files = [result.read_path(i) for i in keep]  # a repaired copy where the scan made one
         self.labels = [result.labels[i].copy() for i in keep]

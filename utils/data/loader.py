@@ -285,6 +285,9 @@ def stream_loader(items: list, options: DatasetOptions, workers: int, *, trainin
     each epoch's position from the dataset's shared memory. All ranks must call it."""
     if len(items) != 1:
         raise DataError(f"{options.prefix}a split in shards names one shard pattern (got {len(items)} entries)")
+    if options.fraction < 1:
+        raise DataError(f"{options.prefix}--fraction keeps a share of a split's image files; a split in shards "
+                        "streams whole shards: name fewer shards in the data YAML instead")
     reader = label_reader(options.task, options.task_options)
     if reader.kind:
         raise DataError(f"{options.prefix}tar shards hold boxes only; a {options.task} model reads {reader.sources}")
