@@ -135,7 +135,8 @@ class Detector(nn.Module):
         for i, (det, array, (_, ratio, pad)) in enumerate(zip(kept, arrays, boxed)):
             ratio_pad = ((ratio[1], ratio[0]), pad)
             boxes0 = scale_boxes(shape, det[:, :4].clone(), array.shape[:2], ratio_pad=ratio_pad)
-            for name, value in outputs.image(det, others, i, shape, boxes0, array.shape[:2], ratio_pad).items():
+            for name, value in (outputs.image(det, others, i, shape, boxes0, array.shape[:2], ratio_pad)
+                                if others or self.contract.extra or self.contract.rank != 3 else {}).items():
                 extras.setdefault(name, []).append(value)
             det[:, :4] = boxes0
         shapes = [a.shape[:2] for a in arrays]

@@ -359,8 +359,7 @@ class AnchorFreeDecode:
         return self.tf.concat([self.tf.concat(corners, -1) * strides, self.tf.sigmoid(cls)], -1)
 
     def sides(self, box_maps: list, maps: list, channels: int | None = None) -> tuple[Any, Any, Any, Any]:
-        """(cell centres (n, 2) and strides (n, 1) as arrays, each cell's four sides (b, n, 4) in grid units, the
-        ``maps`` of ``channels`` (default nc) per cell as rows (b, n, channels)), levels P3 first."""
+        """Cell centres (n, 2), strides (n, 1), sides (b, n, 4) in cells, ``maps`` as rows (b, n, channels or nc)."""
         tf, reg_max = self.tf, self.reg_max
         batch = -1 if box_maps[0].shape[0] is None else box_maps[0].shape[0]
         sizes = [(int(m.shape[1]), int(m.shape[2])) for m in box_maps]  # static: the export's input size
@@ -374,20 +373,22 @@ class AnchorFreeDecode:
 
 
 def top_rows(tf: Any, nc: int, max_det: int, box_columns: int = 4) -> Layer:
-    """YOLO26's selection (models/head_end_to_end.py, EndToEndDetect.select) on (b, n, 4 + nc) xyxy rows: the k
-    cells with the highest class score, then the k highest (cell, class) scores among them -> (b, k, 6) rows
-    [x1, y1, x2, y2, score, class], best first, k = min(max_det, n); a box of ``box_columns`` values gives
-    (b, k, box_columns + 2). TOPK_V2, GATHER, FLOOR_DIV and FLOOR_MOD are TFLite builtins, so the selection stays
-    inside the file."""
+    """YOLO26's selection (EndToEndDetect.select) on (b, n, box_columns + nc + e) rows: the k cells with the highest
+    class score, then the k highest (cell, class) scores -> (b, k, box_columns + 2 + e) [box, score, class, a task's
+    e columns], best first, k = min(max_det, n); TOPK_V2, GATHER, FLOOR_DIV, FLOOR_MOD are TFLite builtins."""
     def run(decoded: Any) -> Any:
         batch, n = (-1 if decoded.shape[0] is None else decoded.shape[0]), int(decoded.shape[1])
         k = min(max_det, n)
-        boxes, scores = decoded[..., :box_columns], decoded[..., box_columns:]
+        boxes, scores, extra = (decoded[..., a:z] for a, z in ((0, box_columns), (box_columns, box_columns + nc),
+                                                               (box_columns + nc, None)))
         cells = tf.math.top_k(tf.reduce_max(scores, -1), k).indices  # (b, k)
         scores = tf.gather(scores, cells, batch_dims=1)  # (b, k, nc)
         top, flat = tf.math.top_k(tf.reshape(scores, (batch, k * nc)), k)  # (b, k)
-        boxes = tf.gather(boxes, tf.gather(cells, flat // nc, batch_dims=1), batch_dims=1)
-        return tf.concat([boxes, top[..., None], tf.cast(flat % nc, boxes.dtype)[..., None]], -1)
+        cell = tf.gather(cells, flat // nc, batch_dims=1)
+        rows = [tf.gather(boxes, cell, batch_dims=1), top[..., None], tf.cast(flat % nc, boxes.dtype)[..., None]]
+        if int(decoded.shape[-1]) > box_columns + nc:
+            rows.append(tf.gather(extra, cell, batch_dims=1))
+        return tf.concat(rows, -1)
     return run
 
 
