@@ -114,8 +114,8 @@ def test_a_classifier_trains_resumes_validates_detects_and_exports(tmp_path: Pat
 @pytest.mark.ddp
 @pytest.mark.slow
 def test_two_ranks_train_and_validate_as_one_process(tmp_path: Path) -> None:
-    """One 2-rank run (a restart mid-epoch under torchrun is the shared trainer's, tested for detection, segmentation
-    and oriented boxes; a classifier's resume mid-epoch is tested in one process above)."""
+    """One 2-rank run (a restart mid-epoch under torchrun is the shared trainer's, tested for detection and
+    segmentation; a classifier's resume mid-epoch is tested in one process above)."""
     import test as test_script
 
     data, project = cls_data(tmp_path, 32, n_val=15), tmp_path / "runs"

@@ -8,9 +8,7 @@ yolo11n-obb on the synthetic oriented-box set (tiny: 64 px, 16-128 images, 1-2 e
   images labelled with exactly those boxes): test.py gives mAP 1, detect.py draws the oriented outlines and writes
   the labels' own corners back, its TorchScript, ONNX and OpenVINO exports are verified at export and the ONNX
   file validates in test.py within 0.005 of the .pt;
-- two gloo ranks under torchrun: killed on rank 1 mid-epoch and restarted by torchrun from the step's last.pt, the
-  run ends with the weights of an uninterrupted 2-rank run, and its sharded validation gives the mAP test.py gives
-  in one process.
+- two gloo ranks under torchrun: the sharded validation gives the mAP test.py gives in one process.
 """
 
 from __future__ import annotations
@@ -177,25 +175,18 @@ def test_an_oracle_validates_detects_and_exports_its_oriented_boxes(tmp_path: Pa
 
 @pytest.mark.ddp
 @pytest.mark.slow
-def test_two_ranks_restart_mid_epoch_exactly_and_validate_as_one_process(tmp_path: Path) -> None:
+def test_two_ranks_train_and_validate_as_one_process(tmp_path: Path) -> None:
+    """One 2-rank run (a restart mid-epoch under torchrun is the shared trainer's, tested for detection and
+    segmentation; an OBB model's resume mid-epoch is tested in one process above)."""
     import test as test_script
 
-    # batch 64 (32 a rank) is the nominal batch: every step is an optimizer step, so a checkpoint can be taken
-    # mid-epoch under DDP (between steps); 128 images are 2 steps an epoch
-    data, project = obb_data(tmp_path, 128), tmp_path / "runs"
-    args = lambda name: obb_args(data, project, name, "--save-interval-steps", "1", batch=64, epochs=1)  # noqa: E731
-    code, out = finish(start(torchrun_cmd(2, *args("whole"))))
+    data, project = obb_data(tmp_path, 32), tmp_path / "runs"
+    code, out = finish(start(torchrun_cmd(2, *obb_args(data, project, "whole", batch=16, epochs=1))))
     assert code == 0, out[-3000:]
-    fault = ["--hook", "tests.plugins.faults:FailAt(rank=1, epoch=0, batch=1, action='kill')"]
-    code, out = finish(start(torchrun_cmd(2, *args("cut"), *fault, restarts=1)))
-    assert code == 0, out[-3000:]
-    assert "Resuming from epoch 0 of 1, batch 1" in out, out[-3000:]
-    weights = project / "whole" / "weights" / "last.pt"
-    assert weights_diff(weights, project / "cut" / "weights" / "last.pt") == 0.0
     row = rows(project / "whole")[-1]
-    one = test_script.run(weights=str(weights), data=str(data), img_size=64, batch_size=64, workers=0, device="cpu",
-                          project=str(tmp_path / "test"), name="exp")
-    assert one.results() == pytest.approx([float(row[c]) for c in BOX_COLUMNS], abs=1e-6)
+    one = test_script.run(weights=str(project / "whole" / "weights" / "last.pt"), data=str(data), img_size=64,
+                          batch_size=16, workers=0, device="cpu", project=str(tmp_path / "test"), name="exp")
+    assert one.seen == 8 and one.results() == pytest.approx([float(row[c]) for c in BOX_COLUMNS], abs=1e-6)
 
 
 def test_an_obb_model_without_data_takes_the_synthetic_oriented_boxes(tmp_path: Path) -> None:
