@@ -154,6 +154,10 @@ def check_model_options(opt: argparse.Namespace, model: InferenceModel) -> None:
     if opt.augment and model.contract.end_to_end:
         raise DetectError(f"--augment merges three passes before NMS; {model.weights.name} returns final rows "
                           f"({model.contract.layout}, no NMS): drop --augment")
+    if opt.track and model.contract.rank != 3:
+        task = get_task(model.contract.task)
+        raise DetectError(f"--track follows boxes across frames; {model.weights.name} is {task.model_noun}, which "
+                          f"predicts {task.results_noun} and no boxes: drop --track")
     if opt.visualize and model.module is None:
         raise DetectError(f"--visualize draws the stages of the PyTorch model; {model.weights.name} is an export: "
                           "pass the .pt")
@@ -191,8 +195,8 @@ def crop_folder(crop_dir: Path, names: list[str], cls: float) -> Path:
 
 
 def boxes_alone(contract: OutputContract) -> bool:
-    """Whether a model of ``contract`` predicts boxes alone (no task columns, no other outputs)."""
-    return not contract.extra and len(contract.outputs) == 1
+    """Whether a model of ``contract`` predicts boxes alone (rows of boxes, no task columns, no other outputs)."""
+    return contract.rank == 3 and not contract.extra and len(contract.outputs) == 1
 
 
 def save_crops(image: np.ndarray, det: np.ndarray, names: list[str], crop_dir: Path, stem: str) -> None:
@@ -249,11 +253,12 @@ class OutputWriter:
             save_crops(frame.original, det, self.names, self.save_dir / "crops", stem)
         if opt.nosave and not self.viewer.enabled:
             return
-        annotated = frame.original.copy()
-        if extras:
-            annotated = self.outputs.draw(annotated, det, extras)
-        annotated = draw_detections(annotated, det[:, :4], det[:, 5], det[:, 4], self.names,
-                                    opt.line_thickness, opt.hide_labels, opt.hide_conf, ids)
+        annotated = self.outputs.draw(frame.original.copy(), det, extras)
+        own = self.outputs.draw_labelled(annotated, det, extras, self.names, opt.line_thickness, opt.hide_labels,
+                                         opt.hide_conf)  # the task's own drawing of its detections, else boxes
+        annotated = own if own is not None else draw_detections(annotated, det[:, :4], det[:, 5], det[:, 4],
+                                                                self.names, opt.line_thickness, opt.hide_labels,
+                                                                opt.hide_conf, ids)
         self.viewer.show(output_stem(frame) if frame.kind != "image" else frame.path, annotated)
         if opt.nosave:
             return
@@ -265,7 +270,7 @@ class OutputWriter:
             self._video(frame).write(annotated)
 
     def _label_rows(self, det: np.ndarray, extras: dict[str, Any], shape: tuple[int, int]) -> list[str]:
-        rows = self.outputs.label_rows(det, extras, shape, self.opt.save_conf) if extras else None
+        rows = self.outputs.label_rows(det, extras, shape, self.opt.save_conf)
         return label_rows(det, shape, self.opt.save_conf) if rows is None else rows
 
     def _video(self, frame: Frame) -> cv2.VideoWriter:
@@ -359,9 +364,9 @@ def detect_source(model: InferenceModel, source: LoadImages | LoadWebcam | LoadS
             result.track_ids.append(ids)
         totals += seconds
         h, w = frame.image.shape[1:]
-        summary = summarize(torch.from_numpy(det), model.names)
+        summary = outputs.describe(det, extras, model.names) or summarize(torch.from_numpy(det), model.names)
         LOGGER.info(f"{frame.describe()} {h}x{w} {summary}, Done. ({seconds[1]:.3f}s)")
-        frame_summary = outputs.summary(extras) if extras else {}
+        frame_summary = outputs.summary(extras)
         writer.write(frame, det, {**extras, **frame_summary}, ids)
         result.detections.append((frame.describe(), det))
         for name, value in frame_summary.items():

@@ -3,15 +3,18 @@
 and each task's own, from its record (utils/tasks/registry.py, ``hub``): the segmenters ``yolov5n_seg`` ...
 ``yolov5x_seg``, ``yolov8n_seg`` ... ``yolov8x_seg``, ``yolo11n_seg`` ... ``yolo11x_seg``, ``yolo26n_seg`` ...
 ``yolo26x_seg``, and the pose models ``yolov8n_pose`` ... ``yolo26x_pose`` (1 class, person, by default: their
-release files').
+release files'); the classifiers ``yolov8n_cls`` ... ``yolo26x_cls`` (1000 classes unless told, as their release
+files); the oriented-box models ``yolov8n_obb`` ... ``yolo26x_obb`` (15 classes unless told, DOTA v1's, as their
+release files).
 
 Each returns a :class:`models.hub.Detector` (images in, detections in original pixels out; see models/hub.py).
 ``pretrained=True`` fetches the official release file (``yolov5s.pt``, ``yolo11n.pt``, ...; cached, see
 utils/weights/downloads.py for ``YOLO_WEIGHTS_DIR`` / ``YOLO_WEIGHTS_URL``) and reads it without running pickled
 code; ``pretrained=False`` builds the model from its YAML (``yolo11n.yaml``: the family file at scale n).
-``classes`` other than the file's 80 re-initialise the head and transfer every other tensor. ``custom(path=...)``
-loads a checkpoint of ours or any export with a runtime here (.torchscript, .onnx, *_openvino_model/, ...; see
-utils/deploy/formats.py).
+``classes`` other than the file's (80; a classifier's 1000, an oriented-box model's 15) re-initialise the head and
+transfer every other tensor.
+``custom(path=...)`` loads a checkpoint of ours or any export with a runtime here (.torchscript, .onnx,
+*_openvino_model/, ...; see utils/deploy/formats.py).
 """
 
 from __future__ import annotations

@@ -178,7 +178,7 @@ class AnchorFreeDetect(nn.Module):
         the model's own dtype."""
         tracing = torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
         dtype = like.dtype if exporting() else torch.float32
-        key = (tuple(sizes), like.device, dtype)
+        key = (tuple(sizes), like.device, dtype) if not tracing else None
         if not tracing and key in self._anchors:
             return self._anchors[key]
         if tracing and maps:

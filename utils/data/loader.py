@@ -263,12 +263,12 @@ def create_dataloader(sources: str | Path | Sequence[str | Path], options: Datas
                              reserved_cores=reserved_cores)
     if options.rect and shuffle:
         LOGGER.warning(f"{options.prefix}WARNING: --rect keeps images sorted by aspect ratio; shuffle is turned off")
-    shared_scan_sources(sources, options.nc, options.prefix,  # every rank scans its share when a cache is stale
-                        label_reader(options.task, options.task_options))
+    dataset_class = get_task(options.task).load("dataset") or YoloDataset  # a task may read its own data
+    if dataset_class is YoloDataset:  # every rank scans its share of the labels when a cache is stale
+        shared_scan_sources(sources, options.nc, options.prefix, label_reader(options.task, options.task_options))
     with dist.zero_first(local=True):  # then the cache is read (or, unwritable, scanned by local rank 0 first)
-        dataset_class = get_task(options.task).load("dataset") or YoloDataset  # a task may read its own data
         dataset = dataset_class(sources, options, batch_size=batch_size * world if options.rect else batch_size,
-                              cache=None)
+                                cache=None)
     if options.cache:  # every rank takes part (a shared RAM cache, or a share of the disk cache)
         dataset.cache_images(options.cache, options.prefix)
     training = shuffle or options.augment  # a training loader resumes exactly, even with --rect (kept order)

@@ -178,10 +178,10 @@ def _image_stats(det: torch.Tensor, targets: torch.Tensor, index: int, img_hw: S
     det[:, :4] = scale_boxes(img_hw, det[:, :4], shape[0], shape[1])
     extra = metric.match(ImageContext(index, rows, outputs, batch or {}, tuple(img_hw), shape, labels.cpu(), det,
                                       opts.save_json, ignore))
-    confusion.process_batch(det, labels, ignore)
+    confusion.process_batch(det, labels, ignore, extra.overlaps)
     if txt_dir is not None:
         save_label_file(path, det, shape[0], txt_dir, opts.save_conf)
-    correct = match_predictions(det, labels)
+    correct = match_predictions(det, labels, overlaps=extra.overlaps)
     rows = json_rows(path, det.cpu(), opts.is_coco, opts.coco_ids) if opts.save_json else []
     for row, added in zip(rows, extra.json or ()):
         row.update(added)

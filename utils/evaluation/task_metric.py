@@ -7,7 +7,10 @@ table's ``all (...)`` row calls it): ``match`` returns, for one image, each view
 each detection's JSON row gains (a mask's RLE). A view may judge by rules of its own (COCOeval's for keypoints: labels
 without any keypoint count for nothing, only each class's 20 best detections are judged): then ``match`` also
 gives, per view, which detections it ignores and the classes of the labels it counts (the boxes' otherwise).
-Sharded evaluation gathers these plain arrays and computes each view's P, R and mAP once, as it does the boxes'.
+Sharded evaluation gathers these plain arrays and computes each view's P, R and mAP once, as it does the boxes'. A
+task whose objects the box IoU does not judge (oriented boxes) gives the overlaps of the image's detections and
+labels (``TaskMatch.overlaps``), which the boxes' own matching, P, R, mAP and confusion matrix then read in place of
+the box IoU.
 
 A task whose outputs are not boxes at all (a classifier's probabilities) gives its metric a ``run(model, loader,
 device, names, options, compute_loss)`` method instead, which evaluate() hands the whole pass (sharded and gathered
@@ -45,12 +48,14 @@ class ImageContext:
 class TaskMatch:
     """One image's matching beyond the boxes: per view its true positives (n, 10), and per detection the keys its
     COCO JSON row gains (None: nothing); per view, where it has rules of its own, the detections it ignores (n, 10)
-    and the classes of the labels it counts (m',) (the boxes' where a view gives none)."""
+    and the classes of the labels it counts (m',) (the boxes' where a view gives none); and the overlaps (n, m) of
+    its detections and labels that replace their box IoU (None: the box IoU)."""
 
     correct: dict[str, np.ndarray] = field(default_factory=dict)
     json: list[dict] | None = None
     ignored: dict[str, np.ndarray] = field(default_factory=dict)
     target_cls: dict[str, np.ndarray] = field(default_factory=dict)
+    overlaps: np.ndarray | None = None
 
 
 class TaskMetric:

@@ -10,7 +10,7 @@ the boxes' YOLO rows); ``deaugment`` moves a test-time augmentation pass's task 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,6 +35,14 @@ class TaskOutputs:
 
     def draw(self, img_bgr: np.ndarray, det: np.ndarray, results: Mapping[str, Any]) -> np.ndarray:
         return img_bgr
+
+    def draw_labelled(self, img_bgr: np.ndarray, det: np.ndarray, results: Mapping[str, Any],
+                      names: Sequence[str] | None, line_thickness: int, hide_labels: bool,
+                      hide_conf: bool) -> np.ndarray | None:
+        return None
+
+    def describe(self, det: np.ndarray, results: Mapping[str, Any], names: Sequence[str] | None) -> str | None:
+        return None
 
     def label_rows(self, det: np.ndarray, results: Mapping[str, Any], shape: tuple[int, int],
                    save_conf: bool) -> list[str] | None:

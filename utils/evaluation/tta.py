@@ -68,9 +68,9 @@ def task_outputs_of(contract: OutputContract) -> TaskOutputs:
 
 
 def merges(contract: OutputContract) -> bool:
-    """Whether test-time augmentation can merge the passes of a model of ``contract``: rows that go through NMS,
-    no other outputs, and task columns (if any) that its ``predict`` part moves back (``deaugments``)."""
-    return (not contract.end_to_end and len(contract.outputs) == 1
+    """Whether test-time augmentation can merge the passes of a model of ``contract``: rows of boxes that go
+    through NMS, no other outputs, and task columns (if any) that its ``predict`` part moves back (``deaugments``)."""
+    return (contract.rank == 3 and not contract.end_to_end and len(contract.outputs) == 1
             and (not contract.extra or task_outputs_of(contract).deaugments))
 
 

@@ -202,3 +202,24 @@ register_task(Task(
     predict="utils.tasks.pose.predict:OUTPUTS", metric="utils.tasks.pose.metric:METRIC",
     export="utils.tasks.pose.export", synthetic="utils.tasks.pose.synthetic:ensure_synthetic_pose",
     hub="utils.tasks.pose.hub:ENTRIES"))
+register_task(Task(
+    "classify", "image classification: one class per image, no boxes",
+    words=("top5",), metrics=("accuracy_top1", "accuracy_top5"), fitness={"accuracy_top1": 1.0},
+    default_data="synthetic-cls.yaml", model_noun="a classifier", results_noun="class probabilities",
+    heads=("utils.tasks.classify.head",), releases="utils.tasks.classify.releases:RELEASES",
+    losses=dict.fromkeys(("yolov8", "yolo11"), "utils.tasks.classify.loss:ClassifyLoss"),
+    dataset="utils.tasks.classify.dataset:ClassFolders", postprocess="utils.tasks.classify.predict:postprocess",
+    predict="utils.tasks.classify.predict:OUTPUTS", metric="utils.tasks.classify.metric:METRIC",
+    export="utils.tasks.classify.export", synthetic="utils.tasks.classify.synthetic:ensure_synthetic_cls",
+    hub="utils.tasks.classify.hub:ENTRIES"))
+register_task(Task(
+    "obb", "oriented boxes: classes and rotated boxes (aerial, satellite and document images)",
+    words=("rboxes", "quads"), columns="angle", default_data="synthetic-obb.yaml",
+    model_noun="an oriented-box detector", results_noun="oriented boxes",
+    heads=("utils.tasks.obb.head",), releases="utils.tasks.obb.releases:RELEASES",
+    losses={**dict.fromkeys(("yolov8", "yolo11"), "utils.tasks.obb.loss:AnchorFreeObbLoss"),
+            "yolo26": "utils.tasks.obb.loss:EndToEndObbLoss"},
+    labels="utils.tasks.obb.labels:READER", sample="utils.tasks.obb.sample:Corners",
+    postprocess="utils.tasks.obb.postprocess:postprocess", predict="utils.tasks.obb.predict:OUTPUTS",
+    metric="utils.tasks.obb.metric:METRIC", export="utils.tasks.obb.export",
+    synthetic="utils.tasks.obb.synthetic:ensure_synthetic_obb", hub="utils.tasks.obb.hub:ENTRIES"))
