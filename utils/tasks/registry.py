@@ -29,7 +29,8 @@ from utils.errors import UserError
 BASE_TASK = "detect"  # the base: boxes and classes; every other task extends it
 BOX_METRICS = ("precision", "recall", "mAP_0.5", "mAP_0.5:0.95")  # the boxes' validation columns
 BOX_FITNESS = {"mAP_0.5": 0.1, "mAP_0.5:0.95": 0.9}  # what picks best.pt: 0.1 mAP@.5 + 0.9 mAP@.5:.95
-PARTS = ("dataset", "labels", "sample", "postprocess", "predict", "metric", "export", "synthetic", "hub", "releases")
+PARTS = ("dataset", "labels", "sample", "postprocess", "predict", "metric", "export", "synthetic", "hub", "releases",
+         "class_names")
 
 
 class TaskError(UserError, ValueError):
@@ -70,7 +71,9 @@ class Task:
     weights reader, ``yolov5`` and ``ultralytics``, its classes in their release files:
     ``models``, ``heads``, ``settings``, ``aliases``; utils/weights/release_reader.py); ``heads``: the modules
     that register its heads in the model registry; ``losses``: per family name, its loss class (called as
-    utils.training.families.lazy_loss calls a family's).
+    utils.training.families.lazy_loss calls a family's); ``class_names`` (called with a data set's training split
+    folder when its data YAML gives neither ``nc`` nor ``names``: the class names that folder holds in the task's
+    layout, or None: a classifier's class folders).
     """
 
     name: str
@@ -99,6 +102,7 @@ class Task:
     synthetic: str = "utils.data.synthetic:ensure_synthetic"
     hub: str | None = None
     releases: str | None = None
+    class_names: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fitness", MappingProxyType(dict(self.fitness)))
@@ -211,7 +215,7 @@ register_task(Task(
     dataset="utils.tasks.classify.dataset:ClassFolders", postprocess="utils.tasks.classify.predict:postprocess",
     predict="utils.tasks.classify.predict:OUTPUTS", metric="utils.tasks.classify.metric:METRIC",
     export="utils.tasks.classify.export", synthetic="utils.tasks.classify.synthetic:ensure_synthetic_cls",
-    hub="utils.tasks.classify.hub:ENTRIES"))
+    hub="utils.tasks.classify.hub:ENTRIES", class_names="utils.tasks.classify.folders:names_in_split"))
 register_task(Task(
     "obb", "oriented boxes: classes and rotated boxes (aerial, satellite and document images)",
     words=("rboxes", "quads"), columns="angle", default_data="synthetic-obb.yaml",

@@ -84,6 +84,21 @@ def class_folders(split: Path) -> tuple[list[str], int]:
     return sorted(names), outside
 
 
+def names_in_split(split: Path) -> list[str] | None:
+    """The class names of a training split that is a folder of class folders (the registry's ``class_names``: a
+    data folder or YAML without ``names``), sorted; None for any other folder (a YOLO image folder holds its images
+    itself) or when it has no class folders."""
+    if not split.is_dir():
+        return None
+    with os.scandir(split) as entries:
+        if any(e.is_file() and Path(e.name).suffix.lower() in IMG_SUFFIXES for e in entries):
+            return None
+    try:
+        return class_folders(split)[0]
+    except DataError:
+        return None
+
+
 def _inside(path: Path, root: Path) -> bool:
     try:
         return path.resolve().is_relative_to(root)

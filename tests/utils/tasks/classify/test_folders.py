@@ -60,3 +60,30 @@ def test_bad_folders_are_one_line(tmp_path: Path) -> None:
     (tmp_path / "train" / ("x" * 200)).mkdir()
     with pytest.raises(DataError, match="is not a class name"):
         scan_split(tmp_path / "train")
+
+
+def test_class_names_come_from_the_folders_when_the_data_gives_none(tmp_path: Path) -> None:
+    """A data YAML without nc and names, or ``--data FOLDER`` as ultralytics users type it: the classes are the
+    training split's folder names, sorted; any other layout still needs its names, said in one line."""
+    from utils.data.config import load_data_config
+
+    for split, classes in (("train", ("dog", "cat", "emu")), ("val", ("cat", "dog"))):
+        for name in classes:
+            image(tmp_path / "set" / split / name / "1.jpg")
+    (tmp_path / "set" / "data.yaml").write_text("path: .\ntrain: train\nval: val\n")
+    by_yaml = load_data_config(tmp_path / "set" / "data.yaml")
+    by_folder = load_data_config(tmp_path / "set")
+    assert by_yaml.names == by_folder.names == ["cat", "dog", "emu"] and by_yaml.nc == by_folder.nc == 3
+    assert by_folder.train == [tmp_path.resolve() / "set" / "train"] and by_folder.test is None
+    (tmp_path / "set" / "data.yaml").write_text("path: .\ntrain: train\nval: val\nnames: [a, b, c, d]\n")
+    assert load_data_config(tmp_path / "set" / "data.yaml").names == ["a", "b", "c", "d"]  # given names win
+
+    image(tmp_path / "yolo" / "images" / "train" / "1.jpg")  # images in the split itself: not class folders
+    (tmp_path / "yolo" / "images" / "val").mkdir()
+    (tmp_path / "yolo" / "data.yaml").write_text("path: .\ntrain: images/train\nval: images/val\n")
+    with pytest.raises(DataError, match=r"'nc' must be a class count .*class folders") as e:
+        load_data_config(tmp_path / "yolo" / "data.yaml")
+    assert "\n" not in str(e.value)
+    (tmp_path / "only_train" / "train" / "a").mkdir(parents=True)
+    with pytest.raises(DataError, match=r"holds train/ and val/ \(or test/\) folders"):
+        load_data_config(tmp_path / "only_train")
