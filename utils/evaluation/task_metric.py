@@ -20,7 +20,7 @@ and ``maps``) it returns.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,3 +68,16 @@ class TaskMetric:
 
 
 NO_VIEWS = TaskMetric()
+
+
+def joined(records: Sequence[Any], name: str, columns: int | None = None) -> np.ndarray:
+    """Field ``name`` of every image's record (a view's true positives, confidences), concatenated; an empty (0,) or
+    (0, ``columns``) array when there are no records."""
+    arrays = [getattr(r, name) for r in records]
+    return np.concatenate(arrays, 0) if arrays else np.zeros((0, columns) if columns else 0)
+
+
+def weighted_fitness(weights: Mapping[str, float], names: Sequence[str], values: Sequence[float]) -> float:
+    """The fitness that picks best.pt: each named column's value times its weight (a task's ``fitness``; 0 for a
+    column it does not weigh)."""
+    return float(sum(weights.get(name, 0.0) * value for name, value in zip(names, values)))

@@ -40,7 +40,7 @@ from utils.evaluation.metrics import (
     match_by_iou,
     match_predictions,
 )
-from utils.evaluation.task_metric import ImageContext, TaskMatch, TaskMetric
+from utils.evaluation.task_metric import ImageContext, TaskMatch, TaskMetric, joined, weighted_fitness
 from utils.tasks.pose.labels import AREA_SHARE
 from utils.tasks.registry import BOX_METRICS, get_task
 
@@ -170,23 +170,17 @@ class PoseMetrics:
         """0.1 mAP@.5 + 0.9 mAP@.5:.95 of the boxes plus the same of the keypoints: how a pose model picks best.pt
         (the pose task's fitness weights, utils/tasks/registry.py)."""
         names = (*BOX_METRICS, *(f"pose_{n}" for n in BOX_METRICS))
-        weights = get_task("pose").fitness
-        return sum(weights.get(name, 0.0) * value for name, value in zip(names, self.mean_results()))
+        return weighted_fitness(get_task("pose").fitness, names, self.mean_results())
 
 
 def pose_metrics(records: Sequence[PoseRecord]) -> PoseMetrics:
     """Box and keypoint metrics over every image's records (from one process, or gathered from every rank)."""
-    def joined(name: str, columns: int | None = None) -> np.ndarray:
-        arrays = [getattr(r, name) for r in records]
-        if not arrays:
-            return np.zeros((0, columns) if columns else 0)
-        return np.concatenate(arrays, 0)
-
-    t = len(IOU_THRESHOLDS)
-    conf, pred_cls = joined("conf"), joined("pred_cls")
-    box = ap_per_class(joined("box_tp", t), conf, pred_cls, joined("target_cls"), ignored=joined("box_ignored", t))
-    pose = ap_per_class(joined("pose_tp", t), conf, pred_cls, joined("pose_target_cls"),
-                        ignored=joined("pose_ignored", t))
+    t, r = len(IOU_THRESHOLDS), records
+    conf, pred_cls = joined(r, "conf"), joined(r, "pred_cls")
+    box = ap_per_class(joined(r, "box_tp", t), conf, pred_cls, joined(r, "target_cls"),
+                       ignored=joined(r, "box_ignored", t))
+    pose = ap_per_class(joined(r, "pose_tp", t), conf, pred_cls, joined(r, "pose_target_cls"),
+                        ignored=joined(r, "pose_ignored", t))
     return PoseMetrics(box, pose)
 
 
