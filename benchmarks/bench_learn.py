@@ -287,6 +287,7 @@ def run_theirs(model: str, opt: argparse.Namespace, data: dict[str, Path], runs:
 
 
 SIDES = ("ours", "compare", "ultralytics")
+TABLE_SIDES = (*SIDES, "yolov5")  # bench_yolov5.py's reference trainer too
 
 
 def summarise(runs: list[Run]) -> list[str]:
@@ -296,7 +297,7 @@ def summarise(runs: list[Run]) -> list[str]:
              f"{'time (s)':>22}{'CPU (s)':>22}"]
     medians: dict[tuple[str, str], tuple[float, float, float, float]] = {}
     for model in dict.fromkeys(r.model for r in runs):
-        for side in SIDES:
+        for side in TABLE_SIDES:
             mine = [r for r in runs if r.model == model and r.side == side]
             if not mine:
                 continue
@@ -306,7 +307,7 @@ def summarise(runs: list[Run]) -> list[str]:
             lines.append(f"{model:<9}{side:<13}{len(mine):>5}{own.fmt(4, 24)}{ours_test.fmt(4, 28)}"
                          f"{seconds.fmt(1, 22)}{cpu.fmt(1, 22)}")
     for model in dict.fromkeys(r.model for r in runs):
-        for other in ("ultralytics", "compare"):
+        for other in ("ultralytics", "yolov5", "compare"):
             if (model, "ours") in medians and (model, other) in medians:
                 (o_own, o_test, o_s, o_cpu), (t_own, t_test, t_s, t_cpu) = medians[model, "ours"], \
                     medians[model, other]
