@@ -7,7 +7,7 @@ the same weights' mAP@.5:.95 measured by our test.py, its wall time, and the rat
     python benchmarks/bench_learn.py --quick --ours-only            # 2 epochs of 16 images: our pipeline only
     python benchmarks/bench_learn.py --models yolo11n --ours-only --compare /tmp/before --seeds 0 1 2
                                                                     # this tree against another checkout, 3 seeds
-    python benchmarks/bench_learn.py --models yolov5n --ours-only --compare-hyp mosaic_pool=0 --seeds 0 1 2
+    python benchmarks/bench_learn.py --models yolov5n --ours-only --our-hyp close_mosaic=0 --compare-hyp mosaic_pool=0
                                                                     # mosaic partners: batch pool vs whole set
 
 ultralytics is no dependency of this project: the first run installs it (``pip install ultralytics``) into a virtual
@@ -22,7 +22,8 @@ from start to exit. Runs alternate (ours, theirs, ours, ...), so repeated runs s
 side once per training seed (the data set stays the one --seed generated); ``--compare DIR`` also trains our models
 with another checkout's train.py (before/after a change), on a copy of its own, in turns with this tree's;
 ``--compare-hyp KEY=VALUE ...`` trains that "compare" side with each model's family hyp file (the one our side
-trains with) changed by those entries (with --compare: that checkout's file, changed).
+trains with) changed by those entries (with --compare: that checkout's file, changed); ``--our-hyp KEY=VALUE ...``
+changes both our sides' files (``close_mosaic=0``: mosaic in every epoch of a short run).
 
 Two mAP@.5:.95 figures per run: the best over the epochs as the trainer itself validated them (its results.csv),
 and its best.pt validated by our test.py (same metric code, NMS settings, validation images and image size for
@@ -99,6 +100,8 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
                    help="another checkout whose train.py also trains our models, in turns with this tree's")
     p.add_argument("--compare-hyp", nargs="+", default=None, metavar="KEY=VALUE",
                    help="train the compare side (this tree, or --compare's) with these hyp entries changed")
+    p.add_argument("--our-hyp", nargs="+", default=None, metavar="KEY=VALUE",
+                   help="train our sides (ours and compare) with these hyp entries changed (e.g. close_mosaic=0)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--venv", type=Path, default=DEFAULT_VENV, help="ultralytics' virtual environment (made once)")
     p.add_argument("--keep", type=Path, default=None,
@@ -114,13 +117,15 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     if opt.compare is not None and not (opt.compare / "train.py").is_file():
         p.error(f"--compare {opt.compare}: no train.py there")
     opt.seeds = opt.seeds or [opt.seed] * opt.repeats
-    opt.hyp_changes = {}
-    for entry in opt.compare_hyp or ():
-        key, _, value = entry.partition("=")
-        try:
-            opt.hyp_changes[key] = float(value)
-        except ValueError:
-            p.error(f"--compare-hyp {entry}: expected KEY=NUMBER")
+    opt.our_changes, opt.hyp_changes = ({}, {})
+    for flag, entries, changes in (("--our-hyp", opt.our_hyp, opt.our_changes),
+                                   ("--compare-hyp", opt.compare_hyp, opt.hyp_changes)):
+        for entry in entries or ():
+            key, _, value = entry.partition("=")
+            try:
+                changes[key] = float(value)
+            except ValueError:
+                p.error(f"{flag} {entry}: expected KEY=NUMBER")
     return opt
 
 
@@ -132,9 +137,10 @@ def compare_side(opt: argparse.Namespace) -> Path | None:
     return ROOT if opt.hyp_changes else None
 
 
-def changed_hyp(model: str, data: Path, changes: dict[str, float], tree: Path, folder: Path) -> Path:
+def changed_hyp(model: str, data: Path, changes: dict[str, float], tree: Path, folder: Path,
+                side: str = "compare") -> Path:
     """A copy of the hyp file ``model``'s family trains with on ``data`` (``tree``'s file of that name) with
-    ``changes``, written into ``folder``."""
+    ``changes``, written into ``folder`` for ``side``."""
     import yaml
 
     from utils.hyp import load_hyp
@@ -143,7 +149,7 @@ def changed_hyp(model: str, data: Path, changes: dict[str, float], tree: Path, f
 
     name = get_family(Model(model).head.family).default_hyp_file(data).name
     hyp = {**load_hyp(tree / "data" / "hyps" / name), **changes}
-    path = folder / f"hyp-{model}-compare.yaml"
+    path = folder / f"hyp-{model}-{side}.yaml"
     path.write_text(yaml.safe_dump(hyp, sort_keys=False))
     return path
 
@@ -332,19 +338,24 @@ def main(opt: argparse.Namespace) -> list[Run]:
     if tree is not None:
         changes = ", ".join(f"{k} {v:g}" for k, v in opt.hyp_changes.items()) or "no hyp changed"
         print(f"compare: our models trained by {tree}'s train.py too ({changes})")
+    if opt.our_changes:
+        print("our sides' hyp: " + ", ".join(f"{k} {v:g}" for k, v in opt.our_changes.items()))
     results: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="bench_learn_") as scratch:
         folder = Path(scratch) if opt.keep is None else opt.keep
         if opt.keep is not None:
             folder.mkdir(parents=True)  # a new folder: nothing of the user's is overwritten
         data = make_data(folder, opt.images, opt.seed, SIDES if tree is not None else SIDES[::2])
-        hyps = {m: changed_hyp(m, data["compare"], opt.hyp_changes, tree, folder)
-                for m in opt.models} if tree is not None and opt.hyp_changes else {}
+        ours = {m: changed_hyp(m, data["ours"], opt.our_changes, ROOT, folder, "ours")
+                for m in opt.models} if opt.our_changes else {}
+        changes = {**opt.our_changes, **opt.hyp_changes}
+        hyps = {m: changed_hyp(m, data["compare"], changes, tree, folder)
+                for m in opt.models} if tree is not None and changes else {}
         env = offline_env(folder / "ultralytics-config") if theirs else None
         for repeat, seed in enumerate(opt.seeds):
             for model in opt.models:
                 name = f"{model}-{repeat}"
-                results.append(run_ours(model, opt, data["ours"], folder / "ours", name, seed))
+                results.append(run_ours(model, opt, data["ours"], folder / "ours", name, seed, hyp=ours.get(model)))
                 print(f"  seed {seed}: {results[-1]}", flush=True)
                 if tree is not None:
                     results.append(run_ours(model, opt, data["compare"], folder / "compare", name, seed, tree,

@@ -102,7 +102,12 @@ def test_compare_hyp_changes_the_family_file_the_run_would_train_with(tmp_path: 
         changed = load_yaml(changed_hyp(model, tmp_path / "shapes-compare.yaml", opt.hyp_changes, ROOT, tmp_path))
         base = load_yaml(ROOT / "data" / "hyps" / family_file)
         assert changed == {**base, "mosaic_pool": 0.0, "mixup": 0.25}
-    with pytest.raises(SystemExit):
-        parse_opt(["--compare-hyp", "mosaic_pool"])
+    both = parse_opt(["--our-hyp", "close_mosaic=0"])
+    assert both.our_changes == {"close_mosaic": 0.0} and both.hyp_changes == {} and compare_side(both) is None
+    ours = changed_hyp("yolov5n", tmp_path / "shapes-ours.yaml", both.our_changes, ROOT, tmp_path, "ours")
+    assert ours.name == "hyp-yolov5n-ours.yaml" and load_yaml(ours)["close_mosaic"] == 0
+    for bad in (["--compare-hyp", "mosaic_pool"], ["--our-hyp", "close_mosaic=all"]):
+        with pytest.raises(SystemExit):
+            parse_opt(bad)
     with pytest.raises(SystemExit):
         parse_opt(["--compare", str(tmp_path)])  # no train.py there
