@@ -32,6 +32,8 @@ import torch
 from utils import api, paths
 from utils.boxes import label_rows, scale_boxes
 from utils.cli import (
+    FLAGS,
+    Parser,
     add_flags,
     add_refused_flags,
     check_refused_flags,
@@ -42,11 +44,11 @@ from utils.cli import (
     visible_options,
 )
 from utils.data.sources import Frame, LoadImages, LoadStreams, LoadWebcam, load_source, media_name
-from utils.deploy.runtime import InferenceModel, check_img_size, resolve_weights_arg
-from utils.device import check_half, select_device
+from utils.deploy.runtime import InferenceModel, check_img_size, default_img_size, resolve_weights_arg
+from utils.device import check_half, one_device_warning, select_device
 from utils.errors import UserError
 from utils.evaluation.task_outputs import BOXES_ONLY, TaskOutputs
-from utils.evaluation.tta import augmented_forward
+from utils.evaluation.tta import augmented_forward, merges
 from utils.log import LOGGER, colorstr, print_options, setup_logging
 from utils.plots.annotate import class_name, draw_detections
 from utils.plots.feature_maps import capture_stages, save_feature_maps
@@ -89,13 +91,13 @@ class DetectResult:
 
 def build_parser() -> argparse.ArgumentParser:
     """detect.py's parser."""
-    parser = argparse.ArgumentParser(prog="detect.py", description="Detect objects in images, videos, a webcam or "
+    parser = Parser(prog="detect.py", description="Detect objects in images, videos, a webcam or "
                                      "network streams")
     add_flags(parser, "weights", nargs={"weights": "+"})
     parser.add_argument("--source", type=str, default="", help="file, folder, glob, .txt list, video, webcam index, "
                         "URL (rtsp://, rtmp://, http(s)://) or .streams file of URLs (default: data/images)")
-    add_flags(parser, "img_size")
-    parser.add_argument("--conf-thres", type=float, default=None, help=f"confidence threshold (default "
+    add_flags(parser, "img_size", img_size=None)
+    parser.add_argument(*FLAGS["conf_thres"][0], type=float, default=None, help=f"confidence threshold (default "
                         f"{CONF_THRES}; {TRACK_CONF_THRES} with --track, for ByteTrack's low-score association)")
     add_flags(parser, "iou_thres", "max_det", "device", iou_thres=0.45, max_det=1000)
     parser.add_argument("--view-img", action="store_true", help="show results in a window (where a display exists)")
@@ -143,14 +145,19 @@ def check_options(opt: argparse.Namespace, device: torch.device) -> None:
 
 def check_model_options(opt: argparse.Namespace, model: InferenceModel) -> None:
     """Refuse flags these weights cannot serve: --visualize needs the PyTorch model, --augment a dynamic one whose
-    rows go through NMS (an end-to-end head's final rows cannot be merged) and carry boxes alone."""
-    if opt.augment and not boxes_alone(model.contract):
+    rows go through NMS (an end-to-end head's final rows cannot be merged) and whose task columns follow the boxes
+    (utils.evaluation.tta.merges)."""
+    if opt.augment and not model.contract.end_to_end and not merges(model.contract):
         task = get_task(model.contract.task)
         raise DetectError(f"--augment merges boxes of three passes; {model.weights.name} is {task.model_noun}, whose "
                           f"{task.results_noun} it cannot merge: drop --augment")
     if opt.augment and model.contract.end_to_end:
         raise DetectError(f"--augment merges three passes before NMS; {model.weights.name} returns final rows "
                           f"({model.contract.layout}, no NMS): drop --augment")
+    if opt.track and model.contract.rank != 3:
+        task = get_task(model.contract.task)
+        raise DetectError(f"--track follows boxes across frames; {model.weights.name} is {task.model_noun}, which "
+                          f"predicts {task.results_noun} and no boxes: drop --track")
     if opt.visualize and model.module is None:
         raise DetectError(f"--visualize draws the stages of the PyTorch model; {model.weights.name} is an export: "
                           "pass the .pt")
@@ -161,7 +168,7 @@ def check_model_options(opt: argparse.Namespace, model: InferenceModel) -> None:
 
 def resolve_img_size(opt: argparse.Namespace, model: InferenceModel) -> tuple[int, int]:
     """The requested size on the stride grid; a static export's own size when it differs."""
-    img_size = check_img_size(opt.img_size, model.stride)
+    img_size = check_img_size(default_img_size(opt.img_size, model), model.stride)
     if model.img_size is not None and model.img_size != img_size:
         LOGGER.warning(f"WARNING: {model.weights.name} was exported for {list(model.img_size)} inputs; "
                        f"using that instead of --img-size {list(img_size)}")
@@ -188,8 +195,8 @@ def crop_folder(crop_dir: Path, names: list[str], cls: float) -> Path:
 
 
 def boxes_alone(contract: OutputContract) -> bool:
-    """Whether a model of ``contract`` predicts boxes alone (no task columns, no other outputs)."""
-    return not contract.extra and len(contract.outputs) == 1
+    """Whether a model of ``contract`` predicts boxes alone (rows of boxes, no task columns, no other outputs)."""
+    return contract.rank == 3 and not contract.extra and len(contract.outputs) == 1
 
 
 def save_crops(image: np.ndarray, det: np.ndarray, names: list[str], crop_dir: Path, stem: str) -> None:
@@ -246,11 +253,12 @@ class OutputWriter:
             save_crops(frame.original, det, self.names, self.save_dir / "crops", stem)
         if opt.nosave and not self.viewer.enabled:
             return
-        annotated = frame.original.copy()
-        if extras:
-            annotated = self.outputs.draw(annotated, det, extras)
-        annotated = draw_detections(annotated, det[:, :4], det[:, 5], det[:, 4], self.names,
-                                    opt.line_thickness, opt.hide_labels, opt.hide_conf, ids)
+        annotated = self.outputs.draw(frame.original.copy(), det, extras)
+        own = self.outputs.draw_labelled(annotated, det, extras, self.names, opt.line_thickness, opt.hide_labels,
+                                         opt.hide_conf)  # the task's own drawing of its detections, else boxes
+        annotated = own if own is not None else draw_detections(annotated, det[:, :4], det[:, 5], det[:, 4],
+                                                                self.names, opt.line_thickness, opt.hide_labels,
+                                                                opt.hide_conf, ids)
         self.viewer.show(output_stem(frame) if frame.kind != "image" else frame.path, annotated)
         if opt.nosave:
             return
@@ -262,7 +270,7 @@ class OutputWriter:
             self._video(frame).write(annotated)
 
     def _label_rows(self, det: np.ndarray, extras: dict[str, Any], shape: tuple[int, int]) -> list[str]:
-        rows = self.outputs.label_rows(det, extras, shape, self.opt.save_conf) if extras else None
+        rows = self.outputs.label_rows(det, extras, shape, self.opt.save_conf)
         return label_rows(det, shape, self.opt.save_conf) if rows is None else rows
 
     def _video(self, frame: Frame) -> cv2.VideoWriter:
@@ -316,8 +324,9 @@ def detect_frame(model: InferenceModel, frame: Frame, opt: argparse.Namespace,
     det = postprocess(pred.float(), model.contract, opt.conf_thres, opt.iou_thres, opt.classes, opt.agnostic_nms,
                       max_det=opt.max_det)[0]
     boxes0 = scale_boxes(image.shape[2:], det[:, :4].clone(), frame.original.shape[:2], frame.ratio_pad)
-    extras = task_outputs(model).image(det, others, 0, tuple(image.shape[2:]), boxes0, frame.original.shape[:2],
-                                       frame.ratio_pad, native=opt.retina_masks) if others else {}
+    extras = {} if boxes_alone(model.contract) else task_outputs(model).image(
+        det, others, 0, tuple(image.shape[2:]), boxes0, frame.original.shape[:2], frame.ratio_pad,
+        native=opt.retina_masks)
     det = torch.cat((boxes0, det[:, 4:6]), 1)
     done = time.perf_counter()
     return det.cpu().numpy(), extras, [prepared - start, inferred - prepared, done - inferred]
@@ -355,9 +364,9 @@ def detect_source(model: InferenceModel, source: LoadImages | LoadWebcam | LoadS
             result.track_ids.append(ids)
         totals += seconds
         h, w = frame.image.shape[1:]
-        summary = summarize(torch.from_numpy(det), model.names)
+        summary = outputs.describe(det, extras, model.names) or summarize(torch.from_numpy(det), model.names)
         LOGGER.info(f"{frame.describe()} {h}x{w} {summary}, Done. ({seconds[1]:.3f}s)")
-        frame_summary = outputs.summary(extras) if extras else {}
+        frame_summary = outputs.summary(extras)
         writer.write(frame, det, {**extras, **frame_summary}, ids)
         result.detections.append((frame.describe(), det))
         for name, value in frame_summary.items():
@@ -370,9 +379,11 @@ def detect_source(model: InferenceModel, source: LoadImages | LoadWebcam | LoadS
 def main(opt: argparse.Namespace) -> DetectResult:
     """Load the weights, run every frame of --source, save the outputs, print the speed summary."""
     setup_logging(0)
-    print_options("detect", visible_options(opt))
+    print_options("detect", visible_options(opt), visible_options(parse_opt([])))
     check_refused_flags(opt)
     device = select_device(opt.device)
+    if (several := one_device_warning(opt.device, "detect.py")) is not None:
+        LOGGER.warning(several)
     check_options(opt, device)
     tracker = load_tracker_config(opt.track) if opt.track else None
     weights = resolve_weights_arg(one_weights(opt.weights))

@@ -32,6 +32,7 @@ import torch
 
 from utils import api
 from utils.cli import (
+    Parser,
     add_flags,
     add_refused_flags,
     check_refused_flags,
@@ -58,11 +59,11 @@ from utils.deploy.verify import (
     verify_int8,
     verify_written,
 )
-from utils.device import select_device
+from utils.device import one_device_warning, select_device
 from utils.errors import UserError
 from utils.log import LOGGER, colorstr, print_options, setup_logging
 from utils.paths import IMG_SUFFIXES, ROOT
-from utils.weights.checkpoint import load_model
+from utils.weights.checkpoint import load_model, trained_img_size
 
 REFUSED = ("inplace", "optimize", "keras", "workspace", "nms", "agnostic_nms", "topk_per_class", "topk_all",
            "iou_thres", "conf_thres")  # YOLOv5 flags for features this script does not write
@@ -93,12 +94,12 @@ class ExportResult:
 
 def build_parser() -> argparse.ArgumentParser:
     """export.py's parser."""
-    parser = argparse.ArgumentParser(prog="export.py", description="Export a trained detector to deployment "
+    parser = Parser(prog="export.py", description="Export a trained detector to deployment "
                                      "formats, each verified against PyTorch")
     add_flags(parser, "weights", nargs={"weights": "+"})
     parser.add_argument("--include", nargs="+", default=["torchscript", "onnx"],
                         help=f"formats: {', '.join(export_format_names())}")
-    add_flags(parser, "img_size", "batch_size", batch_size=1)
+    add_flags(parser, "img_size", "batch_size", batch_size=1, img_size=None)
     parser.add_argument("--half", action="store_true", help="FP16 export (CUDA only: --device 0; "
                         "tflite: FP16 weights on any device)")
     parser.add_argument("--int8", action="store_true", help="INT8 post-training quantization (onnx, openvino, "
@@ -261,11 +262,14 @@ def print_summary(results: list[ExportResult], seconds: float) -> None:
 def export_weights(weights: Path, formats: list[ExportFormat], device: torch.device,
                    opt: argparse.Namespace) -> list[ExportResult]:
     """Load one weights file (fused, FP16 with --half) and export and verify each format."""
-    model, _ = load_model(weights, device, fuse=True, trusted=opt.trust_weights)
+    model, ckpt = load_model(weights, device, fuse=True, trusted=opt.trust_weights)
     for p in model.parameters():
         p.requires_grad_(False)
     stride = int(model.stride.max())
-    options = export_options(opt, check_img_size(opt.img_size, stride))
+    trained = trained_img_size(ckpt)
+    if not opt.img_size and trained:
+        LOGGER.info(f"Image size {trained}: the size {weights.name} was trained at (--img-size changes it)")
+    options = export_options(opt, check_img_size(opt.img_size or [trained or 640], stride))
     meta = export_metadata(model, options.img_size, opt.batch_size, opt.dynamic, opt.half)
     checks = check_batches(opt, options.img_size, stride, device)
     if opt.half and device.type == "cuda":
@@ -280,9 +284,11 @@ def main(opt: argparse.Namespace) -> list[ExportResult]:
     """Export every --include format of every --weights file, verify each, print the summary; ExportError when
     any failed."""
     setup_logging(0)
-    print_options("export", visible_options(opt))
+    print_options("export", visible_options(opt), visible_options(parse_opt([])))
     formats = check_options(opt)
     device = select_device(opt.device)
+    if (several := one_device_warning(opt.device, "export.py")) is not None:
+        LOGGER.warning(several)
     check_device(opt, device, formats)
     start = time.perf_counter()
     results = []

@@ -1,15 +1,20 @@
 """torch.hub entry points: ``torch.hub.load(REPO_DIR, "yolov5s", source="local", pretrained=True, classes=80)``;
 ``yolov5n`` ... ``yolov5x``, ``yolov8n`` ... ``yolov8x``, ``yolo11n`` ... ``yolo11x`` and ``yolo26n`` ... ``yolo26x``;
 and each task's own, from its record (utils/tasks/registry.py, ``hub``): the segmenters ``yolov5n_seg`` ...
-``yolov5x_seg``, ``yolov8n_seg`` ... ``yolov8x_seg``, ``yolo11n_seg`` ... ``yolo11x_seg``.
+``yolov5x_seg``, ``yolov8n_seg`` ... ``yolov8x_seg``, ``yolo11n_seg`` ... ``yolo11x_seg``, ``yolo26n_seg`` ...
+``yolo26x_seg``, and the pose models ``yolov8n_pose`` ... ``yolo26x_pose`` (1 class, person, by default: their
+release files'); the classifiers ``yolov8n_cls`` ... ``yolo26x_cls`` (1000 classes unless told, as their release
+files); the oriented-box models ``yolov8n_obb`` ... ``yolo26x_obb`` (15 classes unless told, DOTA v1's, as their
+release files).
 
 Each returns a :class:`models.hub.Detector` (images in, detections in original pixels out; see models/hub.py).
 ``pretrained=True`` fetches the official release file (``yolov5s.pt``, ``yolo11n.pt``, ...; cached, see
 utils/weights/downloads.py for ``YOLO_WEIGHTS_DIR`` / ``YOLO_WEIGHTS_URL``) and reads it without running pickled
 code; ``pretrained=False`` builds the model from its YAML (``yolo11n.yaml``: the family file at scale n).
-``classes`` other than the file's 80 re-initialise the head and transfer every other tensor. ``custom(path=...)``
-loads a checkpoint of ours or any export with a runtime here (.torchscript, .onnx, *_openvino_model/, ...; see
-utils/deploy/formats.py).
+``classes`` other than the file's (80; a classifier's 1000, an oriented-box model's 15) re-initialise the head and
+transfer every other tensor.
+``custom(path=...)`` loads a checkpoint of ours or any export with a runtime here (.torchscript, .onnx,
+*_openvino_model/, ...; see utils/deploy/formats.py).
 """
 
 from __future__ import annotations
@@ -96,15 +101,17 @@ def yolov5x(pretrained: bool = True, classes: int = 80, device: Device = None,
     return _create("yolov5x", pretrained, classes, device, autoshape)
 
 
-def _entry(name: str, summary: str) -> Callable[..., Detector | Model]:
-    """The entry point ``name`` (a scaled YAML name such as ``yolo11n``), built by ``_create`` as the YOLOv5 ones."""
+def _entry(name: str, summary: str, classes: int = 80) -> Callable[..., Detector | Model]:
+    """The entry point ``name`` (a scaled YAML name such as ``yolo11n``), built by ``_create`` as the YOLOv5 ones;
+    ``classes`` is its default class count (its release file's)."""
+    default = classes
 
-    def entry(pretrained: bool = True, classes: int = 80, device: Device = None,
+    def entry(pretrained: bool = True, classes: int = default, device: Device = None,
               autoshape: bool = True) -> Detector | Model:
         return _create(name, pretrained, classes, device, autoshape)
 
     entry.__name__ = entry.__qualname__ = name
-    entry.__doc__ = f"{summary} (nc 80); ``pretrained``: ultralytics' release file {name}.pt."
+    entry.__doc__ = f"{summary} (nc {default}); ``pretrained``: ultralytics' release file {name}.pt."
     return entry
 
 
@@ -125,15 +132,16 @@ yolo26l = _entry("yolo26l", "YOLO26l: 26,299,704 parameters")
 yolo26x = _entry("yolo26x", "YOLO26x: 58,993,368 parameters")
 
 
-def _task_entry(name: str, parameters: int, noun: str) -> Callable[..., Detector | Model]:
+def _task_entry(name: str, parameters: int, noun: str, classes: int = 80) -> Callable[..., Detector | Model]:
     """The entry point of a task's model ``name`` (``yolov5n-seg``: Python name ``yolov5n_seg``); its Detector's
-    results carry what the task predicts beyond boxes (models/hub.py)."""
-    entry = _entry(name, "")
+    results carry what the task predicts beyond boxes (models/hub.py); ``classes``: its release file's count."""
+    entry = _entry(name, "", classes)
     entry.__name__ = entry.__qualname__ = name.replace("-", "_")
-    entry.__doc__ = f"{name}: {parameters:,} parameters (nc 80), {noun}; ``pretrained``: the release file {name}.pt."
+    entry.__doc__ = (f"{name}: {parameters:,} parameters (nc {classes}), {noun}; ``pretrained``: the release file "
+                     f"{name}.pt.")
     return entry
 
 
-for _task in _all_tasks():  # each task's entry points (its ``hub`` part: the segmenters yolov5n_seg, ...)
-    for _name, _parameters in _task.load("hub") or ():
-        globals()[_name.replace("-", "_")] = _task_entry(_name, _parameters, _task.model_noun)
+for _task in _all_tasks():  # each task's entry points (its ``hub`` part: (name, parameters[, classes]) rows)
+    for _name, _parameters, *_classes in _task.load("hub") or ():
+        globals()[_name.replace("-", "_")] = _task_entry(_name, _parameters, _task.model_noun, *_classes)

@@ -3,7 +3,8 @@
     python test.py --weights runs/train/exp/weights/best.pt --data data/synthetic.yaml --img 160
     python test.py --weights yolov5s.pt --data coco128.yaml --augment     # release name: downloaded when missing
     python test.py --weights best.onnx --task speed                       # any export; timing only
-    python -m torch.distributed.run --nproc_per_node 2 test.py --weights best.pt --device cpu
+    python test.py --weights best.pt --device cpu --nproc-per-node 2      # 2 processes, each a shard of the images
+    python -m torch.distributed.run --nproc_per_node 2 test.py --weights best.pt --device cpu   # the same
 
 Under torchrun every rank validates its shard of the images and the statistics are gathered, so the
 metrics equal a 1-process run. ``val.py`` is this script under YOLOv5's newer name.
@@ -21,6 +22,7 @@ import torch
 from utils import api
 from utils.cli import (
     DISTRIBUTED,
+    Parser,
     add_flags,
     add_refused_flags,
     check_refused_flags,
@@ -28,7 +30,6 @@ from utils.cli import (
     distributed_session,
     one_weights,
     project_dir,
-    run_main,
     square_size,
     visible_options,
 )
@@ -37,12 +38,13 @@ from utils.data.coco_json import CocoIds, coco_ids
 from utils.data.config import DataConfig, DataError, load_data_config
 from utils.data.datasets import DatasetOptions
 from utils.data.loader import create_dataloader
-from utils.deploy.runtime import InferenceModel, check_img_size, resolve_weights_arg
+from utils.deploy.runtime import InferenceModel, check_img_size, default_img_size, resolve_weights_arg
 from utils.device import check_half
 from utils.distributed import comm as dist
 from utils.errors import UserError
 from utils.evaluation.evaluate import EvalOptions, EvalResult, evaluate, measure_speed
 from utils.evaluation.outputs import write_study
+from utils.evaluation.tta import merges
 from utils.log import LOGGER, colorstr, print_options
 from utils.paths import discarded_on_failure, new_run_folder
 from utils.tasks.registry import get_task
@@ -58,9 +60,10 @@ class TestError(UserError, ValueError):
 
 def build_parser(script: str = "test") -> argparse.ArgumentParser:
     """test.py's parser; ``script='val'`` for val.py."""
-    p = argparse.ArgumentParser(prog=f"{script}.py", description="Validate a checkpoint (mAP@.5, mAP@.5:.95, speed)")
+    p = Parser(prog=f"{script}.py", description="Validate a checkpoint (mAP@.5, mAP@.5:.95, speed)")
     add_flags(p, "weights", nargs={"weights": "+"})
-    add_flags(p, "trust_weights", "data", "img_size", "batch_size", "conf_thres", "iou_thres", "max_det")
+    add_flags(p, "trust_weights", "data", "img_size", "batch_size", "conf_thres", "iou_thres", "max_det",
+              img_size=None)
     p.add_argument("--task", default="val", choices=TASKS, help="split to validate (train, val, test), 'speed' "
                    "(timing only) or 'study' (mAP and speed at each --study-sizes)")
     p.add_argument("--study-sizes", nargs=3, type=int, default=[256, 1536, 128], metavar=("START", "STOP", "STEP"),
@@ -90,17 +93,27 @@ def parse_opt(argv: list[str] | None = None, script: str = "test") -> argparse.N
 def main(opt: argparse.Namespace, script: str = "test") -> EvalResult | list[EvalResult]:
     """Join the process group (under torchrun), validate, and always tear the group down."""
     with distributed_session(opt, script) as device:
-        print_options(script, visible_options(opt))
+        print_options(script, visible_options(opt), visible_options(parse_opt([], script=script)))
         return run_task(opt, device)
 
 
-def run(*, script: str = "test", **options: Any) -> EvalResult | list[EvalResult]:
+def run(*, script: str = "test", nproc_per_node: int | None = None, **options: Any) -> EvalResult | list[EvalResult]:
     """test.py from Python: ``test.run(weights="best.pt", data="coco128.yaml")`` takes the command line's option
     names (utils/api.py) and returns the EvalResult (P, R, mAP@.5, mAP@.5:.95, per-class AP, speed; a list of
-    them for --task study). Called inside a torchrun job, every rank validates its shard. Errors are the
-    UserErrors the command line prints."""
-    argv = api.to_argv(build_parser(script), options, script)
-    return main(api.parse(lambda a: parse_opt(a, script=script), argv, script), script=script)
+    them for --task study). Called inside a torchrun job, every rank validates its shard; ``nproc_per_node=N`` or
+    several GPUs in ``device`` start the processes here, as on the command line, and return rank 0's result.
+    Errors are the UserErrors the command line prints."""
+    argv = api.to_argv(build_parser(script), {**options, "nproc_per_node": nproc_per_node}, script)
+    opt = api.parse(lambda a: parse_opt(a, script=script), argv, script)
+    processes = api.processes(opt)
+    if processes == 1:
+        return main(opt, script=script)
+    return api.launch(_launched, processes, argv, script)
+
+
+def _launched(argv: list[str], script: str) -> api.RankOutcome:
+    """One process of ``run(nproc_per_node=N)``."""
+    return api.outcome(lambda: main(parse_opt(argv, script=script), script=script))
 
 
 def _split(data: DataConfig, task: str) -> list[Path]:
@@ -127,7 +140,7 @@ def check_options(opt: argparse.Namespace, model: InferenceModel) -> None:
     if opt.augment and model.contract.end_to_end:
         raise TestError(f"--augment merges three passes before NMS; {model.weights.name} returns final rows "
                         f"({model.contract.layout}, no NMS): drop --augment")
-    if opt.augment and (model.contract.extra or len(model.contract.outputs) > 1):
+    if opt.augment and not merges(model.contract):
         task = get_task(model.contract.task)
         raise TestError(f"--augment merges boxes of three passes; {model.weights.name} is {task.model_noun}, whose "
                         f"{task.results_noun} it does not merge: drop --augment")
@@ -168,7 +181,8 @@ def run_task(opt: argparse.Namespace, device: torch.device) -> EvalResult | list
     save_dir = dist.main_decides(lambda: new_run_folder(opt.project, opt.name, opt.exist_ok))
     with discarded_on_failure(save_dir, enabled=dist.is_main_process()):  # a failed start leaves no empty folder
         if opt.task != "study":
-            result = validate(opt, model, data, device, save_dir, image_size(opt, model, opt.img_size))
+            size = default_img_size([opt.img_size] if opt.img_size else None, model)[0]
+            result = validate(opt, model, data, device, save_dir, image_size(opt, model, size))
         else:
             result = study(opt, model, data, device, save_dir, weights)
     LOGGER.info(f"Results saved to {colorstr('bold', str(save_dir))}")
@@ -230,4 +244,4 @@ def study(opt: argparse.Namespace, model: InferenceModel, data: DataConfig, devi
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(main, parse_opt(), "test"))
+    sys.exit(api.command_line(__file__, parse_opt, main))

@@ -2,7 +2,8 @@
 
     python train.py                                                   # synthetic data, CPU or one GPU
     python train.py --data coco128.yaml --cfg yolov5s --img 640 --batch-size 16
-    torchrun --nproc_per_node 2 train.py --batch-size 64 --device 0,1   # batch is the total over ranks
+    python train.py --batch-size 64 --device 0,1                        # 2 processes, one per GPU (torch's launcher)
+    torchrun --nproc_per_node 2 train.py --batch-size 64 --device 0,1   # the same with torchrun; batch is the total
     torchrun --nnodes 2 --nproc_per_node 8 --rdzv-backend c10d --rdzv-endpoint HOST:PORT train.py ...
 
 The story: options -> the run configuration (utils/training/config.py) -> the run folder, the checkpoint to resume
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 
 from utils import api
-from utils.cli import DISTRIBUTED, add_flags, distributed_session, peer_lost, project_dir, run_main, square_size
+from utils.cli import DISTRIBUTED, Parser, add_flags, distributed_session, peer_lost, project_dir, square_size
 from utils.distributed import ray_train
 from utils.distributed.elastic import elastic_store_warning
 from utils.distributed.signals import StopRequested, signal_name
@@ -35,6 +36,7 @@ from utils.training.evolve import evolve
 from utils.training.fitness import fitness
 from utils.training.loop import Trainer
 from utils.training.optim import AUTO, OPTIMIZERS
+from utils.training.resume import RunFinished
 from utils.training.run_plan import forget_run_dir
 
 AMP_MODES = ("auto", "on", "off")
@@ -42,7 +44,7 @@ AMP_MODES = ("auto", "on", "off")
 
 def build_parser() -> argparse.ArgumentParser:
     """train.py's parser: the reference's flags plus the DDP ones."""
-    p = argparse.ArgumentParser(prog="train.py", description="Train a YOLO detector (DDP-ready).")
+    p = Parser(prog="train.py", description="Train a YOLO detector (DDP-ready).")
     add_flags(p, "weights", "trust_weights")
     p.add_argument("--cfg", default="", help=f"model YAML (path or name in models/); '' = the model of --weights, "
                    f"else {DEFAULT_CFG}")
@@ -50,6 +52,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hyp", default="", help="hyperparameter YAML (path or name in data/hyps); '' = the model "
                    "family's: YOLOv5 hyp.synthetic.yaml for the built-in synthetic set, else hyp.scratch.yaml; "
                    "anchor-free families hyp.anchor-free.yaml")
+    p.add_argument("--hyp-set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                   help="set hyperparameters over the hyp file's: --hyp-set lr0=0.002 fliplr=0 (ultralytics' "
+                   "lr0=0.002 fliplr=0 words mean this)")
     p.add_argument("--epochs", type=int, default=18, help="epochs to train")
     add_flags(p, "batch_size", "img_size", batch_size=16, img_size=[128])
     p.add_argument("--rect", action="store_true", help="rectangular training batches")
@@ -73,12 +78,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch.compile the model (also under DDP): faster steps after minutes of compiling")
     p.add_argument("--multi-scale", action="store_true", help="vary the image size by +/- 50%% per step")
     add_flags(p, "single_cls")
+    p.add_argument("--fraction", type=float, default=1.0,
+                   help="train on this share of the training images (the first of them in file order), 0 < F <= 1")
     p.add_argument("--optimizer", choices=[AUTO, *OPTIMIZERS], default=AUTO,
                    help="auto = the hyp file's 'optimizer' entry, else AdamW with lr0 from the class count for "
                    "short runs and SGD for long ones (docs/training-recipe.md)")
+    p.add_argument("--adam", dest="optimizer", action="store_const", const="Adam",
+                   help=argparse.SUPPRESS)  # YOLOv5 up to v6.1: --adam is --optimizer Adam
     p.add_argument("--sync-bn", action="store_true", help="synchronised BatchNorm across ranks (DDP)")
     add_flags(p, "workers", "project", "name", "exist_ok")
     p.add_argument("--cos-lr", action="store_true", help="cosine LR schedule")
+    p.add_argument("--linear-lr", dest="cos_lr", action="store_false",
+                   help=argparse.SUPPRESS)  # YOLOv5 v5-v6.0: --linear-lr, the linear schedule (our default)
     p.add_argument("--batch-scaling", action="store_true",
                    help="above a total batch of 64, the large-batch rule for lr0, warmup and EMA (docs/cluster.md)")
     p.add_argument("--label-smoothing", type=float, default=0.0, help="label smoothing epsilon for the class targets")
@@ -101,6 +112,8 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     """Training options; ``argv=None`` reads sys.argv."""
     p = build_parser()
     opt = square_size(p, p.parse_args(argv))
+    if not 0 < opt.fraction <= 1:
+        p.error(f"--fraction {opt.fraction}: give the share of the training images, 0 < F <= 1")
     opt.project = project_dir(opt, "train")
     return opt
 
@@ -123,8 +136,13 @@ def main(opt: argparse.Namespace, hooks: Sequence[HookBase] = ()) -> TrainResult
         if (elastic_line := elastic_store_warning()) is not None:  # rank 0 talks
             LOGGER.warning(elastic_line)
         user_hooks = [*(load_hook(spec) for spec in opt.hook), *hooks]  # before the run folder: a bad one leaves none
-        config, hyp = prepare_run(RunConfig.from_options(opt), defaults=RunConfig.from_options(parse_opt([])))
-        print_options("train", config.options())
+        defaults = RunConfig.from_options(parse_opt([]))
+        try:
+            config, hyp = prepare_run(RunConfig.from_options(opt), defaults=defaults)
+        except RunFinished as done:  # --resume of a run with no epoch left: say so, train nothing
+            LOGGER.info(done.message)
+            return TrainResult(done.metrics, done.save_dir, done.hyp)
+        print_options("train", config.options(), defaults.options())
         if not config.evolve:
             return train(hyp, config, device, user_hooks)
         generations: list[TrainResult] = []
@@ -137,26 +155,29 @@ def main(opt: argparse.Namespace, hooks: Sequence[HookBase] = ()) -> TrainResult
         return max(generations, key=lambda r: fitness(r.metrics))
 
 
-def run(*, nproc_per_node: int = 1, ray_workers: int = 0, ray_address: str = "", ray_storage: str = "",
+def run(*, nproc_per_node: int | None = None, ray_workers: int = 0, ray_address: str = "", ray_storage: str = "",
         ray_max_failures: int = 0, hooks: Sequence[HookBase] = (), **options: Any) -> TrainResult:
     """train.py from Python: ``train.run(data="coco128.yaml", epochs=3, img_size=640)`` takes the command line's
-    option names (utils/api.py) and returns rank 0's TrainResult. ``nproc_per_node=N`` (N > 1) starts N processes
-    on this machine with torch's elastic launcher, as ``torchrun --standalone --nproc_per_node N train.py`` does
-    (gloo on the CPU, NCCL on GPUs); ``hooks`` then reach every process as pickled copies. ``ray_workers=N`` trains
-    on N workers of Ray Train's TorchTrainer instead (``ray_train_loop``; docs/ray.md): on the cluster at
-    ``ray_address`` ('' = a local one, started and stopped here), checkpoints in ``ray_storage``, the worker group
-    restarted up to ``ray_max_failures`` times. Errors are the UserErrors the command line prints."""
-    argv = api.to_argv(build_parser(), options, "train")
-    opt = api.parse(parse_opt, argv, "train")
+    option names (utils/api.py) and returns rank 0's TrainResult. As on the command line, ``nproc_per_node=N``
+    (N > 1) or several GPUs in ``device`` ("0,1") start one process per GPU (or N on the CPU) on this machine with
+    torch's elastic launcher, as ``torchrun --standalone --nproc_per_node N train.py`` does; ``hooks`` then reach
+    every process as pickled copies. ``ray_workers=N`` trains on N workers of Ray Train's TorchTrainer instead
+    (``ray_train_loop``; docs/ray.md): on the cluster at ``ray_address`` ('' = a local one, started and stopped
+    here), checkpoints in ``ray_storage``, the worker group restarted up to ``ray_max_failures`` times. Errors are
+    the UserErrors the command line prints."""
     if ray_workers:
-        if nproc_per_node != 1:
+        if nproc_per_node not in (None, 1):
             raise api.OptionError("train.run(): give nproc_per_node or ray_workers, not both (Ray starts processes)")
+        opt = api.parse(parse_opt, api.to_argv(build_parser(), options, "train"), "train")
         value = api.ray_launch(ray_train_loop, options, hooks, opt.device, opt.backend, opt.ddp_timeout,
                                ray_workers, ray_address, ray_storage, ray_max_failures)
         return TrainResult(dict(value["metrics"]), Path(value["save_dir"]), dict(value["hyp"]))
-    if nproc_per_node == 1:
+    argv = api.to_argv(build_parser(), {**options, "nproc_per_node": nproc_per_node}, "train")
+    opt = api.parse(parse_opt, argv, "train")
+    processes = api.processes(opt)
+    if processes == 1:
         return main(opt, hooks)
-    return api.launch(_launched, nproc_per_node, argv, tuple(hooks))
+    return api.launch(_launched, processes, argv, tuple(hooks))
 
 
 def ray_train_loop(config: dict[str, Any]) -> None:
@@ -215,4 +236,4 @@ def teardown(trainer: Trainer, cancelled: bool) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(main, parse_opt(), "train"))
+    sys.exit(api.command_line(__file__, parse_opt, main))

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from utils.cli import run_main
 from utils.evaluation.evaluate import EvalResult
 
 SCRIPT = "val"
@@ -46,4 +45,4 @@ def run(**options: Any) -> EvalResult | list[EvalResult]:
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(main, parse_opt(), SCRIPT))
+    sys.exit(validation.api.command_line(__file__, parse_opt, main))

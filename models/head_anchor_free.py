@@ -34,7 +34,7 @@ def make_anchors(sizes: Sequence[tuple[int, int]], strides: Sequence[float], off
         xs = torch.arange(w, device=device, dtype=dtype) + offset
         grid_y, grid_x = torch.meshgrid(ys, xs, indexing="ij")
         points.append(torch.stack((grid_x, grid_y), -1).view(-1, 2))
-        stride_rows.append(torch.full((h * w, 1), float(stride), device=device, dtype=dtype))
+        stride_rows.append(torch.full_like(points[-1][:, :1], float(stride)))  # sizes may be traced (dynamic)
     return torch.cat(points), torch.cat(stride_rows)
 
 
@@ -165,20 +165,24 @@ class AnchorFreeDetect(nn.Module):
         boxes = torch.cat([box(x).reshape(b, 4 * self.reg_max, -1) for box, x in zip(box_branches, xs)], 2)
         scores = torch.cat([cls(x).reshape(b, self.nc, -1) for cls, x in zip(cls_branches, xs)], 2)
         sizes = [(int(x.shape[2]), int(x.shape[3])) for x in xs]
-        points, strides = self.anchors(sizes, boxes)
+        points, strides = self.anchors(sizes, boxes, xs)
         return {"boxes": boxes, "scores": scores, "anchor_points": points, "stride_tensor": strides,
                 "feature_sizes": sizes}
 
-    def anchors(self, sizes: list[tuple[int, int]], like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``make_anchors`` for these feature sizes, cached (rebuilt while tracing, so dynamic sizes stay dynamic).
+    def anchors(self, sizes: list[tuple[int, int]], like: torch.Tensor,
+                maps: Sequence[torch.Tensor] = ()) -> tuple[torch.Tensor, torch.Tensor]:
+        """``make_anchors`` for these feature sizes, cached; while tracing rebuilt from the feature ``maps``' own
+        (traced) sizes, so an export with dynamic sizes computes them from its input.
 
         Float32 (cell centres of large maps are not exact in bf16 or fp16), except in an export, whose graph keeps
         the model's own dtype."""
         tracing = torch.jit.is_tracing() or torch.onnx.is_in_onnx_export()
         dtype = like.dtype if exporting() else torch.float32
-        key = (tuple(sizes), like.device, dtype)
+        key = (tuple(sizes), like.device, dtype) if not tracing else None
         if not tracing and key in self._anchors:
             return self._anchors[key]
+        if tracing and maps:
+            sizes = [(m.shape[2], m.shape[3]) for m in maps]  # traced sizes, not constants
         found = make_anchors(sizes, self.stride.tolist(), 0.5, like.device, dtype)
         if not tracing:
             self._anchors[key] = found

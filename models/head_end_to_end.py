@@ -77,15 +77,21 @@ class EndToEndDetect(AnchorFreeDetect):
         output of ultralytics 8.4's fixture files, tests/fixtures/ultralytics)."""
         return self.decode(self.branches(xs, self.cv2, self.cv3), xywh=xywh)
 
-    def select(self, decoded: torch.Tensor) -> torch.Tensor:
+    def select(self, decoded: torch.Tensor, extra: torch.Tensor | None = None, box_columns: int = 4) -> torch.Tensor:
         """(b, n, 4 + nc) xyxy rows -> the (b, k, 6) best (box, class) pairs: the k cells with the highest class
-        score, then the k highest scores among their nc classes each (a cell may appear with two classes)."""
+        score, then the k highest scores among their nc classes each (a cell may appear with two classes); a task's
+        columns ``extra`` (b, n, e) (keypoints, mask coefficients) follow their cell: (b, k, 6 + e). Given apart,
+        not concatenated to the rows and split again: OpenVINO 2026's CPU plugin merges such a concat and split
+        into a wrong shape. A box of ``box_columns`` values (5: a rotated box's xywhr) gives (b, k, box_columns + 2)."""
         b, n, _ = decoded.shape
         k = min(self.max_det, n)
-        boxes, scores = decoded.split((4, self.nc), dim=-1)
+        boxes, scores = decoded.split((box_columns, self.nc), dim=-1)
         cells = scores.amax(-1).topk(k, dim=1).indices  # (b, k)
         scores = scores.gather(1, cells.unsqueeze(-1).expand(-1, -1, self.nc))  # (b, k, nc)
         top, flat = scores.flatten(1).topk(k, dim=1)  # (b, k)
         cell = cells.gather(1, (flat // self.nc).long())  # (b, k) indices into n (long: Core ML divides in float)
-        boxes = boxes.gather(1, cell.unsqueeze(-1).expand(-1, -1, 4))
-        return torch.cat((boxes, top.unsqueeze(-1), (flat % self.nc).unsqueeze(-1).to(boxes.dtype)), -1)
+        boxes = boxes.gather(1, cell.unsqueeze(-1).expand(-1, -1, box_columns))
+        rows = [boxes, top.unsqueeze(-1), (flat % self.nc).unsqueeze(-1).to(boxes.dtype)]
+        if extra is not None:
+            rows.append(extra.gather(1, cell.unsqueeze(-1).expand(-1, -1, extra.shape[-1])))
+        return torch.cat(rows, -1)

@@ -136,7 +136,7 @@ class Detector(nn.Module):
             ratio_pad = ((ratio[1], ratio[0]), pad)
             boxes0 = scale_boxes(shape, det[:, :4].clone(), array.shape[:2], ratio_pad=ratio_pad)
             for name, value in (outputs.image(det, others, i, shape, boxes0, array.shape[:2], ratio_pad)
-                                if others else {}).items():
+                                if others or self.contract.extra or self.contract.rank != 3 else {}).items():
                 extras.setdefault(name, []).append(value)
             det[:, :4] = boxes0
         shapes = [a.shape[:2] for a in arrays]

@@ -311,9 +311,10 @@ class Model(nn.Module):
             self.train(was_training)
 
     def _init_weights(self) -> None:
+        eps, momentum = getattr(self.head, "batchnorm", (1e-3, 0.03))  # a head may keep PyTorch's (a classifier)
         for m in self.modules():
             if isinstance(m, nn.BatchNorm2d):
-                m.eps, m.momentum = 1e-3, 0.03
+                m.eps, m.momentum = eps, momentum
             elif isinstance(m, nn.SiLU):
                 m.inplace = True
 

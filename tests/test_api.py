@@ -41,7 +41,8 @@ def sample(action: argparse.Action) -> tuple[Any, list[str]]:
     elif action.type is int:
         value = str(action.default + 1) if isinstance(action.default, int) else "3"
     elif action.type is float:
-        value = str(action.default + 0.25) if isinstance(action.default, float) else "0.5"
+        value = str(action.default / 2 if action.default >= 1 else action.default + 0.25) \
+            if isinstance(action.default, float) else "0.5"  # within range: a share (--fraction 1.0) too
     else:  # a path or name; "3" for a custom type (--tracker-timeout's seconds)
         value = "x.yaml" if action.type in (None, str) else "3"
     count = action.nargs if isinstance(action.nargs, int) else 1
@@ -51,7 +52,9 @@ def sample(action: argparse.Action) -> tuple[Any, list[str]]:
 
 
 def cases() -> list[tuple[str, str]]:
-    return [(script, name) for script in SCRIPTS for name in option_names(parser_of(script))]
+    """Every option of every script, but the process count (several processes: tests/test_api_ddp.py)."""
+    return [(script, name) for script in SCRIPTS for name in option_names(parser_of(script))
+            if name not in ("nproc_per_node", "nproc-per-node")]
 
 
 @pytest.mark.parametrize("script, name", cases())

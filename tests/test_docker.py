@@ -164,3 +164,27 @@ def test_workdir_and_default_command_runs_here() -> None:
     result = subprocess.run([sys.executable, *argv[1:]], cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("usage: train.py") and "--batch-size" in result.stdout
+
+
+def test_the_readme_docker_command_trains_with_torchrun_in_the_image() -> None:
+    """The README's third way in (beside torchrun and detect.py), checked without a Docker engine: the image
+    docs/docker.md builds, GPUs and host IPC, run folders mounted inside the image's WORKDIR, and a torchrun command
+    whose options torch's own parser and train.py's accept."""
+    from torch.distributed.run import get_args_parser
+
+    import train
+    from tests.test_readme import commands
+
+    (command,) = commands("Docker")
+    words = shlex.split(command)
+    build = re.search(r"docker build -t (\S+) \.", (ROOT / "docs" / "docker.md").read_text())
+    image = words.index(build.group(1))
+    assert words[:2] == ["docker", "run"] and {"--gpus", "all", "--ipc=host"} <= set(words[2:image])
+    mounts = [words[i + 1].split(":")[1] for i in range(2, image) if words[i] == "-v"]
+    assert f"{WORKDIR}/runs" in mounts and "/usr/src/datasets" in mounts
+    assert words[image + 1] == "torchrun"
+    script = words.index("train.py")
+    launcher = get_args_parser().parse_args([*words[image + 2:script], "train.py"])
+    assert launcher.nproc_per_node == "8" and launcher.training_script == "train.py"
+    opt = train.parse_opt(words[script + 1:])
+    assert (opt.batch_size, opt.img_size, opt.cfg) == (64, 640, "yolov5s")

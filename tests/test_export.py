@@ -351,19 +351,23 @@ def test_bench_export_times_every_format_in_turns(tiny_exports: dict[str, Path],
 
 
 # ------------------------------------------------------------------------------------------ segmenters
-def tiny_anchor_free_segmenter(folder: Path) -> Path:
-    """yolo11n-seg at 1/8 width, 3 classes, seed-0 random weights (the anchor-free Segment head)."""
+def tiny_anchor_free_segmenter(folder: Path, family: str = "yolo11") -> Path:
+    """yolo11n-seg (or ``family``'s, yolo26: the end-to-end Segment26 head) at 1/8 width, 3 classes, seed-0 random
+    weights."""
     from models.yolo import Model
     from utils.safe_yaml import load_yaml
     from utils.weights.checkpoint import new_checkpoint, save_checkpoint
 
-    cfg = {**load_yaml(Path(export.__file__).parent / "models" / "yolo11-seg.yaml"), "scale": "n", "nc": 3}
+    cfg = {**load_yaml(Path(export.__file__).parent / "models" / f"{family}-seg.yaml"), "scale": "n", "nc": 3}
     cfg["scales"]["n"] = [0.5, 0.125, 1024]
     torch.manual_seed(0)
     model = Model(cfg)
+    with torch.no_grad():  # YOLO26's class branches start at one score everywhere: ties would make any row "right"
+        for parameter in model.head.parameters():
+            parameter.add_(torch.randn_like(parameter) * 0.05)
     model.names = list(NAMES)
     folder.mkdir(parents=True, exist_ok=True)
-    return save_checkpoint(new_checkpoint(model), folder / "seg11.pt")
+    return save_checkpoint(new_checkpoint(model), folder / f"seg{family[4:]}.pt")
 
 
 def assert_runs_like_the_pt(exported: Path, weights: Path, images: torch.Tensor, atol: float = 1e-4) -> None:
@@ -464,6 +468,20 @@ def test_anchor_free_segmenter_exports_to_onnx(tmp_path: Path) -> None:
     assert_runs_like_the_pt(result.file, weights, real_images((64, 64), 1))
 
 
+def test_yolo26_segmenter_exports_carry_the_prototypes_at_other_sizes(tmp_path: Path) -> None:
+    """YOLO26-seg (one-to-one rows with their coefficients, Proto26's prototypes): TorchScript, ONNX and OpenVINO
+    (dynamic) verified at export, and the ONNX and OpenVINO files give the .pt's rows and masks at another size."""
+    weights = tiny_anchor_free_segmenter(tmp_path, "yolo26")
+    formats = ["torchscript", "onnx", "openvino"]
+    results = export.main(export.parse_opt(["--weights", str(weights), "--img-size", "64", "--include", *formats,
+                                            "--dynamic"]))
+    assert [r.format for r in results] == formats
+    assert all(r.error is None and r.verification.extra_error < 1e-3 for r in results), results
+    assert "masks" in results[0].verification.describe()
+    for result in results[1:]:
+        assert_runs_like_the_pt(result.file, weights, real_images((64, 96), 2))
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(formats.missing_packages((("tensorflow", "x"), ("ai_edge_litert", "x"), ("pnnx", "x"),
                                               ("ncnn", "x"))) != [], reason="pip install -r requirements-export.txt")
@@ -478,3 +496,18 @@ def test_segmenter_tflite_and_ncnn_run_like_the_pt(tiny_seg_weights: Path, tmp_p
     images = real_images((64, 64), 2)  # the NCNN runner takes one image a call; TFLite its fixed batch of 1
     for result in results:
         assert_runs_like_the_pt(result.file, local, images)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(formats.missing_packages((("tensorflow", "x"), ("ai_edge_litert", "x"), ("pnnx", "x"),
+                                              ("ncnn", "x"))) != [], reason="pip install -r requirements-export.txt")
+def test_yolo26_segmenter_tflite_runs_like_the_pt_and_ncnn_is_refused_in_one_line(tmp_path: Path) -> None:
+    """YOLO26-seg to TFLite (the TensorFlow translation of Segment26 and Proto26: final rows with their
+    coefficients, prototypes NHWC); NCNN, whose files hold raw maps decoded on the host, refuses its mask columns."""
+    weights = tiny_anchor_free_segmenter(tmp_path, "yolo26")
+    (result,) = export.main(export.parse_opt(["--weights", str(weights), "--img-size", "64", "--include", "tflite"]))
+    assert result.error is None and result.verification.extra_error < 1e-3, result
+    assert_runs_like_the_pt(result.file, weights, real_images((64, 64), 2))
+    with pytest.raises(export.ExportError, match="32 extra columns \\(segment\\) are not decoded here") as info:
+        export.main(export.parse_opt(["--weights", str(weights), "--img-size", "64", "--include", "ncnn"]))
+    assert "\n" not in str(info.value)

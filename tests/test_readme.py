@@ -21,6 +21,7 @@ COMMANDS = {
     "Quick start": "tests/test_requirements.py::test_requirements_txt_alone_runs_every_quick_start_line",
     "DDP on one machine": "tests/test_ddp.py::test_two_process_run_prints_once_and_exits_promptly",
     "DDP on several machines": "tests/test_ddp.py::test_two_nodes_on_localhost_with_c10d_rendezvous",
+    "Docker": "tests/test_docker.py::test_the_readme_docker_command_trains_with_torchrun_in_the_image",
     "Documentation": "tests/test_docs.py::test_the_site_builds_strictly_with_every_page",
 }
 
@@ -88,14 +89,23 @@ def test_the_models_table_is_the_models() -> None:
     """Each family's row: the five scales' parameter counts and GFLOPs, as the builder's tests check them."""
     from tests.models.test_families import DOC_SIZES
     from tests.models.test_yolo import REFERENCE
+    from tests.utils.tasks.classify import test_head as cls_head
+    from tests.utils.tasks.obb import test_head as obb_head
+    from tests.utils.tasks.pose.test_head import DOC_SIZES as POSE_SIZES
     from tests.utils.tasks.segment.test_head import DOC_SIZES as SEG_SIZES
 
-    rows = re.findall(r"^\| `(\w+)n(-seg)?` \.\.\. `\w+x(?:-seg)?` \| [^|]+ \| ([\d, /]+) \| ([\d. /]+) \|$",
-                      sections()["Models and tasks"], re.M)
-    assert [family + seg for family, seg, _, _ in rows] == ["yolov5", "yolov8", "yolo11", "yolo26", "yolov5-seg",
-                                                            "yolov8-seg", "yolo11-seg"]
-    for family, seg, params, gflops in rows:
-        expected = [(REFERENCE | DOC_SIZES | SEG_SIZES)[f"{family}{scale}{seg}"] for scale in "nsmlx"]
+    row = (r"^\| `(\w+)n(-seg|-pose|-cls|-obb)?` \.\.\. `\w+x(?:-seg|-pose|-cls|-obb)?` \| [^|]+ \| ([\d, /]+) \| "
+           r"([\d. /]+) \|$")
+    rows = re.findall(row, sections()["Models and tasks"], re.M)
+    assert [family + task for family, task, _, _ in rows] == [
+        "yolov5", "yolov8", "yolo11", "yolo26", "yolov5-seg", "yolov8-seg", "yolo11-seg", "yolo26-seg",
+        "yolov8-pose", "yolo11-pose", "yolo26-pose",
+        *(f"{f}-{t}" for t in ("cls", "obb") for f in ("yolov8", "yolo11", "yolo26"))]
+    tasks = {f"{f}{s}-{t}": (head.PARAMETERS[f][i], head.GFLOPS[f][i]) for t, head in (("cls", cls_head),
+             ("obb", obb_head)) for f in head.PARAMETERS for i, s in enumerate("nsmlx")}
+    for family, task, params, gflops in rows:
+        expected = [(REFERENCE | DOC_SIZES | SEG_SIZES | POSE_SIZES | tasks)[f"{family}{scale}{task}"]
+                    for scale in "nsmlx"]
         assert [int(p.replace(",", "")) for p in params.split(" / ")] == [p for p, _ in expected]
         assert [float(g) for g in gflops.split(" / ")] == [g for _, g in expected]
 

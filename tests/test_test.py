@@ -42,7 +42,7 @@ def _args(checkpoint: Path, data: Path, project: Path, *extra: str) -> list[str]
 def test_parse_opt_defaults_and_flags():
     opt = test_script.parse_opt([])
     assert (opt.img_size, opt.batch_size, opt.conf_thres, opt.iou_thres, opt.max_det, opt.task) == \
-        (640, 32, 0.001, 0.6, 300, "val")
+        (None, 32, 0.001, 0.6, 300, "val")  # None: the size the weights were trained at
     assert opt.data.endswith("data/synthetic.yaml") and opt.project.endswith("runs/test") and opt.name == "exp"
     opt = test_script.parse_opt(["--img", "320", "--task", "speed", "--save-json", "--agnostic-nms",
                                  "--trust-weights", "--single-cls", "--verbose", "--save-txt", "--save-conf"])

@@ -1,9 +1,12 @@
-"""What the four scripts share on the command line: one definition of every common flag, the distributed
-session, one-line errors for bad input, and exit codes.
+"""What the four scripts share on the command line: their parser (no abbreviations, one-line errors naming the
+nearest flags, ultralytics' ``key=value`` words), one definition of every common flag, the distributed session,
+one-line errors for bad input, and exit codes.
 
 A flag that two scripts have is defined here once (name, aliases, type, help); a script chooses which ones it
 takes and may give a different default (``--conf-thres`` is 0.001 for validation, 0.25 for detection).
-YOLOv5 v7.0 flags that do not apply here are accepted too (REFUSED) and refused with one line saying what to use.
+The spellings YOLOv5's README and CI type (``--batch``, ``--img``, ``--conf``, ``--iou``) are explicit aliases: the
+parsers take no abbreviations, so a new flag can never make an old spelling ambiguous. YOLOv5 v7.0 flags that do
+not apply here are accepted too (REFUSED) and refused with one line saying what to use.
 """
 
 from __future__ import annotations
@@ -17,10 +20,13 @@ from typing import Any
 import torch
 
 from utils import paths
+from utils.compat.ultralytics import SpellingError, flags_of, nearest, translate
+from utils.device import idle_gpus_warning
 from utils.distributed import comm as dist
+from utils.distributed.launcher import record_error_line
 from utils.distributed.signals import StopRequested, ignore_launcher_stop
 from utils.errors import UserError
-from utils.log import setup_logging
+from utils.log import LOGGER, setup_logging
 from utils.paths import ROOT
 
 EXIT_USER_ERROR = 2
@@ -39,16 +45,24 @@ FLAGS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "data": (("--data",), {"default": str(ROOT / "data" / "synthetic.yaml"), "help": "dataset YAML"}),
     "img_size": (("--img-size", "--imgsz", "--img"), {"dest": "img_size", "nargs": "+", "type": int,
                                                       "default": [640], "help": "image size in pixels: one value "
-                                                      "(square), or h w where the script allows"}),
-    "batch_size": (("--batch-size",), {"type": int, "default": 32,
+                                                      "(square), or h w where the script allows; detect.py, test.py "
+                                                      "and export.py: default the size the weights were trained at "
+                                                      "(else 640)"}),
+    "batch_size": (("--batch-size", "--batch"), {"type": int, "default": 32,
                                        "help": "batch size (train.py, test.py: the total over all ranks)"}),
     "device": (("--device",), {"default": "", "help": "'cpu', 'mps' (an Apple GPU), or a GPU '0'; train.py and "
-                               "test.py also take GPUs '0,1' (one per local rank); '' = GPU 0 when CUDA is "
+                               "test.py also take GPUs '0,1': one process per GPU, started by torch's elastic "
+                               "launcher (under torchrun or srun: one per local rank); '' = GPU 0 when CUDA is "
                                "available, else the CPU"}),
+    "nproc_per_node": (("--nproc-per-node", "--nproc_per_node"), {
+        "dest": "nproc_per_node", "type": int, "default": None,
+        "help": "start this many processes on this machine with torch's elastic launcher, as torchrun "
+        "--nproc_per_node does (--device cpu: gloo on the CPU); default: one per GPU of --device, else 1; "
+        "ignored under torchrun and srun, which started the processes"}),
     "workers": (("--workers",), {"type": int, "default": 8, "help": "max dataloader workers per rank"}),
     "single_cls": (("--single-cls",), {"action": "store_true", "help": "treat every class as one"}),
-    "conf_thres": (("--conf-thres",), {"type": float, "default": 0.001, "help": "confidence threshold"}),
-    "iou_thres": (("--iou-thres",), {"type": float, "default": 0.6, "help": "NMS IoU threshold"}),
+    "conf_thres": (("--conf-thres", "--conf"), {"type": float, "default": 0.001, "help": "confidence threshold"}),
+    "iou_thres": (("--iou-thres", "--iou"), {"type": float, "default": 0.6, "help": "NMS IoU threshold"}),
     "max_det": (("--max-det",), {"type": int, "default": 300, "help": "maximum detections per image"}),
     "agnostic_nms": (("--agnostic-nms",), {"action": "store_true", "help": "class-agnostic NMS"}),
     "half": (("--half",), {"action": "store_true", "help": "FP16 inference (CUDA only)"}),
@@ -56,7 +70,9 @@ FLAGS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "save_conf": (("--save-conf",), {"action": "store_true", "help": "save confidences in --save-txt labels"}),
     "project": (("--project",), {"default": None, "help": "save to project/name (default: runs/<script's task>)"}),
     "name": (("--name",), {"default": "exp", "help": "save to project/name"}),
-    "exist_ok": (("--exist-ok",), {"action": "store_true", "help": "reuse project/name instead of incrementing"}),
+    "exist_ok": (("--exist-ok",), {"action": "store_true",
+                                   "help": "write into an existing project/name instead of a new numbered folder, "
+                                   "only if a run of this project made it (a .yolo-run marker in it)"}),
     "backend": (("--backend",), {"default": "auto", "choices": ["auto", "nccl", "gloo"],
                                  "help": "torch.distributed backend (auto: nccl on CUDA, else gloo)"}),
     "ddp_timeout": (("--ddp-timeout",), {"type": float, "default": 600.0,
@@ -70,7 +86,7 @@ FLAGS: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {
     "augment": (("--augment",), {"action": "store_true", "help": "test-time augmentation: scales 1, 0.83 "
                                  "(flipped left-right), 0.67, merged before NMS"}),
 }
-DISTRIBUTED = ("backend", "ddp_timeout", "ddp_long_timeout", "local_rank")
+DISTRIBUTED = ("backend", "ddp_timeout", "ddp_long_timeout", "local_rank", "nproc_per_node")
 
 # Flags of YOLOv5 v7.0's detect.py, val.py and export.py that do not apply here. The parser accepts them (hidden
 # from --help) so that a reference command line gets one line saying what to use instead, not an argparse error.
@@ -95,14 +111,46 @@ REFUSED: dict[str, tuple[tuple[str, ...], dict[str, Any], str]] = {
     "agnostic_nms": (("--agnostic-nms",), {"action": "store_true"}, _TF_ONLY),
     "topk_per_class": (("--topk-per-class",), {"default": None}, _TF_ONLY),
     "topk_all": (("--topk-all",), {"default": None}, _TF_ONLY),
-    "iou_thres": (("--iou-thres",), {"default": None}, _TF_ONLY),
-    "conf_thres": (("--conf-thres",), {"default": None}, _TF_ONLY),
+    "iou_thres": (("--iou-thres", "--iou"), {"default": None}, _TF_ONLY),
+    "conf_thres": (("--conf-thres", "--conf"), {"default": None}, _TF_ONLY),
 }
 REFUSED_PREFIX = "refused_"  # their dest: print_options leaves them out
 
 
 class CliError(UserError, ValueError):
     """A flag value that cannot work here; the message names the flag and what to use instead."""
+
+
+class Parser(argparse.ArgumentParser):
+    """The scripts' parser: argparse without abbreviations (aliases are explicit), ultralytics' ``key=value`` words
+    read through utils/compat/ultralytics.py, and every error as one line (``train.py: error: ...``, exit code 2) that
+    names the nearest valid flags, never the usage text."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        words = sys.argv[1:] if args is None else list(args)
+        try:
+            words = translate(words, self)
+        except SpellingError as e:
+            self.error(str(e))
+        return super().parse_known_args(words, namespace)
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message}{self._hint(message)}\n")
+
+    def _hint(self, message: str) -> str:
+        """'; did you mean --epochs?' for each unknown flag of an 'unrecognized arguments' message."""
+        if not message.startswith("unrecognized arguments:"):
+            return ""
+        unknown = [w.split("=")[0] for w in message.split(":", 1)[1].split() if w.startswith("-")]
+        hints = [f"{w} -> {', '.join(close)}" for w in unknown if (close := nearest(w, flags_of(self)))]
+        if hints:
+            return f"; did you mean {'; '.join(hints)}?" if len(hints) > 1 else \
+                f"; did you mean {hints[0].split(' -> ')[1]}?"
+        return f"; see {self.prog} --help"
 
 
 def add_flags(parser: argparse.ArgumentParser, *names: str, nargs: dict[str, str] | None = None,
@@ -154,7 +202,10 @@ def project_dir(opt: argparse.Namespace, task: str) -> str:
 
 
 def square_size(parser: argparse.ArgumentParser, opt: argparse.Namespace) -> argparse.Namespace:
-    """For scripts that work on square images (train.py, test.py): one --img-size value, as an int."""
+    """For scripts that work on square images (train.py, test.py): one --img-size value, as an int (None stays
+    None: the size the weights were trained at)."""
+    if opt.img_size is None:
+        return opt
     if len(opt.img_size) != 1:
         parser.error(f"--img-size takes one value here (square images), got {' '.join(map(str, opt.img_size))}")
     opt.img_size = int(opt.img_size[0])
@@ -165,28 +216,32 @@ def run_main(main: Callable[[Any], Any], opt: Any, script: str) -> int:
     """Call ``main(opt)``; a UserError prints ``script: error: message`` on stderr and returns 2; a signal that
     stopped training prints its one line and returns its exit code.
 
-    Under torchrun every rank usually meets the same bad input, so only rank 0 prints it; the
-    other ranks exit with the same code, and torchrun's summary names the ranks that failed.
+    Under torchrun every rank usually meets the same bad input, so only rank 0 prints it; the other ranks exit
+    with the same code. A user error's line is also this process's error record for torchrun (record_error_line),
+    so torchrun's failure summary, which it prints after the processes end, names it as the root cause.
     """
     rank0 = dist.launch_env().rank == 0
     try:
         main(opt)
     except UserError as e:
-        if rank0:
-            print(f"{script}: error: {e}", file=sys.stderr, flush=True)
-        return EXIT_USER_ERROR
+        return _said(f"{script}: error: {e}", rank0, EXIT_USER_ERROR, record=True)
     except StopRequested as e:
-        if rank0:
-            print(f"{script}: {e.message}", file=sys.stderr, flush=True)
-        return e.exit_code
+        return _said(f"{script}: {e.message}", rank0, e.exit_code)
     except KeyboardInterrupt:
-        print(f"{script}: interrupted", file=sys.stderr, flush=True)
-        return EXIT_INTERRUPTED
+        return _said(f"{script}: interrupted", True, EXIT_INTERRUPTED)
     except PeerLost as e:  # a collective failed because a peer is gone: one line from one rank, not tracebacks
-        if e.line:
-            print(f"{script}: error: {e.line}", file=sys.stderr, flush=True)
-        return EXIT_PEER_LOST
+        return _said(f"{script}: error: {e.line}", bool(e.line), EXIT_PEER_LOST)
     return 0
+
+
+def _said(line: str, speak: bool, code: int, record: bool = False) -> int:
+    """Print ``line`` on stderr when ``speak``, and with ``record`` make it torchrun's root cause (a user error;
+    a lost peer's line must not hide the failure of the rank that left); return ``code``."""
+    if speak:
+        print(line, file=sys.stderr, flush=True)
+        if record:
+            record_error_line(line)
+    return code
 
 
 class PeerLost(Exception):
@@ -208,11 +263,18 @@ def distributed_session(opt: argparse.Namespace, script: str = "train") -> Itera
     device = dist.init_distributed(opt.device, opt.backend, opt.ddp_timeout, opt.ddp_long_timeout, opt.local_rank,
                                    script=script)
     setup_logging(dist.get_rank())
+    env = dist.launch_env()
+    if (idle := idle_gpus_warning(opt.device, env.local_world_size, env.local_rank)) is not None:
+        LOGGER.warning(idle)  # never one GPU in silence
     dist.configure_threads()
     clean_exit = False
     try:
         yield device
         clean_exit = True
+    except UserError:  # rank 0 says it after the teardown: a launcher's SIGTERM (another rank left first) must wait
+        if dist.get_rank() == 0 and dist.get_world_size() > 1:
+            ignore_launcher_stop()
+        raise
     except RuntimeError as e:
         if (lost := peer_lost(e)) is None:
             raise

@@ -103,11 +103,7 @@ def select_device(device: str = "", local_rank: int = 0) -> torch.device:
         if not torch.cuda.is_available():
             return torch.device("cpu")
         return torch.device("cuda", local_rank % max(torch.cuda.device_count(), 1))
-    try:
-        ids = [int(x) for x in spec.split(",") if x != ""]
-    except ValueError:
-        raise DeviceError(f"--device {device!r} is not valid: use 'cpu', 'mps', a GPU index such as '0', "
-                          "or a list '0,1'") from None
+    ids = listed_gpus(device)
     if not torch.cuda.is_available():
         raise DeviceError(f"--device {device} asks for CUDA but CUDA is not available here; use --device cpu")
     count = torch.cuda.device_count()
@@ -115,6 +111,75 @@ def select_device(device: str = "", local_rank: int = 0) -> torch.device:
     if missing:
         raise DeviceError(f"--device {device}: GPU {missing[0]} does not exist (this machine has {count} GPUs)")
     return torch.device("cuda", ids[local_rank % len(ids)])
+
+
+def listed_gpus(device: str) -> list[int]:
+    """The GPU indices a --device lists ('0,1', 'cuda:0,1', '[0, 1]' -> [0, 1]); [] for '', 'cpu', 'mps'."""
+    spec = str(device).strip().lower().replace("cuda:", "").replace(" ", "").strip("[]")
+    if spec in ("", "cpu", "mps", "cuda"):
+        return []
+    try:
+        return [int(x) for x in spec.split(",") if x != ""]
+    except ValueError:
+        raise DeviceError(f"--device {device!r} is not valid: use 'cpu', 'mps', a GPU index such as '0', "
+                          "or a list '0,1'") from None
+
+
+def processes_to_start(device: str, nproc_per_node: int | None, launched: bool, cuda_count: int) -> int:
+    """How many processes a script starts on this machine itself (1: it runs in this process).
+
+    Under a launcher (``launched``: torchrun, srun) the launcher started them: 1. Otherwise one per GPU that
+    ``device`` lists (``--device 0,1``: 2), or ``nproc_per_node`` (``--device cpu --nproc-per-node 2``; with
+    ``--device ''`` one per GPU from GPU 0 where CUDA has ``cuda_count`` GPUs). A count that cannot work is a
+    DeviceError naming the flags: never fewer processes than the GPUs asked for, never two on one GPU."""
+    if launched:
+        return 1
+    try:
+        gpus = listed_gpus(device)
+    except DeviceError:  # the process that runs refuses it (select_device), with the same line
+        gpus = []
+    if len(gpus) > 1 and not cuda_count:
+        raise DeviceError(f"--device {device} asks for CUDA but CUDA is not available here; use --device cpu "
+                          f"--nproc-per-node {len(gpus)} for {len(gpus)} processes on the CPU")
+    if len(gpus) > 1 and max(gpus) >= cuda_count:
+        raise DeviceError(f"--device {device}: GPU {max(gpus)} does not exist (this machine has {cuda_count} GPUs)")
+    if nproc_per_node is None:
+        return max(len(gpus), 1)
+    if nproc_per_node < 1:
+        raise DeviceError(f"--nproc-per-node {nproc_per_node}: give the number of processes, 1 or more")
+    spec = str(device).strip().lower()
+    if gpus and len(gpus) != nproc_per_node:
+        hint = "list one GPU per process" if len(gpus) == 1 else "drop --nproc-per-node"
+        raise DeviceError(f"--device {device} lists {len(gpus)} GPU(s) but --nproc-per-node is {nproc_per_node}: "
+                          f"each process takes one listed GPU; {hint}")
+    if spec == "mps" and nproc_per_node > 1:
+        raise DeviceError("--device mps is one Apple GPU; --nproc-per-node above 1 needs --device cpu")
+    if spec in ("", "cuda") and cuda_count and nproc_per_node > cuda_count:
+        raise DeviceError(f"--nproc-per-node {nproc_per_node} asks for one GPU per process but this machine has "
+                          f"{cuda_count}; pass --device cpu to run the processes on the CPU")
+    return nproc_per_node
+
+
+def idle_gpus_warning(device: str, local_world_size: int, local_rank: int) -> str | None:
+    """The line to print when a launcher started fewer processes on this machine than --device lists GPUs
+    (``torchrun --nproc_per_node 1 train.py --device 0,1``): the others would stay idle in silence."""
+    gpus = listed_gpus(device)
+    if len(gpus) <= local_world_size:
+        return None
+    return (f"WARNING: --device {device} lists {len(gpus)} GPUs but the launcher started {local_world_size} "
+            f"process(es) on this machine, one per GPU: GPU {gpus[local_rank % len(gpus)]} trains, the others stay "
+            f"idle; start {len(gpus)} (torchrun --nproc_per_node {len(gpus)}), or run python without torchrun")
+
+
+def one_device_warning(device: str, script: str) -> str | None:
+    """The line for a script that runs on one device (detect.py, export.py) given several GPUs: which it uses."""
+    try:
+        gpus = listed_gpus(device)
+    except DeviceError:
+        return None
+    if len(gpus) <= 1:
+        return None
+    return f"WARNING: --device {device}: {script} runs on one device, GPU {gpus[0]}; pass one GPU to choose another"
 
 
 def check_half(half: bool, device: torch.device) -> None:

@@ -76,3 +76,34 @@ def load_hyp(source: str | Path | Mapping[str, Any] | None = None, required: Seq
         else:
             hyp[key] = float(value)
     return hyp
+
+
+# Augmentation entries every family's data pipeline reads (with a default when its file lacks one).
+AUGMENTATION = ("hsv_h", "hsv_s", "hsv_v", "degrees", "translate", "scale", "shear", "perspective", "flipud",
+                "fliplr", "mosaic", "mixup", "copy_paste", "close_mosaic")
+
+
+def override_hyp(hyp: Mapping[str, Any], items: Sequence[str]) -> dict[str, Any]:
+    """``hyp`` with ``--hyp-set`` items (``lr0=0.002``, ``fliplr=0``) over it: each key one the run's
+    hyperparameters have (or an augmentation entry), each value a number (``optimizer``: a name); HypError
+    naming the item otherwise."""
+    import difflib
+
+    result = dict(hyp)
+    for item in items:
+        key, sep, text = str(item).partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise HypError(f"--hyp-set {shown(item)}: give KEY=VALUE, such as lr0=0.002")
+        if key not in hyp and key not in AUGMENTATION and key not in TEXT_KEYS:
+            close = difflib.get_close_matches(key, [*hyp, *AUGMENTATION], n=2, cutoff=0.6)
+            hint = f"did you mean {' or '.join(close)}?" if close else "see data/hyps/ for the keys"
+            raise HypError(f"--hyp-set {shown(item)}: {shown(key)} is not a hyperparameter of this run; {hint}")
+        if key in TEXT_KEYS:
+            result[key] = text.strip()
+            continue
+        try:
+            result[key] = float(text)
+        except ValueError:
+            raise HypError(f"--hyp-set {shown(item)}: {shown(key)} takes a number") from None
+    return result

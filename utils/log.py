@@ -56,7 +56,30 @@ def format_options(options: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in options.items())
 
 
-def print_options(script: str, options: Mapping[str, Any] | Any) -> None:
-    """``train: weights=..., cfg=..., data=...`` once at start, the script's name highlighted."""
+def wrap_options(title: str, options: Mapping[str, Any], width: int = 120) -> list[str]:
+    """``title k=v, k=v, ...`` broken between options into lines of at most ``width`` characters (an option longer
+    than that gets a line of its own), the lines after the first indented under the first option."""
+    indent, lines, line = " " * (len(title) + 1), [], title
+    items = [f"{k}={v}" for k, v in options.items()]
+    for i, item in enumerate(items):
+        item += "," if i < len(items) - 1 else ""
+        if line.strip() and len(line) + 1 + len(item) > width and line != title:
+            lines.append(line)
+            line = indent + item
+        else:
+            line += " " + item
+    return [*lines, line]
+
+
+def print_options(script: str, options: Mapping[str, Any] | Any, defaults: Mapping[str, Any] | None = None) -> None:
+    """The options once at start, wrapped at 120 characters: those given (``train: epochs=3, img_size=64``), then,
+    when ``defaults`` are known, the others (``defaults: weights=, ...``); the script's name highlighted."""
     opts = options if isinstance(options, Mapping) else vars(options)
-    LOGGER.info(f"{colorstr(script + ':')} {format_options(opts)}")
+    if defaults is None:
+        given, rest = dict(opts), {}
+    else:
+        given = {k: v for k, v in opts.items() if k not in defaults or defaults[k] != v}
+        rest = {k: v for k, v in opts.items() if k not in given}
+    lines = wrap_options(f"{script}:", given) + (wrap_options("  defaults:", rest) if rest else [])
+    lines[0] = lines[0].replace(f"{script}:", colorstr(script + ":"), 1)
+    LOGGER.info("\n".join(lines))

@@ -315,3 +315,14 @@ def test_end_to_end_rows_ignore_the_nms_settings(models_n: dict[str, Model]) -> 
         assert all(torch.equal(a, b) for a, b in zip(base, other))
     assert [len(r) for r in base] == [84, 84]
     assert [len(r) for r in postprocess(rows, contract, conf_thres=0.0, max_det=5)] == [5, 5]
+
+
+def test_a_traced_anchor_free_head_follows_the_input_size() -> None:
+    """The anchor points of a traced (exported) head come from the traced feature sizes, so a --dynamic export
+    decodes any input size: traced at 64 px, run at 96 x 64 it gives the eager model's rows."""
+    torch.manual_seed(0)
+    model = Model("yolo11n.yaml", nc=3).eval()
+    with torch.no_grad():
+        traced = torch.jit.trace(model, torch.rand(1, 3, 64, 64), check_trace=False)
+        other = torch.rand(2, 3, 96, 64)
+        assert torch.allclose(traced(other), model(other), atol=1e-4)

@@ -154,7 +154,7 @@ def test_segmenter_entry_points_build_offline_with_their_sizes(tmp_path: Path) -
     import hubconf
     from models.yolo import load_model_config, parse_model
 
-    for family in ("yolov5", "yolov8", "yolo11"):
+    for family in ("yolov5", "yolov8", "yolo11", "yolo26"):
         for scale in "nsmlx":
             entry = getattr(hubconf, f"{family}{scale}_seg")
             cfg, source = load_model_config(f"{family}{scale}-seg.yaml")
@@ -166,3 +166,29 @@ def test_segmenter_entry_points_build_offline_with_their_sizes(tmp_path: Path) -
     model.conf = 0.0
     found = model(np.zeros((48, 64, 3), np.uint8), size=64)
     assert found.masks is not None and found.masks[0].shape[1:] == (48, 64)
+
+
+def test_pose_entry_points_build_offline_with_their_sizes_and_return_keypoints() -> None:
+    """yolov8n_pose ... yolo26x_pose: one class (person) by default, as their release files; the docstring's size is
+    the built model's (on the meta device); yolo11n_pose builds offline and its Detections carry each detection's
+    17 keypoints (x, y, visibility) inside the image."""
+    import inspect
+
+    import hubconf
+    from models.yolo import load_model_config, parse_model
+
+    for family in ("yolov8", "yolo11", "yolo26"):
+        for scale in "nsmlx":
+            entry = getattr(hubconf, f"{family}{scale}_pose")
+            assert inspect.signature(entry).parameters["classes"].default == 1
+            cfg, source = load_model_config(f"{family}{scale}-pose.yaml")
+            with torch.device("meta"):
+                layers = parse_model({**cfg, "nc": 1}, 3, source)[0]
+            assert f"{sum(p.numel() for p in layers.parameters()):,} parameters (nc 1)" in entry.__doc__
+    model = torch.hub.load(str(ROOT), "yolo11n_pose", source="local", pretrained=False, device="cpu")
+    assert model.model.head.task == "pose" and model.model.head.nc == 1
+    model.conf = 0.0
+    found = model(np.zeros((48, 64, 3), np.uint8), size=64)
+    keypoints = found.keypoints[0]
+    assert keypoints.shape == (len(found.xyxy[0]), 17, 3) and len(found.xyxy[0]) > 0
+    assert (keypoints[..., 0] >= 0).all() and (keypoints[..., 0] <= 64).all() and (keypoints[..., 1] <= 48).all()

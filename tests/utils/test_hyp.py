@@ -42,3 +42,18 @@ def test_missing_keys_file_and_syntax_are_one_line_errors(tmp_path: Path) -> Non
 def test_default_file_depends_on_the_data() -> None:
     assert default_hyp_file("data/synthetic.yaml").name == "hyp.synthetic.yaml"
     assert default_hyp_file("coco128.yaml").name == "hyp.scratch.yaml"
+
+
+def test_hyp_set_items_override_the_file() -> None:
+    from utils.hyp import override_hyp
+
+    hyp = load_hyp(HYPS_DIR / "hyp.scratch.yaml")
+    changed = override_hyp(hyp, ["lr0=0.002", "fliplr=0", "copy_paste=0.5", "optimizer=SGD"])
+    assert (changed["lr0"], changed["fliplr"], changed["copy_paste"], changed["optimizer"]) == (0.002, 0.0, 0.5, "SGD")
+    assert hyp["lr0"] == 0.01 and override_hyp(hyp, []) == hyp  # the original is left alone
+    with pytest.raises(HypError, match=r"^--hyp-set 'lr=0.1': 'lr' is not a hyperparameter of this run; did you mean"):
+        override_hyp(hyp, ["lr=0.1"])
+    with pytest.raises(HypError, match=r"^--hyp-set 'lr0': give KEY=VALUE"):
+        override_hyp(hyp, ["lr0"])
+    with pytest.raises(HypError, match=r"^--hyp-set 'lr0=fast': 'lr0' takes a number"):
+        override_hyp(hyp, ["lr0=fast"])

@@ -123,6 +123,16 @@ def test_exist_ok_never_adopts_a_folder_it_did_not_make(tmp_path: Path) -> None:
     assert is_run_folder(project / "new")
 
 
+def test_exist_ok_says_it_reuses_only_a_folder_a_run_made() -> None:
+    """--exist-ok's help (and so docs/flags.md, which tests/test_docs.py keeps equal to it) names the marker."""
+    from utils.cli import FLAGS
+    from utils.paths import RUN_MARKER
+
+    help_text = FLAGS["exist_ok"][1]["help"]
+    assert RUN_MARKER in help_text and "only if a run of this project made it" in help_text
+    assert "instead of incrementing" not in help_text
+
+
 def test_a_project_that_cannot_be_a_folder_is_one_line(tmp_path: Path) -> None:
     from utils.paths import RunFolderError, new_run_folder
 

@@ -48,9 +48,12 @@ class DataConfig:
 
 
 def _find_yaml(path: str | Path | None) -> Path:
-    """The YAML file for ``--data``: as given, else under ``data/`` (so ``--data coco128.yaml`` works)."""
+    """The YAML file for ``--data``: as given, else under ``data/`` (so ``--data coco128.yaml`` works); or a data
+    folder as given (``--data imagenet10/``: see _folder_data)."""
     if path in (None, ""):
         return DEFAULT_DATA
+    if Path(path).is_dir():
+        return Path(path).resolve()
     candidates = [Path(path), ROOT / "data" / Path(path).name]
     for candidate in candidates:
         if candidate.is_file():
@@ -58,7 +61,33 @@ def _find_yaml(path: str | Path | None) -> Path:
     raise DataError(f"--data {path}: file not found (give a data YAML path such as data/synthetic.yaml)")
 
 
+def _folder_data(folder: Path) -> dict:
+    """``--data FOLDER`` for a data set laid out as ``FOLDER/train``, ``FOLDER/val`` (else ``FOLDER/test`` validates)
+    and an optional ``FOLDER/test``: the data YAML it stands for, whose classes come from what the training split
+    holds (Task.class_names: a classifier's class folders)."""
+    splits = [s for s in ("train", "val", "test") if (folder / s).is_dir()]
+    if "train" not in splits or len(splits) < 2:
+        raise DataError(f"--data {folder}: a data folder holds train/ and val/ (or test/) folders; for any other "
+                        "layout give a data YAML")
+    return {"path": str(folder), "train": "train", "val": "val" if "val" in splits else "test",
+            **({"test": "test"} if "test" in splits else {})}
+
+
+def _names_in_folders(data: dict, root: Path, yaml_file: Path) -> list[str] | None:
+    """Class names for data that gives neither ``nc`` nor ``names``: those its training split (one folder) holds in
+    the layout of a task that reads them from its data (Task.class_names), else None."""
+    split = data.get("train")
+    if data.get("nc") is not None or data.get("names") is not None or not isinstance(split, str) \
+            or is_shard_spec(split):
+        return None
+    folder = confined(split, root, f"{yaml_file}: 'train' entry", DataError)
+    readers = (task.load("class_names") for task in all_tasks() if task.class_names)
+    return next((names for names in (reader(folder) for reader in readers) if names), None)
+
+
 def _read_yaml(path: Path) -> dict:
+    if path.is_dir():
+        return _folder_data(path)
     try:
         content = load_yaml(path)
     except YamlError as e:
@@ -79,7 +108,8 @@ def _parse_names(data: dict, yaml_file: Path) -> tuple[int, list[str]]:
         raise DataError(f"{yaml_file}: 'names' must be a list or a mapping of class index to name")
     nc = data.get("nc", len(names) if names else None)
     if not isinstance(nc, int) or isinstance(nc, bool) or not 1 <= nc <= MAX_CLASSES:
-        raise DataError(f"{yaml_file}: 'nc' must be a class count in 1..{MAX_CLASSES} (got {shown(nc)})")
+        raise DataError(f"{yaml_file}: 'nc' must be a class count in 1..{MAX_CLASSES} (got {shown(nc)})"
+                        + ("; or name class folders (train/<class>/<image>)" if nc is None else ""))
     names = [_plain_name(n, yaml_file) for n in names] if names else [f"class{i}" for i in range(nc)]
     if len(names) != nc:
         raise DataError(f"{yaml_file}: nc is {nc} but 'names' lists {len(names)} classes; make them agree")
@@ -187,11 +217,12 @@ def load_data_config(path: str | Path | None = None) -> DataConfig:
     """
     yaml_file = _find_yaml(path)
     data = _read_yaml(yaml_file)
-    nc, names = _parse_names(data, yaml_file)
     for key in ("train", "val"):
         if not data.get(key):
             raise DataError(f"{yaml_file}: missing '{key}' (a folder of images, a .txt list, or a list of them)")
     root = _dataset_root(data, yaml_file)
+    found = _names_in_folders(data, root, yaml_file)
+    nc, names = _parse_names(data if found is None else {**data, "names": found}, yaml_file)
     check_converter(data.get("convert"), yaml_file)
     splits = {k: _split_paths(data[k], root, names, yaml_file, k) for k in ("train", "val", "test") if data.get(k)}
     missing = [p for paths in splits.values() for p in paths if not p.exists()]

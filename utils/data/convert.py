@@ -6,6 +6,11 @@ the same counted warnings).
     python -m utils.data.convert --from voc --annotations VOC2007/Annotations --images VOC2007/JPEGImages \\
         --list VOC2007/ImageSets/Main/val.txt --names aeroplane bicycle ... --out voc-yolo
     python -m utils.data.convert --from yolo --images set/images/train --names cat dog --out instances_train.json
+    python -m utils.data.convert --from dota --annotations DOTA/train/labelTxt --images DOTA/train/images \
+        --names plane ship "storage tank" ... --out dota-yolo-obb
+
+``--from dota`` writes YOLO-OBB label files (class and four corners, normalised: utils/data/dota.py), difficult
+objects only with ``--keep-crowd``.
 
 ``--to shards`` writes any of them as tar shards (utils.data.shards) for streaming, by local path or from object
 storage:
@@ -36,6 +41,7 @@ import numpy as np
 
 from utils.data.annotations import AnnotationSplit
 from utils.data.coco_json import coco_document, read_coco
+from utils.data.dota import convert_dota_folder, find_image
 from utils.data.errors import DataError
 from utils.data.formats import scan_sources
 from utils.data.label_cache import STATES, ScanResult
@@ -163,9 +169,30 @@ def _scan(opt: argparse.Namespace, names: list[str]) -> ScanResult:
     return scan_sources(split, len(names))[0]
 
 
+def convert_dota(opt: argparse.Namespace, names: list[str]) -> Path:
+    """DOTA's label files (``--annotations``) -> ``OUT/labels`` in YOLO-OBB form, their images linked into
+    ``OUT/images`` (utils/data/dota.py); difficult objects only with ``--keep-crowd``."""
+    if opt.annotations is None:
+        raise DataError("--from dota needs --annotations (the folder of DOTA label files)")
+    out = opt.out.resolve()
+    written = Written(out)
+    counts = convert_dota_folder(opt.annotations, opt.images, out / "labels", names, opt.keep_crowd,
+                                 claim=written.claim)
+    images = [image for label in sorted(opt.annotations.glob("*.txt"))
+              if (out / "labels" / f"{label.stem}.txt").is_file() and (image := find_image(opt.images, label.stem))]
+    written.claim([out / "images" / image.name for image in images])
+    for image in images:
+        place_file(image, out / "images" / image.name)
+    LOGGER.info(f"Wrote {counts['files']} DOTA label files ({counts['objects']} oriented boxes) and their images to "
+                f"{opt.out}/labels and {opt.out}/images (classes: {', '.join(names)})")
+    return opt.out
+
+
 def convert(opt: argparse.Namespace) -> Path:
     """Run one conversion; returns what it wrote (the output folder, JSON file or shard index)."""
     names = _names(opt)
+    if opt.from_format == "dota":
+        return convert_dota(opt, names)
     if opt.to_format == "shards":
         if not 1 <= opt.shard_samples <= 1_000_000 or not re.fullmatch(r"[A-Za-z0-9_]{1,64}", opt.prefix):
             raise DataError("--shard-samples must be 1..1000000 and --prefix 1-64 letters, digits or _")
@@ -189,8 +216,8 @@ def convert(opt: argparse.Namespace) -> Path:
 def parse_opt(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The command's options."""
     p = argparse.ArgumentParser(prog="python -m utils.data.convert", description="Convert detection labels "
-                                "between YOLO txt, COCO JSON and Pascal VOC XML")
-    p.add_argument("--from", dest="from_format", required=True, choices=("coco", "voc", "yolo"))
+                                "between YOLO txt, COCO JSON and Pascal VOC XML, and DOTA's to YOLO-OBB")
+    p.add_argument("--from", dest="from_format", required=True, choices=("coco", "voc", "yolo", "dota"))
     p.add_argument("--to", dest="to_format", choices=("yolo", "coco", "shards"),
                    help="default: yolo, or coco from yolo; shards: tar shards and their index (any --from)")
     p.add_argument("--annotations", type=Path, help="COCO JSON file, or the folder of VOC XML files")
@@ -204,6 +231,8 @@ def parse_opt(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prefix", default="train", help="--to shards: the shards' name, PREFIX-000000.tar ...")
     opt = p.parse_args(argv)
     opt.to_format = opt.to_format or ("coco" if opt.from_format == "yolo" else "yolo")
+    if opt.from_format == "dota" and opt.to_format != "yolo":
+        p.error("--from dota converts to YOLO-OBB label files only (--to yolo)")
     if opt.to_format != "shards" and (opt.from_format == "yolo") != (opt.to_format == "coco"):
         p.error(f"--from {opt.from_format} --to {opt.to_format}: supported are coco/voc -> yolo, yolo -> coco and "
                 "any -> shards")

@@ -132,7 +132,7 @@ class YoloDataset(torch.utils.data.Dataset):
             raise DataError(f"unknown task {str(opts.task)[:40]!r} (one of {', '.join(task_names())})")
         self.sample_extras: SampleExtras = (get_task(opts.task).load("sample") or SampleExtras)(opts)
         result, self.cache_path, self.cache_dir = scan_sources(sources, opts.nc, opts.prefix,
-                                                               label_reader(opts.task))
+                                                               label_reader(opts.task, opts.task_options))
         self.sources = sources
         self._ignore: dict[str, np.ndarray] | None = None  # ignore regions by path, read when evaluation asks
         self.scan = result.summary()
@@ -140,6 +140,7 @@ class YoloDataset(torch.utils.data.Dataset):
         if not len(keep):
             raise DataError(f"{opts.prefix}no usable images in {sources}: all {len(result.im_files)} are corrupt "
                             "(see warnings)")
+        keep = keep[:max(1, round(len(keep) * opts.fraction))]  # --fraction
         self.im_files = [result.im_files[i] for i in keep]
         self.read_files = [result.read_path(i) for i in keep]  # a repaired copy where the scan made one
         self.labels = [result.labels[i].copy() for i in keep]

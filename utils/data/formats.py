@@ -12,7 +12,7 @@ Without it, those boxes are the split's ignore regions, which only evaluation re
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,9 +69,13 @@ def split_from_mapping(value: dict, root: Path, names: Sequence[str], yaml_file:
                            image_list, tuple(names), bool(value.get("keep_crowd", False)))
 
 
-def label_reader(task: str | None) -> LabelReader:
-    """How ``task``'s labels are read (its registered LabelReader; the base task's: the boxes alone)."""
-    return get_task(task).load("labels") or BOXES
+def label_reader(task: str | None, task_options: Mapping[str, Any] | None = None) -> LabelReader:
+    """How ``task``'s labels are read (its registered LabelReader, or the one its registered function makes of the
+    data set's ``task_options``; the base task's: the boxes alone)."""
+    found = get_task(task).load("labels")
+    if found is None:
+        return BOXES
+    return found if isinstance(found, LabelReader) else found(dict(task_options or {}))
 
 
 def scan_sources(sources: Any, nc: int | None, prefix: str = "",

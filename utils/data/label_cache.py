@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import multiprocessing
 import os
+import sys
 import zipfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -302,8 +303,8 @@ def scan_files(im_files: Sequence[str], label_files: Sequence[Any], nc: int | No
     counts = dict.fromkeys(STATES, 0)
     with _check_pool(n, cores) as pool:
         jobs = [(im, lb, nc, repair_dir) for im, lb in zip(im_files, label_files)]
-        bar = tqdm(pool.imap(check, jobs, chunksize=16), total=n, desc=desc, disable=not show, leave=False,
-                   unit="img")
+        bar = tqdm(pool.imap(check, jobs, chunksize=16), total=n, desc=desc, leave=False, unit="img",
+                   disable=not show or not sys.stderr.isatty())  # a log file gets the summary line only
         for i, (lab, shape, state, dup, msg, copy, *points) in enumerate(bar):
             states[i], shapes[i], duplicates[i] = STATES.index(state), shape, dup
             extras += points

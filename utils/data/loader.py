@@ -263,12 +263,12 @@ def create_dataloader(sources: str | Path | Sequence[str | Path], options: Datas
                              reserved_cores=reserved_cores)
     if options.rect and shuffle:
         LOGGER.warning(f"{options.prefix}WARNING: --rect keeps images sorted by aspect ratio; shuffle is turned off")
-    shared_scan_sources(sources, options.nc, options.prefix,  # every rank scans its share when a cache is stale
-                        label_reader(options.task))
+    dataset_class = get_task(options.task).load("dataset") or YoloDataset  # a task may read its own data
+    if dataset_class is YoloDataset:  # every rank scans its share of the labels when a cache is stale
+        shared_scan_sources(sources, options.nc, options.prefix, label_reader(options.task, options.task_options))
     with dist.zero_first(local=True):  # then the cache is read (or, unwritable, scanned by local rank 0 first)
-        dataset_class = get_task(options.task).load("dataset") or YoloDataset  # a task may read its own data
         dataset = dataset_class(sources, options, batch_size=batch_size * world if options.rect else batch_size,
-                              cache=None)
+                                cache=None)
     if options.cache:  # every rank takes part (a shared RAM cache, or a share of the disk cache)
         dataset.cache_images(options.cache, options.prefix)
     training = shuffle or options.augment  # a training loader resumes exactly, even with --rect (kept order)
@@ -285,7 +285,10 @@ def stream_loader(items: list, options: DatasetOptions, workers: int, *, trainin
     each epoch's position from the dataset's shared memory. All ranks must call it."""
     if len(items) != 1:
         raise DataError(f"{options.prefix}a split in shards names one shard pattern (got {len(items)} entries)")
-    reader = label_reader(options.task)
+    if options.fraction < 1:
+        raise DataError(f"{options.prefix}--fraction keeps a share of a split's image files; a split in shards "
+                        "streams whole shards: name fewer shards in the data YAML instead")
+    reader = label_reader(options.task, options.task_options)
     if reader.kind:
         raise DataError(f"{options.prefix}tar shards hold boxes only; a {options.task} model reads {reader.sources}")
     if options.rect and training:

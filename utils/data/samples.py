@@ -35,6 +35,7 @@ class DatasetOptions:
     names: Sequence[str] | None = None
     task: str = BASE_TASK  # a registered task: what its samples carry beside the boxes, and its batches
     task_options: dict = field(default_factory=dict)  # a task's own settings, read by its sample part
+    fraction: float = 1.0  # the share of the split's images kept (the first ones, in file order; at least one)
 
 
 class Sample(NamedTuple):

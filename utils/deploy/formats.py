@@ -194,7 +194,7 @@ def output_count(model: nn.Module) -> int:
 
 MAX_METADATA_TEXT = 1 << 20  # bytes of an exported file's metadata text (80 class names: ~1 KB)
 METADATA_BOUNDS = {"stride": 1024, "classes": 10_000, "name": 128, "side": 16_384, "batch": 1024, "levels": 8,
-                   "anchors": 32, "anchor": 1e5}
+                   "anchors": 32, "anchor": 1e5, "head_list": 1024}
 
 
 def parse_json_metadata(text: str | bytes, source: object) -> Any:
@@ -276,7 +276,8 @@ def _plain_value(value: Any) -> Any:
 def _head(value: Any) -> dict[str, Any] | None:
     """The head's own export metadata: at most 16 named fields; its ``contract`` a mapping of plain values (the
     runtime reads it through OutputContract.from_metadata), ``stride`` the strides, ``anchors`` as the top-level
-    field, anything else a plain value. None if not."""
+    field, anything else a plain value, None, or a list of at most METADATA_BOUNDS["head_list"] plain values. None
+    if not."""
     if not isinstance(value, dict) or len(value) > 16 or not all(isinstance(k, str) and len(k) <= 32 for k in value):
         return None
     checked: dict[str, Any] = {}
@@ -291,6 +292,12 @@ def _head(value: Any) -> dict[str, Any] | None:
             used = None if used is None or None in used else used
         elif key == "anchors":
             used = _anchors(field)
+        elif field is None:  # a setting the head does not have (a pose model without flip_idx)
+            checked[key] = None
+            continue
+        elif isinstance(field, list):  # a short list of plain values (a pose model's kpt_shape, flip_idx)
+            used = [_plain_value(v) for v in field] if len(field) <= METADATA_BOUNDS["head_list"] else None
+            used = None if used is None or None in used else used
         else:
             used = _plain_value(field)
         if used is None:

@@ -101,6 +101,8 @@ class NcnnFormat(ExportFormat):
 
     def export(self, model: nn.Module, images: torch.Tensor, file: Path, meta: dict, options: ExportOptions,
                calibration: Callable[[], list[torch.Tensor]] | None = None) -> Path:
+        if ends_at_rows(model.head.export_metadata()):  # rows this module cannot decode: refused before converting
+            RawMapDecoder(model.head.export_metadata(), file)
         import pnnx
 
         file.mkdir(parents=True, exist_ok=True)

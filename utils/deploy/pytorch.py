@@ -17,16 +17,17 @@ class PyTorchFormat(ExportFormat):
     exportable = False
 
     def load(self, file: Path, options: LoadOptions) -> LoadedModel:
-        from utils.weights.checkpoint import load_model
+        from utils.weights.checkpoint import load_model, trained_img_size
 
-        model, _ = load_model(file, options.device, fuse=True, trusted=options.trusted)
+        model, ckpt = load_model(file, options.device, fuse=True, trusted=options.trusted)
+        size = trained_img_size(ckpt) or 0  # recorded as the default size of a dynamic model
         model = model.half() if options.half else model
         dtype = torch.float16 if options.half else torch.float32
 
         def run(images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
             return model(images.to(options.device, dtype))  # rows, or (rows, prototypes): the runtime checks them
 
-        meta = export_metadata(model, (0, 0), 1, dynamic=True, half=options.half)
+        meta = export_metadata(model, (size, size), 1, dynamic=True, half=options.half)
         return LoadedModel(run, meta, input_dtype=dtype, module=model)
 
 

@@ -53,6 +53,17 @@ def resolve_weights_arg(weights: str | Path) -> Path:
     return Path(weights).expanduser()
 
 
+def default_img_size(img_size: list[int] | None, model: InferenceModel) -> list[int]:
+    """``--img-size`` as given, else the size ``model`` was trained or exported at, else 640."""
+    if img_size:
+        return list(img_size)
+    if model.default_size is None:
+        return [640]
+    LOGGER.info(f"Image size {model.default_size[0]}: the size {model.weights.name} was "
+                f"{'trained' if model.kind == 'pytorch' else 'exported'} at (--img-size changes it)")
+    return list(model.default_size)
+
+
 def check_img_size(img_size: list[int] | tuple[int, ...], stride: int, flag: str = "--img-size") -> tuple[int, int]:
     """(h, w) from one value (square) or two, each rounded up to a multiple of ``stride`` (with a warning)."""
     if len(img_size) not in (1, 2) or min(img_size) < 1:
@@ -96,6 +107,7 @@ class InferenceModel:
                                       "it was exported with (export.py --half)")
         self.half = half
         self.img_size: tuple[int, int] | None = None  # fixed input size of a static export (h, w)
+        self.default_size: tuple[int, int] | None = None  # the size it was trained (a .pt) or exported at (h, w)
         self.batch_size: int | None = None  # fixed batch of a static export
         self.dynamic = True
         self.strides: tuple[float, ...] = ()
@@ -117,6 +129,7 @@ class InferenceModel:
         self.dynamic = not all(isinstance(d, int) for d in shape[2:])
         self.batch_size = shape[0] if isinstance(shape[0], int) else None
         self.img_size = None if self.dynamic else (int(shape[2]), int(shape[3]))
+        self.default_size = self.img_size or self.default_size
 
     def _apply_metadata(self, meta: dict[str, Any]) -> dict[str, Any]:
         """Read the metadata export.py wrote (names as a list, or as YOLOv5's {index: name}), every field checked
@@ -129,12 +142,14 @@ class InferenceModel:
         self.names = meta["names"]
         self.dynamic = meta.get("dynamic", False)
         self.batch_size = None if self.dynamic else meta.get("batch_size", 1)
-        if not self.dynamic and meta.get("img_size") and min(meta["img_size"]) > 0:
-            self.img_size = (meta["img_size"][0], meta["img_size"][1])
+        if meta.get("img_size") and min(meta["img_size"]) > 0:
+            self.default_size = (meta["img_size"][0], meta["img_size"][1])
+            self.img_size = None if self.dynamic else self.default_size
         levels = int(math.log2(self.stride // 8)) + 1 if self.stride >= 8 else 1  # older exports: P3 and up
         self.strides = tuple(meta.get("strides") or [self.stride / 2 ** k for k in reversed(range(levels))])
         self.num_anchors = meta.get("num_anchors", 3)
         self.contract = self._contract(meta)
+        self.head_meta = dict(meta.get("head") or {})  # the head's own metadata (a pose model's flip_idx: --augment)
         return meta
 
     def _contract(self, meta: dict[str, Any]) -> OutputContract:
@@ -158,7 +173,7 @@ class InferenceModel:
     @property
     def layout(self) -> DetectLayout:
         """Strides per level and anchors per cell, which test-time augmentation needs."""
-        return DetectLayout(self.strides, self.num_anchors)
+        return DetectLayout(self.strides, self.num_anchors, self.head_meta)
 
     def as_module(self) -> nn.Module:
         """An nn.Module for evaluate(): the model itself for .pt, a thin wrapper for the exports."""
@@ -227,6 +242,7 @@ class ExportedModule(nn.Module):
         self.strides, self.num_anchors = model.strides, model.num_anchors
         self.names, self.img_size = model.names, model.img_size  # img_size: a static export's fixed input (h, w)
         self.contract = model.contract  # the row layout of its output, from the file's metadata
+        self.head_meta = model.head_meta
         self.register_buffer("stride", torch.tensor(model.strides, device=model.device), persistent=False)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:

@@ -353,37 +353,42 @@ class AnchorFreeDecode:
         self.tf, self.nc, self.reg_max, self.strides, self.xywh, self.bins = tf, nc, reg_max, strides, xywh, bins
 
     def __call__(self, box_maps: list, cls_maps: list) -> Any:
+        points, strides, box, cls = self.sides(box_maps, cls_maps)
+        top_left, bottom_right = points - box[..., :2], points + box[..., 2:]
+        corners = [(top_left + bottom_right) / 2, bottom_right - top_left] if self.xywh else [top_left, bottom_right]
+        return self.tf.concat([self.tf.concat(corners, -1) * strides, self.tf.sigmoid(cls)], -1)
+
+    def sides(self, box_maps: list, maps: list, channels: int | None = None) -> tuple[Any, Any, Any, Any]:
+        """Cell centres (n, 2), strides (n, 1), sides (b, n, 4) in cells, ``maps`` as rows (b, n, channels or nc)."""
         tf, reg_max = self.tf, self.reg_max
         batch = -1 if box_maps[0].shape[0] is None else box_maps[0].shape[0]
         sizes = [(int(m.shape[1]), int(m.shape[2])) for m in box_maps]  # static: the export's input size
         points, strides = (t.numpy() for t in make_anchors(sizes, self.strides))  # (n, 2), (n, 1)
-        n = points.shape[0]
+        n, channels = points.shape[0], channels or self.nc
         box = tf.concat([tf.reshape(m, (batch, h * w, 4 * reg_max)) for m, (h, w) in zip(box_maps, sizes)], 1)
-        cls = tf.concat([tf.reshape(m, (batch, h * w, self.nc)) for m, (h, w) in zip(cls_maps, sizes)], 1)
+        rows = tf.concat([tf.reshape(m, (batch, h * w, channels)) for m, (h, w) in zip(maps, sizes)], 1)
         if self.bins is not None:  # channel = side * reg_max + bin, as the DFL reads it
             box = tf.reduce_sum(tf.nn.softmax(tf.reshape(box, (batch, n, 4, reg_max)), -1) * self.bins, -1)
-        top_left, bottom_right = points - box[..., :2], points + box[..., 2:]
-        if self.xywh:
-            corners = tf.concat([(top_left + bottom_right) / 2, bottom_right - top_left], -1)
-        else:
-            corners = tf.concat([top_left, bottom_right], -1)
-        return tf.concat([corners * strides, tf.sigmoid(cls)], -1)
+        return points, strides, box, rows
 
 
-def top_rows(tf: Any, nc: int, max_det: int) -> Layer:
-    """YOLO26's selection (models/head_end_to_end.py, EndToEndDetect.select) on (b, n, 4 + nc) xyxy rows: the k
-    cells with the highest class score, then the k highest (cell, class) scores among them -> (b, k, 6) rows
-    [x1, y1, x2, y2, score, class], best first, k = min(max_det, n). TOPK_V2, GATHER, FLOOR_DIV and FLOOR_MOD
-    are TFLite builtins, so the selection stays inside the file."""
+def top_rows(tf: Any, nc: int, max_det: int, box_columns: int = 4) -> Layer:
+    """YOLO26's selection (EndToEndDetect.select) on (b, n, box_columns + nc + e) rows: the k cells with the highest
+    class score, then the k highest (cell, class) scores -> (b, k, box_columns + 2 + e) [box, score, class, a task's
+    e columns], best first, k = min(max_det, n); TOPK_V2, GATHER, FLOOR_DIV, FLOOR_MOD are TFLite builtins."""
     def run(decoded: Any) -> Any:
         batch, n = (-1 if decoded.shape[0] is None else decoded.shape[0]), int(decoded.shape[1])
         k = min(max_det, n)
-        boxes, scores = decoded[..., :4], decoded[..., 4:]
+        boxes, scores, extra = (decoded[..., a:z] for a, z in ((0, box_columns), (box_columns, box_columns + nc),
+                                                               (box_columns + nc, None)))
         cells = tf.math.top_k(tf.reduce_max(scores, -1), k).indices  # (b, k)
         scores = tf.gather(scores, cells, batch_dims=1)  # (b, k, nc)
         top, flat = tf.math.top_k(tf.reshape(scores, (batch, k * nc)), k)  # (b, k)
-        boxes = tf.gather(boxes, tf.gather(cells, flat // nc, batch_dims=1), batch_dims=1)
-        return tf.concat([boxes, top[..., None], tf.cast(flat % nc, boxes.dtype)[..., None]], -1)
+        cell = tf.gather(cells, flat // nc, batch_dims=1)
+        rows = [tf.gather(boxes, cell, batch_dims=1), top[..., None], tf.cast(flat % nc, boxes.dtype)[..., None]]
+        if int(decoded.shape[-1]) > box_columns + nc:
+            rows.append(tf.gather(extra, cell, batch_dims=1))
+        return tf.concat(rows, -1)
     return run
 
 

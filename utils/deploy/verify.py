@@ -51,18 +51,21 @@ class Verification:
 
 def output_errors(reference: torch.Tensor, output: torch.Tensor, contract: OutputContract | None = None,
                   margin: float = 1e-3) -> tuple[float, float]:
-    """The largest differences between two decoded outputs laid out as ``contract`` says (default: YOLOv5's): of
-    the boxes (the 4 box columns, input pixels) and of the scores (objectness and class scores, or an end-to-end
-    row's score: probabilities). An end-to-end head's final rows are its top candidates: each reference row is
-    paired with the output row of its class nearest to its box (rows of near-equal scores may swap places), and
-    rows within ``margin`` of the lowest kept score are left out (a candidate that ties the cut-off may be kept by
-    one runtime and not the other); a task's extra columns are not compared (``extra_errors``)."""
+    """The largest differences between two decoded outputs laid out as ``contract`` says (default: YOLOv5's): of the
+    boxes (the 4 box columns, input pixels) and of the scores (objectness and class scores, or an end-to-end
+    row's score, or a classifier's probabilities: there are no boxes then). An end-to-end head's final rows are
+    its top candidates: each reference row is paired with the output row of its class nearest to its box (rows
+    of near-equal scores may swap places), and rows within ``margin`` of the lowest kept score are left out (a
+    candidate that ties the cut-off may be kept by one runtime and not the other); a task's extra columns are
+    not compared (``extra_errors``)."""
     if reference.shape != output.shape:
         raise VerificationError(f"output shape {tuple(output.shape)} differs from PyTorch's {tuple(reference.shape)}")
     contract = contract or OutputContract("xywh_obj_cls", reference.shape[-1] - 5)
     reference, output = reference.float().cpu(), output.float().cpu()
     if reference.numel() == 0:
         return 0.0, 0.0
+    if contract.rank == 2:  # no rows of boxes: one row of class probabilities per image (a classifier's)
+        return 0.0, float((reference - output).abs().max())
     if contract.end_to_end:
         inside = reference[..., 4] > reference[..., 4].amin(1, keepdim=True) + margin  # (b, n) surely in the top k
         output = torch.stack([_paired_rows(r, o) for r, o in zip(reference, output)])
@@ -79,19 +82,24 @@ def output_errors(reference: torch.Tensor, output: torch.Tensor, contract: Outpu
 
 
 def extra_errors(reference: tuple[torch.Tensor, ...], output: tuple[torch.Tensor, ...],
-                 contract: OutputContract) -> float:
+                 contract: OutputContract, margin: float = 1e-3) -> float:
     """The largest difference in a task's extra columns (the rows' last ``extra``) and in its other outputs (a
     segmenter's mask coefficients and prototypes), each relative to its largest magnitude in PyTorch's output
-    (neither is bounded like a score); the columns of an end-to-end head's rows, which may be paired differently,
-    are left to ``output_errors``."""
+    (neither is bounded like a score); an end-to-end head's rows are paired first as ``output_errors`` pairs them
+    (rows within ``margin`` of the lowest kept score left out)."""
     pairs = []
     for name, a, b in zip(contract.outputs[1:], reference[1:], output[1:]):
         if a.shape != b.shape:
             raise VerificationError(f"{name} of shape {tuple(b.shape)}, PyTorch's {tuple(a.shape)}")
         pairs.append((a.float().cpu(), b.float().cpu()))
-    if contract.extra and not contract.end_to_end:
+    if contract.extra:
         columns = slice(-contract.extra, None)
-        pairs.append((reference[0][..., columns].float().cpu(), output[0][..., columns].float().cpu()))
+        rows, other = reference[0].float().cpu(), output[0].float().cpu()
+        if contract.end_to_end and rows.numel():
+            inside = rows[..., 4] > rows[..., 4].amin(1, keepdim=True) + margin
+            other = torch.stack([_paired_rows(r, o) for r, o in zip(rows, other)])
+            rows, other = rows[inside], other[inside]
+        pairs.append((rows[..., columns], other[..., columns]))
     return max((float((a - b).abs().max() / a.abs().max().clamp(min=1e-6)) for a, b in pairs if a.numel()),
                default=0.0)
 
@@ -127,7 +135,7 @@ def verify_float(file: Path, model: nn.Module, checks: list[torch.Tensor], toler
             if box > tolerance.box or score > tolerance.score:
                 raise VerificationError(f"output differs from PyTorch: boxes by {box_px:.2e} px ({box:.1e} x image "
                                         f"size), scores by {score:.1e} (limit {tolerance.describe()})")
-            error = extra_errors(reference, output, contract) if extra else None
+            error = extra_errors(reference, output, contract, tolerance.score) if extra else None
             if error is not None and error > tolerance.score:
                 what = " or ".join([*([task.columns] if contract.extra else []), *contract.outputs[1:]])
                 raise VerificationError(f"{what} differ from PyTorch's by {error:.1e} of their largest magnitude "

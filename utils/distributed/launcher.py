@@ -86,6 +86,35 @@ def read_env(local_rank_flag: int = -1, env: Mapping[str, str] | None = None) ->
     )
 
 
+LAUNCHER_VARIABLES = ("WORLD_SIZE", "RANK", "LOCAL_RANK", "TORCHELASTIC_RUN_ID")  # torchrun and its kin set them
+
+
+def launched(local_rank_flag: int = -1, env: Mapping[str, str] | None = None) -> bool:
+    """Whether a launcher started this process as one of a job's (torchrun, torch.distributed.launch, an srun
+    task, an operator that sets torchrun's variables), even a job of one; then the launcher owns the process count."""
+    env = os.environ if env is None else env
+    return local_rank_flag >= 0 or any(name in env for name in LAUNCHER_VARIABLES) or _is_srun_task(env)
+
+
+def record_error_line(line: str, env: Mapping[str, str] | None = None) -> bool:
+    """Under torchrun, write ``line`` as this process's error record (the JSON file TORCHELASTIC_ERROR_FILE names,
+    in torch elastic's format), so torchrun's failure summary shows it as the root cause instead of "To enable
+    traceback see ...". Returns whether a file was written (False outside torchrun or when it cannot be)."""
+    import json
+    import time
+
+    path = (os.environ if env is None else env).get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return False
+    record = {"message": {"message": line, "extraInfo": {"py_callstack": line, "timestamp": str(int(time.time()))}}}
+    try:
+        with open(path, "w") as f:
+            json.dump(record, f)
+    except OSError:
+        return False
+    return True
+
+
 def scheduler_job(env: Mapping[str, str]) -> SchedulerJob | None:
     """The Slurm job in ``env`` (SLURM_JOB_ID, SLURM_RESTART_COUNT), or None outside Slurm."""
     job_id = env.get("SLURM_JOB_ID", "").strip()

@@ -177,17 +177,18 @@ def _image_stats(det: torch.Tensor, targets: torch.Tensor, index: int, img_hw: S
         ignore = None if ignore is None else np.concatenate((np.zeros((len(ignore), 1)), ignore[:, 1:]), 1)
     det[:, :4] = scale_boxes(img_hw, det[:, :4], shape[0], shape[1])
     extra = metric.match(ImageContext(index, rows, outputs, batch or {}, tuple(img_hw), shape, labels.cpu(), det,
-                                      opts.save_json))
-    confusion.process_batch(det, labels, ignore)
+                                      opts.save_json, ignore))
+    confusion.process_batch(det, labels, ignore, extra.overlaps)
     if txt_dir is not None:
         save_label_file(path, det, shape[0], txt_dir, opts.save_conf)
-    correct = match_predictions(det, labels)
+    correct = match_predictions(det, labels, overlaps=extra.overlaps)
     rows = json_rows(path, det.cpu(), opts.is_coco, opts.coco_ids) if opts.save_json else []
     for row, added in zip(rows, extra.json or ()):
         row.update(added)
     return ImageStats(path=str(path), correct=correct, ignored=ignored_detections(det, correct, ignore),
                       conf=det[:, 4].cpu().numpy(), pred_cls=det[:, 5].cpu().numpy(),
-                      target_cls=labels[:, 0].cpu().numpy(), json_rows=rows, views=extra.correct)
+                      target_cls=labels[:, 0].cpu().numpy(), json_rows=rows, views=extra.correct,
+                      view_ignored=extra.ignored, view_target_cls=extra.target_cls)
 
 
 def _show_progress() -> bool:
@@ -223,8 +224,10 @@ def _merge(parts: list[dict]) -> tuple[list[ImageStats], DetectionMetrics, dict]
                                   for k in ("conf", "pred_cls", "target_cls"))
     metrics = ap_per_class(correct, conf, pred_cls, target_cls, ignored=ignored)
     names = [v for v in (records[0].views if records else {}) if all(v in r.views for r in records)]
-    views = {v: ap_per_class(np.concatenate([r.views[v] for r in records]), conf, pred_cls, target_cls,
-                             ignored=ignored) for v in names}
+    views = {v: ap_per_class(np.concatenate([r.views[v] for r in records]), conf, pred_cls,
+                             np.concatenate([r.view_target_cls.get(v, r.target_cls) for r in records]),
+                             ignored=np.concatenate([r.view_ignored.get(v, r.ignored) for r in records]))
+             for v in names}
     totals = {
         "views": views,
         "times": np.sum([p["times"] for p in parts], 0),

@@ -28,16 +28,18 @@ def _numpy(x: torch.Tensor | np.ndarray) -> np.ndarray:
 
 
 def match_predictions(detections: torch.Tensor | np.ndarray, labels: torch.Tensor | np.ndarray,
-                      iou_thresholds: np.ndarray = IOU_THRESHOLDS) -> np.ndarray:
+                      iou_thresholds: np.ndarray = IOU_THRESHOLDS, overlaps: np.ndarray | None = None) -> np.ndarray:
     """Which detections are true positives at each IoU threshold, matched as COCOeval does.
 
     ``detections`` (n, 6) [x1, y1, x2, y2, conf, cls]; ``labels`` (m, 5) [cls, x1, y1, x2, y2], both in
-    the same pixels. Returns bool (n, len(iou_thresholds)) in the detections' row order.
+    the same pixels; ``overlaps`` (n, m), when given, in place of their box IoU (a task's own: oriented boxes').
+    Returns bool (n, len(iou_thresholds)) in the detections' row order.
     """
     dets, labs = _numpy(detections).astype(np.float64), _numpy(labels).astype(np.float64)
     if not len(dets) or not len(labs):
         return np.zeros((len(dets), len(iou_thresholds)), dtype=bool)
-    iou = box_iou(torch.from_numpy(dets[:, :4]), torch.from_numpy(labs[:, 1:5]), eps=0.0).numpy()
+    iou = box_iou(torch.from_numpy(dets[:, :4]), torch.from_numpy(labs[:, 1:5]), eps=0.0).numpy() \
+        if overlaps is None else np.asarray(overlaps, np.float64).reshape(len(dets), len(labs))
     iou = np.nan_to_num(iou) * (dets[:, 5:6] == labs[None, :, 0])  # only labels of the same class count
     return match_by_iou(iou, dets[:, 4], iou_thresholds)
 
@@ -202,17 +204,19 @@ class ConfusionMatrix:
         self.matrix = np.zeros((nc + 1, nc + 1), dtype=np.int64)
 
     def process_batch(self, detections: torch.Tensor | np.ndarray | None, labels: torch.Tensor | np.ndarray,
-                      ignore: torch.Tensor | np.ndarray | None = None) -> None:
+                      ignore: torch.Tensor | np.ndarray | None = None, overlaps: np.ndarray | None = None) -> None:
         """Add one image: ``detections`` (n, 6) [xyxy, conf, cls] or None, ``labels`` (m, 5) [cls, xyxy]; a
         detection no label takes that lies on an ``ignore`` region (k, 6) of its class (ignore_overlap above
-        ``iou_thres``) is not counted as background."""
+        ``iou_thres``) is not counted as background. ``overlaps`` (n, m), when given, replace the box IoU."""
         labs = _numpy(labels).astype(np.float64).reshape(-1, 5)
         dets = np.zeros((0, 6)) if detections is None else _numpy(detections).astype(np.float64).reshape(-1, 6)
-        dets = dets[dets[:, 4] > self.conf]
+        above = dets[:, 4] > self.conf
+        dets = dets[above]
         label_cls, det_cls = labs[:, 0].astype(int), dets[:, 5].astype(int)
         pairs = np.zeros((0, 3))
         if len(dets) and len(labs):
-            iou = box_iou(torch.from_numpy(labs[:, 1:5]), torch.from_numpy(dets[:, :4])).numpy()  # (m, n)
+            iou = box_iou(torch.from_numpy(labs[:, 1:5]), torch.from_numpy(dets[:, :4])).numpy() if overlaps is None \
+                else np.asarray(overlaps, np.float64).reshape(len(above), len(labs))[above].T  # (m, n)
             li, di = np.nonzero(iou > self.iou_thres)
             pairs = np.stack((li, di, iou[li, di]), 1)[np.argsort(-iou[li, di], kind="mergesort")]
             pairs = pairs[np.unique(pairs[:, 1], return_index=True)[1]]  # each detection once (best IoU)

@@ -5,7 +5,7 @@ plots, and the --task study table."""
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,9 +100,10 @@ def write_outputs(result: Any, records: list[Any], names: Sequence[str], save_di
 
 
 def coco_evaluate(anno_json: str | Path, pred_json: str | Path, image_ids: Sequence[int | str] = (),
-                  iou_type: str = "bbox") -> tuple[float, float] | None:
+                  iou_type: str = "bbox", params: Mapping[str, Any] | None = None) -> tuple[float, float] | None:
     """pycocotools' (mAP@.5:.95, mAP@.5) of a predictions file over ``image_ids`` (default: every image), of the
-    boxes or, with ``iou_type="segm"``, of the masks; None (with a note) when it cannot run."""
+    boxes, or of what ``iou_type`` names (``segm``: masks, ``keypoints``); ``params`` set COCOeval's parameters of
+    those names first (``kpt_oks_sigmas``: a data set's OKS sigmas); None (with a note) when it cannot run."""
     anno_json = Path(anno_json)
     try:
         from pycocotools.coco import COCO
@@ -121,6 +122,9 @@ def coco_evaluate(anno_json: str | Path, pred_json: str | Path, image_ids: Seque
     evaluator = COCOeval(gt, gt.loadRes(str(pred_json)), iou_type)
     if image_ids:
         evaluator.params.imgIds = list(image_ids)
+    for name, value in (params or {}).items():
+        setattr(evaluator.params, name, np.asarray(value, dtype=np.float64) if isinstance(value, list | tuple)
+                else value)
     evaluator.evaluate()
     evaluator.accumulate()
     evaluator.summarize()

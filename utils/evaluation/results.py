@@ -93,3 +93,5 @@ class ImageStats:
     target_cls: np.ndarray  # (m,)
     json_rows: list[dict] = field(default_factory=list)
     views: dict[str, np.ndarray] = field(default_factory=dict)  # per view of the task's metric, (n, 10) bool
+    view_ignored: dict[str, np.ndarray] = field(default_factory=dict)  # a view's own ignored detections (n, 10)
+    view_target_cls: dict[str, np.ndarray] = field(default_factory=dict)  # a view's own counted labels' classes

@@ -4,12 +4,13 @@ task's ``predict`` part (utils/tasks/registry.py); the base task's holds nothing
 ``image`` makes one image's results in its original pixels from the model's other outputs (a segmenter's masks
 from its prototypes and the rows' coefficients); ``summary`` is what detect.run's result keeps per frame (a
 segmenter's outlines); ``draw`` paints the results under the boxes; ``label_rows`` writes --save-txt's rows (None:
-the boxes' YOLO rows).
+the boxes' YOLO rows); ``deaugment`` moves a test-time augmentation pass's task columns back to the input's frame
+(utils/evaluation/tta.py), for a task that can (``deaugments``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,8 @@ import torch
 
 class TaskOutputs:
     """The base task's: nothing beyond the boxes (see the module docstring)."""
+
+    deaugments = False  # whether ``deaugment`` moves its task's columns (else --augment is refused for them)
 
     def image(self, rows: torch.Tensor, outputs: tuple, index: int, input_hw: tuple[int, int],
               boxes0: torch.Tensor, shape0: tuple[int, int], ratio_pad: Any, native: bool = False) -> dict[str, Any]:
@@ -33,9 +36,24 @@ class TaskOutputs:
     def draw(self, img_bgr: np.ndarray, det: np.ndarray, results: Mapping[str, Any]) -> np.ndarray:
         return img_bgr
 
+    def draw_labelled(self, img_bgr: np.ndarray, det: np.ndarray, results: Mapping[str, Any],
+                      names: Sequence[str] | None, line_thickness: int, hide_labels: bool,
+                      hide_conf: bool) -> np.ndarray | None:
+        return None
+
+    def describe(self, det: np.ndarray, results: Mapping[str, Any], names: Sequence[str] | None) -> str | None:
+        return None
+
     def label_rows(self, det: np.ndarray, results: Mapping[str, Any], shape: tuple[int, int],
                    save_conf: bool) -> list[str] | None:
         return None
+
+    def deaugment(self, rows: torch.Tensor, contract: Any, scale_xy: tuple[float, float], flip: bool, width: int,
+                  head: Mapping[str, Any]) -> torch.Tensor:
+        """A pass's rows (b, n, columns), boxes already back in the input's frame, with the task's columns moved back
+        too: divided by the pass's ``scale_xy``, mirrored in an image ``width`` wide when ``flip``; ``head`` is the
+        model's head metadata. The base task's rows have no such columns."""
+        return rows
 
 
 BOXES_ONLY = TaskOutputs()

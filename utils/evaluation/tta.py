@@ -7,20 +7,25 @@ its finest (the smallest boxes, which it resolves worst).
 
 It applies to outputs whose rows go through NMS (``xywh_*`` layouts: YOLOv5, YOLOv8, YOLO11), where the passes'
 rows can be merged before it; an end-to-end head's final rows (YOLO26) cannot be merged, and --augment is refused
-for them with one line.
+for them with one line. A task's columns after the class scores follow their boxes back through its ``predict``
+part (``TaskOutputs.deaugment``: a pose model's keypoints are scaled back and mirrored with its flip_idx, read from
+the head's metadata); a task whose part does not (``deaugments`` False) or that has other outputs is refused.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch.nn import functional as F
 
 from utils.errors import UserError
+from utils.evaluation.task_outputs import BOXES_ONLY, TaskOutputs
 from utils.tasks.contract import OutputContract
+from utils.tasks.registry import get_task
 
 SCALES = (1.0, 0.83, 0.67)
 FLIPS = (False, True, False)  # left-right flip of each pass
@@ -33,10 +38,12 @@ class AugmentError(UserError, ValueError):
 
 @dataclass(frozen=True)
 class DetectLayout:
-    """How a detector's output rows are laid out: one block per level, ``num_anchors`` rows per grid cell."""
+    """How a detector's output rows are laid out: one block per level, ``num_anchors`` rows per grid cell; ``head``
+    its head's export metadata (what a task's columns need to follow the passes back: a pose model's flip_idx)."""
 
     strides: tuple[float, ...]
     num_anchors: int
+    head: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     def counts(self, height: int, width: int) -> list[int]:
         """Rows of each level's block for an input of ``height`` x ``width`` pixels."""
@@ -50,8 +57,21 @@ def layout_of(model: object) -> DetectLayout:
     if head is not None:
         meta = head.export_metadata()
         anchors = meta.get("anchors") or [[None]]
-        return DetectLayout(tuple(float(s) for s in meta["stride"]), len(anchors[0]))
-    return DetectLayout(tuple(float(s) for s in model.strides), int(model.num_anchors))
+        return DetectLayout(tuple(float(s) for s in meta["stride"]), len(anchors[0]), meta)
+    return DetectLayout(tuple(float(s) for s in model.strides), int(model.num_anchors),
+                        dict(getattr(model, "head_meta", None) or {}))
+
+
+def task_outputs_of(contract: OutputContract) -> TaskOutputs:
+    """The ``predict`` part of ``contract``'s task (the base task's: boxes alone)."""
+    return get_task(contract.task).load("predict") or BOXES_ONLY
+
+
+def merges(contract: OutputContract) -> bool:
+    """Whether test-time augmentation can merge the passes of a model of ``contract``: rows of boxes that go
+    through NMS, no other outputs, and task columns (if any) that its ``predict`` part moves back (``deaugments``)."""
+    return (contract.rank == 3 and not contract.end_to_end and len(contract.outputs) == 1
+            and (not contract.extra or task_outputs_of(contract).deaugments))
 
 
 def scale_image(images: torch.Tensor, ratio: float, stride: int) -> torch.Tensor:
@@ -92,13 +112,19 @@ def augmented_forward(predict: Callable[[torch.Tensor], torch.Tensor], images: t
     if contract is not None and contract.end_to_end:
         raise AugmentError(f"--augment merges the rows of three passes before NMS; this model's rows are final "
                            f"({contract.layout}, no NMS): drop --augment")
+    if contract is not None and not merges(contract):
+        raise AugmentError(f"--augment merges boxes of three passes; this model's {contract.task} outputs do not "
+                           "follow them: drop --augment")
     height, width = images.shape[2:]
     stride = int(max(layout.strides))
     outputs = []
     for ratio, flip in zip(SCALES, FLIPS):
         x = scale_image(images.flip(3) if flip else images, ratio, stride)
         scale_xy = (int(width * ratio) / width, int(height * ratio) / height) if ratio != 1.0 else (1.0, 1.0)
-        outputs.append((_to_input_frame(predict(x), scale_xy, flip, width), x.shape[2:]))
+        rows = _to_input_frame(predict(x), scale_xy, flip, width)
+        if contract is not None and contract.extra:
+            rows = task_outputs_of(contract).deaugment(rows, contract, scale_xy, flip, width, layout.head)
+        outputs.append((rows, x.shape[2:]))
     (first, first_shape), middle, (last, last_shape) = outputs
     first = _drop_levels(first, layout, first_shape, slice(0, -1))  # scale 1 without its coarsest level
     last = _drop_levels(last, layout, last_shape, slice(1, None))  # scale 0.67 without its finest level

@@ -35,6 +35,18 @@ def append_row(path: Path, epoch: int, row: Mapping[str, float]) -> None:
         writer.writerow([int(epoch), *(f"{float(v):.6g}" for v in row.values())])
 
 
+def read_rows(path: Path) -> list[dict[str, float]]:
+    """Every row of a results.csv by column name (the column names stripped); [] when there is none or it is
+    unreadable."""
+    try:
+        with open(path, newline="") as f:
+            rows = list(csv.reader(f))
+        header = [name.strip() for name in rows[0]]
+        return [{k: float(v) for k, v in zip(header, row)} for row in rows[1:] if len(row) == len(header)]
+    except (OSError, IndexError, ValueError):
+        return []
+
+
 def drop_rows_from(path: Path, epoch: int) -> int:
     """Remove the rows of epochs >= ``epoch`` (atomic rewrite); returns how many were removed."""
     if not path.exists():

@@ -302,12 +302,12 @@ def draw_predictions(trainer: TrainerView, folder: Path, count: int = VAL_IMAGES
             rows, others = (output[0], tuple(output[1:])) if isinstance(output, (list, tuple)) else (output, ())
             det = postprocess(rows.float(), contract, conf_thres=0.001, iou_thres=0.6, max_det=30)[0].cpu()
             bgr = np.ascontiguousarray(img.numpy().transpose(1, 2, 0)[:, :, ::-1])
-            if others:  # in the input's own pixels: no letterbox to undo
-                hw = tuple(img.shape[1:])
-                results = outputs.image(det, others, 0, hw, det[:, :4], hw, ((1.0, 1.0), (0.0, 0.0)))
-                bgr = outputs.draw(bgr, det[:, :6].numpy(), results)
-            draw_detections(bgr, det[:, :4].numpy(), det[:, 5].numpy(), det[:, 4].numpy(), trainer.names,
-                            line_thickness=1)
+            hw = tuple(img.shape[1:])  # in the input's own pixels: no letterbox to undo
+            results = outputs.image(det, others, 0, hw, det[:, :4], hw, ((1.0, 1.0), (0.0, 0.0)))
+            bgr = outputs.draw(bgr, det[:, :6].numpy(), results)
+            if outputs.draw_labelled(bgr, det[:, :6].numpy(), results, trainer.names, 1, False, False) is None:
+                draw_detections(bgr, det[:, :4].numpy(), det[:, 5].numpy(), det[:, 4].numpy(), trainer.names,
+                                line_thickness=1)
             target = derived_path(folder, Path(path).stem, suffix=".jpg")
             _write_jpg(target, bgr)
             written.append(target)

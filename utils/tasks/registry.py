@@ -29,7 +29,8 @@ from utils.errors import UserError
 BASE_TASK = "detect"  # the base: boxes and classes; every other task extends it
 BOX_METRICS = ("precision", "recall", "mAP_0.5", "mAP_0.5:0.95")  # the boxes' validation columns
 BOX_FITNESS = {"mAP_0.5": 0.1, "mAP_0.5:0.95": 0.9}  # what picks best.pt: 0.1 mAP@.5 + 0.9 mAP@.5:.95
-PARTS = ("dataset", "labels", "sample", "postprocess", "predict", "metric", "export", "synthetic", "hub", "releases")
+PARTS = ("dataset", "labels", "sample", "postprocess", "predict", "metric", "export", "synthetic", "hub", "releases",
+         "class_names")
 
 
 class TaskError(UserError, ValueError):
@@ -50,7 +51,12 @@ class Task:
     - ``default_data``: the data YAML in data/ a model of the task trains on without --data (the built-in set);
     - ``model_noun``, ``results_noun``: what messages call a model of the task and what it predicts beyond boxes;
     - ``data_keys``: the keys of a data YAML it reads (a pose set's ``kpt_shape``, ``flip_idx``), handed to its
-      sample part as ``DatasetOptions.task_options`` (utils.data.config.DataConfig.task_options).
+      sample part as ``DatasetOptions.task_options`` (utils.data.config.DataConfig.task_options), and to its
+      ``labels`` part when that is a function of them; ``model_keys``: those of them a model trained on the data is
+      built with, written into its config as the data's class count is (a pose set's ``kpt_shape``: the head's
+      keypoint count follows the data's);
+    - ``evolve_bounds``: --evolve's (mutation gain, low, high) of the hyperparameters its losses read beyond the
+      family's (a pose model's keypoint gains).
 
     Lazy references (``"module:attribute"``, loaded by ``load``; None: nothing beyond the base's): ``dataset`` (a
     data set class called as utils.data.datasets.YoloDataset is, for a task whose data is not YOLO labels: a
@@ -61,10 +67,13 @@ class Task:
     their drawing and label rows: utils.evaluation.task_outputs.TaskOutputs), ``metric`` (a
     utils.evaluation.task_metric.TaskMetric), ``export`` (a module that registers the export translations of its
     heads), ``synthetic`` (the offline set's ``ensure`` function), ``hub`` (torch.hub entries: (name, parameters)
-    pairs), ``releases`` (per weights reader, ``yolov5`` and ``ultralytics``, its classes in their release files:
+    pairs, or (name, parameters, classes) where its release files' class count is not 80), ``releases`` (per
+    weights reader, ``yolov5`` and ``ultralytics``, its classes in their release files:
     ``models``, ``heads``, ``settings``, ``aliases``; utils/weights/release_reader.py); ``heads``: the modules
     that register its heads in the model registry; ``losses``: per family name, its loss class (called as
-    utils.training.families.lazy_loss calls a family's).
+    utils.training.families.lazy_loss calls a family's); ``class_names`` (called with a data set's training split
+    folder when its data YAML gives neither ``nc`` nor ``names``: the class names that folder holds in the task's
+    layout, or None: a classifier's class folders).
     """
 
     name: str
@@ -79,6 +88,8 @@ class Task:
     model_noun: str = "a detector"
     results_noun: str = "boxes"
     data_keys: tuple[str, ...] = ()
+    model_keys: tuple[str, ...] = ()
+    evolve_bounds: Mapping[str, tuple[float, float, float]] = field(default_factory=dict)
     heads: tuple[str, ...] = ()
     losses: Mapping[str, str] = field(default_factory=dict)
     dataset: str | None = None
@@ -91,10 +102,12 @@ class Task:
     synthetic: str = "utils.data.synthetic:ensure_synthetic"
     hub: str | None = None
     releases: str | None = None
+    class_names: str | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fitness", MappingProxyType(dict(self.fitness)))
         object.__setattr__(self, "losses", MappingProxyType(dict(self.losses)))
+        object.__setattr__(self, "evolve_bounds", MappingProxyType(dict(self.evolve_bounds)))
 
     @property
     def base(self) -> bool:
@@ -169,10 +182,48 @@ register_task(Task(
     metrics=(*BOX_METRICS, *(f"mask_{name}" for name in BOX_METRICS)),
     fitness={**BOX_FITNESS, "mask_mAP_0.5": 0.1, "mask_mAP_0.5:0.95": 0.9},
     default_data="synthetic-seg.yaml", model_noun="a segmenter", results_noun="masks",
-    heads=("utils.tasks.segment.head",), releases="utils.tasks.segment.releases:RELEASES",
+    heads=("utils.tasks.segment.head", "utils.tasks.segment.head_end_to_end"),
+    releases="utils.tasks.segment.releases:RELEASES",
     losses={"yolov5": "utils.tasks.segment.loss:YoloV5SegmentLoss",
-            **dict.fromkeys(("yolov8", "yolo11"), "utils.tasks.segment.loss:AnchorFreeSegmentLoss")},
+            **dict.fromkeys(("yolov8", "yolo11"), "utils.tasks.segment.loss:AnchorFreeSegmentLoss"),
+            "yolo26": "utils.tasks.segment.loss:EndToEndSegmentLoss"},
     labels="utils.tasks.segment.labels:READER", sample="utils.tasks.segment.sample:Outlines",
     predict="utils.tasks.segment.predict:OUTPUTS", metric="utils.tasks.segment.metric:METRIC",
     export="utils.tasks.segment.export", synthetic="utils.tasks.segment.synthetic:ensure_synthetic_seg",
     hub="utils.tasks.segment.hub:ENTRIES"))
+register_task(Task(
+    "pose", "pose: boxes, classes and each object's keypoints",
+    words=("keypoints", "kpt_shape", "flip_idx", "kpt_sigmas", "kobj", "keypoint_labels", "skeleton"),
+    columns="keypoints: x, y and visibility of each", metrics=(*BOX_METRICS, *(f"pose_{name}" for name in BOX_METRICS)),
+    fitness={**BOX_FITNESS, "pose_mAP_0.5": 0.1, "pose_mAP_0.5:0.95": 0.9},
+    default_data="synthetic-pose.yaml", model_noun="a pose model", results_noun="keypoints",
+    data_keys=("kpt_shape", "flip_idx", "kpt_sigmas"), model_keys=("kpt_shape", "flip_idx"),
+    evolve_bounds={"pose": (1, 1.0, 30.0), "kobj": (1, 0.2, 4.0), "rle": (1, 0.2, 4.0)},
+    heads=("utils.tasks.pose.head",), releases="utils.tasks.pose.releases:RELEASES",
+    losses={**dict.fromkeys(("yolov8", "yolo11"), "utils.tasks.pose.loss:AnchorFreePoseLoss"),
+            "yolo26": "utils.tasks.pose.loss:EndToEndPoseLoss"},
+    labels="utils.tasks.pose.labels:reader", sample="utils.tasks.pose.sample:Keypoints",
+    predict="utils.tasks.pose.predict:OUTPUTS", metric="utils.tasks.pose.metric:METRIC",
+    export="utils.tasks.pose.export", synthetic="utils.tasks.pose.synthetic:ensure_synthetic_pose",
+    hub="utils.tasks.pose.hub:ENTRIES"))
+register_task(Task(
+    "classify", "image classification: one class per image, no boxes",
+    words=("top5",), metrics=("accuracy_top1", "accuracy_top5"), fitness={"accuracy_top1": 1.0},
+    default_data="synthetic-cls.yaml", model_noun="a classifier", results_noun="class probabilities",
+    heads=("utils.tasks.classify.head",), releases="utils.tasks.classify.releases:RELEASES",
+    losses=dict.fromkeys(("yolov8", "yolo11"), "utils.tasks.classify.loss:ClassifyLoss"),
+    dataset="utils.tasks.classify.dataset:ClassFolders", postprocess="utils.tasks.classify.predict:postprocess",
+    predict="utils.tasks.classify.predict:OUTPUTS", metric="utils.tasks.classify.metric:METRIC",
+    export="utils.tasks.classify.export", synthetic="utils.tasks.classify.synthetic:ensure_synthetic_cls",
+    hub="utils.tasks.classify.hub:ENTRIES", class_names="utils.tasks.classify.folders:names_in_split"))
+register_task(Task(
+    "obb", "oriented boxes: classes and rotated boxes (aerial, satellite and document images)",
+    words=("rboxes", "quads"), columns="angle", default_data="synthetic-obb.yaml",
+    model_noun="an oriented-box detector", results_noun="oriented boxes",
+    heads=("utils.tasks.obb.head",), releases="utils.tasks.obb.releases:RELEASES",
+    losses={**dict.fromkeys(("yolov8", "yolo11"), "utils.tasks.obb.loss:AnchorFreeObbLoss"),
+            "yolo26": "utils.tasks.obb.loss:EndToEndObbLoss"},
+    labels="utils.tasks.obb.labels:READER", sample="utils.tasks.obb.sample:Corners",
+    postprocess="utils.tasks.obb.postprocess:postprocess", predict="utils.tasks.obb.predict:OUTPUTS",
+    metric="utils.tasks.obb.metric:METRIC", export="utils.tasks.obb.export",
+    synthetic="utils.tasks.obb.synthetic:ensure_synthetic_obb", hub="utils.tasks.obb.hub:ENTRIES"))

@@ -7,6 +7,7 @@ new anchors come from k-means on the box sizes, refined by a genetic (mutation) 
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -102,7 +103,7 @@ def kmean_anchors(dataset: YoloDataset, n: int = 9, img_size: int = 640, thr: fl
     anchors = _describe(anchors, wh0, thr, img_size)
     best_fit = _fitness(anchors, wh, thr)
     bar = tqdm(range(gen), desc=f"{_prefix()}Evolving anchors with Genetic Algorithm:",
-               disable=not dist.is_main_process(), leave=False)
+               disable=not dist.is_main_process() or not sys.stderr.isatty(), leave=False)  # no bar in a log
     for _ in bar:
         change = np.ones(anchors.shape)
         while (change == 1).all():  # mutate until something changes

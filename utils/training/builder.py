@@ -11,7 +11,7 @@ run resumes is read and restored: a resume that cannot work leaves the folder as
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,14 +22,14 @@ import torch.nn as nn
 import yaml
 
 from models.yolo import Model
-from utils.data.config import DEFAULT_DATA, load_data_config
+from utils.data.config import DEFAULT_DATA, DataError, load_data_config
 from utils.data.datasets import DatasetOptions
 from utils.data.loader import create_dataloader
 from utils.distributed import comm as dist
 from utils.distributed.signals import GracefulStop
 from utils.errors import UserError
 from utils.hooks import HookBase, Hooks
-from utils.hyp import load_hyp
+from utils.hyp import load_hyp, override_hyp
 from utils.log import LOGGER, colorstr
 from utils.loggers.background import BackgroundTasks
 from utils.loggers.batch_plots import TrainBatchPlots
@@ -42,7 +42,7 @@ from utils.training.autobatch import AUTO_BATCH, auto_batch
 from utils.training.checkpointer import Checkpointer, SaveInterval
 from utils.training.config import RunConfig
 from utils.training.early_stop import EarlyStopping
-from utils.training.engine import NonFiniteReload, train_memory_format
+from utils.training.engine import NonFiniteReload, align_to_gradients, train_memory_format
 from utils.training.families import Family, get_family
 from utils.training.fingerprint import fingerprint
 from utils.training.loop import Trainer
@@ -62,7 +62,7 @@ from utils.training.optim import (
     scaled_weight_decay,
     unwrap,
 )
-from utils.training.resume import resume_options, shared_checkpoint, shared_resumable
+from utils.training.resume import check_unfinished, resume_options, shared_checkpoint, shared_resumable
 from utils.training.run_plan import discarded_if_start_fails, plan_run
 from utils.training.train_state import TrainPosition, TrainState
 from utils.weights.checkpoint import recorded_family, to_plain
@@ -101,6 +101,7 @@ def prepare_run(config: RunConfig, defaults: RunConfig) -> tuple[RunConfig, dict
             config = resume_options(config, ckpt.get("opt") or {}, defaults).replace(weights=str(path),
                                                                                      resume=str(path))
             hyp = ckpt.get("hyp") or {}
+            check_unfinished(ckpt, config, Path(plan.save_dir))
             LOGGER.info(f"Resuming ({plan.reason}) from {path}")
         return choose_hyp(config.replace(save_dir=str(plan.save_dir)), hyp, ckpt)
 
@@ -117,7 +118,7 @@ def choose_hyp(config: RunConfig, hyp: dict | None, ckpt: dict | None) -> tuple[
         config = config.replace(data=str(built_in))
         LOGGER.info(f"A {task} model without --data trains on {built_in.name}")
     config = config.replace(hyp=config.hyp or str(family.default_hyp_file(config.data)))
-    hyp = load_hyp(hyp or config.hyp, family.required_hyp, family.name)
+    hyp = override_hyp(load_hyp(hyp or config.hyp, family.required_hyp, family.name), config.hyp_set)
     config = config.replace(optimizer=config.optimizer if config.optimizer not in ("", AUTO) else
                             str(hyp.get("optimizer", AUTO)))
     if config.optimizer not in (AUTO, *OPTIMIZERS):
@@ -138,11 +139,6 @@ def model_kind(config: RunConfig, ckpt: dict | None = None) -> tuple[str, str]:
     return str(head.family), str(head.task)
 
 
-def model_family(config: RunConfig, ckpt: dict | None = None) -> Family:
-    """The family of the model a run trains (``model_kind``). All ranks must call it."""
-    return get_family(model_kind(config, ckpt)[0])
-
-
 def build_trainer(config: RunConfig, hyp: dict, device: torch.device, hooks: Sequence[HookBase] = (),
                   data: TrainData | None = None) -> Trainer:
     """The run (``data``: its batches, else loaded from --data): every rank builds the same model; a resumed run
@@ -160,11 +156,15 @@ def assemble_trainer(config: RunConfig, hyp: dict, device: torch.device, hooks: 
     seed_everything(config.seed)  # the same on every rank: identical initial weights
     data_cfg = load_data_config(config.data) if data is None else None
     names = data.names if data is not None else ["item"] if config.single_cls else list(data_cfg.names)
-    model, ckpt = build_model(config, len(names), names, device)
+    data_options = data_cfg.task_options if data_cfg is not None else \
+        getattr(getattr(data.dataset, "options", None), "task_options", None)
+    model, ckpt = build_model(config, len(names), names, device, data_options)
     family = get_family(model.head.family)
     hyp = load_hyp(hyp, family.required_hyp, family.name)
     grid = max(int(model.stride.max()), 32)
     config = round_img_size(config, grid)
+    if dist.get_world_size() > 1:  # DDP's gradient buckets take each parameter's strides
+        align_to_gradients(model, device, grid * 2, config.channels_last)
     if config.batch_size == AUTO_BATCH:
         config = config.replace(batch_size=auto_batch(model, device, config.img_size))
     dist.batch_per_rank(config.batch_size)
@@ -250,11 +250,17 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def build_model(config: RunConfig, nc: int, names: list[str], device: torch.device) -> tuple[Model, dict | None]:
+def build_model(config: RunConfig, nc: int, names: list[str], device: torch.device,
+                data_options: Mapping[str, Any] | None = None) -> tuple[Model, dict | None]:
     """A model from --cfg (or the checkpoint's YAML), with the matching tensors of --weights transferred
-    (rank 0 reads the file and shares it). All ranks must call it."""
+    (rank 0 reads the file and shares it); the keys of ``data_options`` (the data YAML's task keys) that its task
+    builds models with (``Task.model_keys``: a pose set's kpt_shape) written into its config, as ``nc`` is. All
+    ranks must call it."""
     ckpt = shared_checkpoint([config.weights], trusted=config.trust_weights)[1] if config.weights else None
     model = Model(config.cfg or (ckpt["model_yaml"] if ckpt else DEFAULT_CFG), nc=nc, img_size=config.img_size)
+    settings = {k: v for k, v in (data_options or {}).items() if k in get_task(model.head.task).model_keys}
+    if any(model.yaml.get(k) != v for k, v in settings.items()):  # the data decides (a new head where it differs)
+        model = Model({**model.yaml, **settings}, nc=nc, img_size=config.img_size)
     model.names = list(names)
     if ckpt is not None:
         skip_anchors = bool(config.cfg) and not config.resume  # a given --cfg brings its own anchors (if any)
@@ -281,18 +287,33 @@ def load_train_data(config: RunConfig, hyp: dict, data_cfg: Any, grid: int, nc: 
                             seed=config.seed, single_cls=config.single_cls, nc=nc, task=task,
                             task_options=dict(getattr(data_cfg, "task_options", None) or {}))
     train_options = DatasetOptions(**{**vars(common), "augment": True, "rect": config.rect,
-                                      "prefix": colorstr("train: ")})
+                                      "prefix": colorstr("train: "), "fraction": config.fraction})
     train_loader, train_set = create_dataloader(data_cfg.train, train_options, workers=config.workers,
                                                 shuffle=not config.rect, quad=config.quad,
                                                 reserved_cores=reserved_cores)
     val_options = DatasetOptions(**{**vars(common), "batch_size": batch * 2, "rect": True, "pad": 0.5,
                                     "prefix": colorstr("val: ")})
-    val_loader, _ = create_dataloader(data_cfg.val, val_options, workers=config.workers, shard_eval=True,
-                                      reserved_cores=reserved_cores)
+    val_loader, val_set = create_dataloader(data_cfg.val, val_options, workers=config.workers, shard_eval=True,
+                                            reserved_cores=reserved_cores)
+    for split, dataset in (("train", train_set), ("val", val_set)):
+        refuse_unlabelled(dataset, split, data_cfg.yaml_file)
     LOGGER.info(f"Using {train_loader.num_workers} dataloader workers and batch {batch} per rank, "
                 f"{dist.get_world_size()} ranks")
     names = ["item"] if config.single_cls else list(data_cfg.names)
     return TrainData(train_loader, val_loader, train_set, names, is_coco=bool(data_cfg.is_coco))
+
+
+def refuse_unlabelled(dataset: Any, split: str, yaml_file: Any) -> None:
+    """DataError when not one image of a split has a label (some images without labels are background images,
+    counted in the scan summary; all of them is a data set whose labels were not found). A streamed split, whose
+    labels are read as it streams, is not checked here."""
+    labels = getattr(dataset, "labels", None)
+    if labels is None or any(len(rows) for rows in labels):
+        return
+    scan = getattr(dataset, "scan", None)
+    counts = f" ({scan.missing} without a label file, {scan.empty} with an empty one)" if scan is not None else ""
+    raise DataError(f"the {split} split of {yaml_file} has no labels: none of its {len(labels)} images has a "
+                    f"box{counts}; put YOLO .txt files in labels/ next to images/ (docs/datasets.md)")
 
 
 def build_updater(model: Model, config: RunConfig, choice: OptimizerChoice, batches_per_epoch: int,

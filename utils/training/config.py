@@ -25,6 +25,7 @@ class RunConfig:
     cfg: str = ""
     data: str = ""
     hyp: str = ""
+    hyp_set: tuple[str, ...] = ()  # KEY=VALUE items over the hyp file's values
     epochs: int = 18
     batch_size: int = 16  # total over all ranks
     img_size: int = 128
@@ -43,6 +44,7 @@ class RunConfig:
     compile: bool = False
     multi_scale: bool = False
     single_cls: bool = False
+    fraction: float = 1.0  # the share of the training images trained on
     optimizer: str = "auto"  # utils.training.optim.AUTO
     sync_bn: bool = False
     workers: int = 8
@@ -71,6 +73,7 @@ class RunConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "freeze", tuple(self.freeze))
         object.__setattr__(self, "hook", tuple(self.hook))
+        object.__setattr__(self, "hyp_set", tuple(self.hyp_set))
         if self.loggers is not None:
             object.__setattr__(self, "loggers", tuple(self.loggers))
         object.__setattr__(self, "extra", MappingProxyType(dict(self.extra)))

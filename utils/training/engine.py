@@ -75,6 +75,42 @@ def train_memory_format(device: torch.device, channels_last: bool = False) -> to
     return torch.channels_last if channels_last or device.type == "cpu" else torch.preserve_format
 
 
+def align_to_gradients(model: torch.nn.Module, device: torch.device, img_size: int,
+                       channels_last: bool = False) -> int:
+    """Give every trained parameter the strides its gradient comes back with, so DDP's buckets (views with the
+    parameters' strides) take each gradient as it is, without torch's "Grad strides do not match bucket view
+    strides" warning and its copy. The two differ where a tensor has size-1 dimensions: a 1x1 convolution's
+    weight in channels_last has strides oneDNN does not give its gradient. Found by one forward and backward
+    of a grey image in the training layout; BatchNorm statistics and gradients are put back. Returns how many
+    parameters changed."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    buffers = {name: b.clone() for name, b in model.named_buffers()}
+    training = model.training
+    model.train()
+    image = torch.full((2, 3, img_size, img_size), 114, dtype=torch.uint8)
+    outputs = model(prepare_images(image, device, None, channels_last))
+    sum(o.float().sum() for o in _tensors(outputs)).backward()
+    changed = 0
+    with torch.no_grad():
+        for p in params:
+            if p.grad is not None and p.grad.stride() != p.stride():
+                p.data = torch.empty_strided(p.shape, p.grad.stride(), dtype=p.dtype, device=p.device).copy_(p)
+                changed += 1
+            p.grad = None
+        for name, b in model.named_buffers():
+            b.copy_(buffers[name])
+    model.train(training)
+    return changed
+
+
+def _tensors(value: object) -> list[torch.Tensor]:
+    """The tensors in a model's output (nested lists, tuples and dicts)."""
+    if torch.is_tensor(value):
+        return [value]
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else []
+    return [t for item in items for t in _tensors(item)]
+
+
 def prepare_images(imgs: torch.Tensor, device: torch.device, size: int | None,
                    channels_last: bool = False) -> torch.Tensor:
     """uint8 (b, 3, h, w) -> float in [0, 1] on ``device`` in the training layout (one pass: the cast writes it),

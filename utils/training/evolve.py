@@ -1,6 +1,7 @@
 """Hyperparameter evolution (``train.py --evolve N``): short runs whose hyperparameters are mutated from the
 fittest so far, a genetic search over the gains, learning rates and augmentation strengths. The bounds are
-YOLOv5's, with the model family's own where its gains differ (utils/training/families.py ``evolve_bounds``)."""
+YOLOv5's, with the model family's own where its gains differ (utils/training/families.py ``evolve_bounds``) and its
+task's for the gains only its loss reads (utils/tasks/registry.py ``Task.evolve_bounds``)."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ import yaml
 from utils.distributed import comm as dist
 from utils.log import LOGGER
 from utils.paths import check_run_name, new_run_folder
-from utils.training.builder import model_family
+from utils.tasks.registry import get_task
+from utils.training.builder import model_kind
 from utils.training.config import RunConfig
+from utils.training.families import get_family
 from utils.training.fitness import fitness
 from utils.weights.checkpoint import to_plain
 
@@ -63,7 +66,8 @@ def evolve(base_hyp: dict, config: RunConfig, device: torch.device,
     hyp (``optimizer``), so later generations mutate those values and train with them (the rule defers to a hyp's
     own optimizer entry), and evolve.csv records what each run used."""
     config = config.replace(noval=True, nosave=True)
-    bounds = {**EVOLVE_BOUNDS, **model_family(config).evolve_bounds}
+    family, task = model_kind(config)
+    bounds = {**EVOLVE_BOUNDS, **get_family(family).evolve_bounds, **get_task(task).evolve_bounds}
     check_run_name(config.name)
     evolve_dir = dist.main_decides(lambda: new_run_folder(config.project, f"{config.name}-evolve", config.exist_ok))
     rng, history = np.random.default_rng(config.seed), []

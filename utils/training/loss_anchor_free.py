@@ -124,12 +124,8 @@ class AnchorFreeLoss:
         """(n, 6) normalised rows -> per image, padded to the most boxes of an image: labels (b, m, 1), boxes
         (b, m, 4) xyxy in pixels, and which rows are boxes (b, m, 1)."""
         device = targets.device
-        image = targets[:, 0].long()
-        counts = torch.bincount(image, minlength=batch_size)
-        most = int(counts.max()) if targets.shape[0] else 0  # the one host read a step needs: the padded size
-        image, order = image.sort(stable=True)
+        order, image, slot, most = AnchorFreeLoss.image_slots(targets[:, 0], batch_size)
         rows = targets[order]
-        slot = torch.arange(rows.shape[0], device=device) - (counts.cumsum(0) - counts)[image]
         scale = torch.tensor([image_hw[1], image_hw[0]], device=device, dtype=targets.dtype)
         centre, size = rows[:, 2:4] * scale, rows[:, 4:6] * scale
         labels = torch.zeros((batch_size, most, 1), device=device, dtype=targets.dtype)
@@ -139,6 +135,18 @@ class AnchorFreeLoss:
         boxes[image, slot] = torch.cat((centre - size / 2, centre + size / 2), 1)
         mask[image, slot] = True
         return labels, boxes, mask
+
+
+    @staticmethod
+    def image_slots(image_index: torch.Tensor, batch_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        """Where each target row goes in the per-image padding of ``targets_by_image``: (the rows' order, their
+        images and slots in that order, the most rows of an image); a task's per-target extras follow the same."""
+        image = image_index.long()
+        counts = torch.bincount(image, minlength=batch_size)
+        most = int(counts.max()) if image.shape[0] else 0  # the one host read a step needs: the padded size
+        image, order = image.sort(stable=True)
+        slot = torch.arange(image.shape[0], device=image.device) - (counts.cumsum(0) - counts)[image]
+        return order, image, slot, most
 
 
 def distribution_focal_loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -156,10 +164,11 @@ class EndToEndLoss:
     """YOLO26's loss (see the module docstring). Call ``set_epoch(epoch, epochs)`` before each epoch."""
 
     O2M_START, O2M_FINAL = 0.8, 0.1
+    branch_loss: type[AnchorFreeLoss] = AnchorFreeLoss  # a task's loss of one branch set (its ``terms`` read extras)
 
     def __init__(self, model: nn.Module, hyp: dict, img_size: int = 640, label_smoothing: float = 0.0) -> None:
-        self.one2many = AnchorFreeLoss(model, hyp, img_size, label_smoothing, topk=10)
-        self.one2one = AnchorFreeLoss(model, hyp, img_size, label_smoothing, topk=7, topk2=1)
+        self.one2many = self.branch_loss(model, hyp, img_size, label_smoothing, topk=10)
+        self.one2one = self.branch_loss(model, hyp, img_size, label_smoothing, topk=7, topk2=1)
         self.names = self.one2one.names
         self.o2m = self.O2M_START
 
@@ -172,8 +181,9 @@ class EndToEndLoss:
         progress = max(1.0 - epoch / max(epochs - 1, 1), 0.0)
         self.o2m = progress * (self.O2M_START - self.O2M_FINAL) + self.O2M_FINAL
 
-    def __call__(self, preds: dict[str, Any], targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        many = self.one2many.terms(preds["one2many"], targets)
-        one = self.one2one.terms(preds["one2one"], targets)
+    def __call__(self, preds: dict[str, Any], targets: torch.Tensor,
+                 **extras: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        many = self.one2many.terms(preds["one2many"], targets, **extras)
+        one = self.one2one.terms(preds["one2one"], targets, **extras)
         batch_size = preds["one2one"]["scores"].shape[0]
         return (many.sum() * self.o2m + one.sum() * self.o2o) * batch_size, one.detach()

@@ -22,7 +22,9 @@ import torch
 from utils.distributed import comm as dist
 from utils.errors import UserError
 from utils.log import LOGGER
+from utils.loggers.results_csv import read_rows
 from utils.training.config import RunConfig
+from utils.training.fitness import fitness
 from utils.training.train_state import TrainPosition
 from utils.weights.checkpoint import CheckpointError, load_checkpoint, load_first_good
 from utils.weights.downloads import attempt_download, is_release_name
@@ -193,3 +195,30 @@ def shared_checkpoint(paths: list[str | Path], trusted: bool = False) -> tuple[P
         return attempt_download(path) if is_release_name(path) and not Path(path).is_file() else Path(path)
 
     return dist.main_decides(lambda: load_first_good([local(p) for p in paths], trusted=trusted))
+
+
+class RunFinished(Exception):
+    """``--resume`` of a run that trained all its epochs: nothing is left to train. ``message`` says so with its
+    best epoch's metrics; ``metrics`` are its last epoch's (precision, recall, mAP_0.5, ...), as training returns."""
+
+    def __init__(self, message: str, metrics: dict[str, float], save_dir: Path, hyp: dict) -> None:
+        super().__init__(message)
+        self.message, self.metrics, self.save_dir, self.hyp = message, metrics, save_dir, hyp
+
+
+def check_unfinished(ckpt: dict, config: RunConfig, save_dir: Path) -> None:
+    """RunFinished when the resumed checkpoint ``ckpt`` is past its run's last epoch; its metrics from the run's
+    results.csv, read by rank 0 (the run folder is on its machine). All ranks must call it."""
+    position = (ckpt.get("train_state") or {}).get("position") or {}
+    epoch = int(position.get("epoch", 0))
+    if epoch < config.epochs:
+        return
+    rows = dist.main_decides(lambda: read_rows(save_dir / "results.csv"))
+    metrics = {k.removeprefix("metrics/"): v for k, v in (rows[-1] if rows else {}).items()
+               if k.startswith("metrics/")}
+    best = max(rows, key=fitness, default=None) if rows and "metrics/mAP_0.5" in rows[0] else None
+    scores = f"; best epoch {int(best['epoch'])}: mAP@.5 {best['metrics/mAP_0.5']:.4g}, mAP@.5:.95 " \
+        f"{best['metrics/mAP_0.5:0.95']:.4g} (weights/best.pt)" if best else ""
+    raise RunFinished(f"{save_dir} is finished: it trained all {config.epochs} epochs{scores}. To train on, start a "
+                      f"new run from its weights: --weights {save_dir / 'weights' / 'last.pt'} --epochs N",
+                      metrics, save_dir, dict(ckpt.get("hyp") or {}))

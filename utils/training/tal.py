@@ -97,11 +97,17 @@ class TaskAlignedAssigner:
         labels = gt_labels.long().clamp(0, self.num_classes - 1).view(b, m, 1).expand(b, m, n)
         class_scores = pd_scores.transpose(1, 2).gather(1, labels)  # (b, m, n): each cell's score of the box's class
         overlaps = torch.zeros((b, m, n), dtype=pd_bboxes.dtype, device=pd_bboxes.device)
-        pairs_pd = pd_bboxes.unsqueeze(1).expand(b, m, n, 4)[valid]
-        pairs_gt = gt_bboxes.unsqueeze(2).expand(b, m, n, 4)[valid]
-        overlaps[valid] = bbox_iou(pairs_gt, pairs_pd, xywh=False, kind="ciou").clamp_(0).to(overlaps.dtype)
+        columns = gt_bboxes.shape[-1]
+        pairs_pd = pd_bboxes.unsqueeze(1).expand(b, m, n, columns)[valid]
+        pairs_gt = gt_bboxes.unsqueeze(2).expand(b, m, n, columns)[valid]
+        overlaps[valid] = self.overlap(pairs_gt, pairs_pd).clamp_(0).to(overlaps.dtype)
         align = class_scores.pow(self.alpha) * overlaps.pow(self.beta) * valid
         return align, overlaps
+
+    @staticmethod
+    def overlap(gt_boxes: torch.Tensor, pd_boxes: torch.Tensor) -> torch.Tensor:
+        """The overlap of box pairs (k, 4) xyxy that the alignment weighs: CIoU (a rotated assigner's differs)."""
+        return bbox_iou(gt_boxes, pd_boxes, xywh=False, kind="ciou")
 
     @staticmethod
     def _one_box_per_cell(positive: torch.Tensor, overlaps: torch.Tensor) -> torch.Tensor:
@@ -119,7 +125,7 @@ class TaskAlignedAssigner:
         # as argmax gives), without a slow reduction across the box dimension
         gt_index = (positive * torch.arange(m, device=positive.device).view(1, m, 1)).sum(1)  # (b, n)
         labels = gt_labels.long().view(b, m).gather(1, gt_index).clamp_(0, self.num_classes - 1)
-        boxes = gt_bboxes.gather(1, gt_index.unsqueeze(-1).expand(b, n, 4))
+        boxes = gt_bboxes.gather(1, gt_index.unsqueeze(-1).expand(b, n, gt_bboxes.shape[-1]))
         align = align * positive
         best_align = align.amax(-1, keepdim=True)  # (b, m, 1)
         best_overlap = (overlaps * positive).amax(-1, keepdim=True)

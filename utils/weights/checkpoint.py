@@ -74,6 +74,14 @@ def new_checkpoint(model: Model, *, state_dict: dict | None = None, epoch: int =
     }
 
 
+def trained_img_size(ckpt: dict) -> int | None:
+    """The image size a checkpoint of this project was trained at (its options' ``img_size``); None for files that
+    do not record it (the official release files, trained at 640)."""
+    size = (ckpt.get("opt") or {}).get("img_size") if isinstance(ckpt.get("opt"), dict) else None
+    size = size[0] if isinstance(size, list) and size else size
+    return size if isinstance(size, int) and not isinstance(size, bool) and 0 < size <= 16384 else None
+
+
 def to_plain(obj: Any) -> Any:
     """Paths, tuples, numpy scalars and namespaces -> plain types that weights_only loading accepts."""
     if isinstance(obj, dict):

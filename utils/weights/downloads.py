@@ -1,8 +1,9 @@
 """Resolve ``--weights``: a file on disk as it is, or an official release name fetched once into a cache.
 
 Release names: YOLOv5's ``yolov5{n,s,m,l,x}{,6,-seg}.pt`` (its v7.0 GitHub release) and ultralytics'
-``yolov8{n,s,m,l,x}{,-seg}.pt``, ``yolo11{n,s,m,l,x}{,-seg}.pt`` (its assets release v8.3.0) and
-``yolo26{n,s,m,l,x}.pt`` (v8.4.0).
+``yolov8{n,s,m,l,x}{,-seg,-pose}.pt``, ``yolo11{n,s,m,l,x}{,-seg,-pose}.pt`` (its assets release v8.3.0) and
+``yolo26{n,s,m,l,x}{,-seg,-pose}.pt`` (v8.4.0); the classifiers and oriented-box models ``yolov8{n,...}-cls.pt``,
+``yolo11{n,...}-obb.pt`` (v8.3.0) and ``yolo26{n,...}-cls.pt``, ``-obb.pt`` (v8.4.0).
 
 User-facing settings (environment variables, read when a name is resolved, never at import):
 
@@ -35,8 +36,10 @@ ASSETS_URL = "https://github.com/ultralytics/assets/releases/download"  # ultral
 RELEASE_URLS = {  # release file name -> the folder URL it is fetched from when YOLO_WEIGHTS_URL is not set
     **{f"yolov5{size}{p6}.pt": DEFAULT_URL for p6 in ("", "6", "-seg") for size in "nsmlx"},
     **{f"{family}{size}{task}.pt": f"{ASSETS_URL}/v8.3.0" for family in ("yolov8", "yolo11") for size in "nsmlx"
-       for task in ("", "-seg")},
-    **{f"yolo26{size}.pt": f"{ASSETS_URL}/v8.4.0" for size in "nsmlx"},
+       for task in ("", "-seg", "-pose")},
+    **{f"{family}{size}{task}.pt": f"{ASSETS_URL}/{release}" for size in "nsmlx" for task in ("-cls", "-obb")
+       for family, release in (("yolov8", "v8.3.0"), ("yolo11", "v8.3.0"), ("yolo26", "v8.4.0"))},
+    **{f"yolo26{size}{task}.pt": f"{ASSETS_URL}/v8.4.0" for size in "nsmlx" for task in ("", "-seg", "-pose")},
 }
 RELEASE_NAMES = tuple(RELEASE_URLS)
 MAX_WEIGHTS_BYTES = 2 << 30  # the largest release file (yolov5x6.pt) is 270 MB

@@ -150,13 +150,14 @@ def release_classes(reader: str, models: Sequence[str] = (), settings: Mapping[s
                     aliases: Mapping[str, tuple] | None = None, heads: Sequence[str] = ()) -> dict[str, Any]:
     """A weights reader's class tables (``reader``: ``yolov5`` or ``ultralytics``): the base task's given here,
     joined with every registered task's own (its ``releases`` part): ``models`` and ``heads`` (pickled global
-    names it reads), ``settings`` (our class -> constructor settings compared), ``aliases`` (their class -> ours)."""
+    names it reads), ``settings`` (our class -> constructor settings compared), ``aliases`` (their class -> ours),
+    ``strideless`` (heads that keep no strides in the file, a classifier's: the model keeps those its yaml builds)."""
     tables = {"models": list(models), "heads": list(heads), "settings": dict(settings or {}),
-              "aliases": dict(aliases or {})}
+              "aliases": dict(aliases or {}), "strideless": []}
     for task in all_tasks():
         own = (task.load("releases") or {}).get(reader, {})
-        tables["models"] += own.get("models", ())
-        tables["heads"] += own.get("heads", ())
+        for key in ("models", "heads", "strideless"):
+            tables[key] += own.get(key, ())
         tables["settings"].update(own.get("settings", {}))
         tables["aliases"].update(own.get("aliases", {}))
     return tables

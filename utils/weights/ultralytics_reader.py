@@ -8,8 +8,9 @@ record, tensors are checked views of the file's storages, anything else is refus
 records we take the flat state dict and the YAML dict, check that the YAML builds exactly the stored tensors (on the
 meta device), build our own Model from it through the open registry, compare the module tree (classes, children and
 the settings no tensor shape shows), load every tensor strictly, and return a checkpoint of this project.
-Segmentation models (``SegmentationModel``, yolov8n-seg ... yolo11x-seg) are read the same way; their checkpoints
-record the task ``segment``.
+Models of the other tasks (``SegmentationModel``, ``ClassificationModel``, ``OBBModel``, ...) are read the same way,
+from the class tables each task adds (its ``releases`` part, utils/tasks/<task>/releases.py); their checkpoints
+record the task.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def convert_records(raw: Any, path: str | Path = "<records>") -> dict:
 
 
 def model_record(raw: Any) -> Record:
-    """The pickled detection or segmentation model (its EMA when the file has one, as ultralytics loads it)."""
+    """The pickled model (its EMA when the file has one, as ultralytics loads it)."""
     if not isinstance(raw, dict):
         raise _FormatError(f"expected a dict with a 'model' entry, found a {type(raw).__name__}")
     record = raw.get("ema") if isinstance(raw.get("ema"), Record) else raw.get("model")
@@ -117,15 +118,17 @@ def release_model(record: Record) -> Model:
     heads = classes()["heads"]
     if head.global_name not in heads:
         raise _FormatError(f"the last layer is a {head.global_name}, not a head of {', '.join(heads)}")
-    stride = head.attrs.get("stride", record.attrs.get("stride"))
-    if not isinstance(stride, torch.Tensor) or stride.dim() != 1 or not 1 <= stride.numel() <= 8:
-        raise _FormatError(f"the head ({head.global_name}) has no strides")
-    stride = stride.detach().float()
-    state[f"model.{head_index}.stride"] = stride  # a buffer of our heads, a plain attribute of theirs
+    stride = None  # a head without strides in the file (a classifier's) keeps those its yaml builds
+    if head.global_name not in classes()["strideless"]:
+        stride = head.attrs.get("stride", record.attrs.get("stride"))
+        if not isinstance(stride, torch.Tensor) or stride.dim() != 1 or not 1 <= stride.numel() <= 8:
+            raise _FormatError(f"the head ({head.global_name}) has no strides")
+        stride = stride.detach().float()
+        state[f"model.{head_index}.stride"] = stride  # a buffer of our heads, a plain attribute of theirs
     cfg, ch = release_config(record, head)
     check_config_against_state(cfg, state, ch=ch)  # before building: the yaml makes exactly these tensors
     model = Model(cfg, ch=ch)
-    if not torch.equal(model.stride.float(), stride):
+    if stride is not None and not torch.equal(model.stride.float(), stride):
         raise _FormatError(f"strides {stride.tolist()} in the file but {model.stride.tolist()} for its yaml")
     check_structure(record, model)
     load_exact(model, state)

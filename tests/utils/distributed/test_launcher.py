@@ -48,3 +48,30 @@ def test_srun_task_environment() -> None:
     assert (inside.world_size, inside.launcher, inside.job) == (2, "torchrun", SchedulerJob("123456", 2))
     batch_script = {k: v for k, v in SLURM_TASK.items() if k != "SLURM_STEP_ID"}
     assert not read_env(env=batch_script).distributed  # the batch script itself (no srun step): one process
+
+
+def test_launched_by_torchrun_srun_or_the_legacy_flag() -> None:
+    from utils.distributed.launcher import launched
+
+    assert not launched(env={})
+    assert not launched(env={"SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_NTASKS": "2"})  # the batch script
+    assert launched(env={"SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_ID": "0"})
+    assert launched(env={"WORLD_SIZE": "1"}) and launched(env={"LOCAL_RANK": "0"})
+    assert launched(local_rank_flag=0, env={})
+
+
+def test_a_line_recorded_for_torchrun_is_its_root_cause(tmp_path) -> None:
+    """The error file torchrun reads: its failure table shows the line where it would say 'To enable traceback'."""
+    import json
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from utils.distributed.launcher import record_error_line
+
+    path = tmp_path / "error.json"
+    assert not record_error_line("train: error: bad", env={})
+    assert record_error_line("train: error: bad", env={"TORCHELASTIC_ERROR_FILE": str(path)})
+    assert json.loads(path.read_text())["message"]["message"] == "train: error: bad"
+    failure = ProcessFailure(local_rank=0, pid=1, exitcode=2, error_file=str(path))
+    table = str(ChildFailedError("train.py", {0: failure}))
+    assert "traceback : train: error: bad" in table and "To enable traceback" not in table

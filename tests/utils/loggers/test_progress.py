@@ -17,3 +17,20 @@ def test_the_text_has_one_value_per_term_and_their_sum() -> None:
     text = progress_text(3, 10, 0.5, [0.25, 0.125], 32, 64)
     assert text.split() == ["3/9", "0.5G", "0.25", "0.125", "0.375", "32", "64"]
     assert len(progress_text(0, 1, 0.0, [0.1, 0.2, 0.3, 0.4], 1, 64)) == 10 * 9  # aligned under the header
+
+
+def test_output_that_is_not_a_terminal_gets_one_line_per_phase(capsys) -> None:
+    """Under pytest stdout is not a terminal: the bar prints nothing while it runs, then one line."""
+    from utils.loggers.progress import PhaseLine, progress_bar
+
+    bar = progress_bar(range(5), 5)
+    assert isinstance(bar, PhaseLine)
+    for i in bar:
+        bar.set_description(f"step {i}", refresh=False)
+        assert capsys.readouterr().out == ""
+    bar.close()
+    bar.close()
+    out = capsys.readouterr().out
+    assert out.startswith("step 4  5/5 batches in ") and out.endswith("s\n") and out.count("\n") == 1
+    quiet = progress_bar(range(2), 2, enabled=False)
+    assert list(quiet) == [0, 1] and capsys.readouterr().out == ""

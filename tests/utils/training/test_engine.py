@@ -101,3 +101,30 @@ def test_the_non_finite_reload_hook_reloads_after_three_skipped_steps_in_a_row(y
     assert any("Epoch 0: skipped 9 steps with a non-finite loss (9 in all)" in m for m in yolo_log)
     hook.after_epoch(None, 1, {})
     assert sum("skipped" in m for m in yolo_log) == 1  # an epoch without skips says nothing
+
+
+def test_parameters_take_their_gradients_strides_and_nothing_else_changes(tiny_cfg: dict) -> None:
+    """A 1x1 convolution's weight in channels_last has strides oneDNN does not give its gradient (they differ in
+    size-1 dimensions); DDP's buckets would copy each such gradient with a warning. After the alignment a training
+    step's gradients have their parameters' strides; weights, BatchNorm statistics and the RNG are unchanged."""
+    from utils.training.engine import align_to_gradients
+
+    torch.manual_seed(0)
+    model = Model(tiny_cfg).to(memory_format=torch.channels_last)
+    before = copy.deepcopy(model.state_dict())
+    rng = torch.get_rng_state()
+
+    def mismatched() -> list[str]:
+        model.zero_grad(set_to_none=True)
+        outputs = model(prepare_images(torch.zeros(2, 3, 64, 64, dtype=torch.uint8), torch.device("cpu"), None))
+        sum(o.float().sum() for o in outputs).backward()
+        return [name for name, p in model.named_parameters() if p.grad.stride() != p.stride()]
+
+    found = mismatched()
+    model.load_state_dict(before)
+    assert any(".conv.weight" in name for name in found)  # what torch warns about under DDP
+    assert align_to_gradients(model, torch.device("cpu"), 64) == len(found)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert all(p.grad is None for p in model.parameters())
+    assert mismatched() == []

@@ -302,10 +302,13 @@ def test_ultralytics_names_are_release_names_with_their_own_release(monkeypatch:
     assert all(is_release_name(f"{f}{s}.pt") for f in ("yolov8", "yolo11", "yolo26") for s in "nsmlx")
     assert release_url("yolo11n-seg.pt").endswith("/download/v8.3.0/yolo11n-seg.pt")
     assert release_url("yolov5s-seg.pt") == "https://github.com/ultralytics/yolov5/releases/download/v7.0/yolov5s-seg.pt"
-    assert not is_release_name("yolo11q.pt") and not is_release_name("yolo26n-seg.pt")
+    assert release_url("yolo26n-seg.pt").endswith("/download/v8.4.0/yolo26n-seg.pt")
+    assert release_url("yolov8m-pose.pt").endswith("/download/v8.3.0/yolov8m-pose.pt")
+    assert release_url("yolo26x-pose.pt").endswith("/download/v8.4.0/yolo26x-pose.pt")
+    assert not is_release_name("yolo11q.pt") and not is_release_name("yolov5n-pose.pt")
     monkeypatch.setenv("YOLO_WEIGHTS_URL", "http://mirror.local/w/")
     assert release_url("yolo26n.pt") == "http://mirror.local/w/yolo26n.pt"
-    with pytest.raises(DownloadError, match=r"not an official release name \(yolov5n.pt, .*yolo11x.pt, .*yolo26x.pt\)"):
+    with pytest.raises(DownloadError, match=r"not an official release name \(yolov5n.pt, .*yolo26x-pose.pt\)"):
         resolve_weights("yolo12n.pt")
 
 

@@ -135,6 +135,54 @@ def test_segmentation_files_load_and_match_outputs_and_prototypes(name: str, tmp
     assert again["task"] == "segment" and model_from_checkpoint(again).head.nm == 32
 
 
+TASK_FILES = {"yolov8n-cls": "classify", "yolo11n-cls": "classify", "yolov8n-obb": "obb", "yolo11n-obb": "obb",
+              "yolo26n-obb": "obb"}
+TASK_MODELS = {"classify": "ultralytics.nn.tasks.ClassificationModel", "obb": "ultralytics.nn.tasks.OBBModel"}
+
+
+def task_output(model: torch.nn.Module, images: torch.Tensor) -> torch.Tensor:
+    """Our output in the fixture's form: probabilities (b, nc); OBB rows (b, 4 + nc + 1, n) (YOLO26's: its
+    one-to-many branches' decode, which is what the 8.4 fixture holds, as for detection)."""
+    if not isinstance(model.head, EndToEndDetect):
+        out = model(images)
+        return out if out.dim() == 2 else out.transpose(1, 2)
+    captured = {}
+    hook = model.head.register_forward_pre_hook(lambda module, inputs: captured.setdefault("xs", inputs[0]))
+    model(images)
+    hook.remove()
+    return model.head.decode_one2many(captured["xs"]).transpose(1, 2)
+
+
+@pytest.mark.parametrize("name", list(TASK_FILES))
+def test_classification_and_obb_files_load_and_match_outputs(name: str, tmp_path: Path) -> None:
+    """yolov8n-cls, yolo11n-cls (softmax of 1000 classes at 224 px) and yolov8n-obb, yolo11n-obb, yolo26n-obb (xywh,
+    15 class scores, the angle in radians): read by the restricted reader into our Classify and OBB models, outputs
+    equal to ultralytics' within 1e-4 of each part's scale, fused or not; the checkpoint records the task and
+    rebuilds after a save."""
+    task = TASK_FILES[name]
+    ckpt = load_checkpoint(FIXTURES / f"{name}.pt")
+    assert (ckpt["family"], ckpt["task"]) == (name[:-5] if task == "obb" or "v8" in name else "yolo11", task)
+    assert ckpt["release"]["model_class"] == TASK_MODELS[task] and ckpt["model_yaml"]["yaml_file"] == f"{name}.yaml"
+    model = model_from_checkpoint(ckpt).eval()
+    data = np.load(FIXTURES / f"{name}.npz")
+    assert sum(p.numel() for p in model.parameters()) == int(data["params"])
+    expected = torch.from_numpy(data["output"])
+    parts = [slice(None)] if task == "classify" else [slice(0, 4), slice(4, 19), slice(19, None)]
+    for candidate in (model, copy.deepcopy(model).fuse()):
+        with torch.no_grad():
+            output = task_output(candidate, torch.from_numpy(data["input"]))
+        assert output.shape == expected.shape == ((2, 1000) if task == "classify" else (2, 20, 756))
+        for part in parts:  # probabilities; or boxes, scores, angles: each against its scale
+            scale = expected[:, part].abs().max()
+            assert (output[:, part] - expected[:, part]).abs().max() / scale < RELATIVE, (name, part)
+    if task == "classify":  # a real distribution, not a saturated one (a wrong tensor would show)
+        assert expected.max() < 0.5 and torch.allclose(expected.sum(1), torch.ones(2), atol=1e-4)
+    else:
+        assert expected[:, -1].std() > 0.01  # the angles vary across cells
+    again = load_checkpoint(save_checkpoint(ckpt, tmp_path / f"{name}.pt"))
+    assert again["task"] == task and model_from_checkpoint(again).head.nc == (1000 if task == "classify" else 15)
+
+
 # ------------------------------------------------------------------------------------------ refusals
 def copy_records(obj: Any) -> Any:
     """A deep copy of read records (a Record's state is copied, its class kept; tensors are shared, never changed)."""
@@ -165,11 +213,11 @@ def _flat(record: Record, prefix: str = "") -> dict[str, torch.Tensor]:
     return out
 
 
-def _classification(raw: dict) -> None:
-    kind = type("ClassificationModel", (Record,), {"global_name": "ultralytics.nn.tasks.ClassificationModel"})
-    classifier = Record.__new__(kind)
-    classifier.__setstate__(raw["model"].attrs)
-    raw["model"] = classifier
+def _world_model(raw: dict) -> None:
+    kind = type("WorldModel", (Record,), {"global_name": "ultralytics.nn.tasks.WorldModel"})
+    other = Record.__new__(kind)
+    other.__setstate__(raw["model"].attrs)
+    raw["model"] = other
 
 
 def _attribute(dotted: str, name: str, value: Any) -> Callable[[dict], None]:
@@ -189,8 +237,7 @@ def _yaml(key: str, value: Any) -> Callable[[dict], None]:
 
 
 REFUSALS = {
-    "classification": (_classification, "holds a ultralytics.nn.tasks.ClassificationModel; only ultralytics "
-                                         "models"),
+    "other model class": (_world_model, "holds a ultralytics.nn.tasks.WorldModel; only ultralytics models"),
     "missing tensor": (_drop_tensor, "tensor model.23.one2one_cv2.0.2.bias (4,) is missing from the file"),
     "linear SPPF input": (_attribute("model.9", "add", False), "model.model.9.add is False in the file but True"),
     "attention heads": (_attribute("model.10.m.0.attn", "num_heads", 4), "attn.num_heads is 4 in the file but 2"),

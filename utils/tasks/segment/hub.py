@@ -10,4 +10,6 @@ ENTRIES = (
     ("yolov8l-seg", 45_997_728), ("yolov8x-seg", 71_827_888),
     ("yolo11n-seg", 2_876_848), ("yolo11s-seg", 10_113_248), ("yolo11m-seg", 22_420_896),
     ("yolo11l-seg", 27_678_368), ("yolo11x-seg", 62_142_656),
+    ("yolo26n-seg", 3_126_280), ("yolo26s-seg", 11_505_800), ("yolo26m-seg", 27_112_072),
+    ("yolo26l-seg", 31_515_528), ("yolo26x-seg", 70_693_800),
 )

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from utils.evaluation.metrics import IOU_THRESHOLDS, DetectionMetrics, ap_per_class, match_by_iou, match_predictions
-from utils.evaluation.task_metric import ImageContext, TaskMatch, TaskMetric
+from utils.evaluation.task_metric import ImageContext, TaskMatch, TaskMetric, joined, weighted_fitness
 from utils.tasks.registry import BOX_METRICS, get_task
 from utils.tasks.segment.masks import mask_iou, polygons_to_masks, process_masks, rle_encode, scale_masks
 
@@ -78,22 +78,15 @@ class SegmentationMetrics:
         """0.1 mAP@.5 + 0.9 mAP@.5:.95 of the boxes plus the same of the masks: how a segmenter picks best.pt (the
         segment task's fitness weights, utils/tasks/registry.py)."""
         names = (*BOX_METRICS, *(f"mask_{n}" for n in BOX_METRICS))
-        weights = get_task("segment").fitness
-        return sum(weights.get(name, 0.0) * value for name, value in zip(names, self.mean_results()))
+        return weighted_fitness(get_task("segment").fitness, names, self.mean_results())
 
 
 def segmentation_metrics(records: Sequence[SegmentRecord]) -> SegmentationMetrics:
     """Box and mask metrics over every image's records (from one process, or gathered from every rank)."""
-    def joined(name: str, columns: int | None = None) -> np.ndarray:
-        arrays = [getattr(r, name) for r in records]
-        if not arrays:
-            return np.zeros((0, columns) if columns else 0)
-        return np.concatenate(arrays, 0)
-
-    t = len(IOU_THRESHOLDS)
-    conf, pred_cls, target_cls = joined("conf"), joined("pred_cls"), joined("target_cls")
-    return SegmentationMetrics(ap_per_class(joined("box_tp", t), conf, pred_cls, target_cls),
-                               ap_per_class(joined("mask_tp", t), conf, pred_cls, target_cls))
+    t, r = len(IOU_THRESHOLDS), records
+    conf, pred_cls, target_cls = joined(r, "conf"), joined(r, "pred_cls"), joined(r, "target_cls")
+    return SegmentationMetrics(ap_per_class(joined(r, "box_tp", t), conf, pred_cls, target_cls),
+                               ap_per_class(joined(r, "mask_tp", t), conf, pred_cls, target_cls))
 
 
 def mask_json_rows(image_id: int | str, detections: torch.Tensor, masks: torch.Tensor | np.ndarray,

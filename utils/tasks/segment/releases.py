@@ -10,10 +10,12 @@ RELEASES = {
         "settings": {"Segment": ("nc", "na", "nl", "nm", "npr", "no")},
         "aliases": {"SegmentationModel": ("Model",)},
     },
-    "ultralytics": {  # yolov8n-seg ... yolo11x-seg (utils/weights/ultralytics_reader.py)
+    "ultralytics": {  # yolov8n-seg ... yolo11x-seg, yolo26n-seg ... (utils/weights/ultralytics_reader.py)
         "models": ("ultralytics.nn.tasks.SegmentationModel",),
-        "heads": ("ultralytics.nn.modules.head.Segment",),
-        "settings": {"AnchorFreeSegmentHead": ("nc", "nl", "reg_max", "no", "nm", "npr")},
-        "aliases": {"SegmentationModel": ("Model",), "Segment": ("AnchorFreeSegmentHead",)},
+        "heads": ("ultralytics.nn.modules.head.Segment", "ultralytics.nn.modules.head.Segment26"),
+        "settings": {"AnchorFreeSegmentHead": ("nc", "nl", "reg_max", "no", "nm", "npr"),
+                     "EndToEndSegmentHead": ("nc", "nl", "reg_max", "no", "nm", "npr")},
+        "aliases": {"SegmentationModel": ("Model",), "Segment": ("AnchorFreeSegmentHead",),
+                    "Segment26": ("EndToEndSegmentHead",)},
     },
 }

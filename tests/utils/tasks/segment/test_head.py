@@ -45,14 +45,15 @@ PARAMETERS = {
     "yolov5": (1_991_549, 7_621_277, 21_990_397, 47_924_957, 88_819_517),
     "yolov8": (3_409_968, 11_821_056, 27_285_968, 45_997_728, 71_827_888),
     "yolo11": (2_876_848, 10_113_248, 22_420_896, 27_678_368, 62_142_656),
+    "yolo26": (3_126_280, 11_505_800, 27_112_072, 31_515_528, 70_693_800),  # n: ultralytics' (fixtures README)
 }
 PROTOTYPE_WIDTHS = {"yolov5": (64, 128, 192, 256, 320), "yolov8": (64, 128, 192, 256, 320),
-                    "yolo11": (64, 128, 256, 256, 384)}  # 256 x the width multiple
+                    "yolo11": (64, 128, 256, 256, 384), "yolo26": (64, 128, 256, 256, 384)}  # 256 x width multiple
 NAMES = [f"{family}{scale}-seg" for family in PARAMETERS for scale in "nsmlx"]
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_parameter_counts_of_the_fifteen_segmenters(name: str) -> None:
+def test_parameter_counts_of_every_segmenter(name: str) -> None:
     layers = built_on_meta(name)
     expected = PARAMETERS[name[:-5]]["nsmlx".index(name[-5])]
     assert sum(p.numel() for p in layers.parameters()) == expected
@@ -204,13 +205,13 @@ DOC_SIZES = {name: (int(params.replace(",", "")), float(gflops)) for name, param
     r"\| (yolo\w+-seg) \| ([\d,]+) \| ([\d.]+) ", (FIXTURES.parents[1] / "docs" / "models.md").read_text())}
 
 
-def test_the_docs_table_lists_the_fifteen_segmenters_with_their_sizes() -> None:
+def test_the_docs_table_lists_every_segmenter_with_its_sizes() -> None:
     assert sorted(DOC_SIZES) == sorted(NAMES)
     for name, (params_in_docs, _) in DOC_SIZES.items():
         assert params_in_docs == PARAMETERS[name[:-5]]["nsmlx".index(name[-5])]
 
 
-@pytest.mark.parametrize("name", ["yolov5n-seg", "yolo11n-seg"])
+@pytest.mark.parametrize("name", ["yolov5n-seg", "yolo11n-seg", "yolo26n-seg"])
 def test_the_docs_gflops_are_what_the_builder_counts(name: str) -> None:
     torch.manual_seed(0)
     assert Model(f"{name}.yaml").flops(640) == pytest.approx(DOC_SIZES[name][1], abs=0.05)
