@@ -5,6 +5,10 @@ the same weights' mAP@.5:.95 measured by our test.py, its wall time, and the rat
     python benchmarks/bench_learn.py                                # yolo11n pair + our yolov5n, 15 epochs, 160 px
     python benchmarks/bench_learn.py --models yolo11n yolo26n --repeats 3
     python benchmarks/bench_learn.py --quick --ours-only            # 2 epochs of 16 images: our pipeline only
+    python benchmarks/bench_learn.py --models yolo11n --ours-only --compare /tmp/before --seeds 0 1 2
+                                                                    # this tree against another checkout, 3 seeds
+    python benchmarks/bench_learn.py --models yolov5n --ours-only --our-hyp close_mosaic=0 --compare-hyp mosaic_pool=0
+                                                                    # mosaic partners: batch pool vs whole set
 
 ultralytics is no dependency of this project: the first run installs it (``pip install ultralytics``) into a virtual
 environment of its own (``--venv``, made with ``--system-site-packages`` so that it reuses the installed torch), and
@@ -14,7 +18,12 @@ backgrounds at 128-160 px, --images train and a quarter as many val images) into
 layout both read, one identical copy per side (each writes its own label cache beside the labels). Each side uses
 its own defaults otherwise (hyperparameters, optimizer rule, workers, threads); every run is one process, timed
 from start to exit. Runs alternate (ours, theirs, ours, ...), so repeated runs share the machine's load; with
---repeats N each figure is the median of N runs and the ratios are ratios of medians.
+--repeats N each figure is the median of N runs and the ratios are ratios of medians. ``--seeds`` trains each
+side once per training seed (the data set stays the one --seed generated); ``--compare DIR`` also trains our models
+with another checkout's train.py (before/after a change), on a copy of its own, in turns with this tree's;
+``--compare-hyp KEY=VALUE ...`` trains that "compare" side with each model's family hyp file (the one our side
+trains with) changed by those entries (with --compare: that checkout's file, changed); ``--our-hyp KEY=VALUE ...``
+changes both our sides' files (``close_mosaic=0``: mosaic in every epoch of a short run).
 
 Two mAP@.5:.95 figures per run: the best over the epochs as the trainer itself validated them (its results.csv),
 and its best.pt validated by our test.py (same metric code, NMS settings, validation images and image size for
@@ -68,7 +77,7 @@ class Run:
     """One training run: the best mAP@.5:.95 its trainer validated, its best.pt's by our test.py, its wall time."""
 
     model: str
-    side: str  # "ours" or "ultralytics"
+    side: str  # "ours", "compare" (--compare's checkout) or "ultralytics"
     trainer_map: float
     our_map: float
     seconds: float  # wall time, start to exit
@@ -84,7 +93,15 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--images", type=int, default=400, help="generated training images (val: a quarter as many)")
     p.add_argument("--repeats", type=int, default=1, help="runs of each trainer (figures are their medians)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="the data set's seed, and the training seed without --seeds")
+    p.add_argument("--seeds", type=int, nargs="+", default=None,
+                   help="training seeds: each side trains once per seed (overrides --repeats)")
+    p.add_argument("--compare", type=Path, default=None,
+                   help="another checkout whose train.py also trains our models, in turns with this tree's")
+    p.add_argument("--compare-hyp", nargs="+", default=None, metavar="KEY=VALUE",
+                   help="train the compare side (this tree, or --compare's) with these hyp entries changed")
+    p.add_argument("--our-hyp", nargs="+", default=None, metavar="KEY=VALUE",
+                   help="train our sides (ours and compare) with these hyp entries changed (e.g. close_mosaic=0)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--venv", type=Path, default=DEFAULT_VENV, help="ultralytics' virtual environment (made once)")
     p.add_argument("--keep", type=Path, default=None,
@@ -97,12 +114,50 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
         opt.epochs, opt.images, opt.img, opt.batch_size = 2, 16, 64, 8
     if opt.repeats < 1:
         p.error("--repeats must be >= 1")
+    if opt.compare is not None and not (opt.compare / "train.py").is_file():
+        p.error(f"--compare {opt.compare}: no train.py there")
+    opt.seeds = opt.seeds or [opt.seed] * opt.repeats
+    opt.our_changes, opt.hyp_changes = ({}, {})
+    for flag, entries, changes in (("--our-hyp", opt.our_hyp, opt.our_changes),
+                                   ("--compare-hyp", opt.compare_hyp, opt.hyp_changes)):
+        for entry in entries or ():
+            key, _, value = entry.partition("=")
+            try:
+                changes[key] = float(value)
+            except ValueError:
+                p.error(f"{flag} {entry}: expected KEY=NUMBER")
     return opt
 
 
-def make_data(folder: Path, images: int, seed: int = 0) -> dict[str, Path]:
+def compare_side(opt: argparse.Namespace) -> Path | None:
+    """The checkout whose train.py trains the "compare" side: --compare's, this tree with --compare-hyp alone,
+    None without either."""
+    if opt.compare is not None:
+        return opt.compare.resolve()
+    return ROOT if opt.hyp_changes else None
+
+
+def changed_hyp(model: str, data: Path, changes: dict[str, float], tree: Path, folder: Path,
+                side: str = "compare") -> Path:
+    """A copy of the hyp file ``model``'s family trains with on ``data`` (``tree``'s file of that name) with
+    ``changes``, written into ``folder`` for ``side``."""
+    import yaml
+
+    from utils.hyp import load_hyp
+    from utils.training.builder import Model
+    from utils.training.families import get_family
+
+    name = get_family(Model(model).head.family).default_hyp_file(data).name
+    hyp = {**load_hyp(tree / "data" / "hyps" / name), **changes}
+    path = folder / f"hyp-{model}-{side}.yaml"
+    path.write_text(yaml.safe_dump(hyp, sort_keys=False))
+    return path
+
+
+def make_data(folder: Path, images: int, seed: int = 0, sides: tuple[str, ...] = ("ours", "ultralytics")) \
+        -> dict[str, Path]:
     """The generated set, one identical copy per side, each under its own data YAML (not named synthetic.yaml, so
-    our side trains with its family's default hyperparameters): {"ours": yaml, "ultralytics": yaml}."""
+    our side trains with its family's default hyperparameters): {side: yaml}."""
     import yaml
 
     from utils.data.synthetic import SYNTHETIC_NAMES, ensure_synthetic
@@ -110,7 +165,7 @@ def make_data(folder: Path, images: int, seed: int = 0) -> dict[str, Path]:
     source = ensure_synthetic(folder / "generated", n_train=images, n_val=max(images // 4, 4), img_size=(128, 160),
                               seed=seed)
     yamls = {}
-    for side in ("ours", "ultralytics"):
+    for side in sides:
         root = folder / side
         for split in ("train", "val"):
             for kind in ("images", "labels"):
@@ -160,18 +215,21 @@ def run_process(command: list[str], name: str, cwd: Path, env: dict[str, str] | 
     return seconds, cpu, done.stdout + done.stderr
 
 
-def run_ours(model: str, opt: argparse.Namespace, data: Path, runs: Path, name: str) -> Run:
-    """Our train.py with its defaults for ``model``; the run folder is ``runs / name``."""
-    command = [sys.executable, str(ROOT / "train.py"), "--cfg", model, "--data", str(data), "--epochs",
-               str(opt.epochs), "--img", str(opt.img), "--batch-size", str(opt.batch_size), "--seed", str(opt.seed),
+def run_ours(model: str, opt: argparse.Namespace, data: Path, runs: Path, name: str, seed: int | None = None,
+             tree: Path = ROOT, side: str = "ours", hyp: Path | None = None) -> Run:
+    """Our train.py (``tree``'s: this checkout's or --compare's) with its defaults for ``model`` and ``seed``
+    (default --seed), and ``hyp`` where given; the run folder is ``runs / name``."""
+    seed = opt.seed if seed is None else seed
+    command = [sys.executable, str(tree / "train.py"), "--cfg", model, "--data", str(data), "--epochs",
+               str(opt.epochs), "--img", str(opt.img), "--batch-size", str(opt.batch_size), "--seed", str(seed),
                "--device", opt.device, "--noplots", "--loggers", "csv", "--project", str(runs), "--name", name,
-               *shlex.split(opt.our_flags)]
-    seconds, cpu, output = run_process(command, f"our {model}", ROOT)
+               *(["--hyp", str(hyp)] if hyp is not None else []), *shlex.split(opt.our_flags)]
+    seconds, cpu, output = run_process(command, f"{side} {model}", tree)
     amp = re.search(r"^AMP: .*$", output, re.MULTILINE)
     if amp:
-        print(f"  our train.py: {amp.group(0)}", flush=True)
+        print(f"  {side} train.py: {amp.group(0)}", flush=True)
     folder = runs / name
-    return Run(model, "ours", best_map(folder / "results.csv", OUR_MAP),
+    return Run(model, side, best_map(folder / "results.csv", OUR_MAP),
                our_test_map(folder / "weights" / "best.pt", data, opt), seconds, cpu)
 
 
@@ -212,19 +270,21 @@ def without_network() -> list[str]:
     return []
 
 
-def their_arguments(model: str, opt: argparse.Namespace, data: Path, runs: Path, name: str) -> dict:
+def their_arguments(model: str, opt: argparse.Namespace, data: Path, runs: Path, name: str,
+                    seed: int | None = None) -> dict:
     """ultralytics' ``YOLO(model).train(...)`` arguments: the same epochs, image size, batch, seed and device."""
     return {"model": ULTRALYTICS_MODELS[model], "data": str(data), "epochs": opt.epochs, "imgsz": opt.img,
-            "batch": opt.batch_size, "seed": opt.seed, "device": opt.device, "project": str(runs), "name": name,
+            "batch": opt.batch_size, "seed": opt.seed if seed is None else seed, "device": opt.device,
+            "project": str(runs), "name": name,
             "exist_ok": False, "plots": False, "verbose": False}
 
 
 def run_theirs(model: str, opt: argparse.Namespace, data: dict[str, Path], runs: Path, name: str, python: Path,
-               env: dict[str, str]) -> Run:
+               env: dict[str, str], seed: int | None = None) -> Run:
     """ultralytics' trainer with its defaults for ``model`` on its copy of the data; the run folder is
     ``runs / name``; its best.pt is tested on our copy (the same images; each side keeps its own label caches)."""
     command = [*without_network(), str(python), "-c", THEIR_TRAIN,
-               json.dumps(their_arguments(model, opt, data["ultralytics"], runs, name))]
+               json.dumps(their_arguments(model, opt, data["ultralytics"], runs, name, seed))]
     runs.mkdir(parents=True, exist_ok=True)  # its working folder: whatever it writes beside its run stays there
     seconds, cpu, _ = run_process(command, f"ultralytics {model}", runs, env)
     folder = runs / name
@@ -232,13 +292,18 @@ def run_theirs(model: str, opt: argparse.Namespace, data: dict[str, Path], runs:
                our_test_map(folder / "weights" / "best.pt", data["ours"], opt), seconds, cpu)
 
 
+SIDES = ("ours", "compare", "ultralytics")
+TABLE_SIDES = (*SIDES, "yolov5")  # bench_yolov5.py's reference trainer too
+
+
 def summarise(runs: list[Run]) -> list[str]:
-    """The table: per model and side the medians [min-max] of the runs, and per pair ours / theirs."""
+    """The table: per model and side the medians [min-max] of the runs, and per pair (ours / ultralytics, ours /
+    compare) the ratios of the medians."""
     lines = [f"{'model':<9}{'trainer':<13}{'runs':>5}{'mAP@.5:.95 (own val)':>24}{'mAP@.5:.95 (our test.py)':>28}"
              f"{'time (s)':>22}{'CPU (s)':>22}"]
     medians: dict[tuple[str, str], tuple[float, float, float, float]] = {}
     for model in dict.fromkeys(r.model for r in runs):
-        for side in ("ours", "ultralytics"):
+        for side in TABLE_SIDES:
             mine = [r for r in runs if r.model == model and r.side == side]
             if not mine:
                 continue
@@ -248,40 +313,57 @@ def summarise(runs: list[Run]) -> list[str]:
             lines.append(f"{model:<9}{side:<13}{len(mine):>5}{own.fmt(4, 24)}{ours_test.fmt(4, 28)}"
                          f"{seconds.fmt(1, 22)}{cpu.fmt(1, 22)}")
     for model in dict.fromkeys(r.model for r in runs):
-        if (model, "ours") in medians and (model, "ultralytics") in medians:
-            (o_own, o_test, o_s, o_cpu), (t_own, t_test, t_s, t_cpu) = medians[model, "ours"], \
-                medians[model, "ultralytics"]
-            lines.append(f"{model} ours / ultralytics: mAP@.5:.95 {o_own / max(t_own, 1e-9):.2f}x (own val), "
-                         f"{o_test / max(t_test, 1e-9):.2f}x (our test.py); time {o_s / t_s:.2f}x, "
-                         f"CPU time {o_cpu / max(t_cpu, 1e-9):.2f}x")
+        for other in ("ultralytics", "yolov5", "compare"):
+            if (model, "ours") in medians and (model, other) in medians:
+                (o_own, o_test, o_s, o_cpu), (t_own, t_test, t_s, t_cpu) = medians[model, "ours"], \
+                    medians[model, other]
+                lines.append(f"{model} ours / {other}: mAP@.5:.95 {o_own / max(t_own, 1e-9):.2f}x (own val), "
+                             f"{o_test / max(t_test, 1e-9):.2f}x (our test.py); time {o_s / t_s:.2f}x, "
+                             f"CPU time {o_cpu / max(t_cpu, 1e-9):.2f}x")
     return lines
 
 
 def main(opt: argparse.Namespace) -> list[Run]:
+    seeds = " ".join(map(str, dict.fromkeys(opt.seeds)))
     print(header(f"bench_learn: {' '.join(opt.models)}, {opt.epochs} epochs, {opt.images} generated images, "
-                 f"{opt.img} px, batch {opt.batch_size}, seed {opt.seed}, {opt.repeats} run(s) each", opt.device))
+                 f"{opt.img} px, batch {opt.batch_size}, data seed {opt.seed}, training seed(s) {seeds}, "
+                 f"{len(opt.seeds)} run(s) each", opt.device))
     theirs = [] if opt.ours_only else [m for m in opt.models if m in ULTRALYTICS_MODELS]
     python = ensure_ultralytics(opt.venv) if theirs else None
     if python is not None:
         version = subprocess.run([python, "-c", "import ultralytics; print(ultralytics.__version__)"],
                                  capture_output=True, text=True).stdout.strip()
         print(f"ultralytics {version} in {opt.venv}")
+    tree = compare_side(opt)
+    if tree is not None:
+        changes = ", ".join(f"{k} {v:g}" for k, v in opt.hyp_changes.items()) or "no hyp changed"
+        print(f"compare: our models trained by {tree}'s train.py too ({changes})")
+    if opt.our_changes:
+        print("our sides' hyp: " + ", ".join(f"{k} {v:g}" for k, v in opt.our_changes.items()))
     results: list[Run] = []
     with tempfile.TemporaryDirectory(prefix="bench_learn_") as scratch:
         folder = Path(scratch) if opt.keep is None else opt.keep
         if opt.keep is not None:
             folder.mkdir(parents=True)  # a new folder: nothing of the user's is overwritten
-        data = make_data(folder, opt.images, opt.seed)
+        data = make_data(folder, opt.images, opt.seed, SIDES if tree is not None else SIDES[::2])
+        ours = {m: changed_hyp(m, data["ours"], opt.our_changes, ROOT, folder, "ours")
+                for m in opt.models} if opt.our_changes else {}
+        changes = {**opt.our_changes, **opt.hyp_changes}
+        hyps = {m: changed_hyp(m, data["compare"], changes, tree, folder)
+                for m in opt.models} if tree is not None and changes else {}
         env = offline_env(folder / "ultralytics-config") if theirs else None
-        for repeat in range(opt.repeats):
+        for repeat, seed in enumerate(opt.seeds):
             for model in opt.models:
                 name = f"{model}-{repeat}"
-                results.append(run_ours(model, opt, data["ours"], folder / "ours", name))
-                print(f"  {results[-1]}", flush=True)
+                results.append(run_ours(model, opt, data["ours"], folder / "ours", name, seed, hyp=ours.get(model)))
+                print(f"  seed {seed}: {results[-1]}", flush=True)
+                if tree is not None:
+                    results.append(run_ours(model, opt, data["compare"], folder / "compare", name, seed, tree,
+                                            "compare", hyps.get(model)))
+                    print(f"  seed {seed}: {results[-1]}", flush=True)
                 if model in theirs:
-                    results.append(run_theirs(model, opt, data, folder / "ultralytics", name,
-                                              python, env))
-                    print(f"  {results[-1]}", flush=True)
+                    results.append(run_theirs(model, opt, data, folder / "ultralytics", name, python, env, seed))
+                    print(f"  seed {seed}: {results[-1]}", flush=True)
     for line in summarise(results):
         print(line)
     return results

@@ -13,6 +13,8 @@ from benchmarks.bench_learn import (
     THEIR_MAP,
     Run,
     best_map,
+    changed_hyp,
+    compare_side,
     make_data,
     offline_env,
     parse_opt,
@@ -20,6 +22,7 @@ from benchmarks.bench_learn import (
     summarise,
     their_arguments,
 )
+from utils.paths import ROOT
 from utils.safe_yaml import load_yaml
 
 
@@ -35,11 +38,14 @@ def test_the_data_in_both_layouts_and_our_side_end_to_end(tmp_path: Path) -> Non
         labels = Path(copies[1]["path"]) / "labels" / split
         assert sorted(p.stem for p in labels.glob("*.txt")) == [p.stem for p in theirs]
 
-    opt = parse_opt(["--epochs", "1", "--img", "64", "--batch-size", "8", "--ours-only", "--our-flags", "--amp off"])
-    run = run_ours("yolo11n", opt, data["ours"], tmp_path / "runs", "tiny")
+    opt = parse_opt(["--epochs", "1", "--img", "64", "--batch-size", "8", "--ours-only", "--our-flags", "--amp off",
+                     "--compare-hyp", "mosaic_pool=0"])
+    hyp = changed_hyp("yolo11n", data["ours"], opt.hyp_changes, compare_side(opt), tmp_path)
+    run = run_ours("yolo11n", opt, data["ours"], tmp_path / "runs", "tiny", hyp=hyp)
     folder = tmp_path / "runs" / "tiny"
     assert (folder / "weights" / "best.pt").is_file()
     assert load_yaml(folder / "opt.yaml")["amp"] == "off"  # --our-flags reached train.py
+    assert load_yaml(folder / "hyp.yaml")["mosaic_pool"] == 0  # --compare-hyp's file reached train.py
     assert (tmp_path / "runs" / "test" / "tiny").is_dir()  # our test.py's outputs beside the run, not in runs/
     assert run.model == "yolo11n" and run.side == "ours" and run.seconds > 0 and run.cpu_seconds > 0
     assert run.trainer_map == best_map(folder / "results.csv", OUR_MAP)
@@ -81,3 +87,27 @@ def test_the_table_gives_medians_and_the_ratios_of_each_pair() -> None:
     assert lines[-1] == "yolo11n ours / ultralytics: mAP@.5:.95 1.40x (own val), 1.28x (our test.py); time 0.48x, " \
                         "CPU time 0.50x"
     assert len(lines) == 5  # yolov5n has no pair: no ratio line
+    compared = summarise([Run("yolov5n", "ours", 0.30, 0.20, 10.0, 20.0),
+                          Run("yolov5n", "compare", 0.20, 0.25, 20.0, 10.0)])
+    assert compared[2].split()[:3] == ["yolov5n", "compare", "1"]
+    assert compared[-1] == "yolov5n ours / compare: mAP@.5:.95 1.50x (own val), 0.80x (our test.py); time 0.50x, " \
+                           "CPU time 2.00x"
+
+
+def test_compare_hyp_changes_the_family_file_the_run_would_train_with(tmp_path: Path) -> None:
+    opt = parse_opt(["--compare-hyp", "mosaic_pool=0", "mixup=0.25", "--seeds", "0", "1"])
+    assert opt.hyp_changes == {"mosaic_pool": 0.0, "mixup": 0.25} and opt.seeds == [0, 1]
+    assert compare_side(opt) == ROOT and compare_side(parse_opt([])) is None
+    for model, family_file in (("yolo11n", "hyp.anchor-free.yaml"), ("yolov5n", "hyp.scratch.yaml")):
+        changed = load_yaml(changed_hyp(model, tmp_path / "shapes-compare.yaml", opt.hyp_changes, ROOT, tmp_path))
+        base = load_yaml(ROOT / "data" / "hyps" / family_file)
+        assert changed == {**base, "mosaic_pool": 0.0, "mixup": 0.25}
+    both = parse_opt(["--our-hyp", "close_mosaic=0"])
+    assert both.our_changes == {"close_mosaic": 0.0} and both.hyp_changes == {} and compare_side(both) is None
+    ours = changed_hyp("yolov5n", tmp_path / "shapes-ours.yaml", both.our_changes, ROOT, tmp_path, "ours")
+    assert ours.name == "hyp-yolov5n-ours.yaml" and load_yaml(ours)["close_mosaic"] == 0
+    for bad in (["--compare-hyp", "mosaic_pool"], ["--our-hyp", "close_mosaic=all"]):
+        with pytest.raises(SystemExit):
+            parse_opt(bad)
+    with pytest.raises(SystemExit):
+        parse_opt(["--compare", str(tmp_path)])  # no train.py there

@@ -32,7 +32,7 @@ from utils.data.augment import (
     random_perspective_extras,
     warp_mosaic_extras,
 )
-from utils.data.batch_pool import BatchPool
+from utils.data.batch_pool import BatchPool, mosaic_pool_size
 from utils.data.colour import draw_hsv
 from utils.data.errors import DataError
 from utils.data.formats import ignore_regions, label_reader, scan_sources
@@ -124,6 +124,7 @@ class YoloDataset(torch.utils.data.Dataset):
         self.img_size, self.augment, self.rect, self.stride = opts.img_size, opts.augment, opts.rect, opts.stride
         self.hyp = dict(load_hyp() if opts.hyp is None and opts.augment else opts.hyp or {})
         self.mosaic = opts.augment and not opts.rect and self.hyp.get("mosaic", 0) > 0
+        self.pool_size = mosaic_pool_size(self.hyp)  # 0: mosaic partners from the whole set (utils.data.batch_pool)
         self.names = list(opts.names) if opts.names is not None else None
         self.seed = opts.seed
         self.rng = np.random.default_rng([opts.seed, dist.get_rank()])
@@ -284,15 +285,16 @@ class YoloDataset(torch.utils.data.Dataset):
 
     def __getitems__(self, keys: Sequence) -> list:
         """The samples of a batch (the DataLoader passes a batch's keys): with mosaics and without the RAM cache,
-        their partners come from the batch's own images, each decoded once for the batch (utils.data.batch_pool);
+        their partners come from the batch's own images, each decoded once for the batch (utils.data.batch_pool;
+        hyp ``mosaic_pool`` 0: from the whole set);
         without --rect each sample's pixels are written into its slot of the batch tensor (shared memory in a
         DataLoader worker), which collate_fn then hands on without a copy."""
         if not keys:
             return []
-        if self.mosaic and self.ram is None:
+        if self.mosaic and self.ram is None and self.pool_size:
             first = keys[0]
             self.pool = BatchPool([k[0] if isinstance(k, tuple) else k for k in keys], len(self),
-                                  first[1] if isinstance(first, tuple) else None)
+                                  first[1] if isinstance(first, tuple) else None, self.pool_size)
         batch = None if self.rect else new_batch((len(keys), 3, self.img_size, self.img_size))
         try:
             samples = []

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from utils.data import datasets
-from utils.data.batch_pool import POOL_MIN, BatchPool
+from utils.data.batch_pool import POOL_MIN, BatchPool, mosaic_pool_size
 from utils.data.config import load_data_config
 from utils.data.datasets import YoloDataset
-from utils.hyp import load_hyp
+from utils.hyp import HypError, load_hyp
 
 
 def test_the_pool_is_the_batch_topped_up_by_its_key() -> None:
@@ -24,6 +24,7 @@ def test_the_pool_is_the_batch_topped_up_by_its_key() -> None:
     assert BatchPool([5, 6], 100, (0, 1, 2)).indices == small.indices  # by the key alone
     assert BatchPool([5, 6], 100, (0, 2, 2)).indices != small.indices
     assert len(BatchPool(list(range(6)), 100, (0, 0, 0))) == POOL_MIN and len(BatchPool([1, 2], 3, None)) == 3
+    assert len(BatchPool(list(range(6)), 100, (0, 0, 0), size=20)) == 20  # hyp mosaic_pool 20
     rng = np.random.default_rng(0)
     assert set(big.partners(rng, 300)) == set(range(20, 40))  # uniform over the pool
     image = np.zeros((4, 4, 3), np.uint8)
@@ -85,3 +86,26 @@ def test_samples_are_written_into_their_batch_slots(augmented: YoloDataset) -> N
     assert torch.equal(again.images, batch.images) and torch.equal(again.targets, batch.targets)
     assert datasets.slots_batch([samples[1].image, samples[0].image] + [s.image for s in samples[2:]]) is None
     assert augmented.slot is None
+
+
+def test_mosaic_pool_0_draws_partners_from_the_whole_set(tiny_dataset: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """hyp ``mosaic_pool: 0``: no pool; a batch's samples are the samples asked for one by one, their partners
+    drawn from the whole set and decoded for each mosaic."""
+    assert mosaic_pool_size({}) == POOL_MIN and mosaic_pool_size({"mosaic_pool": 32.0}) == 32
+    for bad in (-1, 2.5, "all", True):
+        with pytest.raises(HypError, match="mosaic_pool must be a whole number"):
+            mosaic_pool_size({"mosaic_pool": bad})
+    train = load_data_config(tiny_dataset).train
+    with pytest.raises(HypError, match="mosaic_pool"):
+        YoloDataset(train, img_size=64, augment=True, hyp={**load_hyp(), "mosaic_pool": -4}, nc=3)
+    whole = YoloDataset(train, img_size=64, augment=True, hyp={**load_hyp(), "mosaic": 1.0, "mosaic_pool": 0},
+                        nc=3, seed=0)
+    decoded = []
+    read = datasets.read_image
+    monkeypatch.setattr(datasets, "read_image", lambda path, reduce=1: decoded.append(path) or read(path, reduce))
+    keys = _keys([3, 1, 4, 1])
+    samples = whole.__getitems__(keys)
+    assert whole.pool is None and len(decoded) == 4 * len(keys)  # four decodes per mosaic
+    for a, k in zip(samples, keys):
+        b = whole[k]
+        assert torch.equal(a.image, b.image) and torch.equal(a.targets, b.targets)
