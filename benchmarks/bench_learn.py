@@ -300,7 +300,7 @@ def summarise(runs: list[Run]) -> list[str]:
     """The table: per model and side the medians [min-max] of the runs, and per pair (ours / ultralytics, ours /
     compare) the ratios of the medians."""
     lines = [f"{'model':<9}{'trainer':<13}{'runs':>5}{'mAP@.5:.95 (own val)':>24}{'mAP@.5:.95 (our test.py)':>28}"
-             f"{'time (s)':>22}{'CPU (s)':>22}"]
+             f"{'time (s)':>24}{'CPU (s)':>24}"]
     medians: dict[tuple[str, str], tuple[float, float, float, float]] = {}
     for model in dict.fromkeys(r.model for r in runs):
         for side in TABLE_SIDES:
@@ -311,7 +311,7 @@ def summarise(runs: list[Run]) -> list[str]:
                                             for k in ("trainer_map", "our_map", "seconds", "cpu_seconds"))
             medians[model, side] = own.median, ours_test.median, seconds.median, cpu.median
             lines.append(f"{model:<9}{side:<13}{len(mine):>5}{own.fmt(4, 24)}{ours_test.fmt(4, 28)}"
-                         f"{seconds.fmt(1, 22)}{cpu.fmt(1, 22)}")
+                         f"  {seconds.fmt(1, 22)}  {cpu.fmt(1, 22)}")  # a space even when a value is wider
     for model in dict.fromkeys(r.model for r in runs):
         for other in ("ultralytics", "yolov5", "compare"):
             if (model, "ours") in medians and (model, other) in medians:
