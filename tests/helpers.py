@@ -4,6 +4,7 @@ output, small data sets written into a tmp folder."""
 from __future__ import annotations
 
 import contextlib
+import csv
 import functools
 import importlib.util
 import io
@@ -243,6 +244,22 @@ def events_of(path: Path) -> list[str]:
 def csv_epochs(run_dir: Path) -> list[str]:
     """The epoch column of a run's results.csv."""
     return [line.split(",")[0] for line in (run_dir / "results.csv").read_text().strip().splitlines()[1:]]
+
+
+def results_rows(run_dir: Path) -> list[dict[str, str]]:
+    """A run's results.csv, one dict per epoch."""
+    with open(run_dir / "results.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def weights_diff(a: Path, b: Path) -> float:
+    """The largest difference between two checkpoints' EMA and raw weights."""
+    from utils.weights.checkpoint import load_checkpoint
+
+    first, second = load_checkpoint(a), load_checkpoint(b)
+    pairs = [(first["model"], second["model"]),
+             (first["train_state"]["states"]["model"], second["train_state"]["states"]["model"])]
+    return max((x[k].float() - y[k].float()).abs().max().item() for x, y in pairs for k in x)
 
 
 def train_args(data: Path, cfg: Path, project: Path, *extra: str, epochs: int = 3, plots: bool = False) -> list[str]:

@@ -11,7 +11,6 @@ yolo11n-cls on the synthetic class-folder set (tiny: 64 px, 24-32 images, 1-2 ep
 
 from __future__ import annotations
 
-import csv
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import cv2
 import pytest
 import yaml
 
-from tests.helpers import ROOT, finish, start, torchrun_cmd
+from tests.helpers import ROOT, finish, results_rows, start, torchrun_cmd, weights_diff
 from tests.plugins.faults import FailAt
 from utils.errors import UserError
 from utils.weights.checkpoint import load_checkpoint
@@ -43,18 +42,6 @@ def cls_args(data: Path, project: Path, name: str, *extra: str, batch: int = 8, 
             "cpu", "--seed", "0", "--amp", "off", "--project", str(project), "--name", name, "--noplots", *extra]
 
 
-def rows(run_dir: Path) -> list[dict[str, str]]:
-    with open(run_dir / "results.csv", newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def weights_diff(a: Path, b: Path) -> float:
-    first, second = load_checkpoint(a), load_checkpoint(b)
-    pairs = [(first["model"], second["model"]),
-             (first["train_state"]["states"]["model"], second["train_state"]["states"]["model"])]
-    return max((x[k].float() - y[k].float()).abs().max().item() for x, y in pairs for k in x)
-
-
 def test_a_classifier_trains_resumes_validates_detects_and_exports(tmp_path: Path, in_process: Callable[..., int],
                                                                   capsys: pytest.CaptureFixture) -> None:
     import detect
@@ -64,7 +51,7 @@ def test_a_classifier_trains_resumes_validates_detects_and_exports(tmp_path: Pat
     data, project = cls_data(tmp_path, 24), tmp_path / "runs"
     args = lambda name: cls_args(data, project, name, "--save-interval-steps", "1")  # noqa: E731
     assert in_process(args("whole")) == 0
-    row = rows(project / "whole")[-1]
+    row = results_rows(project / "whole")[-1]
     assert list(row)[1:4] == COLUMNS and 0 < float(row["train/cls_loss"]) < 5
     assert float(row["metrics/accuracy_top5"]) == 1.0  # three classes: the label is always among the five best
     weights = project / "whole" / "weights" / "last.pt"
@@ -122,7 +109,7 @@ def test_two_ranks_train_and_validate_as_one_process(tmp_path: Path) -> None:
     code, out = finish(start(torchrun_cmd(2, *cls_args(data, project, "whole", batch=16, epochs=1))))
     assert code == 0, out[-3000:]
     weights = project / "whole" / "weights" / "last.pt"
-    row = rows(project / "whole")[-1]
+    row = results_rows(project / "whole")[-1]
     one = test_script.run(weights=str(weights), data=str(data), img_size=64, batch_size=16, workers=0, device="cpu",
                           project=str(tmp_path / "test"), name="exp")
     assert one.seen == 15  # 8 and 7 on the two ranks: an odd split of the shards sums to the one process's

@@ -13,7 +13,6 @@ yolo11n-obb on the synthetic oriented-box set (tiny: 64 px, 16-128 images, 1-2 e
 
 from __future__ import annotations
 
-import csv
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -24,7 +23,7 @@ import pytest
 import torch
 import yaml
 
-from tests.helpers import ROOT, finish, start, torchrun_cmd
+from tests.helpers import ROOT, finish, results_rows, start, torchrun_cmd, weights_diff
 from tests.plugins.faults import FailAt
 from utils.deploy.formats import missing_packages
 from utils.errors import UserError
@@ -49,25 +48,13 @@ def obb_args(data: Path, project: Path, name: str, *extra: str, batch: int = 8, 
             "cpu", "--seed", "0", "--amp", "off", "--project", str(project), "--name", name, "--noplots", *extra]
 
 
-def rows(run_dir: Path) -> list[dict[str, str]]:
-    with open(run_dir / "results.csv", newline="") as f:
-        return list(csv.DictReader(f))
-
-
-def weights_diff(a: Path, b: Path) -> float:
-    first, second = load_checkpoint(a), load_checkpoint(b)
-    pairs = [(first["model"], second["model"]),
-             (first["train_state"]["states"]["model"], second["train_state"]["states"]["model"])]
-    return max((x[k].float() - y[k].float()).abs().max().item() for x, y in pairs for k in x)
-
-
 def test_an_obb_model_trains_resumes_exactly_and_tests(tmp_path: Path, in_process: Callable[..., int]) -> None:
     import test as test_script
 
     data, project = obb_data(tmp_path, 16), tmp_path / "runs"
     args = lambda name: obb_args(data, project, name, "--save-interval-steps", "1")  # noqa: E731
     assert in_process(args("whole")) == 0
-    row = rows(project / "whole")[-1]
+    row = results_rows(project / "whole")[-1]
     assert list(row)[1:5] == ["train/box_loss", "train/cls_loss", "train/dfl_loss", "train/angle_loss"]
     assert all(c in row for c in BOX_COLUMNS) and 0 < float(row["train/angle_loss"]) < 5
     weights = project / "whole" / "weights" / "last.pt"
@@ -183,7 +170,7 @@ def test_two_ranks_train_and_validate_as_one_process(tmp_path: Path) -> None:
     data, project = obb_data(tmp_path, 32), tmp_path / "runs"
     code, out = finish(start(torchrun_cmd(2, *obb_args(data, project, "whole", batch=16, epochs=1))))
     assert code == 0, out[-3000:]
-    row = rows(project / "whole")[-1]
+    row = results_rows(project / "whole")[-1]
     one = test_script.run(weights=str(project / "whole" / "weights" / "last.pt"), data=str(data), img_size=64,
                           batch_size=16, workers=0, device="cpu", project=str(tmp_path / "test"), name="exp")
     assert one.seen == 8 and one.results() == pytest.approx([float(row[c]) for c in BOX_COLUMNS], abs=1e-6)

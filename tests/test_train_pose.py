@@ -23,9 +23,9 @@ import pytest
 import torch
 import yaml
 
-from tests.helpers import ROOT, csv_epochs, finish, start, torchrun_cmd
+from tests.helpers import ROOT, csv_epochs, finish, results_rows, start, torchrun_cmd, weights_diff
 from tests.plugins.faults import FailAt
-from tests.test_train_segment import last_row, seg_args, seg_data, weights_diff
+from tests.test_train_segment import seg_args, seg_data
 from utils.weights.checkpoint import load_checkpoint
 
 POSE_COLUMNS = ["metrics/pose_precision", "metrics/pose_recall", "metrics/pose_mAP_0.5", "metrics/pose_mAP_0.5:0.95"]
@@ -49,7 +49,7 @@ def test_yolo11n_pose_trains_resumes_exactly_and_tests_with_keypoints(tmp_path: 
     data, project = pose_data(tmp_path, 16), tmp_path / "runs"
     args = lambda name: seg_args(data, "yolo11n-pose.yaml", project, name, "--save-interval-steps", "1")  # noqa: E731
     assert in_process(args("whole")) == 0
-    row = last_row(project / "whole")
+    row = results_rows(project / "whole")[-1]
     assert list(row)[1:6] == ["train/box_loss", "train/pose_loss", "train/kobj_loss", "train/cls_loss",
                               "train/dfl_loss"]
     assert all(c in row for c in POSE_COLUMNS) and 0 < float(row["train/pose_loss"]) < 20
@@ -85,7 +85,7 @@ def test_yolo26_pose_and_seg_train_with_their_own_terms(tmp_path: Path, in_proce
     data = pose_data(tmp_path, 8) if task == "pose" else seg_data(tmp_path, 8)
     project = tmp_path / "runs"
     assert in_process(seg_args(data, cfg, project, "run", epochs=1)) == 0
-    row = last_row(project / "run")
+    row = results_rows(project / "run")[-1]
     assert list(row)[1:1 + len(losses)] == losses
     assert all(0 <= float(row[name]) < 50 for name in losses), row
     assert load_checkpoint(project / "run" / "weights" / "last.pt")["task"] == task
@@ -108,7 +108,7 @@ def test_pose_two_ranks_restart_mid_epoch_exactly_and_validate_as_one_process(tm
     assert code == 0, out[-3000:]
     assert "Resuming from epoch 0 of 1, batch 1" in out, out[-3000:]
     assert weights_diff(project / "whole" / "weights" / "last.pt", project / "cut" / "weights" / "last.pt") == 0.0
-    row = last_row(project / "whole")
+    row = results_rows(project / "whole")[-1]
     one = test_script.run(weights=str(project / "whole" / "weights" / "last.pt"), data=str(data), img_size=64,
                           batch_size=64, workers=0, device="cpu", project=str(tmp_path / "test"), name="exp")
     ours = [float(row[c]) for c in (*POSE_COLUMNS, "metrics/mAP_0.5:0.95")]

@@ -11,7 +11,6 @@ yolo11n-seg on the synthetic set with outlines (tiny: 64 px, 16-128 images, 1-2 
 
 from __future__ import annotations
 
-import csv
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.helpers import ROOT, csv_epochs, finish, start, torchrun_cmd
+from tests.helpers import ROOT, csv_epochs, finish, results_rows, start, torchrun_cmd, weights_diff
 from tests.plugins.faults import FailAt
 from utils.errors import UserError
 from utils.weights.checkpoint import load_checkpoint
@@ -46,19 +45,6 @@ def seg_args(data: Path, cfg: str, project: Path, name: str, *extra: str, batch:
             "--amp", "off", "--project", str(project), "--name", name, "--noautoanchor", "--noplots", *extra]
 
 
-def last_row(run_dir: Path) -> dict[str, str]:
-    with open(run_dir / "results.csv", newline="") as f:
-        return list(csv.DictReader(f))[-1]
-
-
-def weights_diff(a: Path, b: Path) -> float:
-    """The largest difference between two checkpoints' EMA and raw weights."""
-    first, second = load_checkpoint(a), load_checkpoint(b)
-    pairs = [(first["model"], second["model"]),
-             (first["train_state"]["states"]["model"], second["train_state"]["states"]["model"])]
-    return max((x[k].float() - y[k].float()).abs().max().item() for x, y in pairs for k in x)
-
-
 def test_yolov5n_seg_trains_resumes_exactly_and_tests_with_masks(tmp_path: Path,
                                                                  in_process: Callable[..., int]) -> None:
     import test as test_script
@@ -66,7 +52,7 @@ def test_yolov5n_seg_trains_resumes_exactly_and_tests_with_masks(tmp_path: Path,
     data, project = seg_data(tmp_path, 16), tmp_path / "runs"
     args = lambda name: seg_args(data, "yolov5n-seg.yaml", project, name, "--save-interval-steps", "1")  # noqa: E731
     assert in_process(args("whole")) == 0
-    row = last_row(project / "whole")
+    row = results_rows(project / "whole")[-1]
     assert list(row)[1:5] == ["train/box_loss", "train/seg_loss", "train/obj_loss", "train/cls_loss"]
     assert all(c in row for c in MASK_COLUMNS) and 0 < float(row["train/seg_loss"]) < 10
     ckpt = load_checkpoint(project / "whole" / "weights" / "last.pt")
@@ -110,7 +96,7 @@ def test_seg_two_ranks_restart_mid_epoch_exactly_and_validate_as_one_process(tmp
     assert code == 0, out[-3000:]
     assert "Resuming from epoch 0 of 1, batch 1" in out, out[-3000:]
     assert weights_diff(project / "whole" / "weights" / "last.pt", project / "cut" / "weights" / "last.pt") == 0.0
-    row = last_row(project / "whole")
+    row = results_rows(project / "whole")[-1]
     assert list(row)[1:5] == losses
     one = test_script.run(weights=str(project / "whole" / "weights" / "last.pt"), data=str(data), img_size=64,
                           batch_size=64, workers=0, device="cpu", project=str(tmp_path / "test"), name="exp")
