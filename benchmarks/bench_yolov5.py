@@ -5,7 +5,6 @@ each run's wall and CPU seconds, its best mAP@.5:.95, and the ratios of the medi
     python benchmarks/bench_yolov5.py                          # yolov5n, 3 epochs, 224 px, batch 32, 400 images
     python benchmarks/bench_yolov5.py --repeats 3 --img 320
     python benchmarks/bench_yolov5.py --our-flags "--amp off"  # ours in float32 too
-    python benchmarks/bench_yolov5.py --noval                  # both validate the last epoch only (training time)
 
 YOLOv5 is no dependency of this project: the first run installs it into a virtual environment of its own
 (``--venv``, made with ``--system-site-packages`` so that it reuses the installed torch; the package without its
@@ -107,11 +106,7 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--venv", type=Path, default=DEFAULT_VENV, help="YOLOv5's virtual environment (made once)")
     p.add_argument("--keep", type=Path, default=None, help="a new folder to keep the data and runs in")
     p.add_argument("--our-flags", default="", help="more flags for our train.py")
-    p.add_argument("--noval", action="store_true",
-                   help="both trainers validate the last epoch only (each its own --noval): the time is training")
     opt = p.parse_args(argv)
-    if opt.noval:
-        opt.our_flags = f"{opt.our_flags} --noval".strip()
     if opt.repeats < 1 or opt.epochs < 1:
         p.error("--repeats and --epochs must be >= 1")
     return opt
@@ -139,7 +134,7 @@ def reference_command(python: Path, opt: argparse.Namespace, data: Path, runs: P
     return [*without_network(), str(python), "-c", REFERENCE_TRAIN, "--cfg", f"{opt.model}.yaml", "--weights", "",
             "--data", str(data), "--epochs", str(opt.epochs), "--img", str(opt.img), "--batch-size",
             str(opt.batch_size), "--seed", str(opt.seed), "--device", opt.device, "--project", str(runs), "--name",
-            name, "--noplots", *(["--noval"] if opt.noval else [])]
+            name, "--noplots"]
 
 
 def reference_env(config_dir: Path) -> dict[str, str]:
@@ -167,8 +162,7 @@ def run_reference(python: Path, opt: argparse.Namespace, data: dict[str, Path], 
 
 def main(opt: argparse.Namespace) -> list[Run]:
     print(header(f"bench_yolov5: {opt.model}, {opt.epochs} epochs, {opt.images} generated images, {opt.img} px, "
-                 f"batch {opt.batch_size}, seed {opt.seed}, {opt.repeats} run(s) each"
-                 f"{', validating the last epoch only' if opt.noval else ''}", opt.device))
+                 f"batch {opt.batch_size}, seed {opt.seed}, {opt.repeats} run(s) each", opt.device))
     python = ensure_reference(opt.venv)
     print(f"reference: {REFERENCE} in {opt.venv}", flush=True)
     results: list[Run] = []
