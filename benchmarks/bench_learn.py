@@ -28,6 +28,11 @@ changes both our sides' files (``close_mosaic=0``: mosaic in every epoch of a sh
 Two mAP@.5:.95 figures per run: the best over the epochs as the trainer itself validated them (its results.csv),
 and its best.pt validated by our test.py (same metric code, NMS settings, validation images and image size for
 both sides; ultralytics' best.pt is read by our ultralytics release reader, without unpickling code).
+
+While a run trains, the CPU seconds of its process tree (the process, its live DataLoader workers and those it has
+waited for; Linux /proc) are read each time its results.csv gains an epoch's row. Each pair's last line gives the
+CPU seconds each side took to first reach the lower of the two best mAP@.5:.95 (each by its own validation): how
+much computing one trainer needs to learn what the other learnt.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import os
 import re
 import resource
@@ -43,6 +49,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +89,8 @@ class Run:
     our_map: float
     seconds: float  # wall time, start to exit
     cpu_seconds: float  # CPU time of the process and the children it waited for (its DataLoader workers)
+    epoch_maps: tuple[float, ...] = ()  # mAP@.5:.95 of each epoch as its trainer validated it
+    epoch_cpu: tuple[float, ...] = ()  # CPU seconds of the process tree when each epoch's row was written
 
 
 def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
@@ -176,13 +185,18 @@ def make_data(folder: Path, images: int, seed: int = 0, sides: tuple[str, ...] =
     return yamls
 
 
-def best_map(results_csv: Path, column: str) -> float:
-    """The best value of ``column`` over the epochs of a results.csv (ours or ultralytics', spaces stripped)."""
+def epoch_maps(results_csv: Path, column: str) -> tuple[float, ...]:
+    """``column`` of each epoch of a results.csv (ours or ultralytics', spaces stripped)."""
     with open(results_csv, newline="") as f:
         rows = [{k.strip(): v for k, v in row.items()} for row in csv.DictReader(f)]
     if not rows or column not in rows[0]:
         raise ValueError(f"{results_csv} has no epochs with {column!r}")
-    return max(float(r[column]) for r in rows)
+    return tuple(float(r[column]) for r in rows)
+
+
+def best_map(results_csv: Path, column: str) -> float:
+    """The best value of ``column`` over the epochs of a results.csv."""
+    return max(epoch_maps(results_csv, column))
 
 
 def our_test_map(weights: Path, data: Path, opt: argparse.Namespace) -> float:
@@ -202,17 +216,76 @@ def children_cpu_seconds() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def run_process(command: list[str], name: str, cwd: Path, env: dict[str, str] | None = None) \
-        -> tuple[float, float, str]:
-    """Run one training process in ``cwd``: its wall seconds, its CPU seconds (with the children it waited for)
-    and its output (a failure ends the benchmark with its last lines). Runs are sequential, so the CPU time is this
-    run's alone; on a loaded machine it is the fairer of the two figures."""
+def tree_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds so far of process ``pid`` and its live descendants, each with the children it has
+    waited for (Linux /proc); None where /proc does not show ``pid``."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            text = Path("/proc", entry, "stat").read_text()
+        except OSError:  # it ended while the table was read
+            continue
+        fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) ": state, ppid, ... utime is field 14
+        parents[int(entry)] = int(fields[1])
+        times[int(entry)] = sum(int(v) for v in fields[11:15])  # utime, stime, cutime, cstime in clock ticks
+    if pid not in times:
+        return None
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        frontier = [child for child, parent in parents.items() if parent in frontier and child not in tree]
+        tree.update(frontier)
+    return sum(times[p] for p in tree) / os.sysconf("SC_CLK_TCK")
+
+
+class EpochClock(threading.Thread):
+    """Reads the CPU seconds of a training process tree each time its results.csv gains a row (polled every
+    ``interval`` seconds): ``cpu[i]`` is the tree's CPU seconds when row i appeared."""
+
+    def __init__(self, pid: int, results_csv: Path, interval: float = 0.2) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.results_csv, self.interval = pid, results_csv, interval
+        self.cpu: list[float] = []
+        self.done = threading.Event()
+
+    def rows(self) -> int:
+        try:
+            return max(len(self.results_csv.read_text().strip().splitlines()) - 1, 0)
+        except OSError:
+            return 0
+
+    def run(self) -> None:
+        while not self.done.wait(self.interval):
+            seen = self.rows()
+            if seen > len(self.cpu):
+                now = tree_cpu_seconds(self.pid)
+                if now is None:
+                    return
+                self.cpu.extend([now] * (seen - len(self.cpu)))
+
+
+def run_process(command: list[str], name: str, cwd: Path, env: dict[str, str] | None = None,
+                results_csv: Path | None = None) -> tuple[float, float, str, tuple[float, ...]]:
+    """Run one training process in ``cwd``: its wall seconds, its CPU seconds (with the children it waited for),
+    its output (a failure ends the benchmark with its last lines) and, with ``results_csv``, the CPU seconds of its
+    tree when each of that file's rows appeared (a row written as it ended: its whole CPU seconds). Runs are
+    sequential, so the CPU time is this run's alone; on a loaded machine it is the fairer of the two figures."""
     cpu, start = children_cpu_seconds(), time.perf_counter()
-    done = subprocess.run(command, cwd=cwd, capture_output=True, text=True, env=env)
+    proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    clock = EpochClock(proc.pid, results_csv) if results_csv is not None else None
+    if clock is not None:
+        clock.start()
+    out, err = proc.communicate()
     seconds, cpu = time.perf_counter() - start, children_cpu_seconds() - cpu
-    if done.returncode != 0:
-        raise SystemExit(f"{name} failed ({done.returncode}):\n{(done.stdout + done.stderr)[-3000:]}")
-    return seconds, cpu, done.stdout + done.stderr
+    if clock is not None:
+        clock.done.set()
+        clock.join()
+        clock.cpu.extend([cpu] * (clock.rows() - len(clock.cpu)))  # rows it had no time to see: the run's total
+    if proc.returncode != 0:
+        raise SystemExit(f"{name} failed ({proc.returncode}):\n{(out + err)[-3000:]}")
+    return seconds, cpu, out + err, tuple(clock.cpu) if clock is not None else ()
 
 
 def run_ours(model: str, opt: argparse.Namespace, data: Path, runs: Path, name: str, seed: int | None = None,
@@ -224,13 +297,14 @@ def run_ours(model: str, opt: argparse.Namespace, data: Path, runs: Path, name: 
                str(opt.epochs), "--img", str(opt.img), "--batch-size", str(opt.batch_size), "--seed", str(seed),
                "--device", opt.device, "--noplots", "--loggers", "csv", "--project", str(runs), "--name", name,
                *(["--hyp", str(hyp)] if hyp is not None else []), *shlex.split(opt.our_flags)]
-    seconds, cpu, output = run_process(command, f"{side} {model}", tree)
+    folder = runs / name
+    seconds, cpu, output, epoch_cpu = run_process(command, f"{side} {model}", tree, results_csv=folder / "results.csv")
     amp = re.search(r"^AMP: .*$", output, re.MULTILINE)
     if amp:
         print(f"  {side} train.py: {amp.group(0)}", flush=True)
-    folder = runs / name
-    return Run(model, side, best_map(folder / "results.csv", OUR_MAP),
-               our_test_map(folder / "weights" / "best.pt", data, opt), seconds, cpu)
+    maps = epoch_maps(folder / "results.csv", OUR_MAP)
+    return Run(model, side, max(maps), our_test_map(folder / "weights" / "best.pt", data, opt), seconds, cpu, maps,
+               epoch_cpu)
 
 
 def ensure_ultralytics(venv: Path) -> Path:
@@ -286,10 +360,11 @@ def run_theirs(model: str, opt: argparse.Namespace, data: dict[str, Path], runs:
     command = [*without_network(), str(python), "-c", THEIR_TRAIN,
                json.dumps(their_arguments(model, opt, data["ultralytics"], runs, name, seed))]
     runs.mkdir(parents=True, exist_ok=True)  # its working folder: whatever it writes beside its run stays there
-    seconds, cpu, _ = run_process(command, f"ultralytics {model}", runs, env)
     folder = runs / name
-    return Run(model, "ultralytics", best_map(folder / "results.csv", THEIR_MAP),
-               our_test_map(folder / "weights" / "best.pt", data["ours"], opt), seconds, cpu)
+    seconds, cpu, _, epoch_cpu = run_process(command, f"ultralytics {model}", runs, env, folder / "results.csv")
+    maps = epoch_maps(folder / "results.csv", THEIR_MAP)
+    return Run(model, "ultralytics", max(maps), our_test_map(folder / "weights" / "best.pt", data["ours"], opt),
+               seconds, cpu, maps, epoch_cpu)
 
 
 SIDES = ("ours", "compare", "ultralytics")
@@ -320,7 +395,36 @@ def summarise(runs: list[Run]) -> list[str]:
                 lines.append(f"{model} ours / {other}: mAP@.5:.95 {o_own / max(t_own, 1e-9):.2f}x (own val), "
                              f"{o_test / max(t_test, 1e-9):.2f}x (our test.py); time {o_s / t_s:.2f}x, "
                              f"CPU time {o_cpu / max(t_cpu, 1e-9):.2f}x")
+                pair = [r for r in runs if r.model == model and r.side in ("ours", other)]
+                line = cpu_to_reach(model, other, pair, min(o_own, t_own))
+                if line:
+                    lines.append(line)
     return lines
+
+
+def cpu_at(run: Run, target: float) -> float:
+    """CPU seconds of ``run``'s tree when its first epoch with mAP@.5:.95 >= ``target`` was written (nan when none
+    did, or its epochs were not clocked)."""
+    for value, cpu in zip(run.epoch_maps, run.epoch_cpu):
+        if value >= target:
+            return cpu
+    return math.nan
+
+
+def cpu_to_reach(model: str, other: str, pair: list[Run], target: float) -> str | None:
+    """The pair's line of CPU seconds to ``target`` (the lower of the two best medians): each side's median over
+    the runs that reached it, and their ratio; None when a side has no clocked run that reached it."""
+    sides = ("ours", other)
+    runs = {side: [r for r in pair if r.side == side] for side in sides}
+    found = {side: [c for c in (cpu_at(r, target) for r in runs[side]) if not math.isnan(c)] for side in sides}
+    if not all(found.values()):
+        return None
+    ours, theirs = Stats.of(found["ours"]), Stats.of(found[other])
+    reached = {side: "" if len(found[side]) == len(runs[side]) else f" ({len(found[side])} of {len(runs[side])} "
+                                                                      f"runs reached it)" for side in sides}
+    return (f"{model} CPU seconds to mAP@.5:.95 {target:.4f} (own val, the lower best): ours {ours.fmt(1)}"
+            f"{reached['ours']}, {other} {theirs.fmt(1)}{reached[other]}; "
+            f"ours / {other} {ours.median / max(theirs.median, 1e-9):.2f}x")
 
 
 def main(opt: argparse.Namespace) -> list[Run]:

@@ -36,7 +36,7 @@ if str(ROOT) not in sys.path:
 from benchmarks.bench_learn import (  # noqa: E402
     OUR_MAP,
     Run,
-    best_map,
+    epoch_maps,
     make_data,
     offline_env,
     our_test_map,
@@ -150,14 +150,16 @@ def run_reference(python: Path, opt: argparse.Namespace, data: dict[str, Path], 
     """One reference run on its copy of the data; its best.pt tested by our test.py on ours where our reader
     takes it (nan where it refuses the file)."""
     runs.mkdir(parents=True, exist_ok=True)
-    seconds, cpu, _ = run_process(reference_command(python, opt, data["yolov5"], runs, name), "YOLOv5", runs, env)
     folder = runs / name
+    seconds, cpu, _, epoch_cpu = run_process(reference_command(python, opt, data["yolov5"], runs, name), "YOLOv5",
+                                             runs, env, folder / "results.csv")
     try:
         tested = our_test_map(folder / "weights" / "best.pt", data["ours"], opt)
     except Exception as e:  # noqa: BLE001 - a figure left out, said why; the timing stands
         print(f"  our test.py did not read YOLOv5's best.pt ({type(e).__name__}: {str(e)[:120]}): nan", flush=True)
         tested = float("nan")
-    return Run(opt.model, "yolov5", best_map(folder / "results.csv", OUR_MAP), tested, seconds, cpu)
+    maps = epoch_maps(folder / "results.csv", OUR_MAP)
+    return Run(opt.model, "yolov5", max(maps), tested, seconds, cpu, maps, epoch_cpu)
 
 
 def main(opt: argparse.Namespace) -> list[Run]:

@@ -4,6 +4,7 @@ size, what it reads from either trainer's results.csv, what ultralytics would be
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ from benchmarks.bench_learn import (
     offline_env,
     parse_opt,
     run_ours,
+    run_process,
     summarise,
     their_arguments,
 )
@@ -111,3 +113,43 @@ def test_compare_hyp_changes_the_family_file_the_run_would_train_with(tmp_path: 
             parse_opt(bad)
     with pytest.raises(SystemExit):
         parse_opt(["--compare", str(tmp_path)])  # no train.py there
+
+
+def test_the_cpu_seconds_to_the_lower_best_map_of_each_pair() -> None:
+    runs = [Run("yolo11n", "ours", 0.30, 0.28, 100.0, 150.0, (0.1, 0.26, 0.30), (10.0, 20.0, 30.0)),
+            Run("yolo11n", "ultralytics", 0.20, 0.21, 300.0, 500.0, (0.1, 0.2), (50.0, 100.0)),
+            Run("yolo11n", "ours", 0.40, 0.36, 140.0, 250.0, (0.2, 0.4), (15.0, 25.0)),
+            Run("yolo11n", "ultralytics", 0.30, 0.29, 200.0, 300.0, (0.25, 0.3), (40.0, 80.0))]
+    lines = summarise(runs)  # the target is 0.25, ultralytics' median best; its first run never reached it
+    assert lines[-1] == "yolo11n CPU seconds to mAP@.5:.95 0.2500 (own val, the lower best): ours 22.5 [20.0-25.0], " \
+                        "ultralytics 40.0 [40.0-40.0] (1 of 2 runs reached it); ours / ultralytics 0.56x"
+    unclocked = [Run(r.model, r.side, r.trainer_map, r.our_map, r.seconds, r.cpu_seconds) for r in runs]
+    assert summarise(unclocked)[-1].startswith("yolo11n ours / ultralytics: mAP")  # no epochs clocked: no line
+
+
+def test_each_epochs_cpu_seconds_count_the_live_workers_and_those_waited_for(tmp_path: Path) -> None:
+    """The tree's CPU seconds when each results.csv row appears: a live child's, then a child waited for."""
+    script = f"""
+import subprocess, sys, time
+from pathlib import Path
+csv, marker = Path({str(tmp_path / "results.csv")!r}), Path({str(tmp_path / "busy")!r})
+burn = ("import time, pathlib, sys\\nwhile time.process_time() < 0.5: pass\\n"
+        "pathlib.Path(sys.argv[1]).touch()\\ntime.sleep(60)")
+child = subprocess.Popen([sys.executable, "-c", burn, str(marker)])
+while not marker.exists():
+    time.sleep(0.05)
+csv.write_text("epoch,map\\n0,0.1\\n")  # the child is alive, its 0.5 s of CPU spent
+time.sleep(1.0)
+child.kill(); child.wait()
+marker.unlink()
+waited = subprocess.Popen([sys.executable, "-c", burn, str(marker)])
+while not marker.exists():
+    time.sleep(0.05)
+waited.kill(); waited.wait()  # reaped: its CPU is this process's children's now
+csv.write_text("epoch,map\\n0,0.1\\n1,0.2\\n")
+time.sleep(1.0)
+"""
+    seconds, cpu, _, epoch_cpu = run_process([sys.executable, "-c", script], "clocked", tmp_path,
+                                             results_csv=tmp_path / "results.csv")
+    assert len(epoch_cpu) == 2, epoch_cpu
+    assert 0.45 <= epoch_cpu[0] and 0.95 <= epoch_cpu[1] <= cpu + 0.05, (epoch_cpu, cpu)  # in clock ticks
