@@ -49,7 +49,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,7 +57,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.harness import Stats, header  # noqa: E402
+from benchmarks.harness import EpochClock, Stats, header  # noqa: E402
 
 # our model name -> the ultralytics model YAML trained against it (a model without one is trained by us only)
 ULTRALYTICS_MODELS = {"yolov8n": "yolov8n.yaml", "yolo11n": "yolo11n.yaml", "yolo26n": "yolo26n.yaml"}
@@ -214,56 +213,6 @@ def children_cpu_seconds() -> float:
     """User + system CPU seconds of the children this process has waited for, so far."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
     return usage.ru_utime + usage.ru_stime
-
-
-def tree_cpu_seconds(pid: int) -> float | None:
-    """User + system CPU seconds so far of process ``pid`` and its live descendants, each with the children it has
-    waited for (Linux /proc); None where /proc does not show ``pid``."""
-    parents: dict[int, int] = {}
-    times: dict[int, float] = {}
-    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
-        if not entry.isdigit():
-            continue
-        try:
-            text = Path("/proc", entry, "stat").read_text()
-        except OSError:  # it ended while the table was read
-            continue
-        fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) ": state, ppid, ... utime is field 14
-        parents[int(entry)] = int(fields[1])
-        times[int(entry)] = sum(int(v) for v in fields[11:15])  # utime, stime, cutime, cstime in clock ticks
-    if pid not in times:
-        return None
-    tree, frontier = {pid}, [pid]
-    while frontier:
-        frontier = [child for child, parent in parents.items() if parent in frontier and child not in tree]
-        tree.update(frontier)
-    return sum(times[p] for p in tree) / os.sysconf("SC_CLK_TCK")
-
-
-class EpochClock(threading.Thread):
-    """Reads the CPU seconds of a training process tree each time its results.csv gains a row (polled every
-    ``interval`` seconds): ``cpu[i]`` is the tree's CPU seconds when row i appeared."""
-
-    def __init__(self, pid: int, results_csv: Path, interval: float = 0.2) -> None:
-        super().__init__(daemon=True)
-        self.pid, self.results_csv, self.interval = pid, results_csv, interval
-        self.cpu: list[float] = []
-        self.done = threading.Event()
-
-    def rows(self) -> int:
-        try:
-            return max(len(self.results_csv.read_text().strip().splitlines()) - 1, 0)
-        except OSError:
-            return 0
-
-    def run(self) -> None:
-        while not self.done.wait(self.interval):
-            seen = self.rows()
-            if seen > len(self.cpu):
-                now = tree_cpu_seconds(self.pid)
-                if now is None:
-                    return
-                self.cpu.extend([now] * (seen - len(self.cpu)))
 
 
 def run_process(command: list[str], name: str, cwd: Path, env: dict[str, str] | None = None,

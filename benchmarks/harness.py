@@ -10,6 +10,7 @@
   whether CUDA was used.
 - ``ServeProcess``: a benchmark's ``--serve`` child for one checkout, asked for timings one JSON line at a time
   (the comparisons of two checkouts in turns).
+- ``EpochClock``: the CPU seconds of a training process tree each time its results.csv gains a row.
 
 Scripts import it as ``from benchmarks.harness import ...`` after putting the repository root on sys.path.
 """
@@ -23,6 +24,7 @@ import platform
 import socket
 import statistics
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -259,3 +261,53 @@ class ServeProcess:
         """End the process: it stops at the end of its input."""
         self.proc.stdin.close()
         self.proc.wait(timeout=60)
+
+
+def tree_cpu_seconds(pid: int) -> float | None:
+    """User + system CPU seconds so far of process ``pid`` and its live descendants, each with the children it has
+    waited for (Linux /proc); None where /proc does not show ``pid``."""
+    parents: dict[int, int] = {}
+    times: dict[int, float] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            text = Path("/proc", entry, "stat").read_text()
+        except OSError:  # it ended while the table was read
+            continue
+        fields = text[text.rindex(")") + 2:].split()  # after "pid (comm) ": state, ppid, ... utime is field 14
+        parents[int(entry)] = int(fields[1])
+        times[int(entry)] = sum(int(v) for v in fields[11:15])  # utime, stime, cutime, cstime in clock ticks
+    if pid not in times:
+        return None
+    tree, frontier = {pid}, [pid]
+    while frontier:
+        frontier = [child for child, parent in parents.items() if parent in frontier and child not in tree]
+        tree.update(frontier)
+    return sum(times[p] for p in tree) / os.sysconf("SC_CLK_TCK")
+
+
+class EpochClock(threading.Thread):
+    """Reads the CPU seconds of a training process tree each time its results.csv gains a row (polled every
+    ``interval`` seconds): ``cpu[i]`` is the tree's CPU seconds when row i appeared."""
+
+    def __init__(self, pid: int, results_csv: Path, interval: float = 0.2) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.results_csv, self.interval = pid, results_csv, interval
+        self.cpu: list[float] = []
+        self.done = threading.Event()
+
+    def rows(self) -> int:
+        try:
+            return max(len(self.results_csv.read_text().strip().splitlines()) - 1, 0)
+        except OSError:
+            return 0
+
+    def run(self) -> None:
+        while not self.done.wait(self.interval):
+            seen = self.rows()
+            if seen > len(self.cpu):
+                now = tree_cpu_seconds(self.pid)
+                if now is None:
+                    return
+                self.cpu.extend([now] * (seen - len(self.cpu)))
