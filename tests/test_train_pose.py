@@ -23,9 +23,9 @@ import pytest
 import torch
 import yaml
 
-from tests.helpers import ROOT, csv_epochs, finish, results_rows, start, torchrun_cmd, weights_diff
+from tests.helpers import ROOT, csv_epochs, results_rows, weights_diff
 from tests.plugins.faults import FailAt
-from tests.test_train_segment import seg_args, seg_data
+from tests.test_train_segment import restarted_two_ranks_exactly, seg_args, seg_data
 from utils.weights.checkpoint import load_checkpoint
 
 POSE_COLUMNS = ["metrics/pose_precision", "metrics/pose_recall", "metrics/pose_mAP_0.5", "metrics/pose_mAP_0.5:0.95"]
@@ -96,19 +96,8 @@ def test_yolo26_pose_and_seg_train_with_their_own_terms(tmp_path: Path, in_proce
 def test_pose_two_ranks_restart_mid_epoch_exactly_and_validate_as_one_process(tmp_path: Path) -> None:
     import test as test_script
 
-    # batch 64 (32 a rank) is the nominal batch: every step is an optimizer step, so a checkpoint can be taken
-    # mid-epoch under DDP (between steps); 128 images are 2 steps an epoch
     data, project = pose_data(tmp_path, 128), tmp_path / "runs"
-    args = lambda name: seg_args(data, "yolo11n-pose.yaml", project, name, "--save-interval-steps", "1",  # noqa: E731
-                                 batch=64, epochs=1)
-    code, out = finish(start(torchrun_cmd(2, *args("whole"))))
-    assert code == 0, out[-3000:]
-    fault = ["--hook", "tests.plugins.faults:FailAt(rank=1, epoch=0, batch=1, action='kill')"]
-    code, out = finish(start(torchrun_cmd(2, *args("cut"), *fault, restarts=1)))
-    assert code == 0, out[-3000:]
-    assert "Resuming from epoch 0 of 1, batch 1" in out, out[-3000:]
-    assert weights_diff(project / "whole" / "weights" / "last.pt", project / "cut" / "weights" / "last.pt") == 0.0
-    row = results_rows(project / "whole")[-1]
+    row = results_rows(restarted_two_ranks_exactly(data, "yolo11n-pose.yaml", project))[-1]
     one = test_script.run(weights=str(project / "whole" / "weights" / "last.pt"), data=str(data), img_size=64,
                           batch_size=64, workers=0, device="cpu", project=str(tmp_path / "test"), name="exp")
     ours = [float(row[c]) for c in (*POSE_COLUMNS, "metrics/mAP_0.5:0.95")]

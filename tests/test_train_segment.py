@@ -75,18 +75,12 @@ def test_yolov5n_seg_trains_resumes_exactly_and_tests_with_masks(tmp_path: Path,
         test_script.run(weights=str(project / "whole" / "weights" / "last.pt"), data=str(data), augment=True)
 
 
-@pytest.mark.ddp
-@pytest.mark.slow
-@pytest.mark.parametrize(("cfg", "losses", "scores"), [  # scores: finds masks after 2 steps (yolo11n-seg not yet)
-    ("yolov5n-seg.yaml", ["train/box_loss", "train/seg_loss", "train/obj_loss", "train/cls_loss"], True),
-    ("yolo11n-seg.yaml", ["train/box_loss", "train/seg_loss", "train/cls_loss", "train/dfl_loss"], False)])
-def test_seg_two_ranks_restart_mid_epoch_exactly_and_validate_as_one_process(tmp_path: Path, cfg: str,
-                                                                            losses: list[str], scores: bool) -> None:
-    import test as test_script
+def restarted_two_ranks_exactly(data: Path, cfg: str, project: Path) -> Path:
+    """One epoch of ``cfg`` on 2 ranks, then again with rank 1 killed after its first batch and restarted by
+    torchrun: the restarted run resumes mid-epoch and ends with the same last.pt. The uncut run's folder.
 
-    # batch 64 (32 a rank) is the nominal batch: every step is an optimizer step, so a checkpoint can be taken
-    # mid-epoch under DDP (between steps); 128 images are 2 steps an epoch
-    data, project = seg_data(tmp_path, 128), tmp_path / "runs"
+    Batch 64 (32 a rank) is the nominal batch: every step is an optimizer step, so a checkpoint can be taken
+    mid-epoch under DDP (between steps); the data's 128 images are 2 steps an epoch."""
     args = lambda name: seg_args(data, cfg, project, name, "--save-interval-steps", "1",  # noqa: E731
                                  batch=64, epochs=1)
     code, out = finish(start(torchrun_cmd(2, *args("whole"))))
@@ -96,7 +90,20 @@ def test_seg_two_ranks_restart_mid_epoch_exactly_and_validate_as_one_process(tmp
     assert code == 0, out[-3000:]
     assert "Resuming from epoch 0 of 1, batch 1" in out, out[-3000:]
     assert weights_diff(project / "whole" / "weights" / "last.pt", project / "cut" / "weights" / "last.pt") == 0.0
-    row = results_rows(project / "whole")[-1]
+    return project / "whole"
+
+
+@pytest.mark.ddp
+@pytest.mark.slow
+@pytest.mark.parametrize(("cfg", "losses", "scores"), [  # scores: finds masks after 2 steps (yolo11n-seg not yet)
+    ("yolov5n-seg.yaml", ["train/box_loss", "train/seg_loss", "train/obj_loss", "train/cls_loss"], True),
+    ("yolo11n-seg.yaml", ["train/box_loss", "train/seg_loss", "train/cls_loss", "train/dfl_loss"], False)])
+def test_seg_two_ranks_restart_mid_epoch_exactly_and_validate_as_one_process(tmp_path: Path, cfg: str,
+                                                                            losses: list[str], scores: bool) -> None:
+    import test as test_script
+
+    data, project = seg_data(tmp_path, 128), tmp_path / "runs"
+    row = results_rows(restarted_two_ranks_exactly(data, cfg, project))[-1]
     assert list(row)[1:5] == losses
     one = test_script.run(weights=str(project / "whole" / "weights" / "last.pt"), data=str(data), img_size=64,
                           batch_size=64, workers=0, device="cpu", project=str(tmp_path / "test"), name="exp")
