@@ -98,5 +98,5 @@ def ensure_synthetic_cls(root: str | Path | None = None, n_train: int = 600, n_v
     spec = make_spec(n_train, n_val, img_size, seed, max_objects, min_object, max_object)
     folder = Path(root) if root is not None else data_home() / f"synthetic-cls-v{CLS_VERSION}-{spec.key()}"
     return CLS_SET.ensure(folder, header(spec), split_counts(spec),
-                   lambda: CLS_SET.generate(folder, header(spec), lambda tmp: write_cls_set(tmp, spec)),
-                   f"{spec.n_train} train + {spec.n_val} val classification images")
+                          lambda: CLS_SET.generate(folder, header(spec), lambda tmp: write_cls_set(tmp, spec)),
+                          f"{spec.n_train} train + {spec.n_val} val classification images")

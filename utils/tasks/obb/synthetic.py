@@ -122,5 +122,5 @@ def ensure_synthetic_obb(root: str | Path | None = None, n_train: int = 512, n_v
     spec = make_spec(n_train, n_val, img_size, seed, max_objects, min_object, max_object)
     folder = Path(root) if root is not None else data_home() / f"synthetic-obb-v{OBB_VERSION}-{spec.key()}"
     return OBB_SET.ensure(folder, header(spec), split_counts(spec),
-                   lambda: OBB_SET.generate(folder, header(spec), lambda tmp: write_obb_set(tmp, spec)),
-                   f"{spec.n_train} train + {spec.n_val} val oriented-box images")
+                          lambda: OBB_SET.generate(folder, header(spec), lambda tmp: write_obb_set(tmp, spec)),
+                          f"{spec.n_train} train + {spec.n_val} val oriented-box images")
