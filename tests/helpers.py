@@ -262,6 +262,19 @@ def weights_diff(a: Path, b: Path) -> float:
     return max((x[k].float() - y[k].float()).abs().max().item() for x, y in pairs for k in x)
 
 
+def built_on_meta(name: str, nc: int | None = None) -> nn.Sequential:
+    """The layers ``name``.yaml builds (``nc`` classes where given), on the meta device: shapes and parameter
+    counts without memory or time."""
+    from models.yolo import load_model_config, parse_model
+
+    cfg, source = load_model_config(f"{name}.yaml")
+    if nc is not None:
+        cfg["nc"] = nc
+    with torch.device("meta"):
+        layers, _, _ = parse_model(cfg, 3, source)
+    return layers
+
+
 def train_args(data: Path, cfg: Path, project: Path, *extra: str, epochs: int = 3, plots: bool = False) -> list[str]:
     """train.py (path first) with the tiny model at 64 px, batch 8, CPU, no workers, no autoanchor, and no plots
     unless ``plots`` (they cost a process about 2 s; tests/test_train.py and test_ddp.py cover them)."""

@@ -18,6 +18,7 @@ from models.head_anchor_free import AnchorFreeDetect, make_anchors
 from models.head_end_to_end import EndToEndDetect
 from models.registry import RowArgs, channel_args, register_module
 from models.yolo import Model, ModelConfigError, load_model_config, parse_model
+from tests.helpers import built_on_meta
 from utils.tasks.contract import OutputContract
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -29,13 +30,6 @@ PARAMETERS = {
     "yolo26": (2_572_280, 10_009_784, 21_896_248, 26_299_704, 58_993_368),
 }
 NAMES = [f"{family}{scale}" for family in PARAMETERS for scale in "nsmlx"]
-
-
-def built_on_meta(name: str) -> nn.Sequential:
-    cfg, source = load_model_config(f"{name}.yaml")
-    with torch.device("meta"):
-        layers, _, _ = parse_model(cfg, 3, source)
-    return layers
 
 
 @pytest.mark.parametrize("name", NAMES)

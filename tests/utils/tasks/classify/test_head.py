@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 from models.registry import ModelConfigError
-from models.yolo import Model, load_model_config, parse_model
+from models.yolo import Model, load_model_config
+from tests.helpers import built_on_meta
 from utils.tasks.classify.head import HIDDEN, Classify
 from utils.tasks.contract import ContractError, OutputContract
 
@@ -28,13 +29,6 @@ GFLOPS = {  # at 640 px, what Model.flops counts (the README's models table)
     "yolo26": (3.3, 12.1, 39.5, 49.6, 110.7),
 }
 NAMES = [f"{family}{scale}-cls" for family in PARAMETERS for scale in "nsmlx"]
-
-
-def built_on_meta(name: str) -> nn.Sequential:
-    cfg, source = load_model_config(f"{name}.yaml")
-    with torch.device("meta"):
-        layers, _, _ = parse_model(cfg, 3, source)
-    return layers
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -11,7 +11,8 @@ import torch
 from torch import nn
 
 from models.registry import ModelConfigError
-from models.yolo import Model, load_model_config, parse_model
+from models.yolo import Model, load_model_config
+from tests.helpers import built_on_meta
 from utils.tasks.contract import ContractError, OutputContract
 from utils.tasks.obb.head import AnchorFreeOBB, EndToEndOBB, dist2rbox
 
@@ -31,15 +32,6 @@ GFLOPS = {  # at 640 px and nc 80, what Model.flops counts (the README's models 
     "yolo26": (5.7, 21.8, 72.2, 90.5, 202.7),
 }
 NAMES = [f"{family}{scale}-obb" for family in PARAMETERS for scale in "nsmlx"]
-
-
-def built_on_meta(name: str, nc: int | None = None) -> nn.Sequential:
-    cfg, source = load_model_config(f"{name}.yaml")
-    if nc is not None:
-        cfg["nc"] = nc
-    with torch.device("meta"):
-        layers, _, _ = parse_model(cfg, 3, source)
-    return layers
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -13,20 +13,12 @@ import torch
 from torch import nn
 
 from models.registry import ModelConfigError
-from models.yolo import Model, load_model_config, parse_model
+from models.yolo import Model, load_model_config
+from tests.helpers import built_on_meta
 from utils.tasks.contract import OutputContract, postprocess
 from utils.tasks.pose.head import AnchorFreePoseHead, EndToEndPoseHead, RealNVP, decode_keypoints
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-def built_on_meta(name: str, nc: int | None = None) -> nn.Sequential:
-    cfg, source = load_model_config(f"{name}.yaml")
-    if nc is not None:
-        cfg["nc"] = nc
-    with torch.device("meta"):
-        layers, _, _ = parse_model(cfg, 3, source)
-    return layers
 
 
 def params(module: nn.Module) -> int:

@@ -13,7 +13,8 @@ import pytest
 import torch
 from torch import nn
 
-from models.yolo import Model, load_model_config, parse_model
+from models.yolo import Model
+from tests.helpers import built_on_meta
 from utils.tasks.contract import OutputContract, postprocess
 from utils.tasks.segment.head import AnchorFreeSegment, Proto, Segment, coefficient_convs
 from utils.weights.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
@@ -31,13 +32,6 @@ def params(module: nn.Module) -> int:
 
 def yolov5n_seg() -> Model:
     return Model("yolov5n-seg.yaml")
-
-
-def built_on_meta(name: str) -> nn.Sequential:
-    cfg, source = load_model_config(f"{name}.yaml")
-    with torch.device("meta"):
-        layers, _, _ = parse_model(cfg, 3, source)
-    return layers
 
 
 # Parameters with nc=80 (the n counts are the references' releases; s..x what the YAMLs build, docs/models.md).
