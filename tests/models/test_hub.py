@@ -12,6 +12,7 @@ import torch
 from PIL import Image
 
 from models.hub import Detections, Detector, ImageInputError, batch_shape
+from tests.helpers import built_on_meta
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 ROOT = Path(__file__).resolve().parents[2]
@@ -152,14 +153,11 @@ def test_segmenter_entry_points_build_offline_with_their_sizes(tmp_path: Path) -
     """yolov5n_seg ... yolo11x_seg: each calls _create with its YAML name; the docstring's size is the built
     model's (checked on the meta device), and yolov5n_seg builds offline and returns masks."""
     import hubconf
-    from models.yolo import load_model_config, parse_model
 
     for family in ("yolov5", "yolov8", "yolo11", "yolo26"):
         for scale in "nsmlx":
             entry = getattr(hubconf, f"{family}{scale}_seg")
-            cfg, source = load_model_config(f"{family}{scale}-seg.yaml")
-            with torch.device("meta"):
-                layers = parse_model(cfg, 3, source)[0]
+            layers = built_on_meta(f"{family}{scale}-seg")
             assert f"{sum(p.numel() for p in layers.parameters()):,} parameters" in entry.__doc__
     model = torch.hub.load(str(ROOT), "yolov5n_seg", source="local", pretrained=False, classes=3, device="cpu")
     assert model.model.head.task == "segment" and model.model.head.nc == 3 and model.model.head.nm == 32
@@ -175,15 +173,12 @@ def test_pose_entry_points_build_offline_with_their_sizes_and_return_keypoints()
     import inspect
 
     import hubconf
-    from models.yolo import load_model_config, parse_model
 
     for family in ("yolov8", "yolo11", "yolo26"):
         for scale in "nsmlx":
             entry = getattr(hubconf, f"{family}{scale}_pose")
             assert inspect.signature(entry).parameters["classes"].default == 1
-            cfg, source = load_model_config(f"{family}{scale}-pose.yaml")
-            with torch.device("meta"):
-                layers = parse_model({**cfg, "nc": 1}, 3, source)[0]
+            layers = built_on_meta(f"{family}{scale}-pose", nc=1)
             assert f"{sum(p.numel() for p in layers.parameters()):,} parameters (nc 1)" in entry.__doc__
     model = torch.hub.load(str(ROOT), "yolo11n_pose", source="local", pretrained=False, device="cpu")
     assert model.model.head.task == "pose" and model.model.head.nc == 1

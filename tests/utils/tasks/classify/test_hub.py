@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import ROOT, serve_folder
+from tests.helpers import ROOT, built_on_meta, serve_folder
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 FIXTURES = ROOT / "tests" / "fixtures" / "ultralytics"
@@ -20,14 +20,11 @@ FIXTURES = ROOT / "tests" / "fixtures" / "ultralytics"
 
 def test_entry_points_state_the_sizes_they_build() -> None:
     import hubconf
-    from models.yolo import load_model_config, parse_model
 
     for family in ("yolov8", "yolo11", "yolo26"):
         for scale in "nsmlx":
             entry = getattr(hubconf, f"{family}{scale}_cls")
-            cfg, source = load_model_config(f"{family}{scale}-cls.yaml")
-            with torch.device("meta"):
-                layers = parse_model(cfg, 3, source)[0]
+            layers = built_on_meta(f"{family}{scale}-cls")
             assert f"{sum(p.numel() for p in layers.parameters()):,} parameters (nc 1000)" in entry.__doc__
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import ROOT, serve_folder
+from tests.helpers import ROOT, built_on_meta, serve_folder
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 FIXTURES = ROOT / "tests" / "fixtures" / "ultralytics"
@@ -20,15 +20,11 @@ FIXTURES = ROOT / "tests" / "fixtures" / "ultralytics"
 
 def test_entry_points_state_the_sizes_they_build() -> None:
     import hubconf
-    from models.yolo import load_model_config, parse_model
 
     for family in ("yolov8", "yolo11", "yolo26"):
         for scale in "nsmlx":
             entry = getattr(hubconf, f"{family}{scale}_obb")
-            cfg, source = load_model_config(f"{family}{scale}-obb.yaml")
-            cfg["nc"] = 15
-            with torch.device("meta"):
-                layers = parse_model(cfg, 3, source)[0]
+            layers = built_on_meta(f"{family}{scale}-obb", nc=15)
             assert f"{sum(p.numel() for p in layers.parameters()):,} parameters (nc 15)" in entry.__doc__
 
 
