@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -273,6 +273,18 @@ def built_on_meta(name: str, nc: int | None = None) -> nn.Sequential:
     with torch.device("meta"):
         layers, _, _ = parse_model(cfg, 3, source)
     return layers
+
+
+def assert_stepped_as_one(models: Iterable[str], step: Callable[[str, None], tuple], ranks: dict) -> None:
+    """For each model, the gradients and logged loss terms the ranks gave (``ranks[name]``) are those one
+    process's ``step(name, None)`` gives on the whole batch, within float summation order."""
+    for name in models:
+        grads, items = step(name, None)
+        ddp_grads, ddp_items = ranks[name]
+        scale = max(g.abs().max().item() for g in grads)
+        worst = max((a - b).abs().max().item() for a, b in zip(grads, ddp_grads, strict=True))
+        assert scale > 0 and worst <= 2e-5 * scale, f"{name}: gradients differ by {worst:.3g} (largest {scale:.3g})"
+        torch.testing.assert_close(ddp_items, items, rtol=1e-5, atol=1e-6, msg=f"{name}: logged loss terms")
 
 
 def train_args(data: Path, cfg: Path, project: Path, *extra: str, epochs: int = 3, plots: bool = False) -> list[str]:

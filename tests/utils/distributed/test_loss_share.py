@@ -12,7 +12,7 @@ import torch
 import torch.multiprocessing as mp
 import yaml
 
-from tests.helpers import ROOT, free_port, gloo_rank
+from tests.helpers import ROOT, assert_stepped_as_one, free_port, gloo_rank
 from utils.distributed.loss_share import LossShare
 
 HALF, SIZE = 4, 64  # images per rank, pixels
@@ -108,12 +108,6 @@ def test_two_ranks_step_as_one_process_on_the_whole_batch(tmp_path: Path) -> Non
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        for name in MODELS:
-            grads, items = step(name, None)
-            ddp_grads, ddp_items = ddp[name]
-            scale = max(g.abs().max().item() for g in grads)
-            worst = max((a - b).abs().max().item() for a, b in zip(grads, ddp_grads, strict=True))
-            assert scale > 0 and worst <= 2e-5 * scale, f"{name}: gradients differ by {worst:.3g} (largest {scale:.3g})"
-            torch.testing.assert_close(ddp_items, items, rtol=1e-5, atol=1e-6, msg=f"{name}: logged loss terms")
+        assert_stepped_as_one(MODELS, step, ddp)
     finally:
         torch.set_num_threads(threads)

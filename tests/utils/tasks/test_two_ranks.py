@@ -16,7 +16,7 @@ import torch
 import torch.multiprocessing as mp
 import yaml
 
-from tests.helpers import ROOT, free_port, gloo_rank
+from tests.helpers import ROOT, assert_stepped_as_one, free_port, gloo_rank
 
 HALF, SIZE = 4, 64  # images per rank, pixels
 TINY = {"scale": "n", "scales": {"n": [0.33, 0.0625, 1024]}}
@@ -128,12 +128,6 @@ def test_two_ranks_step_as_one_process_on_the_whole_batch(tmp_path: Path) -> Non
         assert ddp["validation"][:3] == expected[:3] and one.seen == 7 and 0 < one.top1 < 1
         assert ddp["validation"][3] == pytest.approx(expected[3], rel=1e-6)  # a sum of floats in another order
         assert ddp["validation"][4] == expected[4] and len(set(expected[4])) > 1  # per-class accuracies differ
-        for name in MODELS:
-            grads, items = step(name, None)
-            ddp_grads, ddp_items = ddp[name]
-            scale = max(g.abs().max().item() for g in grads)
-            worst = max((a - b).abs().max().item() for a, b in zip(grads, ddp_grads, strict=True))
-            assert scale > 0 and worst <= 2e-5 * scale, f"{name}: gradients differ by {worst:.3g} (largest {scale:.3g})"
-            torch.testing.assert_close(ddp_items, items, rtol=1e-5, atol=1e-6, msg=f"{name}: logged loss terms")
+        assert_stepped_as_one(MODELS, step, ddp)
     finally:
         torch.set_num_threads(threads)
