@@ -125,8 +125,9 @@ def _time_pass(dataset: Any, batch: int, samples: int, epoch: int) -> float:
 
 
 def init_worker(_: int) -> None:
-    """A DataLoader worker as utils.data.loader sets one up: OpenCV on one thread."""
-    __import__("cv2").setNumThreads(0)
+    """A DataLoader worker as the tree's utils.data.loader sets one up (an older tree's: OpenCV on one thread)."""
+    setup = getattr(__import__("utils.data.loader", fromlist=["_"]), "setup_worker_process", None)
+    (setup or (lambda: __import__("cv2").setNumThreads(0)))()
 
 
 def _time_loader(dataset: Any, batch: int, samples: int, workers: int, repeats: int) -> list[float]:
@@ -403,16 +404,14 @@ def main(opt: argparse.Namespace) -> None:
     """Generate a temporary synthetic set, start one process per tree, measure, print the figures."""
     if opt.serve:
         return serve(*opt.serve, opt.img, opt.batch)
+    sys.path.insert(0, str(ROOT))
     if opt.shards:
-        sys.path.insert(0, str(ROOT))
         print("\n".join(bench_shards(opt)))
         return None
     if opt.anchor:
-        sys.path.insert(0, str(ROOT))
         from benchmarks.data_anchor import main_anchor
 
         return main_anchor(opt)
-    sys.path.insert(0, str(ROOT))
     import torch
 
     from benchmarks.harness import Reference, header

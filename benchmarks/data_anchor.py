@@ -13,7 +13,11 @@ Two measurements, the sides taking turns (ABBA) in every repeat:
   another counted once, as the inner one);
 - a torch DataLoader with one persistent worker: the worker's CPU seconds per image (its process time read at each
   collated batch: building, collating and handing the batch to the queue: images/s per worker core), and the
-  training process's CPU seconds to receive the batches (the transfer's other half).
+  training process's CPU seconds to receive the batches (the transfer's other half). Each side's worker (and the
+  process of the one-thread figure) is set up as its own trainer sets one up (ours:
+  utils.data.loader.setup_worker_process; ultralytics': OpenCV on one thread), and our batches are handed back to
+  the worker once received, as train.py's loop does after its float copy on the CPU (utils.data.batch_memory); the
+  row "batches kept" times our worker without the hand-back, the path of CUDA's pinned copies.
 """
 
 from __future__ import annotations
@@ -63,6 +67,9 @@ class Side:
 
         self.name, self.batch = name, batch
         self.dataset, self.keys, self.patches = (_theirs if name == "ultralytics" else _ours)(data, img, batch)
+        # each side's workers set up as its own loader sets them up (ultralytics': OpenCV on one thread, at import)
+        self.worker_init = _their_worker if name == "ultralytics" else init_worker
+        self.new_ring = None if name == "ultralytics" else _our_ring()  # train.py hands our batches back
         self.order = [int(i) for i in np.random.default_rng(0).permutation(len(self.dataset))]
 
     def indices(self, samples: int, epoch: int) -> list:
@@ -95,6 +102,20 @@ def _theirs(data: Path, img: int, batch: int) -> tuple[Any, Callable, tuple]:
                                  mode="train")
     dataset.bench_settings = {ours: float(getattr(cfg, theirs)) for ours, theirs in SETTINGS.items()}
     return dataset, lambda i, epoch, position: i, THEIR_PATCHES
+
+
+def _our_ring() -> Callable | None:
+    """How train.py's loader makes the ring its workers write batches into again (None: a tree before it)."""
+    try:
+        from utils.data.batch_memory import BatchRing
+        from utils.data.loader import PREFETCH, RING_SPARE
+    except ImportError:
+        return None
+    return lambda: BatchRing(1, PREFETCH + RING_SPARE)
+
+
+def _their_worker(_: int) -> None:
+    __import__("cv2").setNumThreads(0)
 
 
 def install_phases(clock: Any, patches: tuple) -> None:
@@ -138,7 +159,7 @@ class _StampedCollate:
         return self.collate(batch), time.process_time()
 
 
-def time_loader(side: Side, samples: int, epochs: list[int], loader_box: dict) -> list[dict]:
+def time_loader(side: Side, samples: int, epochs: list[int], boxes: dict, recycle: bool = True) -> list[dict]:
     """Epochs through a DataLoader with one persistent worker: per epoch the worker's CPU seconds per batch (from
     its first to its last batch), the receiving process's CPU seconds, and the wall seconds."""
     import torch
@@ -153,25 +174,37 @@ def time_loader(side: Side, samples: int, epochs: list[int], loader_box: dict) -
         def __len__(self) -> int:
             return samples
 
+    loader_box = boxes.setdefault(recycle, {})
     if "loader" not in loader_box:
+        ring = loader_box["ring"] = side.new_ring() if side.new_ring and recycle else None
+        if side.new_ring:
+            side.dataset.ring = ring  # what the worker (forked at the first batch) writes into
         sampler = Keys()
         loader = torch.utils.data.DataLoader(side.dataset, batch_size=side.batch, sampler=sampler, num_workers=1,
                                              collate_fn=_StampedCollate(side.dataset.collate_fn),
-                                             worker_init_fn=init_worker, persistent_workers=True)
+                                             worker_init_fn=side.worker_init, persistent_workers=True)
         loader_box.update(loader=loader, sampler=sampler)
-        for b, _ in enumerate(loader):  # the worker's start-up and first batches, untimed
+        for b, (batch, _) in enumerate(loader):  # the worker's start-up and first batches, untimed
+            _hand_back(loader_box, batch)
             if b == 2:
                 break
     results = []
     for epoch in epochs:
         loader_box["sampler"].epoch = epoch
         stamps, main_cpu, start = [], time.thread_time(), time.perf_counter()
-        for _, stamp in loader_box["loader"]:
+        for batch, stamp in loader_box["loader"]:
             stamps.append(stamp)
+            _hand_back(loader_box, batch)
         results.append({"worker_per_batch": (stamps[-1] - stamps[0]) / max(len(stamps) - 1, 1),
                         "main_per_batch": (time.thread_time() - main_cpu) / len(stamps),
                         "wall": time.perf_counter() - start, "batches": len(stamps)})
     return results
+
+
+def _hand_back(loader_box: dict, batch: Any) -> None:
+    """What train.py's loop does with our batches once it has its float copy: release them to the worker."""
+    if loader_box.get("ring") is not None:
+        loader_box["ring"].release(batch[0])
 
 
 def serve(name: str, data: str, img: int, batch: int) -> None:
@@ -181,6 +214,8 @@ def serve(name: str, data: str, img: int, batch: int) -> None:
 
     cv2.setNumThreads(0)
     torch.set_num_threads(1)
+    if name != "ultralytics":  # our samples are made in a process set up as our workers are (OpenCV, heap)
+        init_worker(0)
     side = Side(name, Path(data), img, batch)
     clock = PhaseClock()
     install_phases(clock, side.patches)
@@ -191,7 +226,7 @@ def serve(name: str, data: str, img: int, batch: int) -> None:
         if request["kind"] == "pass":
             answer = time_pass(side, request["samples"], request["epoch"], clock)
         else:
-            answer = time_loader(side, request["samples"], request["epochs"], loader_box)
+            answer = time_loader(side, request["samples"], request["epochs"], loader_box, request["recycle"])
         print(json.dumps({"seconds": answer}), flush=True)
 
 
@@ -253,14 +288,18 @@ def check_settings(settings: dict[str, dict[str, float]]) -> list[str]:
 
 def measure(sides: dict[str, AnchorServe], opt: Any) -> dict[str, dict[str, list]]:
     """Every repeat: a pass and a DataLoader epoch per side, in ABBA order; a warm-up pass each first."""
-    results: dict[str, dict[str, list]] = {name: {"pass": [], "loader": []} for name in sides}
+    results: dict[str, dict[str, list]] = {name: {"pass": [], "loader": [], "kept": []} for name in sides}
     for side in sides.values():
         side.ask(kind="pass", samples=opt.samples, epoch=0)
     names = list(sides)
     for r in range(opt.repeats):
         for name in names if r % 2 == 0 else names[::-1]:
             results[name]["pass"].append(sides[name].ask(kind="pass", samples=opt.samples, epoch=r + 1))
-            results[name]["loader"] += sides[name].ask(kind="loader", samples=opt.samples, epochs=[r + 1])
+            results[name]["loader"] += sides[name].ask(kind="loader", samples=opt.samples, epochs=[r + 1],
+                                                       recycle=True)
+            if name != "ultralytics":  # ours without the hand-back: the path of CUDA's pinned copies
+                results[name]["kept"] += sides[name].ask(kind="loader", samples=opt.samples, epochs=[r + 1],
+                                                         recycle=False)
     return results
 
 
@@ -273,14 +312,16 @@ def report(results: dict[str, dict[str, list]], opt: Any) -> list[str]:
     paired repeats' ratios), the loader's wall rate, and each phase's CPU ms per image."""
     from benchmarks.harness import Stats
 
-    names, theirs = list(results), results["ultralytics"]
+    names = list(results)
     ours = [n for n in names if n != "ultralytics"]
     lines = [_row("images/s", names + [f"{n} / ultralytics" for n in ours])]
     for label, figure, kind in (("per worker core (DataLoader, 1 worker, CPU)", "worker_per_batch", "loader"),
+                                ("  the same, batches kept (CUDA's pinned path)", "worker_per_batch", "kept"),
                                 ("one thread in the process (CPU)", "cpu", "pass")):
-        per = opt.batch if kind == "loader" else opt.samples
-        rates = [Stats.of(per / e[figure] for e in results[n][kind]).fmt(1) for n in names]
-        ratios = [Stats.of(t[figure] / o[figure] for o, t in zip(results[n][kind], theirs[kind])).fmt(2) + "x"
+        per = opt.batch if kind != "pass" else opt.samples
+        of = {n: results[n][kind if n in ours else kind.replace("kept", "loader")] for n in names}  # theirs: one
+        rates = [Stats.of(per / e[figure] for e in of[n]).fmt(1) for n in names]
+        ratios = [Stats.of(t[figure] / o[figure] for o, t in zip(of[n], of["ultralytics"])).fmt(2) + "x"
                   for n in ours]
         lines.append(_row(label, rates + ratios))
     lines += [_row("DataLoader, 1 worker (wall, this load)",

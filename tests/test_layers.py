@@ -69,8 +69,8 @@ LAYERS: list[list[str]] = [
 MODULE_LAYERS: dict[str, list[list[str]]] = {
     "utils.distributed": [["launcher", "signals", "watchdog"], ["comm", "elastic"], ["loss_share", "ray_train"]],
     "utils.compat": [["ultralytics"]],
-    "utils.data": [["colour", "generated"], ["augment", "batch_pool", "errors", "ram_cache", "regular_files",
-                                             "shard_urls", "synthetic"],
+    "utils.data": [["batch_memory", "colour", "generated", "heap"],
+                   ["augment", "batch_pool", "errors", "ram_cache", "regular_files", "shard_urls", "synthetic"],
                    ["image_io", "samples"], ["download", "label_cache"],
                    ["annotations", "shards", "shared_scan"],
                    ["dota", "sources", "voc", "coco_json"],

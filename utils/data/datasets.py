@@ -32,6 +32,7 @@ from utils.data.augment import (
     random_perspective_extras,
     warp_mosaic_extras,
 )
+from utils.data.batch_memory import BatchRing, new_batch, slots_batch
 from utils.data.batch_pool import BatchPool, mosaic_pool_size
 from utils.data.colour import draw_hsv
 from utils.data.errors import DataError
@@ -66,29 +67,6 @@ def bgr_to_chw_rgb(img: np.ndarray, out: torch.Tensor | None = None) -> torch.Te
     return torch.from_numpy(cv2.cvtColor(img, cv2.COLOR_BGR2RGB)).permute(2, 0, 1)
 
 
-def slots_batch(imgs: Sequence[torch.Tensor]) -> torch.Tensor | None:
-    """The (b, 3, h, w) batch whose slots ``imgs`` are, in order and filling it (YoloDataset.__getitems__ writes
-    each sample into its slot of a new_batch), so collating copies nothing; None when they are not."""
-    first = imgs[0]
-    (c, h, w), storage = first.shape, first.untyped_storage()
-    size = c * h * w
-    if storage.nbytes() != len(imgs) * size or any(
-            img.shape != first.shape or img.stride() != (1, w * c, c) or img.storage_offset() != n * size
-            or img.untyped_storage().data_ptr() != storage.data_ptr() for n, img in enumerate(imgs)):
-        return None
-    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (len(imgs), h, w, c)).permute(0, 3, 1, 2)
-
-
-def new_batch(shape: tuple[int, ...]) -> torch.Tensor:
-    """An uninitialised uint8 (b, c, h, w) tensor in channels_last memory; in a DataLoader worker, in shared memory
-    (as torch's default_collate makes it), so sending the batch to the main process does not copy it once more."""
-    b, c, h, w = shape
-    if torch.utils.data.get_worker_info() is None:
-        return torch.empty(shape, dtype=torch.uint8, memory_format=torch.channels_last)
-    storage = torch.UntypedStorage._new_shared(math.prod(shape))
-    return torch.empty(0, dtype=torch.uint8).set_(storage, 0, (b, h, w, c)).permute(0, 3, 1, 2)
-
-
 def rect_batch_shapes(shapes_wh: np.ndarray, batch_size: int, img_size: int, stride: int,
                       pad: float) -> tuple[np.ndarray, np.ndarray]:
     """For images sorted by aspect ratio: each image's batch index and each batch's (h, w) letterbox shape."""
@@ -115,6 +93,7 @@ class YoloDataset(torch.utils.data.Dataset):
 
     pool: BatchPool | None = None  # the batch being built: its images, each decoded once (__getitems__)
     slot: torch.Tensor | None = None  # and the slot of its batch tensor the next sample is written into
+    ring: BatchRing | None = None  # shared-memory batches the training loop releases (utils.data.batch_memory)
 
     def __init__(self, sources: str | Path | Sequence[str | Path], options: DatasetOptions | None = None,
                  **overrides: Any) -> None:
@@ -295,7 +274,7 @@ class YoloDataset(torch.utils.data.Dataset):
             first = keys[0]
             self.pool = BatchPool([k[0] if isinstance(k, tuple) else k for k in keys], len(self),
                                   first[1] if isinstance(first, tuple) else None, self.pool_size)
-        batch = None if self.rect else new_batch((len(keys), 3, self.img_size, self.img_size))
+        batch = None if self.rect else new_batch((len(keys), 3, self.img_size, self.img_size), self.ring)
         try:
             samples = []
             for j, key in enumerate(keys):

@@ -18,9 +18,11 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
+from utils.data.batch_memory import BatchRing
 from utils.data.datasets import DatasetOptions, YoloDataset
 from utils.data.errors import DataError
 from utils.data.formats import label_reader, shared_scan_sources
+from utils.data.heap import keep_freed_memory
 from utils.data.ram_cache import plan_shared_memory, shm_free, size_text
 from utils.data.shard_urls import ShardSpec
 from utils.data.stream import StreamDataset, load_stream, rank_positions
@@ -110,13 +112,20 @@ def worker_count(requested: int, batch_size: int, reserved: int = 0) -> int:
     return max(0, min(requested, cores, batch_size if batch_size > 1 else 0))
 
 
+def setup_worker_process() -> None:
+    """What a DataLoader worker process needs for speed: OpenCV on one thread (the workers are the parallelism; its
+    own threads would oversubscribe the cores) and freed memory kept for the next batches (utils.data.heap)."""
+    cv2.setNumThreads(0)
+    keep_freed_memory()
+
+
 def _seed_worker(worker_id: int) -> None:
     """Leave stop signals to the rank (signals.protect_worker), and give each worker its own augmentation
     stream: torch seeds workers with base_seed + worker_id."""
     protect_worker()
     seed = torch.initial_seed() % 2**32
     np.random.seed(seed)
-    cv2.setNumThreads(0)  # workers are the parallelism; OpenCV's own threads would oversubscribe the cores
+    setup_worker_process()
     info = torch.utils.data.get_worker_info()
     if info is not None and hasattr(info.dataset, "reseed"):
         info.dataset.reseed(seed)
@@ -124,13 +133,16 @@ def _seed_worker(worker_id: int) -> None:
 
 def build_dataloader(dataset: Dataset, batch_size: int, *, shuffle: bool, workers: int, seed: int = 0,
                      shard_eval: bool = False, resumable: bool | None = None, collate: Any = None,
-                     reserved_cores: int = 0, prefix: str = "") -> DataLoader:
+                     reserved_cores: int = 0, prefix: str = "", recycle: bool = False) -> DataLoader:
     """A DataLoader for this rank; ``batch_size`` is the per-rank batch.
 
     ``resumable`` (default: ``shuffle`` or world > 1) uses ResumableSampler, the training sampler;
     ``shard_eval`` shards without padding; otherwise a plain sequential order. Augmentation seeds
     differ per rank (the generator) and per worker (torch adds the worker id). ``reserved_cores``: see worker_count;
-    the workers are fewer where /dev/shm has no room for their batches (shm_workers).
+    the workers are fewer where /dev/shm has no room for their batches (shm_workers). ``recycle``: the caller hands
+    each batch back with ``release_batch`` once it has its own copy of the pixels, and the workers write later
+    batches into the same shared memory (utils.data.batch_memory.BatchRing; without pinned memory, where the
+    dataset supports it).
     """
     rank, world = dist.get_rank(), dist.get_world_size()
     if resumable is None:
@@ -143,30 +155,47 @@ def build_dataloader(dataset: Dataset, batch_size: int, *, shuffle: bool, worker
     else:
         sampler = torch.utils.data.SequentialSampler(dataset)
     batch_nbytes = dataset.batch_nbytes(batch_size) if hasattr(dataset, "batch_nbytes") else 0
-    num_workers = shm_workers(worker_count(workers, batch_size, reserved_cores), batch_nbytes, prefix)
+    pin = torch.cuda.is_available()
+    ring = recycle and not pin and hasattr(dataset, "ring") and collate is None
+    num_workers = shm_workers(worker_count(workers, batch_size, reserved_cores), batch_nbytes, prefix, ring)
+    if hasattr(dataset, "ring"):
+        dataset.ring = BatchRing(num_workers, PREFETCH + RING_SPARE) if ring and num_workers else None
     generator = torch.Generator().manual_seed(seed * 1000 + rank)
+    if num_workers == 0:  # the batches are made in this process: its heap kept as a worker's is
+        keep_freed_memory()
     if num_workers == 0 and hasattr(dataset, "reseed"):
         dataset.reseed(seed * 1000 + rank)
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
-                        pin_memory=torch.cuda.is_available(),
-                        collate_fn=collate or getattr(dataset, "collate_fn", None),
+                        pin_memory=pin, collate_fn=collate or getattr(dataset, "collate_fn", None),
                         worker_init_fn=_seed_worker, generator=generator, persistent_workers=num_workers > 0,
                         prefetch_factor=PREFETCH if num_workers > 0 else None)
-    plan_shared_memory(loader, in_flight_bytes(num_workers, batch_nbytes))
+    plan_shared_memory(loader, in_flight_bytes(num_workers, batch_nbytes, ring))
     return loader
 
 
+def release_batch(loader: DataLoader, imgs: torch.Tensor) -> None:
+    """The caller is done with the pixels of ``imgs`` (a batch of a loader built with ``recycle``): its worker may
+    write a later batch into that memory. Nothing happens for other loaders or tensors."""
+    ring = getattr(getattr(loader, "dataset", None), "ring", None)
+    if ring is not None:
+        ring.release(imgs)
+
+
 PREFETCH = 4  # batches each worker prepares ahead
+RING_SPARE = 2  # a recycling worker's segments beyond PREFETCH: the batch in use and the one being built
 _SHM_WARNED: set[str] = set()  # warnings shown once per process, not once per loader or epoch
 
 
-def in_flight_bytes(workers: int, batch_nbytes: int) -> int:
+def in_flight_bytes(workers: int, batch_nbytes: int, ring: bool = False) -> int:
     """Shared memory the batches of ``workers`` workers take at most: each worker's prefetched batches and the
-    one the rank is using (0 without workers: batches are then made in the rank's own memory)."""
-    return (workers * PREFETCH + 1) * batch_nbytes if workers else 0
+    one the rank is using, or with ``ring`` each worker's segments (0 without workers: batches are then made in the
+    rank's own memory)."""
+    if not workers:
+        return 0
+    return workers * (PREFETCH + RING_SPARE) * batch_nbytes if ring else (workers * PREFETCH + 1) * batch_nbytes
 
 
-def shm_workers(workers: int, batch_nbytes: int, prefix: str = "") -> int:
+def shm_workers(workers: int, batch_nbytes: int, prefix: str = "", ring: bool = False) -> int:
     """At most ``workers``: as many as /dev/shm has room for. DataLoader workers hand every batch to the rank
     through shared memory, and a full /dev/shm (Docker's and Kubernetes' default is 64 MB) ends the run in the
     collate; so the free space the machine reports (less what this process's other loaders and the ranks of the
@@ -176,12 +205,12 @@ def shm_workers(workers: int, batch_nbytes: int, prefix: str = "") -> int:
         return workers
     ranks = max(dist.get_local_world_size(), 1)
     fitting = workers
-    while fitting and in_flight_bytes(fitting, batch_nbytes) > free // ranks:
+    while fitting and in_flight_bytes(fitting, batch_nbytes, ring) > free // ranks:
         fitting -= 1
     if fitting < workers and "shm" not in _SHM_WARNED:
         _SHM_WARNED.add("shm")
         stats = os.statvfs("/dev/shm")
-        needed = in_flight_bytes(workers, batch_nbytes) * ranks
+        needed = in_flight_bytes(workers, batch_nbytes, ring) * ranks
         size = stats.f_blocks * stats.f_frsize + max(needed - free, 0)
         instead = f"{fitting} worker{'s' if fitting > 1 else ''}" if fitting else \
             "no workers (batches made in the training process)"
@@ -248,13 +277,14 @@ def set_start(loader: DataLoader, samples_consumed: int) -> None:
 
 def create_dataloader(sources: str | Path | Sequence[str | Path], options: DatasetOptions, *, workers: int = 8,
                       shuffle: bool = False, shard_eval: bool = False, quad: bool = False,
-                      reserved_cores: int = 0) -> tuple[DataLoader, YoloDataset]:
+                      reserved_cores: int = 0, recycle: bool = False) -> tuple[DataLoader, YoloDataset]:
     """Scan the labels with every rank (utils.data.formats.shared_scan_sources), build the dataset zero-first (the
     disk cache written once per machine), then its loader;
     ``options.batch_size`` is the batch per rank.
 
     With ``rect``, batch shapes are grouped over ``batch_size * world`` images, so each rank's batches
-    (positions r, r + W, ...) still share one shape. ``reserved_cores``: see worker_count. All ranks must call it.
+    (positions r, r + W, ...) still share one shape. ``reserved_cores`` and ``recycle``: see worker_count and
+    build_dataloader. All ranks must call it.
     """
     world, batch_size = dist.get_world_size(), options.batch_size
     items = list(sources) if isinstance(sources, list | tuple) else [sources]
@@ -275,7 +305,7 @@ def create_dataloader(sources: str | Path | Sequence[str | Path], options: Datas
     loader = build_dataloader(dataset, batch_size, shuffle=shuffle and not options.rect, workers=workers,
                               seed=options.seed, shard_eval=shard_eval, resumable=training and not shard_eval,
                               collate=dataset.collate_quad if quad else None, reserved_cores=reserved_cores,
-                              prefix=options.prefix)
+                              prefix=options.prefix, recycle=recycle)
     return loader, dataset
 
 

@@ -105,7 +105,7 @@ def _training_outputs(head: nn.Module, features: Any) -> Any:
 
 def model_input(imgs: torch.Tensor, device: torch.device, channels_last: bool) -> torch.Tensor:
     """uint8 (b, 3, h, w) -> float in [0, 1] on ``device``, channels_last or NCHW, in one pass: the loader's batches
-    are channels_last already (utils.data.datasets.new_batch), so on the CPU the cast reads and writes in order."""
+    are channels_last already (utils.data.batch_memory.new_batch), so on the CPU the cast reads and writes in order."""
     layout = torch.channels_last if channels_last else torch.contiguous_format
     return imgs.to(device, non_blocking=True).to(dtype=torch.float32, memory_format=layout).div_(255)
 

@@ -170,7 +170,7 @@ def assemble_trainer(config: RunConfig, hyp: dict, device: torch.device, hooks: 
     dist.batch_per_rank(config.batch_size)
     reserved = torch.get_num_threads() if device.type == "cpu" else 0  # the cores the CPU training threads need
     data = data or load_train_data(config, hyp, data_cfg, grid, len(data_cfg.names), reserved,
-                                   task=model.head.task)  # labels checked against the data's classes
+                                   task=model.head.task, recycle=device.type == "cpu")  # labels checked
     if model.head.anchor_based and not config.noautoanchor and not config.resume and data.dataset is not None:
         check_anchors(data.dataset, model, thr=hyp["anchor_t"], img_size=config.img_size)  # rank 0 decides
     dist.check_agreement(fingerprint(model, config.options(), hyp, data.dataset))
@@ -277,9 +277,10 @@ def build_model(config: RunConfig, nc: int, names: list[str], device: torch.devi
 
 
 def load_train_data(config: RunConfig, hyp: dict, data_cfg: Any, grid: int, nc: int,
-                    reserved_cores: int = 0, task: str = BASE_TASK) -> TrainData:
+                    reserved_cores: int = 0, task: str = BASE_TASK, recycle: bool = False) -> TrainData:
     """Train loader (distributed sampler, augmented) and the sharded val loader of --data; batch is per rank;
-    the workers get the rank's cores less ``reserved_cores`` (utils.data.loader.worker_count); the samples carry
+    the workers get the rank's cores less ``reserved_cores`` (utils.data.loader.worker_count); with ``recycle``
+    the training loop hands each batch back to the workers (utils.data.loader.release_batch); the samples carry
     what the model's ``task`` trains on beside the boxes (its ``sample`` part). ``nc`` is the data set's class count,
     which its labels are checked against; with --single-cls they become class 0 after the check."""
     batch = dist.batch_per_rank(config.batch_size)
@@ -290,7 +291,7 @@ def load_train_data(config: RunConfig, hyp: dict, data_cfg: Any, grid: int, nc: 
                                       "prefix": colorstr("train: "), "fraction": config.fraction})
     train_loader, train_set = create_dataloader(data_cfg.train, train_options, workers=config.workers,
                                                 shuffle=not config.rect, quad=config.quad,
-                                                reserved_cores=reserved_cores)
+                                                reserved_cores=reserved_cores, recycle=recycle)
     val_options = DatasetOptions(**{**vars(common), "batch_size": batch * 2, "rect": True, "pad": 0.5,
                                     "prefix": colorstr("val: ")})
     val_loader, val_set = create_dataloader(data_cfg.val, val_options, workers=config.workers, shard_eval=True,

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from utils.data.loader import close_mosaic, image_weights, set_epoch, set_start, set_weights
+from utils.data.loader import close_mosaic, image_weights, release_batch, set_epoch, set_start, set_weights
 from utils.device import autocast
 from utils.distributed import comm as dist
 from utils.distributed.signals import GracefulStop
@@ -135,8 +135,9 @@ class Trainer:
             dist.mark("train", epoch, batch)  # for the stuck-rank watch
             self.hooks.before_step(self.view, epoch, batch)
             self.updater.begin_batch(epoch)
-            imgs = prepare_images(imgs, self.device, step_sizes[i] if step_sizes is not None else None,
-                                  self.config.channels_last)
+            raw, imgs = imgs, prepare_images(imgs, self.device, step_sizes[i] if step_sizes is not None else None,
+                                             self.config.channels_last)
+            release_batch(self.train_loader, raw)  # its own copy made: the worker may write that memory again
             targets = targets.to(self.device)
             vote, loss_items, stepped = self.run_step(epoch, batch, imgs, targets, batch_tensors(extras, self.device))
             if not vote.nonfinite:
