@@ -16,8 +16,9 @@ Two measurements, the sides taking turns (ABBA) in every repeat:
   training process's CPU seconds to receive the batches (the transfer's other half). Each side's worker (and the
   process of the one-thread figure) is set up as its own trainer sets one up (ours:
   utils.data.loader.setup_worker_process; ultralytics': OpenCV on one thread), and our batches are handed back to
-  the worker once received, as train.py's loop does after its float copy on the CPU (utils.data.batch_memory); the
-  row "batches kept" times our worker without the hand-back, the path of CUDA's pinned copies.
+  the worker once received, as train.py does (on the CPU after its float copy, for CUDA after the copy into pinned
+  memory: utils.data.batch_memory); the row "batches kept" times our worker without the hand-back (a loader that
+  someone iterates without pinned memory outside train.py).
 """
 
 from __future__ import annotations
@@ -297,7 +298,7 @@ def measure(sides: dict[str, AnchorServe], opt: Any) -> dict[str, dict[str, list
             results[name]["pass"].append(sides[name].ask(kind="pass", samples=opt.samples, epoch=r + 1))
             results[name]["loader"] += sides[name].ask(kind="loader", samples=opt.samples, epochs=[r + 1],
                                                        recycle=True)
-            if name != "ultralytics":  # ours without the hand-back: the path of CUDA's pinned copies
+            if name != "ultralytics":  # ours without the hand-back: a loader iterated outside train.py
                 results[name]["kept"] += sides[name].ask(kind="loader", samples=opt.samples, epochs=[r + 1],
                                                          recycle=False)
     return results
@@ -316,7 +317,7 @@ def report(results: dict[str, dict[str, list]], opt: Any) -> list[str]:
     ours = [n for n in names if n != "ultralytics"]
     lines = [_row("images/s", names + [f"{n} / ultralytics" for n in ours])]
     for label, figure, kind in (("per worker core (DataLoader, 1 worker, CPU)", "worker_per_batch", "loader"),
-                                ("  the same, batches kept (CUDA's pinned path)", "worker_per_batch", "kept"),
+                                ("  the same, batches kept (not handed back)", "worker_per_batch", "kept"),
                                 ("one thread in the process (CPU)", "cpu", "pass")):
         per = opt.batch if kind != "pass" else opt.samples
         of = {n: results[n][kind if n in ours else kind.replace("kept", "loader")] for n in names}  # theirs: one

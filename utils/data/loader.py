@@ -139,10 +139,10 @@ def build_dataloader(dataset: Dataset, batch_size: int, *, shuffle: bool, worker
     ``resumable`` (default: ``shuffle`` or world > 1) uses ResumableSampler, the training sampler;
     ``shard_eval`` shards without padding; otherwise a plain sequential order. Augmentation seeds
     differ per rank (the generator) and per worker (torch adds the worker id). ``reserved_cores``: see worker_count;
-    the workers are fewer where /dev/shm has no room for their batches (shm_workers). ``recycle``: the caller hands
-    each batch back with ``release_batch`` once it has its own copy of the pixels, and the workers write later
-    batches into the same shared memory (utils.data.batch_memory.BatchRing; without pinned memory, where the
-    dataset supports it).
+    the workers are fewer where /dev/shm has no room for their batches (shm_workers). ``recycle``: the workers write
+    later batches into the same shared memory once a batch is handed back, by its copy into pinned memory (CUDA) or
+    by the caller with ``release_batch`` once it has its own copy of the pixels (utils.data.batch_memory.BatchRing;
+    where the dataset supports it).
     """
     rank, world = dist.get_rank(), dist.get_world_size()
     if resumable is None:
@@ -156,7 +156,7 @@ def build_dataloader(dataset: Dataset, batch_size: int, *, shuffle: bool, worker
         sampler = torch.utils.data.SequentialSampler(dataset)
     batch_nbytes = dataset.batch_nbytes(batch_size) if hasattr(dataset, "batch_nbytes") else 0
     pin = torch.cuda.is_available()
-    ring = recycle and not pin and hasattr(dataset, "ring") and collate is None
+    ring = recycle and hasattr(dataset, "ring") and collate is None
     num_workers = shm_workers(worker_count(workers, batch_size, reserved_cores), batch_nbytes, prefix, ring)
     if hasattr(dataset, "ring"):
         dataset.ring = BatchRing(num_workers, PREFETCH + RING_SPARE) if ring and num_workers else None

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from utils.data.augment import Geometry
+from utils.data.batch_memory import pinned
 from utils.tasks.registry import BASE_TASK
 
 
@@ -66,6 +67,11 @@ class Batch(NamedTuple):
     paths: tuple
     shapes: tuple
 
+    def pin_memory(self, device: Any = None) -> Batch:
+        """The batch in pinned memory (torch's DataLoader calls it for CUDA), its images handed back to their worker
+        once copied (utils.data.batch_memory.pinned)."""
+        return pinned(self)
+
 
 class TaskBatch(NamedTuple):
     """A Batch of TaskSamples with the task's ``extras`` by name: tensors for its loss and, for validation, what
@@ -76,6 +82,10 @@ class TaskBatch(NamedTuple):
     paths: tuple
     shapes: tuple
     extras: dict
+
+    def pin_memory(self, device: Any = None) -> TaskBatch:
+        """As Batch.pin_memory, the extras' tensors too."""
+        return pinned(self)
 
 
 class SampleExtras(Geometry):

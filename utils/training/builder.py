@@ -170,7 +170,7 @@ def assemble_trainer(config: RunConfig, hyp: dict, device: torch.device, hooks: 
     dist.batch_per_rank(config.batch_size)
     reserved = torch.get_num_threads() if device.type == "cpu" else 0  # the cores the CPU training threads need
     data = data or load_train_data(config, hyp, data_cfg, grid, len(data_cfg.names), reserved,
-                                   task=model.head.task, recycle=device.type == "cpu")  # labels checked
+                                   task=model.head.task, recycle=device.type in ("cpu", "cuda"))  # labels checked
     if model.head.anchor_based and not config.noautoanchor and not config.resume and data.dataset is not None:
         check_anchors(data.dataset, model, thr=hyp["anchor_t"], img_size=config.img_size)  # rank 0 decides
     dist.check_agreement(fingerprint(model, config.options(), hyp, data.dataset))

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.helpers import ROOT
-from utils.data.batch_memory import BatchRing, new_batch
+from utils.data.batch_memory import BatchRing, new_batch, pinned
 from utils.data.loader import (
     PREFETCH,
     RING_SPARE,
@@ -21,6 +21,7 @@ from utils.data.loader import (
     in_flight_bytes,
     release_batch,
 )
+from utils.data.samples import Batch, TaskBatch
 
 BATCHES = 12
 
@@ -70,6 +71,29 @@ def test_a_released_batch_is_written_again_and_nothing_else_is() -> None:
     # /dev/shm is planned for what the workers keep: 6 batches each with the ring, else 4 each and the one in use
     assert (in_flight_bytes(2, 100, ring=True), in_flight_bytes(2, 100), in_flight_bytes(0, 100, ring=True)) == \
         (1200, 900, 0)
+
+
+def test_a_batch_pinned_for_cuda_hands_its_memory_back_once_copied(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What torch's loader does with a batch for CUDA (its pin function, which calls the batch's pin_memory; here
+    Tensor.pin_memory copies with clone: no GPU), then the training loop's release of the copy (no ring's)."""
+    from torch.utils.data._utils.pin_memory import pin_memory as torch_pins
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t, *_: t.clone())
+    loader = numbered_loader(recycle=True)
+    segments, copies = set(), []
+    for batch in loader:
+        segments.add(batch.untyped_storage().data_ptr())
+        both = Batch(batch, torch.zeros(2, 6), ("a.jpg",), (None,))
+        copy = torch_pins(both)
+        assert type(copy) is Batch and copy.paths == ("a.jpg",) and torch.equal(copy.targets, both.targets)
+        assert not loader.dataset.ring.release(batch)  # handed back already, by the copy
+        release_batch(loader, copy.images)  # what the loop does next: nothing, the copy is no ring's
+        copies.append(copy.images)
+    assert [int(c.unique()) for c in copies] == list(range(BATCHES))  # every copy intact
+    assert len(segments) <= PREFETCH + RING_SPARE
+    extras = torch_pins(TaskBatch(torch.ones(1), torch.ones(1), (), (), {"masks": torch.ones(2)}))
+    assert type(extras) is TaskBatch and torch.equal(extras.extras["masks"], torch.ones(2))
+    assert pinned([torch.ones(1), "x"], pin=torch.clone)[1] == "x"
 
 
 def test_a_restarted_worker_takes_new_memory_and_an_old_release_frees_none_of_it() -> None:
