@@ -125,7 +125,8 @@ def endless(loader: torch.utils.data.DataLoader) -> Iterator:
 
 
 def build_loader(opt: argparse.Namespace, workers: int) -> torch.utils.data.DataLoader:
-    """train.py's training loader on the generated COCO-like set."""
+    """train.py's training loader on the generated COCO-like set (its batches handed back to the workers once
+    copied into pinned memory, as train.py's are on CUDA)."""
     from utils.data.loader import create_dataloader
     from utils.data.samples import DatasetOptions
     from utils.data.synthetic import ensure_synthetic
@@ -133,7 +134,7 @@ def build_loader(opt: argparse.Namespace, workers: int) -> torch.utils.data.Data
 
     root = ensure_synthetic(opt.out / "set", n_train=opt.images, n_val=1, img_size=(480, 640), seed=0)
     options = DatasetOptions(img_size=opt.img, batch_size=opt.batch, augment=True, hyp=load_hyp(), nc=3, seed=0)
-    return create_dataloader(root / "images" / "train", options, workers=workers, shuffle=True)[0]
+    return create_dataloader(root / "images" / "train", options, workers=workers, shuffle=True, recycle=True)[0]
 
 
 def measure(cfg: str, opt: argparse.Namespace, loader: torch.utils.data.DataLoader, workers: int,
