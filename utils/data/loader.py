@@ -161,8 +161,6 @@ def build_dataloader(dataset: Dataset, batch_size: int, *, shuffle: bool, worker
     if hasattr(dataset, "ring"):
         dataset.ring = BatchRing(num_workers, PREFETCH + RING_SPARE) if ring and num_workers else None
     generator = torch.Generator().manual_seed(seed * 1000 + rank)
-    if num_workers == 0:  # the batches are made in this process: its heap kept as a worker's is
-        keep_freed_memory()
     if num_workers == 0 and hasattr(dataset, "reseed"):
         dataset.reseed(seed * 1000 + rank)
     loader = DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
