@@ -72,7 +72,10 @@ def test_metrics_see_an_id_switch_and_a_lost_object() -> None:
 
 @pytest.fixture(scope="module")
 def detector(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    with one_thread_and_logger_kept():
+    # OMP_NUM_THREADS as a user sets it: without it the run measures its thread count, which the suite's load
+    # decides, and a 120-epoch run on 1 or 2 threads ends as two different detectors
+    with one_thread_and_logger_kept(), pytest.MonkeyPatch.context() as env:
+        env.setenv("OMP_NUM_THREADS", "1")
         return train_detector(tmp_path_factory.mktemp("track-detector"))
 
 

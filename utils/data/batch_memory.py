@@ -87,10 +87,10 @@ def hand_back(imgs: torch.Tensor) -> bool:
 
 
 def pinned(value: Any, pin: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Any:
-    """A batch as torch's DataLoader pins it for CUDA (every tensor copied by ``pin`` into page-locked memory,
-    (default: Tensor.pin_memory), through mappings, named and plain tuples and lists), each ring batch handed back
-    to its worker once copied:
-    nothing in the training process reads it after the copy. The ``pin_memory`` of utils.data.samples' batches."""
+    """A batch as torch's DataLoader pins it for CUDA: every tensor copied into page-locked memory by ``pin``
+    (default: Tensor.pin_memory), through mappings, named and plain tuples and lists; each ring batch is handed back
+    to its worker once copied, since nothing in the training process reads it after the copy. The ``pin_memory`` of
+    utils.data.samples' batches."""
     if isinstance(value, torch.Tensor):
         copy = value.pin_memory() if pin is None else pin(value)
         hand_back(value)
