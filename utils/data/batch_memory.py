@@ -109,10 +109,12 @@ class BatchRing:
     workers start (they share its marks and lock), used by the workers (``batch``) and released by the training
     loop (``release``)."""
 
-    def __init__(self, workers: int, depth: int) -> None:
+    def __init__(self, workers: int, depth: int, context: Any = None) -> None:
+        """``context``: the multiprocessing context the workers start in (default: the default one), whose lock
+        they can share."""
         self.depth, self.token = depth, secrets.randbits(62) + 1
         self.marks = torch.zeros((workers, depth), dtype=torch.int64).share_memory_()
-        self.lock = multiprocessing.Lock()
+        self.lock = (context or multiprocessing).Lock()
         self._pid = -1  # the process the fields below belong to
         self._segments: dict[int, torch.UntypedStorage] = {}  # a worker's: slot -> segment
         self._generation = self._count = 0

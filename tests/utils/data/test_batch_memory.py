@@ -96,6 +96,21 @@ def test_a_batch_pinned_for_cuda_hands_its_memory_back_once_copied(monkeypatch: 
     assert pinned([torch.ones(1), "x"], pin=torch.clone)[1] == "x"
 
 
+def test_workers_started_by_spawn_share_the_ring() -> None:
+    """macOS's default start method, and CUDA users' choice: the ring (marks, lock) pickled into the worker."""
+    import multiprocessing
+
+    dataset = Numbered()
+    dataset.ring = BatchRing(1, PREFETCH + RING_SPARE, multiprocessing.get_context("spawn"))
+    loader = torch.utils.data.DataLoader(dataset, batch_size=4, num_workers=1, collate_fn=Numbered.collate_fn,
+                                         multiprocessing_context="spawn")
+    segments = set()
+    for k, batch in enumerate(loader):
+        assert (batch == k).all() and dataset.ring.release(batch)
+        segments.add(batch.untyped_storage().data_ptr())
+    assert k == BATCHES - 1 and len(segments) <= PREFETCH + RING_SPARE
+
+
 def test_a_restarted_worker_takes_new_memory_and_an_old_release_frees_none_of_it() -> None:
     loader = numbered_loader(recycle=True)
     batches = iter(loader)
