@@ -3,10 +3,9 @@
 Every sample allocates and frees megabytes (decoded images, the mosaic's output, OpenCV's temporaries). With glibc's
 defaults a block of more than 128 kB (raised up to 32 MB as blocks are freed) is its own memory mapping, and free
 memory above 128 kB at the top of the heap goes back to the kernel: the next batch then takes fresh pages again,
-each a page fault the kernel zeroes. In a worker that is 700-800 faults and about 1.7 ms of kernel time per 640-px
-mosaic, a third of its work (``benchmarks/bench_data.py --anchor ultralytics``). ``keep_freed_memory`` asks glibc
-to serve blocks up to MMAP_LIMIT from the heap and to keep up to KEEP_LIMIT of free memory for reuse: a worker
-then holds what its largest batch needed, and its pages fault once.
+each a page fault the kernel zeroes (in a fresh worker 700-800 per 640-px mosaic, more than a millisecond of
+kernel time). ``keep_freed_memory`` asks glibc to serve blocks up to MMAP_LIMIT from the heap and to keep up to
+KEEP_LIMIT of free memory for reuse: a worker then holds what its largest batch needed, and its pages fault once.
 
 Other C libraries (musl, macOS, Windows) are left as they are: the settings are glibc's ``mallopt``.
 """
