@@ -5,6 +5,7 @@ error under torchrun or our launcher ends with our one line."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -53,14 +54,15 @@ def test_a_user_error_under_our_launcher_is_the_last_line(tiny_dataset: Path, ti
 def test_a_user_error_under_torchrun_is_its_root_cause_and_last_line(tiny_dataset: Path, tiny_cfg_file: Path,
                                                                    tmp_path: Path) -> None:
     """torchrun prints its failure table after the processes end; our line is the table's root cause, the last
-    line before its closing border (torch elastic's error file: utils.distributed.launcher.record_error_line)."""
+    line before its closing border (torch elastic's error file: utils.distributed.launcher.record_error_line), on
+    whichever rank torchrun saw fail first (whole seconds decide: under load rank 1 may)."""
     code, out = run_job(torchrun_cmd(2, str(ROOT / "train.py"), *tiny_args(tiny_dataset, tiny_cfg_file, tmp_path,
                                                                             "--device", "cpu", "--batch", "3")))
     assert code != 0
     lines = [line for line in out.strip().splitlines() if line.strip() and set(line.strip()) != {"="}]
     assert lines[-1] == f"  traceback : {BATCH_LINE}", out[-3000:]
     root_cause = out.split("Root Cause (first observed failure):", 1)[1]
-    assert "rank      : 0 (local_rank: 0)" in root_cause and "To enable traceback" not in root_cause
+    assert re.search(r"rank      : [01] \(local_rank: [01]\)", root_cause) and "To enable traceback" not in out
 
 
 def test_a_user_error_in_srun_tasks_is_the_last_line_they_print(tiny_dataset: Path, tiny_cfg_file: Path,

@@ -235,12 +235,13 @@ def run_main(main: Callable[[Any], Any], opt: Any, script: str) -> int:
 
 
 def _said(line: str, speak: bool, code: int, record: bool = False) -> int:
-    """Print ``line`` on stderr when ``speak``, and with ``record`` make it torchrun's root cause (a user error;
-    a lost peer's line must not hide the failure of the rank that left); return ``code``."""
+    """Print ``line`` on stderr when ``speak``, and with ``record`` make it this rank's error record for torchrun,
+    whichever rank torchrun names as the root cause (a user error, the same on every rank; a lost peer's line must
+    not hide the failure of the rank that left); return ``code``."""
     if speak:
         print(line, file=sys.stderr, flush=True)
-        if record:
-            record_error_line(line)
+    if record:
+        record_error_line(line)
     return code
 
 

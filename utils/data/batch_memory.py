@@ -151,8 +151,9 @@ class BatchRing:
         return torch.empty(0, dtype=torch.uint8).set_(segment, 0, (b, h, w, c)).permute(0, 3, 1, 2)
 
     def release(self, imgs: torch.Tensor) -> bool:
-        """In the training process: the worker may write ``imgs``' segment again (the caller no longer reads it).
-        False (nothing done) for a batch that is not one of this ring's, or already released."""
+        """In the training process: the worker may write ``imgs``' segment again, so nothing may read ``imgs``
+        after this (nor release it again: by then its memory may hold a later batch). False (nothing done) for a
+        batch that is not one of this ring's, or one released already while the worker has not written again."""
         found = _tail(imgs)
         if found is None or found[0] != self.token or not 0 <= found[1] < self.marks.numel():
             return False

@@ -51,13 +51,14 @@ def numbered_loader(recycle: bool) -> torch.utils.data.DataLoader:
 def test_a_released_batch_is_written_again_and_nothing_else_is() -> None:
     loader = numbered_loader(recycle=True)
     assert loader.num_workers == 1 and loader.dataset.ring is not None
-    segments = set()
+    segments, ring = set(), loader.dataset.ring
     for k, batch in enumerate(loader):
         assert (batch == k).all()  # never written while the loop held it
         segments.add(batch.untyped_storage().data_ptr())
-        assert loader.dataset.ring.release(batch)
-        assert not loader.dataset.ring.release(batch)  # once only
+        assert ring.release(batch)
     assert k == BATCHES - 1 and len(segments) <= PREFETCH + RING_SPARE < BATCHES  # the same memory again
+    assert int(ring.marks.count_nonzero()) == 0  # every segment free: the worker, idle now, writes none
+    assert not ring.release(batch)  # once only
 
     kept = list(numbered_loader(recycle=True))  # nobody releases: every batch keeps its own memory
     assert [int(b.unique()) for b in kept] == list(range(BATCHES))
@@ -84,13 +85,15 @@ def test_a_batch_pinned_for_cuda_hands_its_memory_back_once_copied(monkeypatch: 
     for batch in loader:
         segments.add(batch.untyped_storage().data_ptr())
         both = Batch(batch, torch.zeros(2, 6), ("a.jpg",), (None,))
+        del batch  # as torch's pin thread drops it: after the copy the worker may write it again
         copy = torch_pins(both)
-        assert type(copy) is Batch and copy.paths == ("a.jpg",) and torch.equal(copy.targets, both.targets)
-        assert not loader.dataset.ring.release(batch)  # handed back already, by the copy
+        del both
+        assert type(copy) is Batch and copy.paths == ("a.jpg",) and copy.targets.shape == (2, 6)
         release_batch(loader, copy.images)  # what the loop does next: nothing, the copy is no ring's
         copies.append(copy.images)
     assert [int(c.unique()) for c in copies] == list(range(BATCHES))  # every copy intact
     assert len(segments) <= PREFETCH + RING_SPARE
+    assert int(loader.dataset.ring.marks.count_nonzero()) == 0  # each handed back by its copy
     extras = torch_pins(TaskBatch(torch.ones(1), torch.ones(1), (), (), {"masks": torch.ones(2)}))
     assert type(extras) is TaskBatch and torch.equal(extras.extras["masks"], torch.ones(2))
     assert pinned([torch.ones(1), "x"], pin=torch.clone)[1] == "x"
