@@ -141,7 +141,7 @@ def build_dataloader(dataset: Dataset, batch_size: int, *, shuffle: bool, worker
     differ per rank (the generator) and per worker (torch adds the worker id). ``reserved_cores``: see worker_count;
     the workers are fewer where /dev/shm has no room for their batches (shm_workers). ``recycle``: the workers write
     later batches into the same shared memory once a batch is handed back, by its copy into pinned memory (CUDA) or
-    by the caller with ``release_batch`` once it has its own copy of the pixels (utils.data.batch_memory.BatchRing;
+    by the caller with utils.data.batch_memory.hand_back once it has its own copy of the pixels (BatchRing there;
     where the dataset supports it).
     """
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -169,14 +169,6 @@ def build_dataloader(dataset: Dataset, batch_size: int, *, shuffle: bool, worker
                         prefetch_factor=PREFETCH if num_workers > 0 else None)
     plan_shared_memory(loader, in_flight_bytes(num_workers, batch_nbytes, ring))
     return loader
-
-
-def release_batch(loader: DataLoader, imgs: torch.Tensor) -> None:
-    """The caller is done with the pixels of ``imgs`` (a batch of a loader built with ``recycle``): its worker may
-    write a later batch into that memory. Nothing happens for other loaders or tensors."""
-    ring = getattr(getattr(loader, "dataset", None), "ring", None)
-    if ring is not None:
-        ring.release(imgs)
 
 
 PREFETCH = 4  # batches each worker prepares ahead

@@ -280,7 +280,7 @@ def load_train_data(config: RunConfig, hyp: dict, data_cfg: Any, grid: int, nc: 
                     reserved_cores: int = 0, task: str = BASE_TASK, recycle: bool = False) -> TrainData:
     """Train loader (distributed sampler, augmented) and the sharded val loader of --data; batch is per rank;
     the workers get the rank's cores less ``reserved_cores`` (utils.data.loader.worker_count); with ``recycle``
-    the training loop hands each batch back to the workers (utils.data.loader.release_batch); the samples carry
+    the training loop hands each batch back to the workers (utils.data.batch_memory.hand_back); the samples carry
     what the model's ``task`` trains on beside the boxes (its ``sample`` part). ``nc`` is the data set's class count,
     which its labels are checked against; with --single-cls they become class 0 after the check."""
     batch = dist.batch_per_rank(config.batch_size)

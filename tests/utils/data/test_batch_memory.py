@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from tests.helpers import ROOT
-from utils.data.batch_memory import BatchRing, new_batch, pinned
+from utils.data.batch_memory import BatchRing, hand_back, new_batch, pinned
 from utils.data.loader import (
     PREFETCH,
     RING_SPARE,
@@ -19,7 +20,6 @@ from utils.data.loader import (
     close_mosaic,
     create_dataloader,
     in_flight_bytes,
-    release_batch,
 )
 from utils.data.samples import Batch, TaskBatch
 
@@ -67,7 +67,7 @@ def test_a_released_batch_is_written_again_and_nothing_else_is() -> None:
     plain = numbered_loader(recycle=False)
     assert plain.dataset.ring is None
     for batch in plain:
-        release_batch(plain, batch)  # nothing to release: no ring
+        assert not hand_back(batch)  # nothing to release: no ring
     assert not BatchRing(1, 2).release(torch.zeros(4, 3, 8, 8, dtype=torch.uint8))  # not a ring's batch
     # /dev/shm is planned for what the workers keep: 6 batches each with the ring, else 4 each and the one in use
     assert (in_flight_bytes(2, 100, ring=True), in_flight_bytes(2, 100), in_flight_bytes(0, 100, ring=True)) == \
@@ -89,7 +89,7 @@ def test_a_batch_pinned_for_cuda_hands_its_memory_back_once_copied(monkeypatch: 
         copy = torch_pins(both)
         del both
         assert type(copy) is Batch and copy.paths == ("a.jpg",) and copy.targets.shape == (2, 6)
-        release_batch(loader, copy.images)  # what the loop does next: nothing, the copy is no ring's
+        assert not hand_back(copy.images)  # what the loop does next: nothing, the copy is no ring's
         copies.append(copy.images)
     assert [int(c.unique()) for c in copies] == list(range(BATCHES))  # every copy intact
     assert len(segments) <= PREFETCH + RING_SPARE
@@ -143,7 +143,7 @@ def test_training_batches_are_the_same_with_the_ring(tiny_dataset) -> None:
             loader.sampler.set_epoch(epoch)
             for imgs, targets, _, _ in loader:
                 runs[recycle].append((imgs.clone(), targets))
-                release_batch(loader, imgs)
+                hand_back(imgs)
     assert len(runs[True]) == len(runs[False]) > 2
     for (a, ta), (b, tb) in zip(runs[False], runs[True]):
         assert torch.equal(a, b) and torch.equal(ta, tb)
@@ -175,9 +175,10 @@ HEAP_PROBE = textwrap.dedent("""
                     reason="the heap settings are glibc's")
 def test_a_worker_keeps_freed_memory_so_its_pages_fault_once() -> None:
     faults = {}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES"))}  # the defaults
     for keep in ("0", "1"):
         out = subprocess.run([sys.executable, "-c", HEAP_PROBE, str(ROOT), keep], capture_output=True, text=True,
-                             check=True).stdout.split()
+                             check=True, env=env).stdout.split()
         assert out[0] == str(keep == "1")
         faults[keep] = int(out[1])
     assert faults["0"] >= 5 * 2048 * 0.9  # glibc's defaults: every round trip maps its 8 MB again
