@@ -40,6 +40,7 @@ from utils.training.resume import RunFinished
 from utils.training.run_plan import forget_run_dir
 
 AMP_MODES = ("auto", "on", "off")
+COLOUR_PLACES = ("auto", "loader", "device")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,6 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "auto = only where it is faster (CUDA, CPUs with AMX)")
     p.add_argument("--channels-last", action="store_true",
                    help="train in channels_last (NHWC) memory format on CUDA too (the CPU always trains channels_last)")
+    p.add_argument("--colour-on", choices=COLOUR_PLACES, default="auto",
+                   help="where training images get their random HSV colour change: auto = on the GPU when training "
+                   "on CUDA (the loader's CPU cores do less), else in the loader")
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the model (also under DDP): faster steps after minutes of compiling")
     p.add_argument("--multi-scale", action="store_true", help="vary the image size by +/- 50%% per step")

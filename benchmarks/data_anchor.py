@@ -18,7 +18,10 @@ Two measurements, the sides taking turns (ABBA) in every repeat:
   utils.data.loader.setup_worker_process; ultralytics': OpenCV on one thread), and our batches are handed back to
   the worker once received, as train.py does (on the CPU after its float copy, for CUDA after the copy into pinned
   memory: utils.data.batch_memory); the row "batches kept" times our worker without the hand-back (a loader that
-  someone iterates without pinned memory outside train.py).
+  someone iterates without pinned memory outside train.py); the row "colour in the training step" times our worker
+  leaving the HSV change to the training step, as train.py does on CUDA (``--colour-on``); the benchmark's process
+  applies it to one batch with torch on this CPU after each epoch, timed apart (on a GPU it is the GPU's work,
+  which gpu_throughput.py times).
 """
 
 from __future__ import annotations
@@ -136,15 +139,18 @@ def install_phases(clock: Any, patches: tuple) -> None:
         setattr(owner, name, staticmethod(timed) if isinstance(raw, staticmethod) else timed)
 
 
-def time_pass(side: Side, samples: int, epoch: int, clock: Any) -> dict:
-    """Build and collate ``samples`` samples on this thread: CPU seconds in all and by phase."""
+def time_pass(side: Side, samples: int, epoch: int, clock: Any, later: bool = False) -> dict:
+    """Build and collate ``samples`` samples on this thread: CPU seconds in all and by phase (``later``: the colour
+    change left to the training step, ours)."""
     keys = side.indices(samples, epoch)
+    side.dataset.colour_later = later
     clock.seconds.clear()
     start_cpu, start = time.thread_time(), time.perf_counter()
     fetch = fetch_batch(side.dataset)
     for i in range(0, samples, side.batch):
         side.dataset.collate_fn(fetch(keys[i:i + side.batch]))
     cpu = time.thread_time() - start_cpu
+    side.dataset.colour_later = False
     phases = dict(clock.seconds)
     phases["other"] = cpu - sum(phases.values())
     return {"cpu": cpu, "wall": time.perf_counter() - start, "phases": phases}
@@ -160,9 +166,11 @@ class _StampedCollate:
         return self.collate(batch), time.process_time()
 
 
-def time_loader(side: Side, samples: int, epochs: list[int], boxes: dict, recycle: bool = True) -> list[dict]:
+def time_loader(side: Side, samples: int, epochs: list[int], boxes: dict, recycle: bool = True,
+                later: bool = False) -> list[dict]:
     """Epochs through a DataLoader with one persistent worker: per epoch the worker's CPU seconds per batch (from
-    its first to its last batch), the receiving process's CPU seconds, and the wall seconds."""
+    its first to its last batch), the receiving process's CPU seconds, and the wall seconds. ``later``: the colour
+    change left to the training step (ours, as on CUDA), which this process then applies on the CPU, timed apart."""
     import torch
 
     class Keys(torch.utils.data.Sampler):
@@ -175,11 +183,12 @@ def time_loader(side: Side, samples: int, epochs: list[int], boxes: dict, recycl
         def __len__(self) -> int:
             return samples
 
-    loader_box = boxes.setdefault(recycle, {})
+    loader_box = boxes.setdefault((recycle, later), {})
     if "loader" not in loader_box:
         ring = loader_box["ring"] = side.new_ring() if side.new_ring and recycle else None
         if side.new_ring:
             side.dataset.ring = ring  # what the worker (forked at the first batch) writes into
+        side.dataset.colour_later = later  # likewise (the in-process passes keep the loader's colour change)
         sampler = Keys()
         loader = torch.utils.data.DataLoader(side.dataset, batch_size=side.batch, sampler=sampler, num_workers=1,
                                              collate_fn=_StampedCollate(side.dataset.collate_fn),
@@ -189,17 +198,31 @@ def time_loader(side: Side, samples: int, epochs: list[int], boxes: dict, recycl
             _hand_back(loader_box, batch)
             if b == 2:
                 break
+        side.dataset.colour_later = False
     results = []
     for epoch in epochs:
         loader_box["sampler"].epoch = epoch
-        stamps, main_cpu, start = [], time.thread_time(), time.perf_counter()
+        stamps, main_cpu, start, kept = [], time.thread_time(), time.perf_counter(), None
         for batch, stamp in loader_box["loader"]:
             stamps.append(stamp)
+            if later and kept is None:  # its colour change timed after the epoch, not beside the worker
+                kept = (batch[0].clone(), batch[4]["colour"])
             _hand_back(loader_box, batch)
+        wall, main = time.perf_counter() - start, time.thread_time() - main_cpu
         results.append({"worker_per_batch": (stamps[-1] - stamps[0]) / max(len(stamps) - 1, 1),
-                        "main_per_batch": (time.thread_time() - main_cpu) / len(stamps),
-                        "wall": time.perf_counter() - start, "batches": len(stamps)})
+                        "main_per_batch": main / len(stamps), "wall": wall, "batches": len(stamps),
+                        "colour_per_batch": _colour_in_step(*kept) if later else 0.0})
     return results
+
+
+def _colour_in_step(images: Any, gains: Any) -> float:
+    """What train.py's step does first with a batch whose colour change was left to it, on this CPU: its CPU
+    seconds (torch on this process's thread)."""
+    from utils.data.colour import recolour
+
+    start = time.thread_time()
+    recolour(images, gains)
+    return time.thread_time() - start
 
 
 def _hand_back(loader_box: dict, batch: Any) -> None:
@@ -225,9 +248,10 @@ def serve(name: str, data: str, img: int, batch: int) -> None:
     for line in sys.stdin:
         request = json.loads(line)
         if request["kind"] == "pass":
-            answer = time_pass(side, request["samples"], request["epoch"], clock)
+            answer = time_pass(side, request["samples"], request["epoch"], clock, request.get("later", False))
         else:
-            answer = time_loader(side, request["samples"], request["epochs"], loader_box, request["recycle"])
+            answer = time_loader(side, request["samples"], request["epochs"], loader_box, request["recycle"],
+                                 request.get("later", False))
         print(json.dumps({"seconds": answer}), flush=True)
 
 
@@ -289,7 +313,8 @@ def check_settings(settings: dict[str, dict[str, float]]) -> list[str]:
 
 def measure(sides: dict[str, AnchorServe], opt: Any) -> dict[str, dict[str, list]]:
     """Every repeat: a pass and a DataLoader epoch per side, in ABBA order; a warm-up pass each first."""
-    results: dict[str, dict[str, list]] = {name: {"pass": [], "loader": [], "kept": []} for name in sides}
+    results: dict[str, dict[str, list]] = {name: {"pass": [], "loader": [], "kept": [], "later": [], "later pass": []}
+                                           for name in sides}
     for side in sides.values():
         side.ask(kind="pass", samples=opt.samples, epoch=0)
     names = list(sides)
@@ -301,6 +326,11 @@ def measure(sides: dict[str, AnchorServe], opt: Any) -> dict[str, dict[str, list
             if name != "ultralytics":  # ours without the hand-back: a loader iterated outside train.py
                 results[name]["kept"] += sides[name].ask(kind="loader", samples=opt.samples, epochs=[r + 1],
                                                          recycle=False)
+            if name == "ours":  # the colour change left to the training step, as train.py does on CUDA
+                results[name]["later"] += sides[name].ask(kind="loader", samples=opt.samples, epochs=[r + 1],
+                                                          recycle=True, later=True)
+                results[name]["later pass"].append(sides[name].ask(kind="pass", samples=opt.samples, epoch=r + 1,
+                                                                   later=True))
     return results
 
 
@@ -318,12 +348,15 @@ def report(results: dict[str, dict[str, list]], opt: Any) -> list[str]:
     lines = [_row("images/s", names + [f"{n} / ultralytics" for n in ours])]
     for label, figure, kind in (("per worker core (DataLoader, 1 worker, CPU)", "worker_per_batch", "loader"),
                                 ("  the same, batches kept (not handed back)", "worker_per_batch", "kept"),
-                                ("one thread in the process (CPU)", "cpu", "pass")):
-        per = opt.batch if kind != "pass" else opt.samples
-        of = {n: results[n][kind if n in ours else kind.replace("kept", "loader")] for n in names}  # theirs: one
-        rates = [Stats.of(per / e[figure] for e in of[n]).fmt(1) for n in names]
+                                ("  the same, colour in the training step (CUDA)", "worker_per_batch", "later"),
+                                ("one thread in the process (CPU)", "cpu", "pass"),
+                                ("  the same, colour in the training step (CUDA)", "cpu", "later pass")):
+        per = opt.batch if "pass" not in kind else opt.samples
+        # ultralytics is timed one way: the rows of our variants compare with it
+        of = {n: results[n][("pass" if "pass" in kind else "loader") if n == "ultralytics" else kind] for n in names}
+        rates = [Stats.of(per / e[figure] for e in of[n]).fmt(1) if of[n] else "-" for n in names]
         ratios = [Stats.of(t[figure] / o[figure] for o, t in zip(of[n], of["ultralytics"])).fmt(2) + "x"
-                  for n in ours]
+                  if of[n] else "-" for n in ours]
         lines.append(_row(label, rates + ratios))
     lines += [_row("DataLoader, 1 worker (wall, this load)",
                    [Stats.of(opt.samples / e["wall"] for e in results[n]["loader"]).fmt(1) for n in names]),
@@ -338,6 +371,9 @@ def report(results: dict[str, dict[str, list]], opt: Any) -> list[str]:
               _row("transfer: training process receiving",
                    [Stats.of(1e3 * e["main_per_batch"] / opt.batch for e in results[n]["loader"]).fmt(3)
                     for n in names]),
+              _row("colour in the training step (torch, this CPU)",
+                   [Stats.of(1e3 * e["colour_per_batch"] / opt.batch for e in results[n]["later"]).fmt(3)
+                    if results[n]["later"] else "-" for n in names]),
               _row("in all (one thread)", [Stats.of(1e3 * p["cpu"] / opt.samples for p in results[n]["pass"]).fmt(3)
                                            for n in names])]
     return lines

@@ -28,7 +28,7 @@ def test_throughput_options_and_table() -> None:
 def test_images_per_second_counts_the_timed_steps_only() -> None:
     seen = []
     batches = iter([(torch.zeros(4, 3, 8, 8), torch.zeros(0, 6))] * 10)
-    rate = images_per_second(lambda imgs, targets: seen.append(len(imgs)), batches, 3, 2, torch.device("cpu"))
+    rate = images_per_second(lambda imgs, targets, colour: seen.append(len(imgs)), batches, 3, 2, torch.device("cpu"))
     assert len(seen) == 5 and rate > 0  # 2 warm-up steps, 3 timed
     assert next(batches)[0].shape[0] == 4 and sum(1 for _ in batches) == 4  # 5 taken, 1 looked at, 4 left
 
@@ -40,8 +40,18 @@ def test_the_training_step_runs_on_the_cpu(tiny_cfg_file) -> None:
     imgs, targets = make_batch(2, 64, 0)[:2]
     before = [p.detach().clone() for p in model.parameters()]
     step(imgs, targets)  # forward, loss, backward, the optimizer's step
-    step(imgs, targets)
+    step(imgs, targets, torch.tensor([[1.01, 1.3, 0.8], [0.99, 0.7, 1.2]]))  # with the colour left to the step
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_batches_give_the_step_their_colour() -> None:
+    from utils.data.colour import COLOUR_KEY
+
+    gains, seen = torch.ones(4, 3), []
+    batches = ((torch.zeros(4, 3, 8, 8), torch.zeros(0, 6), (), (), {COLOUR_KEY: gains}) for _ in range(3))
+    images_per_second(lambda imgs, targets, colour: seen.append(colour), batches, 2, 1, torch.device("cpu"))
+    assert len(seen) == 3 and all(c is gains for c in seen)
+    assert parse_opt([]).colour_on == "auto" and parse_opt(["--colour-on", "device"]).colour_on == "device"
 
 
 def test_smoke_summary_and_tensorrt_skip(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:

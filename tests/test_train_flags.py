@@ -104,3 +104,51 @@ def test_the_thread_count_is_measured_again_between_epochs(tmp_path: Path, tiny_
     changes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("CPU threads")]
     assert changes == ["CPU threads 1 -> 2: two probes in a row between epochs found 2 faster "
                        "(utils.device.measured_threads)"]
+
+
+def test_colour_on_flag_values_and_where_it_sends_the_change() -> None:
+    from utils.training.builder import TrainError, colour_in_step
+
+    assert train.parse_opt([]).colour_on == "auto"
+    with pytest.raises(SystemExit):
+        train.parse_opt(["--colour-on", "gpu"])
+    cuda = torch.device("cuda")  # only compared: no CUDA needed
+
+    def decide(*flags: str, device: torch.device = CPU) -> bool:
+        return colour_in_step(RunConfig.from_options(train.parse_opt(list(flags))), device)
+
+    assert not decide() and decide(device=cuda)  # auto: in the step on CUDA only
+    assert not decide("--quad", device=cuda)  # --quad tiles 4 images (each its own change) into one
+    assert not decide("--colour-on", "loader", device=cuda) and decide("--colour-on", "device")
+    with pytest.raises(TrainError, match="--colour-on device cannot be used with --quad"):
+        decide("--colour-on", "device", "--quad")
+    defaults = RunConfig.from_options(train.parse_opt([]))
+    saved = {**defaults.options(), "colour_on": "device"}
+    assert resume_options(defaults, saved, defaults).colour_on == "device"  # not given: the checkpoint's
+    given = RunConfig.from_options(train.parse_opt(["--colour-on", "loader"]))
+    assert resume_options(given, saved, defaults).colour_on == "loader"  # another machine may choose again
+
+
+def test_training_with_the_colour_change_in_the_step(tmp_path: Path, tiny_dataset: Path, tiny_cfg_file: Path,
+                                                      capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """--colour-on device on the CPU: every training batch reaches the step with its images' gains, which the step
+    applies before the float cast; validation batches carry none."""
+    from tests.helpers import one_thread_and_logger_kept, train_args
+    from utils.data import colour
+    from utils.training import engine
+
+    applied = []
+
+    def recolour(images: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
+        applied.append((images.shape, gains.shape, images.device))
+        return colour.recolour(images, gains)
+
+    monkeypatch.setattr(engine, "recolour", recolour)
+    with one_thread_and_logger_kept():
+        result = train.main(train.parse_opt(train_args(tiny_dataset, tiny_cfg_file, tmp_path, "--colour-on", "device",
+                                                       epochs=1)[1:]))
+    assert set(result.metrics) >= {"mAP_0.5", "mAP_0.5:0.95"}
+    assert len(applied) == 3  # the tiny set's 24 training images in batches of 8 (train_args): every batch
+    assert all(gains == (shape[0], 3) and device == CPU for shape, gains, device in applied)
+    assert "colour changes (HSV) run in the training step, not in the loader" in capsys.readouterr().out

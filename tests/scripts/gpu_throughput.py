@@ -9,7 +9,8 @@ scaler on CUDA); "model only" times ``--steps`` steps on one batch already on th
 train.py casts), "end to end" the same steps on the batches of train.py's loader (mosaic and the default
 augmentation, COCO-like 480-640 px JPEGs generated once, ``--workers`` workers, pinned memory and non-blocking
 copies on CUDA), each after ``--warmup`` untimed steps; "loader" times the loader's batches alone. Images/s, and
-end to end over model only (the goal on a GPU: at least 0.9).
+end to end over model only (the goal on a GPU: at least 0.9). As train.py on CUDA (``--colour-on auto``), the
+loader leaves the HSV colour change to the step, which applies it on the device (model only too, with drawn gains).
 """
 
 from __future__ import annotations
@@ -57,15 +58,17 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=0, help="loader workers (0: one per usable core, less one)")
     p.add_argument("--device", default="0", help="'0' (CUDA) or 'cpu'")
     p.add_argument("--out", type=Path, default=Path("/tmp/gpu_throughput"), help="folder for the generated set")
+    p.add_argument("--colour-on", choices=("auto", "loader", "device"), default="auto",
+                   help="where the HSV change runs, as train.py's flag: auto = on the device when it is CUDA")
     opt = p.parse_args(argv)
     if min(opt.steps, opt.batch, opt.images) < 1 or opt.warmup < 0:
         p.error("--steps, --batch and --images must be >= 1, --warmup >= 0")
     return opt
 
 
-def training_step(cfg: str, img: int, device: torch.device) -> tuple[Callable[[torch.Tensor, torch.Tensor], None],
-                                                                     torch.nn.Module]:
-    """One train.py step on ``device`` (uint8 images and targets (n, 6) in, the weights updated), and the model."""
+def training_step(cfg: str, img: int, device: torch.device) -> tuple[Callable[..., None], torch.nn.Module]:
+    """One train.py step on ``device`` (uint8 images, targets (n, 6) and the colour gains the loader left to it, if
+    any, in; the weights updated), and the model."""
     from benchmarks.bench_step import HYP, family_loss
     from utils.device import autocast
     from utils.training.builder import build_model
@@ -81,8 +84,8 @@ def training_step(cfg: str, img: int, device: torch.device) -> tuple[Callable[[t
     amp = device.type == "cuda"
     scaler = torch.amp.GradScaler("cuda", enabled=amp)
 
-    def step(imgs: torch.Tensor, targets: torch.Tensor) -> None:
-        images = prepare_images(imgs, device, None)
+    def step(imgs: torch.Tensor, targets: torch.Tensor, colour: torch.Tensor | None = None) -> None:
+        images = prepare_images(imgs, device, None, colour=colour)
         with autocast(device, amp):
             loss, _ = loss_fn(model(images), targets.to(device, non_blocking=True))
         scaler.scale(loss).backward()
@@ -98,16 +101,20 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def images_per_second(step: Callable[[torch.Tensor, torch.Tensor], None], batches: Iterator, steps: int, warmup: int,
+def images_per_second(step: Callable[..., None], batches: Iterator, steps: int, warmup: int,
                       device: torch.device) -> float:
-    """Images/s of ``steps`` steps on the next batches of ``batches`` after ``warmup`` untimed ones."""
+    """Images/s of ``steps`` steps on the next batches of ``batches`` after ``warmup`` untimed ones (each batch's
+    colour gains, when it carries them, given to the step)."""
+    from utils.data.colour import take_colour
+
     for _ in range(warmup):
-        step(*next(batches)[:2])
+        imgs, targets, *rest = next(batches)  # then paths, shapes and a TaskBatch's extras
+        step(imgs, targets, take_colour(rest[2:]))
     _sync(device)
     start, images = time.perf_counter(), 0
     for _ in range(steps):
-        imgs, targets = next(batches)[:2]
-        step(imgs, targets)
+        imgs, targets, *rest = next(batches)  # then paths, shapes and a TaskBatch's extras
+        step(imgs, targets, take_colour(rest[2:]))
         images += len(imgs)
     _sync(device)
     return images / (time.perf_counter() - start)
@@ -124,16 +131,17 @@ def endless(loader: torch.utils.data.DataLoader) -> Iterator:
         epoch += 1
 
 
-def build_loader(opt: argparse.Namespace, workers: int) -> torch.utils.data.DataLoader:
+def build_loader(opt: argparse.Namespace, workers: int, colour_later: bool) -> torch.utils.data.DataLoader:
     """train.py's training loader on the generated COCO-like set (its batches handed back to the workers once
-    copied into pinned memory, as train.py's are on CUDA)."""
+    copied into pinned memory, as train.py's are on CUDA; ``colour_later``: the colour change left to the step)."""
     from utils.data.loader import create_dataloader
     from utils.data.samples import DatasetOptions
     from utils.data.synthetic import ensure_synthetic
     from utils.hyp import load_hyp
 
     root = ensure_synthetic(opt.out / "set", n_train=opt.images, n_val=1, img_size=(480, 640), seed=0)
-    options = DatasetOptions(img_size=opt.img, batch_size=opt.batch, augment=True, hyp=load_hyp(), nc=3, seed=0)
+    options = DatasetOptions(img_size=opt.img, batch_size=opt.batch, augment=True, hyp=load_hyp(), nc=3, seed=0,
+                             defer_colour=colour_later)
     return create_dataloader(root / "images" / "train", options, workers=workers, shuffle=True, recycle=True)[0]
 
 
@@ -141,11 +149,15 @@ def measure(cfg: str, opt: argparse.Namespace, loader: torch.utils.data.DataLoad
             device: torch.device) -> Throughput:
     """One model: model only, end to end, the loader alone."""
     from benchmarks.bench_train import make_batch
+    from utils.data.colour import COLOUR_KEY
 
     step = training_step(cfg, opt.img, device)[0]
     imgs, targets = make_batch(opt.batch, opt.img, 0)[:2]
-    resident = (imgs.to(device), targets.to(device))
-    model_only = images_per_second(step, iter(lambda: resident, None), opt.steps, opt.warmup, device)
+    imgs, targets = imgs.to(device), targets.to(device)
+    gains = (1 + torch.rand(opt.batch, 3, device=device) * 0.4 - 0.2) if loader.dataset.colour_later else None
+    resident = (lambda: (imgs, targets, (), (), {COLOUR_KEY: gains})) if gains is not None else \
+        (lambda: (imgs, targets))
+    model_only = images_per_second(step, iter(resident, None), opt.steps, opt.warmup, device)
     end_to_end = images_per_second(step, endless(loader), opt.steps, opt.warmup, device)
     batches = endless(loader)
     next(batches)
@@ -168,10 +180,12 @@ def table(rows: list[Throughput]) -> list[str]:
 
 def main(opt: argparse.Namespace) -> list[Throughput]:
     from utils.device import available_cores, select_device
+    from utils.training.builder import colour_in_step
+    from utils.training.config import RunConfig
 
     device = select_device(opt.device)
     workers = opt.workers or max(available_cores() - 1, 1)
-    loader = build_loader(opt, workers)
+    loader = build_loader(opt, workers, colour_in_step(RunConfig(colour_on=opt.colour_on), device))  # as train.py
     rows = [measure(cfg, opt, loader, workers, device) for cfg in opt.models]
     print("\n".join(table(rows)), flush=True)
     return rows

@@ -34,13 +34,13 @@ from utils.data.augment import (
 )
 from utils.data.batch_memory import BatchRing, new_batch, slots_batch
 from utils.data.batch_pool import BatchPool, mosaic_pool_size
-from utils.data.colour import draw_hsv
+from utils.data.colour import COLOUR_KEY, draw_hsv
 from utils.data.errors import DataError
 from utils.data.formats import ignore_regions, label_reader, scan_sources
 from utils.data.image_io import ImageRefused, read_cached_array, read_image, reduction
 from utils.data.label_cache import STATES, copy_name, img2label_paths
 from utils.data.ram_cache import SharedImages, build_shared
-from utils.data.samples import Batch, DatasetOptions, Sample, SampleExtras, TaskBatch, TaskSample
+from utils.data.samples import Batch, BatchSamples, DatasetOptions, Sample, SampleExtras, TaskBatch, TaskSample
 from utils.device import available_cores
 from utils.distributed import comm as dist
 from utils.hyp import load_hyp
@@ -94,6 +94,7 @@ class YoloDataset(torch.utils.data.Dataset):
     pool: BatchPool | None = None  # the batch being built: its images, each decoded once (__getitems__)
     slot: torch.Tensor | None = None  # and the slot of its batch tensor the next sample is written into
     ring: BatchRing | None = None  # shared-memory batches the training loop releases (utils.data.batch_memory)
+    later: list | None = None  # with defer_colour, the gains of the batch's samples so far (HsvChange.gains)
 
     def __init__(self, sources: str | Path | Sequence[str | Path], options: DatasetOptions | None = None,
                  **overrides: Any) -> None:
@@ -103,6 +104,7 @@ class YoloDataset(torch.utils.data.Dataset):
         self.img_size, self.augment, self.rect, self.stride = opts.img_size, opts.augment, opts.rect, opts.stride
         self.hyp = dict(load_hyp() if opts.hyp is None and opts.augment else opts.hyp or {})
         self.mosaic = opts.augment and not opts.rect and self.hyp.get("mosaic", 0) > 0
+        self.colour_later = opts.defer_colour and opts.augment  # the batches carry their gains (__getitems__)
         self.pool_size = mosaic_pool_size(self.hyp)  # 0: mosaic partners from the whole set (utils.data.batch_pool)
         self.names = list(opts.names) if opts.names is not None else None
         self.seed = opts.seed
@@ -267,7 +269,8 @@ class YoloDataset(torch.utils.data.Dataset):
         their partners come from the batch's own images, each decoded once for the batch (utils.data.batch_pool;
         hyp ``mosaic_pool`` 0: from the whole set);
         without --rect each sample's pixels are written into its slot of the batch tensor (shared memory in a
-        DataLoader worker), which collate_fn then hands on without a copy."""
+        DataLoader worker), which collate_fn then hands on without a copy; with ``defer_colour`` the colour change
+        is drawn but left to the training step (the samples' ``colour``: each image's gains)."""
         if not keys:
             return []
         if self.mosaic and self.ram is None and self.pool_size:
@@ -275,14 +278,17 @@ class YoloDataset(torch.utils.data.Dataset):
             self.pool = BatchPool([k[0] if isinstance(k, tuple) else k for k in keys], len(self),
                                   first[1] if isinstance(first, tuple) else None, self.pool_size)
         batch = None if self.rect else new_batch((len(keys), 3, self.img_size, self.img_size), self.ring)
+        samples = BatchSamples()
+        self.later = [] if self.colour_later else None
         try:
-            samples = []
             for j, key in enumerate(keys):
                 self.slot = None if batch is None else batch[j]
                 samples.append(self[key])
+            if self.later:
+                samples.colour = torch.tensor(self.later, dtype=torch.float32)
             return samples
         finally:
-            self.pool = self.slot = None
+            self.pool = self.slot = self.later = None
 
     def _partners(self) -> list[int]:
         """A mosaic's 3 other images: from the batch's pool while a batch is built, else from the whole set."""
@@ -328,14 +334,14 @@ class YoloDataset(torch.utils.data.Dataset):
         hsv = draw_hsv(rng, hyp.get("hsv_h", 0), hyp.get("hsv_s", 0), hyp.get("hsv_v", 0)) if self.augment else None
         if self.mosaic and rng.random() < hyp.get("mosaic", 0):
             shapes, mix = None, rng.random() < hyp.get("mixup", 0)
-            img, labels, extras = self.load_mosaic(index, None if mix else hsv)  # coloured where it costs least
+            img, labels, extras = self.load_mosaic(index, None if mix or self.later is not None else hsv)
             if mix:
                 other = int(rng.integers(0, len(self))) if self.pool is None else self.pool.partners(rng, 1)[0]
                 img2, labels2, extras2 = self.load_mosaic(other)
                 img, labels = mixup(img, labels, img2, labels2, rng)
                 extras = geometry.join(extras, extras2)
-            else:
-                hsv = None
+            elif self.later is None:
+                hsv = None  # coloured in the mosaic, where it costs least
             img, labels, extras = geometry.paste(img, labels, extras, hyp, rng)
         else:
             img, place, shapes = self._letterbox(index)
@@ -345,7 +351,9 @@ class YoloDataset(torch.utils.data.Dataset):
             if self.augment:
                 img, labels, extras = random_perspective_extras(img, labels, extras, geometry, rng,
                                                                 **self._warp_hyp())
-        if hsv is not None:
+        if hsv is not None and self.later is not None:
+            self.later.append(hsv.gains)  # the training step applies it (utils.data.colour.recolour)
+        elif hsv is not None:
             apply_hsv(img, hsv)
         labels[:, 1:] = xyxy2xywhn(labels[:, 1:], img.shape[1], img.shape[0], clip=True)
         extras = geometry.normalize(extras, img.shape[1], img.shape[0])
@@ -354,9 +362,9 @@ class YoloDataset(torch.utils.data.Dataset):
                 (img, labels), extras = flip_ud(img, labels), geometry.flip_ud(extras)
             if rng.random() < hyp.get("fliplr", 0):
                 (img, labels), extras = flip_lr(img, labels), geometry.flip_lr(extras)
-        targets = torch.zeros((len(labels), 6))
-        targets[:, 1:] = torch.from_numpy(labels)
-        sample = (bgr_to_chw_rgb(img, self.slot), targets, self.im_files[index], shapes)
+        targets = np.zeros((len(labels), 6), np.float32)  # numpy, then one tensor: 4x faster than torch's ops here
+        targets[:, 1:] = labels
+        sample = (bgr_to_chw_rgb(img, self.slot), torch.from_numpy(targets), self.im_files[index], shapes)
         return Sample(*sample) if self.extras is None else TaskSample(*sample, extras)
 
     def collate_extras(self, batch: Sequence[tuple]) -> TaskBatch:
@@ -364,6 +372,8 @@ class YoloDataset(torch.utils.data.Dataset):
         may reorder each sample's targets; then the plain collate, with the extras by name as a fifth item."""
         height, width = max(s[0].shape[1] for s in batch), max(s[0].shape[2] for s in batch)
         samples, extras = self.sample_extras.collate(batch, height, width, self.augment)
+        if (colour := getattr(batch, "colour", None)) is not None:
+            extras[COLOUR_KEY] = colour
         return TaskBatch(*YoloDataset.collate_fn(samples), extras)
 
     def seed_sample(self, key: Sequence[int]) -> None:
@@ -379,6 +389,9 @@ class YoloDataset(torch.utils.data.Dataset):
         tiled 2 x 2 (by a draw from the last sample's seeded stream, so a resumed run repeats it)."""
         if self.extras is not None:
             raise DataError(f"--quad is for detection data; a {self.options.task} data set's batches keep their size")
+        if getattr(batch, "colour", None) is not None:
+            raise DataError("--quad tiles 4 images into one: their colour change cannot wait for the training step "
+                            "(--colour-on loader)")
         imgs, targets, paths, shapes = self.collate_fn(batch)
         imgs = imgs.contiguous()  # NCHW: the 2x upscale below then rounds exactly as it always did
         if len(imgs) % 4:
@@ -403,8 +416,9 @@ class YoloDataset(torch.utils.data.Dataset):
         return Batch(torch.stack(out), torch.cat(labels, 0), paths[::4], shapes[::4])
 
     @staticmethod
-    def collate_fn(batch: Sequence[tuple]) -> Batch:
-        """Stack images (padding to the largest h, w when they differ) and index targets by image."""
+    def collate_fn(batch: Sequence[tuple]) -> Batch | TaskBatch:
+        """Stack images (padding to the largest h, w when they differ) and index targets by image; samples whose
+        colour change waits for the training step (BatchSamples.colour) make a TaskBatch carrying it."""
         imgs, targets, paths, shapes = zip(*batch)
         height, width = max(i.shape[1] for i in imgs), max(i.shape[2] for i in imgs)
         out = slots_batch(imgs)
@@ -419,6 +433,9 @@ class YoloDataset(torch.utils.data.Dataset):
                 pixels[i, :img.shape[1], :img.shape[2]] = img.permute(1, 2, 0).numpy()
         for i, (img, t) in enumerate(zip(imgs, targets)):
             t[:, 0] = i
-            t[:, [2, 4]] *= img.shape[2] / width  # padding on the right/bottom keeps pixel positions
-            t[:, [3, 5]] *= img.shape[1] / height
+            if img.shape[1:] != (height, width):  # padding on the right/bottom keeps pixel positions
+                t[:, [2, 4]] *= img.shape[2] / width
+                t[:, [3, 5]] *= img.shape[1] / height
+        if (colour := getattr(batch, "colour", None)) is not None:
+            return TaskBatch(out, torch.cat(targets, 0), paths, shapes, {COLOUR_KEY: colour})
         return Batch(out, torch.cat(targets, 0), paths, shapes)

@@ -37,6 +37,7 @@ class DatasetOptions:
     task: str = BASE_TASK  # a registered task: what its samples carry beside the boxes, and its batches
     task_options: dict = field(default_factory=dict)  # a task's own settings, read by its sample part
     fraction: float = 1.0  # the share of the split's images kept (the first ones, in file order; at least one)
+    defer_colour: bool = False  # augmenting: the HSV change drawn, left to the training step (utils.data.colour)
 
 
 class Sample(NamedTuple):
@@ -57,6 +58,13 @@ class TaskSample(NamedTuple):
     path: str
     shapes: tuple | None
     extras: Any  # per object, in the targets' order, normalised to ``image`` (a segmenter's outlines (k, n, 2))
+
+
+class BatchSamples(list):
+    """A batch's samples as the data set builds them (YoloDataset.__getitems__), with what the batch carries as a
+    whole: ``colour``, its images' HSV gains (b, 3) when their colour change waits for the training step."""
+
+    colour: torch.Tensor | None = None
 
 
 class Batch(NamedTuple):

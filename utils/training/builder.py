@@ -170,7 +170,8 @@ def assemble_trainer(config: RunConfig, hyp: dict, device: torch.device, hooks: 
     dist.batch_per_rank(config.batch_size)
     reserved = torch.get_num_threads() if device.type == "cpu" else 0  # the cores the CPU training threads need
     data = data or load_train_data(config, hyp, data_cfg, grid, len(data_cfg.names), reserved,
-                                   task=model.head.task, recycle=device.type in ("cpu", "cuda"))  # labels checked
+                                   task=model.head.task, recycle=device.type in ("cpu", "cuda"),  # labels checked
+                                   colour_later=colour_in_step(config, device))
     if model.head.anchor_based and not config.noautoanchor and not config.resume and data.dataset is not None:
         check_anchors(data.dataset, model, thr=hyp["anchor_t"], img_size=config.img_size)  # rank 0 decides
     dist.check_agreement(fingerprint(model, config.options(), hyp, data.dataset))
@@ -276,22 +277,35 @@ def build_model(config: RunConfig, nc: int, names: list[str], device: torch.devi
     return model.to(device, memory_format=train_memory_format(device, config.channels_last)), ckpt
 
 
-def load_train_data(config: RunConfig, hyp: dict, data_cfg: Any, grid: int, nc: int,
-                    reserved_cores: int = 0, task: str = BASE_TASK, recycle: bool = False) -> TrainData:
+def colour_in_step(config: RunConfig, device: torch.device) -> bool:
+    """Whether the training step changes the images' colour rather than the loader (--colour-on): auto on CUDA,
+    where the GPU takes that work off the loader's cores; never with --quad, which tiles 4 images into one."""
+    if config.colour_on == "device" and config.quad:
+        raise TrainError("--colour-on device cannot be used with --quad (it tiles 4 images, each with its own colour "
+                         "change, into one); use --colour-on loader")
+    return config.colour_on == "device" or (config.colour_on == "auto" and device.type == "cuda" and not config.quad)
+
+
+def load_train_data(config: RunConfig, hyp: dict, data_cfg: Any, grid: int, nc: int, reserved_cores: int = 0,
+                    task: str = BASE_TASK, recycle: bool = False, colour_later: bool = False) -> TrainData:
     """Train loader (distributed sampler, augmented) and the sharded val loader of --data; batch is per rank;
     the workers get the rank's cores less ``reserved_cores`` (utils.data.loader.worker_count); with ``recycle``
     the training loop hands each batch back to the workers (utils.data.batch_memory.hand_back); the samples carry
     what the model's ``task`` trains on beside the boxes (its ``sample`` part). ``nc`` is the data set's class count,
-    which its labels are checked against; with --single-cls they become class 0 after the check."""
+    which its labels are checked against; with --single-cls they become class 0 after the check. With
+    ``colour_later`` the training batches carry their HSV gains for the step to apply (colour_in_step)."""
     batch = dist.batch_per_rank(config.batch_size)
     common = DatasetOptions(img_size=config.img_size, batch_size=batch, stride=grid, hyp=hyp, cache=config.cache,
                             seed=config.seed, single_cls=config.single_cls, nc=nc, task=task,
                             task_options=dict(getattr(data_cfg, "task_options", None) or {}))
     train_options = DatasetOptions(**{**vars(common), "augment": True, "rect": config.rect,
-                                      "prefix": colorstr("train: "), "fraction": config.fraction})
+                                      "prefix": colorstr("train: "), "fraction": config.fraction,
+                                      "defer_colour": colour_later})
     train_loader, train_set = create_dataloader(data_cfg.train, train_options, workers=config.workers,
                                                 shuffle=not config.rect, quad=config.quad,
                                                 reserved_cores=reserved_cores, recycle=recycle)
+    if getattr(train_set, "colour_later", False):  # a data set that leaves it (YoloDataset's pipeline)
+        LOGGER.info(f"{train_options.prefix}colour changes (HSV) run in the training step, not in the loader")
     val_options = DatasetOptions(**{**vars(common), "batch_size": batch * 2, "rect": True, "pad": 0.5,
                                     "prefix": colorstr("val: ")})
     val_loader, val_set = create_dataloader(data_cfg.val, val_options, workers=config.workers, shard_eval=True,

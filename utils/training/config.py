@@ -41,6 +41,7 @@ class RunConfig:
     device: str = ""
     amp: str = "auto"
     channels_last: bool = False
+    colour_on: str = "auto"  # where the HSV change runs: auto, loader, device (train.py --colour-on)
     compile: bool = False
     multi_scale: bool = False
     single_cls: bool = False

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn import functional as F
 
+from utils.data.colour import recolour
 from utils.distributed import comm as dist
 from utils.evaluation.evaluate import model_input
 from utils.hooks import CHECKPOINT_PRIORITY, HookBase, StepInfo, TrainerView
@@ -112,9 +113,12 @@ def _tensors(value: object) -> list[torch.Tensor]:
 
 
 def prepare_images(imgs: torch.Tensor, device: torch.device, size: int | None,
-                   channels_last: bool = False) -> torch.Tensor:
+                   channels_last: bool = False, colour: torch.Tensor | None = None) -> torch.Tensor:
     """uint8 (b, 3, h, w) -> float in [0, 1] on ``device`` in the training layout (one pass: the cast writes it),
-    resized to ``size`` for --multi-scale."""
+    resized to ``size`` for --multi-scale; first, on ``device``, each image's colour change of ``colour`` (its
+    gains (b, 3), when the loader left it to the step: utils.data.colour.recolour)."""
+    if colour is not None:
+        imgs = recolour(imgs.to(device, non_blocking=True), colour)
     imgs = model_input(imgs, device, train_memory_format(device, channels_last) == torch.channels_last)
     if size is not None and size != imgs.shape[-1]:
         imgs = F.interpolate(imgs, size=(size, size), mode="bilinear", align_corners=False)

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from utils.data.batch_memory import hand_back
+from utils.data.colour import take_colour
 from utils.data.loader import close_mosaic, image_weights, set_epoch, set_start, set_weights
 from utils.device import autocast
 from utils.distributed import comm as dist
@@ -137,7 +138,7 @@ class Trainer:
             self.hooks.before_step(self.view, epoch, batch)
             self.updater.begin_batch(epoch)
             raw, imgs = imgs, prepare_images(imgs, self.device, step_sizes[i] if step_sizes is not None else None,
-                                             self.config.channels_last)
+                                             self.config.channels_last, take_colour(extras))
             hand_back(raw)  # its own copy made: the worker may write that memory again (a recycling loader's)
             targets = targets.to(self.device)
             vote, loss_items, stepped = self.run_step(epoch, batch, imgs, targets, batch_tensors(extras, self.device))

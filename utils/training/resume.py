@@ -171,7 +171,8 @@ def shared_resumable(checkpoint: Path, trusted: bool = False) -> tuple[Path, dic
 RUNTIME_OPTIONS: dict[str, bool] = {
     "resume": True, "device": True, "backend": True, "trust_weights": True, "local_rank": True, "hook": True,
     "workers": False, "ddp_timeout": False, "ddp_long_timeout": False, "save_interval_steps": False,
-    "save_interval_minutes": False, "exist_ok": False, "amp": False, "channels_last": False, "compile": False,
+    "save_interval_minutes": False, "exist_ok": False, "amp": False, "channels_last": False, "colour_on": False,
+    "compile": False,
     "data": False,  # each machine may keep the data elsewhere
     "loggers": False, "tracker_timeout": False,
 }

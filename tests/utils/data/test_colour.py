@@ -1,13 +1,15 @@
 """utils/data/colour.py: the HSV change drawn as hsv_table draws it, applied by one matrix product within a level
-of the lookup table's H, S and V."""
+of the lookup table's H, S and V; the same change on a batch's device (recolour) within a level of it."""
 
 from __future__ import annotations
 
 import cv2
 import numpy as np
+import pytest
+import torch
 
 from utils.data import augment
-from utils.data.colour import HsvChange, draw_hsv
+from utils.data.colour import COLOUR_KEY, RECOLOUR_CHUNK, HsvChange, draw_hsv, recolour, take_colour
 
 
 def _image(seed: int = 0, shape: tuple[int, int] = (48, 64)) -> np.ndarray:
@@ -55,3 +57,41 @@ def test_hue_gains_past_the_range_use_the_table_exactly() -> None:
     for gains in ((1.6, 1.0, 1.0), (1.5, 0.5, 1.2)):  # 179 x 1.6 > 255: the matrix would saturate the hue
         change = HsvChange(gains)
         assert np.array_equal(change.apply(img, inplace=False), augment.apply_hsv(img.copy(), change.table()))
+
+
+def _rgb_batch(bgr: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(bgr[..., ::-1])).permute(2, 0, 1)[None]
+
+
+@pytest.mark.parametrize("gains", [(1.0, 1.0, 1.0), (1.012, 1.5, 0.7), (0.986, 0.4, 1.35), (1.015, 1.69, 1.39),
+                                   (1.6, 1.0, 1.2), (0.3, 0.5, 1.0)])
+def test_recolour_is_the_loaders_change_within_a_level(gains: tuple[float, float, float]) -> None:
+    """Every 8-bit colour, through the batch's change on its device and through HsvChange.apply (OpenCV), the
+    matrix's gains and the table's (a hue gain past 1.42): at most one level apart, with no bias either way."""
+    cube = np.stack(np.meshgrid(*[np.arange(256, dtype=np.uint8)] * 3, indexing="ij"), -1).reshape(4096, 4096, 3)
+    expected = HsvChange(gains).apply(cube, inplace=False)
+    got = recolour(_rgb_batch(cube), torch.tensor([gains]))[0].permute(1, 2, 0).numpy()[..., ::-1]
+    diff = np.abs(got.astype(np.int16) - expected)
+    assert diff.max() <= 1 and diff.mean() < 0.25
+
+
+def test_recolour_takes_each_images_gains_and_keeps_the_layout() -> None:
+    n = RECOLOUR_CHUNK + 3  # two chunks
+    images = torch.from_numpy(np.stack([_image(s, (24, 32)) for s in range(n)])).permute(0, 3, 1, 2)
+    images = images.contiguous(memory_format=torch.channels_last)
+    gains = 1 + (torch.rand(n, 3, generator=torch.Generator().manual_seed(0)) - 0.5) * torch.tensor([0.03, 1.4, 0.8])
+    out = recolour(images, gains)
+    assert out.dtype == torch.uint8 and out.is_contiguous(memory_format=torch.channels_last)
+    for i in range(n):
+        one = recolour(images[i:i + 1].contiguous(), gains[i:i + 1])
+        assert torch.equal(out[i:i + 1], one)
+        expected = HsvChange(tuple(gains[i].tolist())).apply(images[i].permute(1, 2, 0).numpy()[..., ::-1].copy())
+        assert np.abs(one[0].permute(1, 2, 0).numpy()[..., ::-1].astype(int) - expected).max() <= 1
+    assert not torch.equal(out[0], images[0]) and not torch.equal(out[0], out[n - 1])
+
+
+def test_take_colour_leaves_the_tasks_extras() -> None:
+    gains = torch.ones(2, 3)
+    extras = [{COLOUR_KEY: gains, "masks": torch.zeros(2)}]
+    assert take_colour(extras) is gains and list(extras[0]) == ["masks"]
+    assert take_colour(extras) is None and take_colour([]) is None

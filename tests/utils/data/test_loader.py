@@ -12,6 +12,7 @@ import torch
 from utils.data import loader
 from utils.data.config import load_data_config
 from utils.data.datasets import DatasetOptions, YoloDataset
+from utils.data.errors import DataError
 from utils.data.loader import ResumableSampler, ShardSampler, build_dataloader, create_dataloader, set_epoch, set_start
 from utils.data.stream import rank_positions
 from utils.distributed import comm as dist
@@ -310,3 +311,46 @@ def test_a_segmenter_is_refused_streamed_shards_in_one_line(tmp_path: Path) -> N
     spec = ShardSpec("train-{000..001}.tar", ("a.tar", "b.tar"), str(tmp_path / "index.json"), True)
     with pytest.raises(DataError, match="tar shards hold boxes only; a segment model reads YOLO segment labels"):
         create_dataloader([spec], DatasetOptions(img_size=64, task="segment"), workers=0)
+
+
+@pytest.mark.parametrize("mosaic", [0.0, 1.0])
+def test_batches_that_leave_the_colour_to_the_step(tmp_path: Path, mosaic: float) -> None:
+    """defer_colour: the same samples (boxes, order, draws) with each image's gains carried by the batch, and the
+    step's change of them equal to the loader's within a level (within the resizes' rounding for mosaics, whose
+    tiles the loader colours before resizing them)."""
+    from utils.data.colour import COLOUR_KEY, recolour, take_colour
+    from utils.data.synthetic import ensure_synthetic
+    from utils.hyp import load_hyp
+
+    root = ensure_synthetic(tmp_path / "syn", n_train=12, n_val=2, img_size=(64, 96), seed=0)
+    hyp = {**load_hyp(), "mosaic": mosaic}
+    loader_side = YoloDataset(root / "images" / "train", img_size=64, augment=True, hyp=hyp, seed=0)
+    step_side = YoloDataset(root / "images" / "train", img_size=64, augment=True, hyp=hyp, seed=0, defer_colour=True)
+    keys = [(i, (0, 0, i)) for i in range(8)]
+    coloured = loader_side.collate_fn(loader_side.__getitems__(keys))
+    later = step_side.collate_fn(step_side.__getitems__(keys))
+    assert type(coloured).__name__ == "Batch" and set(later.extras) == {COLOUR_KEY}
+    assert torch.equal(coloured.targets, later.targets) and coloured.paths == later.paths
+    gains = take_colour([later.extras])
+    assert gains.shape == (8, 3) and len(set(gains[:, 2].tolist())) == 8  # each image its own draw
+    diff = (recolour(later.images, gains).int() - coloured.images.int()).abs().float()
+    assert (later.images.int() - coloured.images.int()).abs().float().mean() > 10  # not coloured by the loader
+    if mosaic:
+        assert diff.mean() < 1.0
+    else:
+        assert diff.max() <= 1
+    single = step_side[keys[0]]  # a sample taken alone (no batch to carry its gains) is coloured as before
+    assert torch.equal(single.image, loader_side[keys[0]].image)
+    with pytest.raises(DataError, match="--quad tiles 4 images"):  # one image of 4, each with its own change
+        step_side.collate_quad(step_side.__getitems__(keys[:4]))
+
+
+def test_a_segment_batch_carries_its_masks_and_its_colour(tmp_path: Path) -> None:
+    from utils.data.colour import COLOUR_KEY
+    from utils.tasks.segment.synthetic import ensure_synthetic_seg
+
+    root = ensure_synthetic_seg(tmp_path / "seg", n_train=5, n_val=2, img_size=(64, 96), seed=3)
+    dataset = YoloDataset(root / "images" / "train", img_size=64, augment=True, seed=0, task="segment",
+                          defer_colour=True)
+    batch = dataset.collate_fn(dataset.__getitems__([(i, (0, 0, i)) for i in range(4)]))
+    assert {COLOUR_KEY, "masks"} <= set(batch.extras) and batch.extras[COLOUR_KEY].shape == (4, 3)
