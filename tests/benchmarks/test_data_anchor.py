@@ -49,9 +49,13 @@ def test_our_side_times_a_pass_phase_by_phase(tmp_path: Path) -> None:
     boxes: dict = {}  # the loader as train.py's loop runs it on the CPU: each batch handed back to the worker
     for recycle in (True, False):
         (epoch,) = time_loader(side, 8, [1], boxes, recycle)
-        assert epoch["batches"] == 2 and epoch["worker_per_batch"] > 0
-    assert boxes[True]["ring"] is not None and boxes[False]["ring"] is None and side.dataset.ring is None
-    assert boxes[True]["ring"]._held  # released segments kept mapped for their return
+        assert epoch["batches"] == 2 and epoch["worker_per_batch"] > 0 and epoch["colour_per_batch"] == 0
+    assert boxes[True, False]["ring"] is not None and boxes[False, False]["ring"] is None
+    assert boxes[True, False]["ring"]._held  # released segments kept mapped for their return
+    (epoch,) = time_loader(side, 8, [1], boxes, True, later=True)  # the colour left to the step, timed after
+    assert epoch["batches"] == 2 and epoch["colour_per_batch"] > 0 and not side.dataset.colour_later
+    later = time_pass(side, 8, 1, clock, later=True)
+    assert "HSV" not in later["phases"] and not side.dataset.colour_later  # the worker's part only
 
 
 def test_the_settings_must_match() -> None:
@@ -64,12 +68,19 @@ def test_the_settings_must_match() -> None:
 def test_the_tables_from_given_timings() -> None:
     def side(worker: float, cpu: float, kept: float | None = None) -> dict:
         passes = [{"cpu": cpu, "wall": cpu, "phases": {p: cpu / len(PHASES) for p in PHASES}}] * 3
-        loader = [{"worker_per_batch": worker, "main_per_batch": 0.001, "wall": 2.0, "batches": 4}] * 3
+        loader = [{"worker_per_batch": worker, "main_per_batch": 0.001, "wall": 2.0, "batches": 4,
+                   "colour_per_batch": 0.0}] * 3
         return {"pass": passes, "loader": loader, "kept": [{**loader[0], "worker_per_batch": kept}] * 3 if kept
-                else []}
+                else [], "later": [{**loader[0], "worker_per_batch": worker / 2, "colour_per_batch": 0.32}] * 3
+                if kept else [], "later pass": [{**passes[0], "cpu": cpu / 4}] * 3 if kept else []}
 
     opt = bench_data.parse_opt(["--anchor", "ultralytics", "--samples", "64", "--batch", "16"])
     lines = report({"ours": side(0.08, 0.32, kept=0.1), "ultralytics": side(0.16, 0.64)}, opt)
+    later = [line for line in lines if "colour in the training step (CUDA)" in line]
+    assert "400.0 [400.0-400.0]" in later[0] and "4.00 [4.00-4.00]x" in later[0]  # the worker: against theirs
+    assert "800.0 [800.0-800.0]" in later[1] and "8.00 [8.00-8.00]x" in later[1]  # one thread
+    colour = next(line for line in lines if line.startswith("colour in the training step (torch"))
+    assert "20.000" in colour and colour.rstrip().endswith("-")  # 0.32 s a batch of 16; theirs: none
     core = next(line for line in lines if line.startswith("per worker core"))
     assert "200.0 [200.0-200.0]" in core and "100.0 [100.0-100.0]" in core and "2.00 [2.00-2.00]x" in core
     kept = next(line for line in lines if "batches kept" in line)  # ultralytics' one loader figure against it

