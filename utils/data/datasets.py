@@ -104,7 +104,8 @@ class YoloDataset(torch.utils.data.Dataset):
         self.img_size, self.augment, self.rect, self.stride = opts.img_size, opts.augment, opts.rect, opts.stride
         self.hyp = dict(load_hyp() if opts.hyp is None and opts.augment else opts.hyp or {})
         self.mosaic = opts.augment and not opts.rect and self.hyp.get("mosaic", 0) > 0
-        self.colour_later = opts.defer_colour and opts.augment  # the batches carry their gains (__getitems__)
+        self.colour_later = opts.defer_colour and opts.augment and any(  # batches carry their gains (__getitems__)
+            self.hyp.get(k, 0) for k in ("hsv_h", "hsv_s", "hsv_v"))
         self.pool_size = mosaic_pool_size(self.hyp)  # 0: mosaic partners from the whole set (utils.data.batch_pool)
         self.names = list(opts.names) if opts.names is not None else None
         self.seed = opts.seed

@@ -339,6 +339,9 @@ def test_batches_that_leave_the_colour_to_the_step(tmp_path: Path, mosaic: float
         assert diff.mean() < 1.0
     else:
         assert diff.max() <= 1
+    plain = YoloDataset(root / "images" / "train", img_size=64, augment=True, seed=0, defer_colour=True,
+                        hyp={**hyp, "hsv_h": 0.0, "hsv_s": 0.0, "hsv_v": 0.0})
+    assert not plain.colour_later and type(plain.collate_fn(plain.__getitems__(keys))).__name__ == "Batch"
     single = step_side[keys[0]]  # a sample taken alone (no batch to carry its gains) is coloured as before
     assert torch.equal(single.image, loader_side[keys[0]].image)
     with pytest.raises(DataError, match="--quad tiles 4 images"):  # one image of 4, each with its own change
