@@ -30,7 +30,7 @@ from utils.distributed.signals import StopRequested, signal_name
 from utils.hooks import HookBase, load_hook
 from utils.log import LOGGER, print_options
 from utils.loggers.registry import add_logger_flags
-from utils.training.builder import DEFAULT_CFG, build_trainer, prepare_run
+from utils.training.builder import COLOUR_PLACES, DEFAULT_CFG, build_trainer, prepare_run
 from utils.training.config import RunConfig
 from utils.training.evolve import evolve
 from utils.training.fitness import fitness
@@ -40,7 +40,6 @@ from utils.training.resume import RunFinished
 from utils.training.run_plan import forget_run_dir
 
 AMP_MODES = ("auto", "on", "off")
-COLOUR_PLACES = ("auto", "loader", "device")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -48,6 +48,8 @@ class Throughput:
 
 
 def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
+    from utils.training.builder import COLOUR_PLACES
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=["yolo11n", "yolov5s"])
     p.add_argument("--img", type=int, default=640)
@@ -58,7 +60,7 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=0, help="loader workers (0: one per usable core, less one)")
     p.add_argument("--device", default="0", help="'0' (CUDA) or 'cpu'")
     p.add_argument("--out", type=Path, default=Path("/tmp/gpu_throughput"), help="folder for the generated set")
-    p.add_argument("--colour-on", choices=("auto", "loader", "device"), default="auto",
+    p.add_argument("--colour-on", choices=COLOUR_PLACES, default="auto",
                    help="where the HSV change runs, as train.py's flag: auto = on the device when it is CUDA")
     opt = p.parse_args(argv)
     if min(opt.steps, opt.batch, opt.images) < 1 or opt.warmup < 0:
@@ -107,15 +109,16 @@ def images_per_second(step: Callable[..., None], batches: Iterator, steps: int, 
     colour gains, when it carries them, given to the step)."""
     from utils.data.colour import take_colour
 
+    def next_step() -> int:
+        imgs, targets, *rest = next(batches)  # then paths, shapes and a TaskBatch's extras
+        step(imgs, targets, take_colour(rest[2:]))
+        return len(imgs)
+
     for _ in range(warmup):
-        imgs, targets, *rest = next(batches)  # then paths, shapes and a TaskBatch's extras
-        step(imgs, targets, take_colour(rest[2:]))
+        next_step()
     _sync(device)
-    start, images = time.perf_counter(), 0
-    for _ in range(steps):
-        imgs, targets, *rest = next(batches)  # then paths, shapes and a TaskBatch's extras
-        step(imgs, targets, take_colour(rest[2:]))
-        images += len(imgs)
+    start = time.perf_counter()
+    images = sum(next_step() for _ in range(steps))
     _sync(device)
     return images / (time.perf_counter() - start)
 

@@ -53,6 +53,11 @@ class HsvChange(NamedTuple):
         return cv2.cvtColor(hsv, cv2.COLOR_HSV2BGR, dst=img if inplace else hsv)
 
 
+def hsv_gains(hyp: dict) -> tuple[float, float, float]:
+    """The hyps' hue, saturation and value gains (hsv_h, hsv_s, hsv_v; 0 where missing), as draw_hsv takes them."""
+    return hyp.get("hsv_h", 0), hyp.get("hsv_s", 0), hyp.get("hsv_v", 0)
+
+
 def draw_hsv(rng: np.random.Generator, hgain: float = 0.5, sgain: float = 0.5,
              vgain: float = 0.5) -> HsvChange | None:
     """A random colour change (the draws of ``hsv_table``); None without gains (nothing drawn)."""
@@ -64,9 +69,10 @@ def draw_hsv(rng: np.random.Generator, hgain: float = 0.5, sgain: float = 0.5,
 
 def recolour(images: torch.Tensor, gains: torch.Tensor) -> torch.Tensor:
     """uint8 RGB images (b, 3, h, w) on any device with each image's colour change of ``gains`` (b, 3) applied as
-    HsvChange.apply changes BGR pixels: OpenCV's 8-bit HSV (its fixed-point H and S), the products rounded, the hue
-    wrapped, back to RGB truncated; within one level of it. A new uint8 tensor in the images' layout, made
-    RECOLOUR_CHUNK images at a time (the working memory: about 60 bytes a pixel of a chunk)."""
+    HsvChange.apply changes BGR pixels: OpenCV's 8-bit HSV (its fixed-point H and S), the products rounded (floored
+    where apply uses its table), the hue wrapped, back to RGB truncated; within one level of it. A new uint8 tensor
+    in the images' layout, made RECOLOUR_CHUNK images at a time (the working memory: about 60 bytes a pixel of a
+    chunk)."""
     gains = gains.to(images.device, torch.float32, non_blocking=True)  # no wait for the GPU's queue
     out = torch.empty_like(images)
     for start in range(0, len(images), RECOLOUR_CHUNK):

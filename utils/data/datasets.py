@@ -34,7 +34,7 @@ from utils.data.augment import (
 )
 from utils.data.batch_memory import BatchRing, new_batch, slots_batch
 from utils.data.batch_pool import BatchPool, mosaic_pool_size
-from utils.data.colour import COLOUR_KEY, draw_hsv
+from utils.data.colour import COLOUR_KEY, draw_hsv, hsv_gains
 from utils.data.errors import DataError
 from utils.data.formats import ignore_regions, label_reader, scan_sources
 from utils.data.image_io import ImageRefused, read_cached_array, read_image, reduction
@@ -104,8 +104,7 @@ class YoloDataset(torch.utils.data.Dataset):
         self.img_size, self.augment, self.rect, self.stride = opts.img_size, opts.augment, opts.rect, opts.stride
         self.hyp = dict(load_hyp() if opts.hyp is None and opts.augment else opts.hyp or {})
         self.mosaic = opts.augment and not opts.rect and self.hyp.get("mosaic", 0) > 0
-        self.colour_later = opts.defer_colour and opts.augment and any(  # batches carry their gains (__getitems__)
-            self.hyp.get(k, 0) for k in ("hsv_h", "hsv_s", "hsv_v"))
+        self.colour_later = opts.defer_colour and opts.augment and any(hsv_gains(self.hyp))  # batches carry gains
         self.pool_size = mosaic_pool_size(self.hyp)  # 0: mosaic partners from the whole set (utils.data.batch_pool)
         self.names = list(opts.names) if opts.names is not None else None
         self.seed = opts.seed
@@ -332,17 +331,18 @@ class YoloDataset(torch.utils.data.Dataset):
             index, key = index
             self.seed_sample(key)
         hyp, rng, geometry = self.hyp, self.rng, self.sample_extras
-        hsv = draw_hsv(rng, hyp.get("hsv_h", 0), hyp.get("hsv_s", 0), hyp.get("hsv_v", 0)) if self.augment else None
+        hsv = draw_hsv(rng, *hsv_gains(hyp)) if self.augment else None
+        later = self.later is not None  # the batch carries the change to the training step (__getitems__)
         if self.mosaic and rng.random() < hyp.get("mosaic", 0):
             shapes, mix = None, rng.random() < hyp.get("mixup", 0)
-            img, labels, extras = self.load_mosaic(index, None if mix or self.later is not None else hsv)
+            in_tiles = None if mix or later else hsv  # coloured in the mosaic's tiles, where it costs least
+            img, labels, extras = self.load_mosaic(index, in_tiles)
             if mix:
                 other = int(rng.integers(0, len(self))) if self.pool is None else self.pool.partners(rng, 1)[0]
                 img2, labels2, extras2 = self.load_mosaic(other)
                 img, labels = mixup(img, labels, img2, labels2, rng)
                 extras = geometry.join(extras, extras2)
-            elif self.later is None:
-                hsv = None  # coloured in the mosaic, where it costs least
+            hsv = None if in_tiles is not None else hsv
             img, labels, extras = geometry.paste(img, labels, extras, hyp, rng)
         else:
             img, place, shapes = self._letterbox(index)
@@ -352,7 +352,7 @@ class YoloDataset(torch.utils.data.Dataset):
             if self.augment:
                 img, labels, extras = random_perspective_extras(img, labels, extras, geometry, rng,
                                                                 **self._warp_hyp())
-        if hsv is not None and self.later is not None:
+        if hsv is not None and later:
             self.later.append(hsv.gains)  # the training step applies it (utils.data.colour.recolour)
         elif hsv is not None:
             apply_hsv(img, hsv)

@@ -277,6 +277,9 @@ def build_model(config: RunConfig, nc: int, names: list[str], device: torch.devi
     return model.to(device, memory_format=train_memory_format(device, config.channels_last)), ckpt
 
 
+COLOUR_PLACES = ("auto", "loader", "device")  # --colour-on: where the training images' HSV change runs
+
+
 def colour_in_step(config: RunConfig, device: torch.device) -> bool:
     """Whether the training step changes the images' colour rather than the loader (--colour-on): auto on CUDA,
     where the GPU takes that work off the loader's cores; never with --quad, which tiles 4 images into one."""
