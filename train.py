@@ -42,6 +42,21 @@ from utils.training.run_plan import forget_run_dir
 AMP_MODES = ("auto", "on", "off")
 
 
+def _add_speed_flags(p: argparse.ArgumentParser) -> None:
+    """How training runs fast: precision, memory layout, where the colour change runs, compiling, multi-scale."""
+    p.add_argument("--amp", choices=AMP_MODES, default="auto",
+                   help="mixed precision (float16 on CUDA, bfloat16 on the CPU) where its output matches float32's: "
+                   "auto = only where it is faster (CUDA, CPUs with AMX)")
+    p.add_argument("--channels-last", action="store_true",
+                   help="train in channels_last (NHWC) memory format on CUDA too (the CPU always trains channels_last)")
+    p.add_argument("--colour-on", choices=COLOUR_PLACES, default="auto",
+                   help="where training images get their random HSV colour change: auto = on the GPU when training "
+                   "on CUDA (the loader's CPU cores do less), else in the loader")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the model (also under DDP): faster steps after minutes of compiling")
+    p.add_argument("--multi-scale", action="store_true", help="vary the image size by +/- 50%% per step")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """train.py's parser: the reference's flags plus the DDP ones."""
     p = Parser(prog="train.py", description="Train a YOLO detector (DDP-ready).")
@@ -69,17 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache", nargs="?", const="ram", default=None, choices=["ram", "disk"],
                    help="cache images in 'ram' or on 'disk' (bare flag = ram)")
     add_flags(p, "device")
-    p.add_argument("--amp", choices=AMP_MODES, default="auto",
-                   help="mixed precision (float16 on CUDA, bfloat16 on the CPU) where its output matches float32's: "
-                   "auto = only where it is faster (CUDA, CPUs with AMX)")
-    p.add_argument("--channels-last", action="store_true",
-                   help="train in channels_last (NHWC) memory format on CUDA too (the CPU always trains channels_last)")
-    p.add_argument("--colour-on", choices=COLOUR_PLACES, default="auto",
-                   help="where training images get their random HSV colour change: auto = on the GPU when training "
-                   "on CUDA (the loader's CPU cores do less), else in the loader")
-    p.add_argument("--compile", action="store_true",
-                   help="torch.compile the model (also under DDP): faster steps after minutes of compiling")
-    p.add_argument("--multi-scale", action="store_true", help="vary the image size by +/- 50%% per step")
+    _add_speed_flags(p)
     add_flags(p, "single_cls")
     p.add_argument("--fraction", type=float, default=1.0,
                    help="train on this share of the training images (the first of them in file order), 0 < F <= 1")
