@@ -28,6 +28,9 @@ RUN grep -vE '^(torch|torchvision)([<>=!~ ;[]|$)' requirements.txt > /tmp/requir
     && rm /tmp/requirements-image.txt
 
 # The whole project tree; .dockerignore keeps history, tests, run outputs, data sets, caches and weights out.
+# Its bytecode is compiled into the image: PYTHONDONTWRITEBYTECODE stops Python from writing it at run time, so
+# without it every process (each torchrun rank) would compile the project's modules again as it starts.
 COPY . .
+RUN python -m compileall -q .
 
 CMD ["python", "train.py", "--help"]

@@ -16,14 +16,16 @@ its training process runs offline (``YOLO_OFFLINE``, its settings and font in a 
 network where ``unshare -n`` works). The data set is generated (utils/data/synthetic.py: shapes on textured
 backgrounds at 128-160 px, --images train and a quarter as many val images) into a temporary folder, in the YOLO
 layout both read, one identical copy per side (each writes its own label cache beside the labels). Each side uses
-its own defaults otherwise (hyperparameters, optimizer rule, workers, threads); every run is one process, timed
-from start to exit. Runs alternate (ours, theirs, ours, ...), so repeated runs share the machine's load; with
---repeats N each figure is the median of N runs and the ratios are ratios of medians. ``--seeds`` trains each
-side once per training seed (the data set stays the one --seed generated); ``--compare DIR`` also trains our models
-with another checkout's train.py (before/after a change), on a copy of its own, in turns with this tree's;
-``--compare-hyp KEY=VALUE ...`` trains that "compare" side with each model's family hyp file (the one our side
-trains with) changed by those entries (with --compare: that checkout's file, changed); ``--our-hyp KEY=VALUE ...``
-changes both our sides' files (``close_mosaic=0``: mosaic in every epoch of a short run).
+its own defaults otherwise (hyperparameters, optimizer rule, workers, threads); every run is one process, timed from
+start to exit, each side's Python code already compiled to bytecode (pip compiles ultralytics' as it installs it;
+our tree's is compiled beside its sources before each run, as Python writes it on a checkout's first run). Runs
+alternate (ours, theirs, ours, ...), so repeated runs share the machine's load; with --repeats N each figure is the
+median of N runs and the ratios are ratios of medians. ``--seeds`` trains each side once per training seed (the data
+set stays the one --seed generated); ``--compare DIR`` also trains our models with another checkout's train.py
+(before/after a change), on a copy of its own, in turns with this tree's; ``--compare-hyp KEY=VALUE ...`` trains
+that "compare" side with each model's family hyp file (the one our side trains with) changed by those entries (with
+--compare: that checkout's file, changed); ``--our-hyp KEY=VALUE ...`` changes both our sides' files
+(``close_mosaic=0``: mosaic in every epoch of a short run).
 
 Two mAP@.5:.95 figures per run: the best over the epochs as the trainer itself validated them (its results.csv),
 and its best.pt validated by our test.py (same metric code, NMS settings, validation images and image size for
@@ -237,11 +239,20 @@ def run_process(command: list[str], name: str, cwd: Path, env: dict[str, str] | 
     return seconds, cpu, out + err, tuple(clock.cpu) if clock is not None else ()
 
 
+def compile_tree(tree: Path) -> None:
+    """``tree``'s bytecode, written beside its sources (``__pycache__``, as Python does on a checkout's first run
+    unless PYTHONDONTWRITEBYTECODE is set), so that no timed run compiles our source as it starts: pip compiled
+    the baseline's when it installed it."""
+    sources = [str(tree / "utils"), str(tree / "models"), *map(str, sorted(tree.glob("*.py")))]
+    subprocess.run([sys.executable, "-m", "compileall", "-q", *sources], check=True, capture_output=True)
+
+
 def run_ours(model: str, opt: argparse.Namespace, data: Path, runs: Path, name: str, seed: int | None = None,
              tree: Path = ROOT, side: str = "ours", hyp: Path | None = None) -> Run:
     """Our train.py (``tree``'s: this checkout's or --compare's) with its defaults for ``model`` and ``seed``
     (default --seed), and ``hyp`` where given; the run folder is ``runs / name``."""
     seed = opt.seed if seed is None else seed
+    compile_tree(tree)
     command = [sys.executable, str(tree / "train.py"), "--cfg", model, "--data", str(data), "--epochs",
                str(opt.epochs), "--img", str(opt.img), "--batch-size", str(opt.batch_size), "--seed", str(seed),
                "--device", opt.device, "--noplots", "--loggers", "csv", "--project", str(runs), "--name", name,

@@ -4,6 +4,7 @@ it, CMD runs here."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -131,6 +132,22 @@ def test_the_image_gets_every_script_and_package_of_the_project() -> None:
             "data/hyps/hyp.scratch.yaml"} <= set(shipped)
     missing = [f for f in shipped if not in_context(f, RULES)]
     assert not missing, f"left out of the Docker build context: {missing}"
+
+
+def test_the_image_holds_the_bytecode_of_what_it_copies(tmp_path: Path) -> None:
+    """Compiled after COPY . . (the same command on the context's Python files, bytecode elsewhere: a module loads
+    from it without compiling)."""
+    steps = instructions(DOCKERFILE.read_text())
+    copy_all = steps.index(("COPY", ". ."))
+    assert ("RUN", "python -m compileall -q .") in steps[copy_all + 1:]
+    sources = [f for f in project_files() if f.endswith(".py") and in_context(f, RULES)]
+    env = {**os.environ, "PYTHONPYCACHEPREFIX": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-m", "compileall", "-q", *sources], cwd=ROOT, env=env,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    compiled = {p.relative_to(tmp_path / ROOT.relative_to(ROOT.anchor)).parent / p.name.split(".")[0]
+                for p in tmp_path.rglob("*.pyc")}
+    assert compiled == {Path(f).with_suffix("") for f in sources} and Path("utils/device") in compiled
 
 
 def test_dockerignore_keeps_history_tests_outputs_caches_and_weights_out() -> None:

@@ -49,6 +49,9 @@ def test_the_data_in_both_layouts_and_our_side_end_to_end(tmp_path: Path) -> Non
     assert load_yaml(folder / "opt.yaml")["amp"] == "off"  # --our-flags reached train.py
     assert load_yaml(folder / "hyp.yaml")["mosaic_pool"] == 0  # --compare-hyp's file reached train.py
     assert (tmp_path / "runs" / "test" / "tiny").is_dir()  # our test.py's outputs beside the run, not in runs/
+    tag = sys.implementation.cache_tag
+    assert all((ROOT / folder / "__pycache__" / f"{name}.{tag}.pyc").is_file() for folder, name in
+               ((".", "train"), (".", "test"), ("utils", "device"), ("models", "yolo"), ("utils/training", "loop")))
     assert run.model == "yolo11n" and run.side == "ours" and run.seconds > 0 and run.cpu_seconds > 0
     assert run.trainer_map == best_map(folder / "results.csv", OUR_MAP)
     assert 0.0 <= run.trainer_map <= 1.0 and 0.0 <= run.our_map <= 1.0 and math.isfinite(run.our_map)

@@ -26,7 +26,7 @@ from utils.data.heap import keep_freed_memory
 from utils.data.ram_cache import plan_shared_memory, shm_free, size_text
 from utils.data.shard_urls import ShardSpec
 from utils.data.stream import StreamDataset, load_stream, rank_positions
-from utils.device import available_cores
+from utils.device import available_cores, freeze_long_lived
 from utils.distributed import comm as dist
 from utils.distributed.signals import protect_worker
 from utils.log import LOGGER
@@ -114,9 +114,11 @@ def worker_count(requested: int, batch_size: int, reserved: int = 0) -> int:
 
 def setup_worker_process() -> None:
     """What a DataLoader worker process needs for speed: OpenCV on one thread (the workers are the parallelism; its
-    own threads would oversubscribe the cores) and freed memory kept for the next batches (utils.data.heap)."""
+    own threads would oversubscribe the cores), freed memory kept for the next batches (utils.data.heap), and the
+    objects inherited from the parent out of the garbage collector's passes (utils.device.freeze_long_lived)."""
     cv2.setNumThreads(0)
     keep_freed_memory()
+    freeze_long_lived()
 
 
 def _seed_worker(worker_id: int) -> None:
