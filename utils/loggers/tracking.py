@@ -168,7 +168,7 @@ class TrackerHook(HookBase):
         self.queue.submit(self.tracker.log_metrics, dict(self.last_metrics), epoch)
         if (epoch + 1) % self.bbox_interval == 0 and not self.queue.failed:
             folder = self.run.save_dir / "tracking" / f"val_epoch{epoch}"
-            self.queue.submit(self.tracker.log_images, "Validation", draw_predictions(trainer, folder), epoch)
+            self.queue.submit(self.tracker.log_images, "Validation", self.group.drawn(trainer, folder), epoch)
         last = self.run.save_dir / "weights" / "last.pt"
         if self.save_period > 0 and (epoch + 1) % self.save_period == 0 and last.exists():
             self.queue.submit(self.tracker.log_files, [last], "weights", "model")
@@ -196,11 +196,20 @@ class TrackerHook(HookBase):
 class TrackerGroup:
     """The trackers of one run (one LoggerContext). At close each tracker ends its run on its own queue's thread,
     all at once, against ONE deadline (``--tracker-timeout``, at most CANCELLED_FLUSH_S after a stop signal): a
-    run with four trackers exits as soon as one would. A tracker still busy then is abandoned with one warning."""
+    run with four trackers exits as soon as one would. A tracker still busy then is abandoned with one warning.
+    The validation images they log are drawn once for all of them."""
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
         self.hooks: list[TrackerHook] = []
+        self.drawings: tuple[Path, list[Path]] | None = None  # the last folder drawn and its images
+
+    def drawn(self, trainer: TrainerView, folder: Path) -> list[Path]:
+        """draw_predictions into ``folder`` by the first tracker that asks, the same images for the others: drawing
+        again would rewrite files that an earlier tracker's thread may be reading."""
+        if self.drawings is None or self.drawings[0] != folder:
+            self.drawings = folder, draw_predictions(trainer, folder)
+        return list(self.drawings[1])
 
     @staticmethod
     def of(context: LoggerContext) -> TrackerGroup:

@@ -213,3 +213,40 @@ def test_clearml_keeps_a_reporting_process_when_its_configuration_asks_for_one(t
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=120)
     assert result.stdout.strip().splitlines()[-1:] == ["True"], result.stderr[-2000:]
+
+
+class ImageTracker(RecordingTracker):
+    """Keeps the images it is given, with their bytes as it read them."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+
+    def log_images(self, key: str, paths: list[Path], step: int) -> None:
+        self.calls.append(("images", (step, [(p.name, p.read_bytes()) for p in paths])))
+
+
+def test_the_trackers_of_a_run_log_the_validation_images_drawn_once(tiny_cfg, tmp_path):
+    """Two trackers: the images are drawn once per epoch (a second drawing would rewrite the files the first
+    tracker's thread may be reading) and both log the same files."""
+    save_dir = tmp_path / "runs" / "exp"
+    context = LoggerContext(save_dir, {"epochs": 2, "bbox_interval": 1})
+    trackers = [ImageTracker(name) for name in ("first", "second")]
+    hooks = [TrackerHook(tracker, context) for tracker in trackers]
+    model = Model(tiny_cfg).eval()
+    forwards: list[int] = []
+    model.register_forward_pre_hook(lambda module, inputs: forwards.append(len(inputs[0])))
+    image = torch.full((3, 64, 64), 114, dtype=torch.uint8)
+    trainer = SimpleNamespace(ema_model=model, names=["a", "b", "c"],
+                              val_loader=SimpleNamespace(dataset=[(image, None, f"images/val/{i}.jpg", None)
+                                                                  for i in range(3)]))
+    for epoch in range(2):
+        for hook in hooks:
+            hook.after_epoch(trainer, epoch, {"metrics/mAP_0.5": 0.1})
+    for hook in hooks:
+        hook.close(trainer, cancelled=False)
+    assert forwards == [1] * 6  # 3 images, 2 epochs: drawn once for both trackers
+    logged = [[args for kind, args in tracker.calls if kind == "images"] for tracker in trackers]
+    assert [step for step, _ in logged[0]] == [0, 1] and logged[0] == logged[1]
+    assert [name for name, _ in logged[0][0][1]] == ["0.jpg", "1.jpg", "2.jpg"]
+    assert (save_dir / "tracking" / "val_epoch1" / "2.jpg").read_bytes() == logged[1][1][1][2][1]
