@@ -13,13 +13,6 @@ its epoch loop (utils/training/loop.py: train, validate, log, checkpoint, stop e
 
 from __future__ import annotations
 
-import os
-
-# GNU OpenMP, the threads torch runs on Linux, reads how long an idle thread spins before it sleeps once, as torch
-# loads it: a shorter spin than its default spends fewer CPU seconds at the same speed (docs/performance.md). Set
-# here, before any import loads torch; a value in the environment is kept.
-os.environ.setdefault("GOMP_SPINCOUNT", "10000")
-
 import argparse
 import sys
 from collections.abc import Sequence

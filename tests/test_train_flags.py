@@ -4,9 +4,6 @@ set of several classes."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -155,32 +152,3 @@ def test_training_with_the_colour_change_in_the_step(tmp_path: Path, tiny_datase
     assert len(applied) == 3  # the tiny set's 24 training images in batches of 8 (train_args): every batch
     assert all(gains == (shape[0], 3) and device == CPU for shape, gains, device in applied)
     assert "colour changes (HSV) run in the training step, not in the loader" in capsys.readouterr().out
-
-
-SPIN_AT_TORCH = """
-import importlib.abc, os, sys
-sys.path.insert(0, {root!r})
-
-class Watch(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name == "torch":
-            print("GOMP_SPINCOUNT when torch loads:", os.environ.get("GOMP_SPINCOUNT"), flush=True)
-            sys.meta_path.remove(self)
-        return None
-
-sys.meta_path.insert(0, Watch())
-import train
-"""
-
-
-@pytest.mark.parametrize("preset, expected", [(None, "10000"), ("250000", "250000")])
-def test_train_py_shortens_openmps_spin_before_torch_loads_and_keeps_a_users(preset: str | None,
-                                                                            expected: str) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
-    if preset is not None:
-        env["GOMP_SPINCOUNT"] = preset
-    root = str(Path(train.__file__).resolve().parent)
-    done = subprocess.run([sys.executable, "-c", SPIN_AT_TORCH.format(root=root)], capture_output=True, text=True,
-                          env=env, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines() == [f"GOMP_SPINCOUNT when torch loads: {expected}"]
