@@ -40,7 +40,7 @@ from utils.cli import (
     collapse_weights,
     one_weights,
     project_dir,
-    run_main,
+    run_script,
     visible_options,
 )
 from utils.data.sources import Frame, LoadImages, LoadStreams, LoadWebcam, load_source, media_name
@@ -430,4 +430,4 @@ def run(**options: Any) -> DetectResult:
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(main, parse_opt(), "detect"))
+    sys.exit(run_script(main, parse_opt(), "detect"))

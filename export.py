@@ -37,7 +37,7 @@ from utils.cli import (
     add_refused_flags,
     check_refused_flags,
     collapse_weights,
-    run_main,
+    run_script,
     visible_options,
 )
 from utils.data.image_io import ImageRefused, read_image
@@ -310,4 +310,4 @@ def run(**options: Any) -> list[Path]:
 
 
 if __name__ == "__main__":
-    sys.exit(run_main(main, parse_opt(), "export"))
+    sys.exit(run_script(main, parse_opt(), "export"))

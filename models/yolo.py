@@ -368,6 +368,6 @@ def _batch_norm_flops(*args: Any, out_shape: Any = None, **kwargs: Any) -> int:
 
 if __name__ == "__main__":
     from models.layer_profile import main, parse_opt
-    from utils.cli import run_main
+    from utils.cli import run_script
 
-    sys.exit(run_main(main, parse_opt(), "yolo"))
+    sys.exit(run_script(main, parse_opt(), "yolo"))

@@ -317,12 +317,10 @@ def command_line(script_file: str, parse_opt: Callable[[list[str]], argparse.Nam
                  main: Callable[[Any], Any]) -> int:
     """A script's ``__main__``: parse sys.argv; when the options ask for several processes here (``--device
     0,1``, ``--nproc-per-node 2``) start them with torch's elastic launcher, each running this script as torchrun
-    would, after printing that torchrun command once; else run ``main`` in this process. Returns the exit code. The
-    script's modules, and at the end all its objects, are left out of the garbage collector's passes."""
-    from utils.cli import EXIT_USER_ERROR, run_main
-    from utils.device import freeze_long_lived
+    would, after printing that torchrun command once; else run ``main`` in this process (utils.cli.run_script).
+    Returns the exit code."""
+    from utils.cli import EXIT_USER_ERROR, run_script
 
-    freeze_long_lived()  # the script's modules: out of the garbage collector's passes
     script, argv = Path(script_file).name, sys.argv[1:]
     opt = parse_opt(argv)
     try:
@@ -330,14 +328,11 @@ def command_line(script_file: str, parse_opt: Callable[[list[str]], argparse.Nam
     except UserError as e:
         print(f"{Path(script).stem}: error: {e}", file=sys.stderr, flush=True)
         return EXIT_USER_ERROR
-    try:
-        if count == 1:
-            return run_main(main, opt, Path(script).stem)
-        print(f"Starting {count} processes with torch's elastic launcher, as this command would:\n  "
-              f"{torchrun_line(script, argv, count)}", flush=True)
-        return launch_command(Path(script_file).resolve(), argv, count)
-    finally:
-        freeze_long_lived()  # the process ends: no last pass over its objects
+    if count == 1:
+        return run_script(main, opt, Path(script).stem)
+    print(f"Starting {count} processes with torch's elastic launcher, as this command would:\n  "
+          f"{torchrun_line(script, argv, count)}", flush=True)
+    return launch_command(Path(script_file).resolve(), argv, count)
 
 
 def launch_command(script: Path, argv: Sequence[str], nproc_per_node: int) -> int:

@@ -21,7 +21,7 @@ import torch
 
 from utils import paths
 from utils.compat.ultralytics import SpellingError, flags_of, nearest, translate
-from utils.device import idle_gpus_warning
+from utils.device import freeze_long_lived, idle_gpus_warning
 from utils.distributed import comm as dist
 from utils.distributed.launcher import record_error_line
 from utils.distributed.signals import StopRequested, ignore_launcher_stop
@@ -232,6 +232,17 @@ def run_main(main: Callable[[Any], Any], opt: Any, script: str) -> int:
     except PeerLost as e:  # a collective failed because a peer is gone: one line from one rank, not tracebacks
         return _said(f"{script}: error: {e.line}", bool(e.line), EXIT_PEER_LOST)
     return 0
+
+
+def run_script(main: Callable[[Any], Any], opt: Any, script: str) -> int:
+    """run_main in a script's own process (its ``__main__``), which ends after it: what its imports made, and at the
+    end every object, are left out of the garbage collector's passes (utils.device.freeze_long_lived). A process
+    that goes on afterwards (tests, the Python API) calls run_main."""
+    freeze_long_lived()
+    try:
+        return run_main(main, opt, script)
+    finally:
+        freeze_long_lived()
 
 
 def _said(line: str, speak: bool, code: int, record: bool = False) -> int:
