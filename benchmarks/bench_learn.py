@@ -18,7 +18,7 @@ backgrounds at 128-160 px, --images train and a quarter as many val images) into
 layout both read, one identical copy per side (each writes its own label cache beside the labels). Each side uses
 its own defaults otherwise (hyperparameters, optimizer rule, workers, threads); every run is one process, timed from
 start to exit, each side's Python code already compiled to bytecode (pip compiles ultralytics' as it installs it;
-our tree's is compiled beside its sources before each run, as Python writes it on a checkout's first run). Runs
+our tree's is compiled beside its sources before its first run, as Python writes it on a checkout's first run). Runs
 alternate (ours, theirs, ours, ...), so repeated runs share the machine's load; with --repeats N each figure is the
 median of N runs and the ratios are ratios of medians. ``--seeds`` trains each side once per training seed (the data
 set stays the one --seed generated); ``--compare DIR`` also trains our models with another checkout's train.py
@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import math
 import os
@@ -239,6 +240,7 @@ def run_process(command: list[str], name: str, cwd: Path, env: dict[str, str] | 
     return seconds, cpu, out + err, tuple(clock.cpu) if clock is not None else ()
 
 
+@functools.cache  # once per tree and benchmark: the tree does not change while it runs
 def compile_tree(tree: Path) -> None:
     """``tree``'s bytecode, written beside its sources (``__pycache__``, as Python does on a checkout's first run
     unless PYTHONDONTWRITEBYTECODE is set), so that no timed run compiles our source as it starts: pip compiled

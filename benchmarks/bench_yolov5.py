@@ -14,7 +14,7 @@ where ``unshare -n`` works, with its settings and font in a scratch folder. The 
 identical copy per side. Each side uses its own defaults otherwise (hyperparameters, optimizer, workers, threads,
 precision); each run is one process, timed from start to exit, its CPU seconds those of the process and the
 DataLoader workers it waited for, each side's Python code already compiled to bytecode (pip compiles YOLOv5's as it
-installs it; our tree's is compiled beside its sources before each run, as Python writes it on a checkout's first
+installs it; our tree's is compiled beside its sources before its first run, as Python writes it on a checkout's first
 run). "time" in the ratio line is ours / YOLOv5's: 0.50x is twice as fast.
 
 mAP@.5:.95 is each trainer's best over its own per-epoch validation (results.csv, the same column name on both

@@ -212,15 +212,14 @@ def cpu_flags() -> frozenset[str]:
 
 
 def freeze_long_lived() -> None:
-    """Take the objects that exist now out of Python's garbage collector's passes (gc.freeze) because they live
-    as long as the process: a script's modules once it starts (train.py's: 210,000 objects), the objects a
+    """Take the objects that exist now out of Python's garbage collector's passes (gc.freeze), because they live
+    as long as the process: a script's modules once it starts (train.py's: about 210,000 objects), what a
     DataLoader worker inherited from its parent, everything when a script ends (utils.cli.run_script). The
-    collector's full passes walk every object it tracks whenever enough new ones have survived, so later passes
-    scan only what the process creates after this (the three in a yolov5n training run's start-up after its
-    imports: 0.42 s, then 0.05 s); the interpreter's shutdown skips a last pass over the whole heap (the process
-    ended 1.0 s after its last line, then 0.4 s); in a worker, the passes no longer write to every inherited object
-    (each such write copies a page that fork shared). Reference counting frees objects as before: only a reference
-    cycle among them would wait for the process to end. Exit handlers (atexit) and thread joins run as before; the
-    scripts close their files and loggers themselves.
+    collector's full passes walk every object it tracks whenever enough new ones have survived; after this they
+    scan only what the process creates later, the interpreter's shutdown makes no last pass over the whole heap,
+    and a worker's passes no longer write to the objects it shares with its parent through fork (each write copies
+    a page). Reference counting frees objects as before: only a reference cycle among them waits for the process
+    to end. Exit handlers (atexit) and thread joins run as before; the scripts close their files and loggers
+    themselves.
     """
     gc.freeze()
