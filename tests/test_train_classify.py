@@ -16,6 +16,7 @@ from pathlib import Path
 
 import cv2
 import pytest
+import torch
 import yaml
 
 from tests.helpers import ROOT, finish, results_rows, start, torchrun_cmd, weights_diff
@@ -96,6 +97,39 @@ def test_a_classifier_trains_resumes_validates_detects_and_exports(tmp_path: Pat
     assert in_process(cls_args(data, project, "quad", "--quad", epochs=1)) == 2
     assert "train: error: --quad tiles four images into one of twice the size; a classifier's images keep theirs" \
         in capsys.readouterr().err
+
+
+def test_int8_exports_are_checked_by_top1_accuracy_on_a_spread_of_the_class_folders(tmp_path: Path) -> None:
+    """--int8 quantizes a classifier (ONNX Runtime, OpenVINO) and checks the top-1 accuracy of the file against the
+    float model's on --verify-images images spread over the validation class folders (each of the class its folder
+    names): an oracle answering "square" for every image (its linear layer's weights near 0, its bias for square
+    10) scores the share of squares among them on both."""
+    import export
+    from models.yolo import Model
+    from utils.data.label_cache import list_image_files
+    from utils.deploy.verify import spread
+    from utils.weights.checkpoint import new_checkpoint, save_checkpoint
+
+    data = cls_data(tmp_path, 4)
+    torch.manual_seed(0)
+    model = Model("yolo11n-cls.yaml", nc=3)
+    model.names = list(NAMES)
+    with torch.no_grad():
+        model.head.linear.weight.uniform_(-1e-3, 1e-3)
+        model.head.linear.bias.copy_(torch.tensor([0.0, 10.0, 0.0]))
+    weights = save_checkpoint(new_checkpoint(model), tmp_path / "oracle.pt")
+    results = export.main(export.parse_opt(["--weights", str(weights), "--img-size", "64", "--include", "onnx",
+                                            "openvino", "--int8", "--data", str(data), "--calib-images", "4",
+                                            "--verify-images", "6"]))
+    checked = spread(list_image_files(tmp_path / "set" / "val"), 6)
+    squares = sum(Path(f).parent.name == "square" for f in checked) / len(checked)
+    assert 0 < squares < 1
+    assert [r.file.name for r in results] == ["oracle-int8.onnx", "oracle-int8_openvino_model"]
+    for result in results:
+        check = result.verification
+        assert result.error is None and check.metric == "top-1 accuracy", result.format
+        assert check.map_reference == pytest.approx(squares) and check.map_export == pytest.approx(squares)
+        assert check.describe().startswith(f"top-1 accuracy {squares:.4f} vs {squares:.4f} float")
 
 
 @pytest.mark.ddp

@@ -7,7 +7,7 @@ yolo11n-obb on the synthetic oriented-box set (tiny: 64 px, 16-128 images, 1-2 e
 - an oracle (yolo11n-obb whose last layers make every P4 cell predict an 8 x 16 box turned a quarter, class 0, on
   images labelled with exactly those boxes): test.py gives mAP 1, detect.py draws the oriented outlines and writes
   the labels' own corners back, its TorchScript, ONNX and OpenVINO exports are verified at export and the ONNX
-  file validates in test.py within 0.005 of the .pt;
+  file validates in test.py within 0.005 of the .pt; its INT8 ONNX and OpenVINO exports keep its mAP;
 - two gloo ranks under torchrun: the sharded validation gives the mAP test.py gives in one process.
 """
 
@@ -97,10 +97,11 @@ def grid_data(folder: Path) -> Path:
     return path
 
 
-def oracle_weights(folder: Path) -> Path:
+def oracle_weights(folder: Path, jitter: float = 0.0) -> Path:
     """yolo11n-obb whose P4 cells all predict class 0 (logit 10; the other levels and classes -20) and an 8 x 16
     box (sides of 1/4 and 1/2 a cell from the centre along the box's axes, turned a quarter: 16 wide, 8 high in its
-    own frame), whatever the image: the last convolutions' weights 0, their biases set."""
+    own frame), whatever the image: the last convolutions' weights 0 (``jitter``: uniform in +-jitter, for INT8
+    quantization, which cannot scale an all-zero weight), their biases set."""
     from models.yolo import Model
     from utils.weights.checkpoint import new_checkpoint, save_checkpoint
 
@@ -111,7 +112,7 @@ def oracle_weights(folder: Path) -> Path:
     with torch.no_grad():
         for level in range(3):
             for branch in (head.cv2, head.cv3, head.cv4):
-                branch[level][-1].weight.zero_()
+                branch[level][-1].weight.uniform_(-jitter, jitter)
             head.cv3[level][-1].bias.fill_(-20.0)
         head.cv3[1][-1].bias[0] = 10.0
         bins = torch.full((4, head.reg_max), -30.0)
@@ -158,6 +159,29 @@ def test_an_oracle_validates_detects_and_exports_its_oriented_boxes(tmp_path: Pa
     static = written[1]
     exact = test_script.run(weights=str(static), project=str(tmp_path / "test"), name="static", **options)
     assert exact.results()[2:] == pytest.approx((1.0, 1.0))  # no padding: every box right, none wrong
+
+
+def test_int8_exports_keep_the_oracles_oriented_boxes(tmp_path: Path) -> None:
+    """--int8 (ONNX Runtime and OpenVINO) quantizes the convolutions and keeps the head's decoding in float (the
+    distribution-focal sums, the angles, the rows that mix pixels with scores): each file's mAP of the polygon IoU
+    on the labels, measured at export, is the .pt's within --int8's limit (it was 0 when the decoding was
+    quantized into one uint8 scale), and test.py reads the INT8 ONNX file as an oriented-box model."""
+    import export
+    import test as test_script
+    from utils.deploy.formats import MAX_INT8_MAP_DROP
+
+    data, weights = grid_data(tmp_path), oracle_weights(tmp_path, jitter=1e-3)
+    results = export.main(export.parse_opt(["--weights", str(weights), "--img-size", "64", "--include", "onnx",
+                                            "openvino", "--int8", "--data", str(data), "--calib-images", "4",
+                                            "--verify-images", "4"]))
+    assert [r.file.name for r in results] == ["oracle-int8.onnx", "oracle-int8_openvino_model"]
+    for result in results:
+        check = result.verification
+        assert result.error is None and check.map_reference > 0.9, result.format
+        assert check.map_reference - check.map_export <= MAX_INT8_MAP_DROP, result.format
+    found = test_script.run(weights=str(results[0].file), data=str(data), img_size=64, batch_size=4, workers=0,
+                            device="cpu", project=str(tmp_path / "test"), name="int8")
+    assert found.seen == 4 and found.n_labels == 64 and found.map > 0.9
 
 
 @pytest.mark.ddp

@@ -141,12 +141,27 @@ def quantize_onnx(float_file: Path, file: Path, batches: list[torch.Tensor], met
 
 
 def head_decoding_nodes(proto: object) -> list[str]:
-    """The nodes after the Detect head's convolutions (sigmoid, grid and anchor arithmetic, concat)."""
-    convs = [node for node in proto.graph.node if node.op_type == "Conv"]
-    head = convs[-1].name.rsplit("/", 2)[0] if convs and "/" in convs[-1].name else None
-    if head is None:
+    """The head's decoding, left in float by --int8: every node of the head (the model's last layer, named
+    ``/model.N/...``) that is no convolution and from which no convolution follows: the arithmetic after each
+    branch's last convolution (sigmoids, distribution-focal sums, grid and anchor offsets, angles, keypoints, a
+    classifier's pooling and linear layer, the rows' concat), never the activations between the branches'
+    convolutions. Its rows mix pixels with scores and radians, which one INT8 scale cannot hold."""
+    nodes = list(proto.graph.node)
+    convs = [node for node in nodes if node.op_type == "Conv"]
+    parts = convs[-1].name.split("/") if convs else []
+    if len(parts) < 3 or parts[0]:  # unnamed or not the ``/module/...`` scheme torch.onnx writes
         return []
-    return [node.name for node in proto.graph.node if node.name.startswith(head + "/") and node.op_type != "Conv"]
+    head = f"/{parts[1]}/"
+    consumers: dict[str, list[int]] = {}
+    for index, node in enumerate(nodes):
+        for name in node.input:
+            consumers.setdefault(name, []).append(index)
+    feeds_conv = [False] * len(nodes)
+    for index in range(len(nodes) - 1, -1, -1):  # ONNX lists nodes in topological order: consumers come later
+        feeds_conv[index] = any(nodes[j].op_type == "Conv" or feeds_conv[j]
+                                for name in nodes[index].output for j in consumers.get(name, ()))
+    return [node.name for node, feeds in zip(nodes, feeds_conv)
+            if node.name.startswith(head) and node.op_type != "Conv" and not feeds]
 
 
 def _itemsize(elem_type: int) -> int:

@@ -35,15 +35,16 @@ class Verification:
     score_error: float | None = None
     extra_error: float | None = None  # a task's columns and other outputs, relative to their largest magnitude
     extra_noun: str = ""  # what they hold (a segmenter's masks)
-    map_reference: float | None = None  # mAP@.5:.95 of the float model on --data
+    map_reference: float | None = None  # mAP@.5:.95 of the float model on --data (a classifier's top-1 accuracy)
     map_export: float | None = None
+    metric: str = "mAP@.5:.95"  # what the two measure
     read_back: str | None = None  # a format without a runtime here: what was read back from the written file
 
     def describe(self) -> str:
         if self.read_back is not None:
             return self.read_back
         if self.map_export is not None:
-            return (f"mAP@.5:.95 {self.map_export:.4f} vs {self.map_reference:.4f} float "
+            return (f"{self.metric} {self.map_export:.4f} vs {self.map_reference:.4f} float "
                     f"(drop {self.map_reference - self.map_export:+.4f}, limit {MAX_INT8_MAP_DROP})")
         extra = "" if self.extra_error is None else f", {self.extra_noun} {self.extra_error:.1e}"
         return f"max error boxes {self.box_error:.1e} x size, scores {self.score_error:.1e}{extra}"
@@ -235,12 +236,12 @@ def evaluate_on_data(module: nn.Module, data_yaml: str, options: ExportOptions, 
 
 def verify_int8(file: Path, model: nn.Module, options: ExportOptions, stride: int,
                 reference_map: float | None = None) -> Verification:
-    """mAP of the INT8 ``file`` and of the float ``model`` on --data; VerificationError when the drop exceeds
-    MAX_INT8_MAP_DROP."""
+    """mAP of the INT8 ``file`` and of the float ``model`` on --data (a classifier's top-1 accuracy: the evaluation's
+    ``map``, named by its MAP_LABEL); VerificationError when the drop exceeds MAX_INT8_MAP_DROP."""
     task = getattr(getattr(model, "head", None), "task", BASE_TASK)
     reference = map_on_data(model, options.data, options, stride, task) if reference_map is None else reference_map
-    exported = map_on_data(InferenceModel(file, trusted=True).as_module(), options.data, options, stride, task)
-    result = Verification(map_reference=reference, map_export=exported)
-    if reference - exported > MAX_INT8_MAP_DROP:
+    exported = evaluate_on_data(InferenceModel(file, trusted=True).as_module(), options.data, options, stride, task)
+    result = Verification(map_reference=reference, map_export=exported.map, metric=exported.MAP_LABEL)
+    if reference - exported.map > MAX_INT8_MAP_DROP:
         raise VerificationError(f"INT8 {result.describe()}")
     return result

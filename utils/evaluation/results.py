@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 
@@ -41,6 +42,8 @@ class EvalOptions:
 @dataclass
 class EvalResult:
     """What a validation pass measured; identical on every rank."""
+
+    MAP_LABEL: ClassVar[str] = "mAP@.5:.95"  # what ``map`` measures, as an INT8 export's check names it
 
     mp: float = 0.0
     mr: float = 0.0

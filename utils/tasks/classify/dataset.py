@@ -6,7 +6,8 @@ the classification augmentation (random resized crop, flips, colour jitter) or, 
 resize and centre crop (utils/tasks/classify/augment.py); its target one row [0, class, 0.5, 0.5, 1, 1] (the class
 of the whole image), so the shared collate, the training-batch plots and --image-weights read it as they read boxes;
 its path; no letterbox (``shapes`` None). The classes are the data YAML's names, in its order; a split's class
-folder that is not among them is refused in one line. Every image's header is checked once when the set is built:
+folder that is not among them is refused in one line. Sources may also be image files (a sample of a split): each
+is of the class its folder is named after. Every image's header is checked once when the set is built:
 an unreadable one is left out and counted (``N found, C corrupt``), as the label scan counts boxes' images.
 
 ``--cache ram`` keeps every image decoded (its shorter side at the training size, as the crops need) once per
@@ -38,7 +39,7 @@ from utils.distributed import comm as dist
 from utils.hyp import load_hyp
 from utils.log import LOGGER
 from utils.tasks.classify.augment import train_transform, val_transform
-from utils.tasks.classify.folders import ClassSplit, scan_split, summary
+from utils.tasks.classify.folders import ClassSplit, listed_split, scan_split, summary
 
 WHOLE_IMAGE = (0.5, 0.5, 1.0, 1.0)  # a target row's box: the class is the whole image's
 
@@ -63,7 +64,13 @@ class ClassFolders(torch.utils.data.Dataset):
         self.hyp = dict(load_hyp() if opts.hyp is None and opts.augment else opts.hyp or {})
         self.seed, self.rng = opts.seed, np.random.default_rng([opts.seed, dist.get_rank()])
         items = list(sources) if isinstance(sources, (list, tuple)) else [sources]
-        splits = [scan_split(Path(s), opts.names) for s in items]
+        listed = [Path(s) for s in items if Path(s).is_file()]  # images named one by one: see listed_split
+        splits = [scan_split(Path(s), opts.names) for s in items if not Path(s).is_file()]
+        if listed:
+            names = opts.names if opts.names is not None else splits[0].names if splits else None
+            if names is None:
+                raise DataError(f"{opts.prefix}{listed[0]}: images listed one by one need the data's class names")
+            splits.append(listed_split(listed, names))
         self.names = list(splits[0].names)
         if opts.nc is not None and len(self.names) != opts.nc:
             raise DataError(f"{opts.prefix}{items[0]}: {len(self.names)} classes but the data YAML's nc is {opts.nc}")

@@ -6,7 +6,8 @@ Reading a stranger's folder is bounded: at most MAX_CLASSES class folders and MA
 at most MAX_NAME_LENGTH printable characters; only regular files with an image suffix are listed, symbolic links
 are followed only where they stay inside the split's folder (others are left out and counted), hidden entries
 (``.name``) are skipped. Every refusal is one DataError line naming the folder. Images are decoded by the bounded
-reader (utils/data/image_io.py) when a sample is read.
+reader (utils/data/image_io.py) when a sample is read. Images may also be listed one by one (``listed_split``):
+each is of the class its folder is named after.
 """
 
 from __future__ import annotations
@@ -161,6 +162,27 @@ def scan_split(split: str | Path, names: Sequence[str] | None = None) -> ClassSp
         raise DataError(f"{root}: no images in its class folders (suffixes: {', '.join(sorted(IMG_SUFFIXES))})")
     result.files, result.labels = files, np.array(labels, np.int64)
     return result
+
+
+def listed_split(files: Sequence[str | Path], names: Sequence[str]) -> ClassSplit:
+    """Images named one by one (a sample of a split, as --int8's check takes one) -> a ClassSplit of them in that
+    order, each of the class that its nearest folder named after one of ``names`` is (nested folders allowed, as in
+    a split), rooted at the folder that holds them all. DataError for a file that is no image in such a folder."""
+    if len(files) > MAX_IMAGES:
+        raise DataError(f"more than {MAX_IMAGES} images listed")
+    index = {name: i for i, name in enumerate(names)}
+    paths, labels = [Path(f).absolute() for f in files], []
+    for path in paths:
+        found = next((index[folder.name] for folder in path.parents if folder.name in index), None)
+        if found is None or path.suffix.lower() not in IMG_SUFFIXES or not path.is_file():
+            raise DataError(f"{path}: not an image in a class folder (one of {', '.join(names[:5])}"
+                            f"{', ...' if len(names) > 5 else ''})")
+        labels.append(found)
+    if not paths:
+        raise DataError("no images listed")
+    root = Path(os.path.commonpath([path.parent for path in paths]))
+    return ClassSplit(root, list(names), [path.relative_to(root).as_posix() for path in paths],
+                      np.array(labels, np.int64))
 
 
 @dataclass

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -119,6 +119,7 @@ class ClassifyResult:
     """What a classifier's validation pass measured; identical on every rank. ``maps`` is per-class top-1 accuracy
     (what --image-weights weighs classes by), ``map`` the top-1 accuracy (what an INT8 export's check compares)."""
 
+    MAP_LABEL: ClassVar[str] = "top-1 accuracy"  # what ``map`` is
     tally: ClassifyTally
     maps: np.ndarray
     speed: tuple[float, float, float] = (0.0, 0.0, 0.0)  # pre-process, inference, ranking ms per image

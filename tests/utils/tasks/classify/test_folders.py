@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from utils.data.errors import DataError
-from utils.tasks.classify.folders import scan_classification, scan_split, summary
+from utils.tasks.classify.folders import listed_split, scan_classification, scan_split, summary
 
 
 def image(path: Path, value: int = 80, size: tuple[int, int] = (12, 16)) -> None:
@@ -87,3 +87,20 @@ def test_class_names_come_from_the_folders_when_the_data_gives_none(tmp_path: Pa
     (tmp_path / "only_train" / "train" / "a").mkdir(parents=True)
     with pytest.raises(DataError, match=r"holds train/ and val/ \(or test/\) folders"):
         load_data_config(tmp_path / "only_train")
+
+
+def test_images_listed_one_by_one_take_the_class_their_folder_names(tmp_path: Path) -> None:
+    """listed_split: the images in the order given, each of the class its nearest class-named folder is (nested
+    folders too), rooted where they all are; a file in no class folder, or no image, is one line."""
+    val = tmp_path / "val"
+    for path in ("dog/a.jpg", "cat/nested/b.png", "bird/c.jpg"):
+        image(val / path)
+    split = listed_split([val / "cat" / "nested" / "b.png", str(val / "dog" / "a.jpg")], ["bird", "cat", "dog"])
+    assert split.root == val and split.files == ["cat/nested/b.png", "dog/a.jpg"]
+    assert split.labels.tolist() == [1, 2] and split.read(1)[1] == 2
+    (val / "notes.txt").write_text("not an image")
+    image(tmp_path / "loose.jpg")
+    for bad in (tmp_path / "loose.jpg", val / "notes.txt", val / "dog" / "missing.jpg"):
+        with pytest.raises(DataError, match="not an image in a class folder") as info:
+            listed_split([val / "dog" / "a.jpg", bad], ["bird", "cat", "dog"])
+        assert "\n" not in str(info.value)
