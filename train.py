@@ -87,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_speed_flags(p)
     add_flags(p, "single_cls")
     p.add_argument("--fraction", type=float, default=1.0,
-                   help="train on this share of the training images (the first of them in file order), 0 < F <= 1")
+                   help="train on this share of the training images (the first of them in file order; a "
+                        "classifier's: the first of each class's), 0 < F <= 1")
     p.add_argument("--optimizer", choices=[AUTO, *OPTIMIZERS], default=AUTO,
                    help="auto = the hyp file's 'optimizer' entry, else AdamW with lr0 from the class count for "
                    "short runs and SGD for long ones (docs/training-recipe.md)")

@@ -7,7 +7,8 @@ resize and centre crop (utils/tasks/classify/augment.py); its target one row [0,
 of the whole image), so the shared collate, the training-batch plots and --image-weights read it as they read boxes;
 its path; no letterbox (``shapes`` None). The classes are the data YAML's names, in its order; a split's class
 folder that is not among them is refused in one line. Sources may also be image files (a sample of a split): each
-is of the class its folder is named after. Every image's header is checked once when the set is built:
+is of the class its folder is named after. ``--fraction`` keeps the first share of each class's images (every class
+stays, as the validation split has them all). Every image's header is checked once when the set is built:
 an unreadable one is left out and counted (``N found, C corrupt``), as the label scan counts boxes' images.
 
 ``--cache ram`` keeps every image decoded (its shorter side at the training size, as the crops need) once per
@@ -52,6 +53,12 @@ def _checked(path: Path) -> tuple[tuple[int, int] | None, str]:
         return None, str(e)
 
 
+def first_of_each_class(classes: np.ndarray, fraction: float) -> np.ndarray:
+    """Indices of the first max(1, round(n x ``fraction``)) images of each class (n: the class's images), in order."""
+    kept = [np.flatnonzero(classes == c) for c in np.unique(classes)]
+    return np.sort(np.concatenate([k[:max(1, round(len(k) * fraction))] for k in kept]))
+
+
 class ClassFolders(torch.utils.data.Dataset):
     """Class-folder images as samples (see the module docstring)."""
 
@@ -75,6 +82,10 @@ class ClassFolders(torch.utils.data.Dataset):
         if opts.nc is not None and len(self.names) != opts.nc:
             raise DataError(f"{opts.prefix}{items[0]}: {len(self.names)} classes but the data YAML's nc is {opts.nc}")
         self.im_files, classes = self._usable(splits, opts.prefix)
+        if opts.fraction < 1:  # --fraction: the first share of each class's images, so every class stays
+            keep = first_of_each_class(np.asarray(classes, np.int64), opts.fraction)
+            self.im_files, classes = [self.im_files[i] for i in keep], [classes[i] for i in keep]
+            self.shapes = self.shapes[keep]
         self.classes = np.array([0 if opts.single_cls else c for c in classes], np.int64)
         self.labels = [np.array([[c, *WHOLE_IMAGE]], np.float32) for c in self.classes]
         self.ram: SharedImages | None = None
