@@ -43,6 +43,8 @@ from utils.cli import (
 from utils.data.image_io import ImageRefused, read_image
 from utils.data.sources import letterbox_image
 from utils.deploy.formats import (
+    DYNAMO_OPSET,
+    ONNX_OPSET,
     ExportFormat,
     ExportOptions,
     export_format_names,
@@ -112,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dynamic", action="store_true", help="dynamic batch and image size (ONNX axes)")
     parser.add_argument("--simplify", action="store_true", help="simplify the ONNX graph (ONNX, OpenVINO) with "
                         "onnxslim or onnxsim (pip install onnxslim)")
-    parser.add_argument("--opset", type=int, default=17, help="ONNX opset version")
+    parser.add_argument("--opset", type=int, default=None,
+                        help="ONNX opset version (default 17; 18 with --dynamo, the opset its exporter writes)")
     parser.add_argument("--dynamo", action="store_true", help="use the torch.export-based ONNX exporter (slower)")
     parser.add_argument("--verbose", action="store_true", help="print the ONNX exporter's graph")
     add_flags(parser, "device", "trust_weights", device="cpu")
@@ -130,7 +133,8 @@ def parse_opt(argv: list[str] | None = None) -> argparse.Namespace:
 def export_options(opt: argparse.Namespace, img_size: tuple[int, int] = (640, 640)) -> ExportOptions:
     """The typed options the library reads, from export.py's flags."""
     return ExportOptions(img_size=img_size, batch_size=opt.batch_size, half=opt.half, int8=opt.int8,
-                         dynamic=opt.dynamic, simplify=opt.simplify, opset=opt.opset, dynamo=opt.dynamo,
+                         dynamic=opt.dynamic, simplify=opt.simplify, dynamo=opt.dynamo,
+                         opset=opt.opset if opt.opset is not None else DYNAMO_OPSET if opt.dynamo else ONNX_OPSET,
                          verbose=opt.verbose, data=opt.data, calib_images=opt.calib_images,
                          verify_images=opt.verify_images)
 

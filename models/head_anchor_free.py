@@ -107,6 +107,7 @@ class AnchorFreeDetect(nn.Module):
         self.cv3 = nn.ModuleList(self._cls_branch(c, c_cls) for c in ch)
         self.dfl = DFL(reg_max) if reg_max > 1 else nn.Identity()
         self._anchors: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._strides_found: list[float] = []
 
     def _cls_branch(self, c_in: int, hidden: int) -> nn.Sequential:
         if self.depthwise_cls:  # YOLO11, YOLO26
@@ -128,6 +129,7 @@ class AnchorFreeDetect(nn.Module):
         """The builder's dry run found the strides."""
         with torch.no_grad():
             self.stride.copy_(stride)
+        self._strides_found = [float(s) for s in stride]  # what torch.export reads: a buffer's values are data to it
         self.clear_grid_cache()
 
     def init_biases(self, class_freq: torch.Tensor | None = None) -> None:
@@ -183,7 +185,9 @@ class AnchorFreeDetect(nn.Module):
             return self._anchors[key]
         if tracing and maps:
             sizes = [(m.shape[2], m.shape[3]) for m in maps]  # traced sizes, not constants
-        found = make_anchors(sizes, self.stride.tolist(), 0.5, like.device, dtype)
+        compiling = torch.compiler.is_compiling() and len(self._strides_found) == self.nl
+        strides = self._strides_found if compiling else self.stride.tolist()
+        found = make_anchors(sizes, strides, 0.5, like.device, dtype)
         if not tracing:
             self._anchors[key] = found
         return found

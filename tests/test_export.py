@@ -177,7 +177,37 @@ def test_opset_is_applied(weights: Path, tmp_path: Path) -> None:
     export.main(export.parse_opt(["--weights", str(local), "--img-size", "64", "--include", "onnx", "--opset", "13"]))
     assert [o.version for o in onnx.load(str(local.with_suffix(".onnx"))).opset_import if o.domain in ("", "ai.onnx")] \
         == [13]
-    assert export.parse_opt([]).opset == 17
+    assert export.export_options(export.parse_opt([])).opset == 17
+    assert export.export_options(export.parse_opt(["--dynamo"])).opset == 18  # the opset its exporter writes
+    assert export.export_options(export.parse_opt(["--dynamo", "--opset", "19"])).opset == 19
+
+
+def test_dynamo_writes_both_head_kinds_and_a_dynamic_file_that_runs_any_batch_and_size(tmp_path: Path) -> None:
+    """--dynamo (torch.export's ONNX exporter, opset 18) on YOLOv5 and on an anchor-free model (its strides read
+    as the numbers the model's dry run found, not as a buffer's data, which torch.export cannot branch on), with
+    --dynamic (exported from a batch of 2: torch.export fixes a dimension it sees at size 1): the file runs at
+    batch 1 and 3 and at another size as the .pt does; YOLO26's and every task's files are verified at export."""
+    from models.yolo import Model
+    from utils.weights.checkpoint import new_checkpoint, save_checkpoint
+
+    for cfg in ("yolov5n.yaml", "yolo11n.yaml", "yolo26n.yaml", "yolo11n-seg.yaml", "yolo11n-pose.yaml",
+                "yolo11n-obb.yaml", "yolo11n-cls.yaml"):
+        torch.manual_seed(0)
+        model = Model(cfg, nc=len(NAMES))
+        model.names = list(NAMES)
+        weights = save_checkpoint(new_checkpoint(model), tmp_path / f"{cfg[:-5]}.pt")
+        (result,) = export.main(export.parse_opt(["--weights", str(weights), "--img-size", "64", "--include",
+                                                  "onnx", "--dynamo", "--dynamic"]))
+        assert result.error is None and result.verification.box_error < 1e-4, cfg
+        assert [o.version for o in onnx.load(str(result.file)).opset_import if o.domain in ("", "ai.onnx")] == [18]
+        backend = InferenceModel(result.file)
+        assert backend.dynamic, cfg
+        if cfg not in ("yolov5n.yaml", "yolo11n.yaml"):
+            continue
+        for batch, shape in ((1, (64, 64)), (3, (96, 128))):
+            images = real_images(shape, batch)
+            output, reference = backend(images), pytorch_output(weights, images)
+            assert output.shape == reference.shape and (output - reference).abs().max() < 1e-3, (cfg, batch, shape)
 
 
 def test_simplify_shrinks_the_graph_and_keeps_the_output(weights: Path, tiny_exports: dict[str, Path],

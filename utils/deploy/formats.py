@@ -39,6 +39,10 @@ class FormatError(UserError, RuntimeError):
     """A format this installation or these options cannot serve; the message says what to install or change."""
 
 
+ONNX_OPSET = 17  # export.py's default --opset
+DYNAMO_OPSET = 18  # with --dynamo: torch.export's ONNX exporter writes opset 18 operators (Split's num_outputs)
+
+
 @dataclass(frozen=True)
 class ExportOptions:
     """What an export is asked for (export.py builds it from its flags; the library reads nothing else)."""
@@ -49,7 +53,7 @@ class ExportOptions:
     int8: bool = False  # INT8 post-training quantization, calibrated on images of ``data``
     dynamic: bool = False  # dynamic batch and image size
     simplify: bool = False  # ONNX graph simplification (onnxslim / onnxsim)
-    opset: int = 17
+    opset: int = ONNX_OPSET
     dynamo: bool = False  # torch.export-based ONNX exporter
     verbose: bool = False
     data: str | None = None  # the data YAML whose images calibrate --int8 and measure its mAP

@@ -11,6 +11,7 @@ stay unchecked: running a stranger's graph can still take memory (docs/security-
 
 from __future__ import annotations
 
+import ast
 import inspect
 import json
 import math
@@ -97,6 +98,8 @@ def write_onnx(model: nn.Module, images: torch.Tensor, file: Path, meta: dict, o
     """The float ONNX file (also the first step of OpenVINO, TFLite and --int8): checked, metadata attached."""
     import onnx
 
+    if options.dynamic and options.dynamo and images.shape[0] == 1:  # torch.export fixes a dimension of size 1
+        images = images.expand(2, *images.shape[1:])
     with quiet_jit_warnings():
         torch.onnx.export(model, (images,), str(file),
                           **onnx_export_kwargs(options, outputs=model.head.contract.outputs))
@@ -141,17 +144,16 @@ def quantize_onnx(float_file: Path, file: Path, batches: list[torch.Tensor], met
 
 
 def head_decoding_nodes(proto: object) -> list[str]:
-    """The head's decoding, left in float by --int8: every node of the head (the model's last layer, named
-    ``/model.N/...``) that is no convolution and from which no convolution follows: the arithmetic after each
-    branch's last convolution (sigmoids, distribution-focal sums, grid and anchor offsets, angles, keypoints, a
-    classifier's pooling and linear layer, the rows' concat), never the activations between the branches'
-    convolutions. Its rows mix pixels with scores and radians, which one INT8 scale cannot hold."""
+    """The head's decoding, left in float by --int8: every node of the head (the model's last layer, ``model.N``)
+    that is no convolution and from which no convolution follows: the arithmetic after each branch's last
+    convolution (sigmoids, distribution-focal sums, grid and anchor offsets, angles, keypoints, a classifier's
+    pooling and linear layer, the rows' concat), never the activations between the branches' convolutions. Its
+    rows mix pixels with scores and radians, which one INT8 scale cannot hold."""
     nodes = list(proto.graph.node)
     convs = [node for node in nodes if node.op_type == "Conv"]
-    parts = convs[-1].name.split("/") if convs else []
-    if len(parts) < 3 or parts[0]:  # unnamed or not the ``/module/...`` scheme torch.onnx writes
+    head = _top_module(convs[-1]) if convs else None
+    if head is None:
         return []
-    head = f"/{parts[1]}/"
     consumers: dict[str, list[int]] = {}
     for index, node in enumerate(nodes):
         for name in node.input:
@@ -161,7 +163,21 @@ def head_decoding_nodes(proto: object) -> list[str]:
         feeds_conv[index] = any(nodes[j].op_type == "Conv" or feeds_conv[j]
                                 for name in nodes[index].output for j in consumers.get(name, ()))
     return [node.name for node, feeds in zip(nodes, feeds_conv)
-            if node.name.startswith(head) and node.op_type != "Conv" and not feeds]
+            if node.op_type != "Conv" and not feeds and _top_module(node) == head]
+
+
+def _top_module(node: object) -> str | None:
+    """The model layer (``model.23``) a node of our own export belongs to: the first part of its name under the
+    TorchScript exporter (``/model.23/cv3.2/...``), its recorded name scopes under torch.export's (--dynamo)."""
+    parts = node.name.split("/")
+    if len(parts) >= 3 and not parts[0]:
+        return parts[1]
+    scopes = next((p.value for p in node.metadata_props if p.key == "pkg.torch.onnx.name_scopes"), None)
+    try:
+        found = ast.literal_eval(scopes) if scopes is not None and len(scopes) < 10_000 else None
+    except (ValueError, SyntaxError, MemoryError, RecursionError):
+        return None
+    return found[1] if isinstance(found, list) and len(found) > 2 and isinstance(found[1], str) else None
 
 
 def _itemsize(elem_type: int) -> int:

@@ -41,30 +41,34 @@ def test_graphs_out_of_proportion_to_the_file_are_refused_before_a_session(tmp_p
 
 def test_int8_leaves_every_heads_decoding_in_float_and_quantizes_its_convolutions(tmp_path) -> None:
     """head_decoding_nodes, which --int8 (ONNX Runtime and OpenVINO) leaves in float, on each family's and task's
-    head: no convolution and nothing a convolution follows (the activations between a branch's convolutions stay
-    quantized), and every graph output comes out of it (the rows' concat, a segmenter's prototypes, a classifier's
-    probabilities)."""
+    head, from both exporters (TorchScript's and, with --dynamo, torch.export's): all in the head, no convolution
+    and nothing a convolution follows (the activations between a branch's convolutions stay quantized), and every
+    graph output comes out of it (the rows' concat, a segmenter's prototypes, a classifier's probabilities)."""
     import onnx
 
     from models.yolo import Model
     from utils.deploy.formats import quiet_jit_warnings
-    from utils.deploy.onnx import head_decoding_nodes
+    from utils.deploy.onnx import _top_module, head_decoding_nodes
 
-    for cfg, branched in (("yolov5n.yaml", False), ("yolo11n.yaml", True), ("yolo26n.yaml", True),
-                          ("yolo11n-seg.yaml", True), ("yolo11n-cls.yaml", False)):
+    cases = (("yolov5n.yaml", False, False), ("yolo11n.yaml", True, False), ("yolo26n.yaml", True, False),
+             ("yolo11n-seg.yaml", True, False), ("yolo11n-cls.yaml", False, False), ("yolov5n.yaml", False, True),
+             ("yolo11n.yaml", True, True))
+    for cfg, branched, dynamo in cases:
         model = Model(cfg).eval()
-        file = tmp_path / f"{cfg}.onnx"
+        file = tmp_path / f"{cfg}-{dynamo}.onnx"
+        options = ExportOptions(opset=18 if dynamo else 17, dynamo=dynamo)
         with quiet_jit_warnings():
             torch.onnx.export(model, (torch.zeros(1, 3, 64, 64),), str(file),
-                              **onnx_export_kwargs(ExportOptions(opset=17), outputs=model.head.contract.outputs))
+                              **onnx_export_kwargs(options, outputs=model.head.contract.outputs))
         proto = onnx.load(str(file))
-        excluded, graph = set(head_decoding_nodes(proto)), proto.graph
+        excluded, graph, case = set(head_decoding_nodes(proto)), proto.graph, (cfg, dynamo)
+        head = f"model.{len(model.model) - 1}"
+        in_head = {node.name for node in graph.node if _top_module(node) == head}
         kinds = {node.name: node.op_type for node in graph.node}
-        head = f"/model.{len(model.model) - 1}/"
-        assert excluded and all(name.startswith(head) and kinds[name] != "Conv" for name in excluded), cfg
+        assert excluded and excluded <= in_head and all(kinds[name] != "Conv" for name in excluded), case
         made_by = {output: node.name for node in graph.node for output in node.output}
-        assert {made_by[output.name] for output in graph.output} <= excluded, cfg
+        assert {made_by[output.name] for output in graph.output} <= excluded, case
         conv_inputs = {name for node in graph.node if node.op_type == "Conv" for name in node.input}
-        between = {node.name for node in graph.node if node.name.startswith(head) and node.op_type != "Conv"
+        between = {node.name for node in graph.node if node.name in in_head and node.op_type != "Conv"
                    and set(node.output) & conv_inputs}
-        assert bool(between) == branched and not excluded & between, cfg
+        assert bool(between) == branched and not excluded & between, case
