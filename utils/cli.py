@@ -300,11 +300,10 @@ def peer_lost(error: BaseException) -> PeerLost | None:
     while the watch still has the other ranks' marks. From then on this rank ignores the launcher's SIGTERM, so
     its teardown ends with that line rather than with the signal (ignore_launcher_stop). Call it where the error
     is first caught, before any teardown."""
-    line = dist.peer_failure_line(error)
-    if line is None:
+    if not dist.lost_a_peer(error):
         return None
-    ignore_launcher_stop()
-    return PeerLost(line)
+    ignore_launcher_stop()  # first: the launcher's SIGTERM may come while the line reads the other ranks' marks
+    return PeerLost(dist.peer_failure_line(error) or "")
 
 
 def flag_table(parser: argparse.ArgumentParser) -> str:

@@ -189,10 +189,17 @@ def _start_side_group_and_watch(env: DistEnv, side_group: bool, timeout_s: float
     _STATE.watch = MarkWatch(watch_store, env.rank, env.world_size, timeout_s, long_timeout_s, script=script).start()
 
 
+def lost_a_peer(error: BaseException) -> bool:
+    """Whether ``error`` is a collective that failed because a peer is gone (a multi-rank job only); cheap, it
+    reads nothing from the other ranks."""
+    return _STATE.watch is not None and is_peer_failure(error)
+
+
 def peer_failure_line(error: BaseException) -> str | None:
-    """For a collective that failed because a peer is gone: the one line to print (on one live rank; None on
-    the others, and None when ``error`` is something else). See utils.distributed.watchdog."""
-    if _STATE.watch is None or not is_peer_failure(error):
+    """For a collective that failed because a peer is gone: the one line to print (on one live rank; "" on the
+    others, and None when ``error`` is something else). It reads the other ranks' marks from the store, which can
+    take a while under load. See utils.distributed.watchdog."""
+    if not lost_a_peer(error):
         return None
     return _STATE.watch.peer_failure(error) or ""
 
