@@ -190,8 +190,7 @@ def _start_side_group_and_watch(env: DistEnv, side_group: bool, timeout_s: float
 
 
 def lost_a_peer(error: BaseException) -> bool:
-    """Whether ``error`` is a collective that failed because a peer is gone (a multi-rank job only); cheap, it
-    reads nothing from the other ranks."""
+    """Whether ``error`` is a collective that lost a peer (multi-rank jobs); it reads nothing from the others."""
     return _STATE.watch is not None and is_peer_failure(error)
 
 
