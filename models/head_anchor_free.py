@@ -23,18 +23,20 @@ from models.registry import LIMITS, ModelConfigError, Row, RowArgs, register_mod
 from utils.tasks.contract import OutputContract
 
 
-def make_anchors(sizes: Sequence[tuple[int, int]], strides: Sequence[float], offset: float = 0.5,
+def make_anchors(sizes: Sequence[tuple[int, int]], strides: Sequence[float] | torch.Tensor, offset: float = 0.5,
                  device: torch.device | str | None = None,
                  dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     """Cell centres (n, 2) as (x, y) in grid units of their level and each cell's stride (n, 1), for feature maps
-    of ``sizes`` [(h, w), ...] with ``strides``, row-major per level, P3 first."""
+    of ``sizes`` [(h, w), ...] with ``strides`` (numbers, or a tensor such as the head's buffer, read by tensor
+    arithmetic only, so torch.export does not treat its values as data to branch on), row-major per level, P3
+    first."""
     points, stride_rows = [], []
     for (h, w), stride in zip(sizes, strides):
         ys = torch.arange(h, device=device, dtype=dtype) + offset
         xs = torch.arange(w, device=device, dtype=dtype) + offset
         grid_y, grid_x = torch.meshgrid(ys, xs, indexing="ij")
         points.append(torch.stack((grid_x, grid_y), -1).view(-1, 2))
-        stride_rows.append(torch.full_like(points[-1][:, :1], float(stride)))  # sizes may be traced (dynamic)
+        stride_rows.append(torch.ones_like(points[-1][:, :1]) * stride)  # sizes may be traced (dynamic)
     return torch.cat(points), torch.cat(stride_rows)
 
 
@@ -107,7 +109,6 @@ class AnchorFreeDetect(nn.Module):
         self.cv3 = nn.ModuleList(self._cls_branch(c, c_cls) for c in ch)
         self.dfl = DFL(reg_max) if reg_max > 1 else nn.Identity()
         self._anchors: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._strides_found: list[float] = []
 
     def _cls_branch(self, c_in: int, hidden: int) -> nn.Sequential:
         if self.depthwise_cls:  # YOLO11, YOLO26
@@ -129,7 +130,6 @@ class AnchorFreeDetect(nn.Module):
         """The builder's dry run found the strides."""
         with torch.no_grad():
             self.stride.copy_(stride)
-        self._strides_found = [float(s) for s in stride]  # what torch.export reads: a buffer's values are data to it
         self.clear_grid_cache()
 
     def init_biases(self, class_freq: torch.Tensor | None = None) -> None:
@@ -185,9 +185,7 @@ class AnchorFreeDetect(nn.Module):
             return self._anchors[key]
         if tracing and maps:
             sizes = [(m.shape[2], m.shape[3]) for m in maps]  # traced sizes, not constants
-        compiling = torch.compiler.is_compiling() and len(self._strides_found) == self.nl
-        strides = self._strides_found if compiling else self.stride.tolist()
-        found = make_anchors(sizes, strides, 0.5, like.device, dtype)
+        found = make_anchors(sizes, self.stride, 0.5, like.device, dtype)
         if not tracing:
             self._anchors[key] = found
         return found
