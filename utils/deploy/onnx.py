@@ -11,7 +11,6 @@ stay unchecked: running a stranger's graph can still take memory (docs/security-
 
 from __future__ import annotations
 
-import ast
 import inspect
 import json
 import math
@@ -168,16 +167,13 @@ def head_decoding_nodes(proto: object) -> list[str]:
 
 def _top_module(node: object) -> str | None:
     """The model layer (``model.23``) a node of our own export belongs to: the first part of its name under the
-    TorchScript exporter (``/model.23/cv3.2/...``), its recorded name scopes under torch.export's (--dynamo)."""
+    TorchScript exporter (``/model.23/cv3.2/...``), of its recorded namespace under torch.export's (--dynamo:
+    ``: models.yolo.Model/model.23: models....``)."""
     parts = node.name.split("/")
     if len(parts) >= 3 and not parts[0]:
         return parts[1]
-    scopes = next((p.value for p in node.metadata_props if p.key == "pkg.torch.onnx.name_scopes"), None)
-    try:
-        found = ast.literal_eval(scopes) if scopes is not None and len(scopes) < 10_000 else None
-    except (ValueError, SyntaxError, MemoryError, RecursionError):
-        return None
-    return found[1] if isinstance(found, list) and len(found) > 2 and isinstance(found[1], str) else None
+    namespace = next((p.value for p in node.metadata_props if p.key == "namespace"), "").split("/")
+    return namespace[1].split(":")[0] if len(namespace) > 2 else None
 
 
 def _itemsize(elem_type: int) -> int:

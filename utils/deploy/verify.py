@@ -15,6 +15,7 @@ from torch import nn
 
 from utils.deploy.formats import MAX_INT8_MAP_DROP, ExportFormat, ExportOptions, FormatError, Tolerance
 from utils.deploy.runtime import InferenceModel
+from utils.evaluation.results import EvalResult
 from utils.log import LOGGER
 from utils.tasks.contract import ContractError, OutputContract
 from utils.tasks.registry import BASE_TASK, get_task
@@ -37,7 +38,7 @@ class Verification:
     extra_noun: str = ""  # what they hold (a segmenter's masks)
     map_reference: float | None = None  # mAP@.5:.95 of the float model on --data (a classifier's top-1 accuracy)
     map_export: float | None = None
-    metric: str = "mAP@.5:.95"  # what the two measure
+    metric: str = EvalResult.MAP_LABEL  # what the two measure (the evaluation's own name for its ``map``)
     read_back: str | None = None  # a format without a runtime here: what was read back from the written file
 
     def describe(self) -> str:

@@ -71,8 +71,10 @@ class ClassFolders(torch.utils.data.Dataset):
         self.hyp = dict(load_hyp() if opts.hyp is None and opts.augment else opts.hyp or {})
         self.seed, self.rng = opts.seed, np.random.default_rng([opts.seed, dist.get_rank()])
         items = list(sources) if isinstance(sources, (list, tuple)) else [sources]
-        listed = [Path(s) for s in items if Path(s).is_file()]  # images named one by one: see listed_split
-        splits = [scan_split(Path(s), opts.names) for s in items if not Path(s).is_file()]
+        paths = [Path(s) for s in items]
+        is_file = [path.is_file() for path in paths]
+        listed = [path for path, file in zip(paths, is_file) if file]  # images named one by one: see listed_split
+        splits = [scan_split(path, opts.names) for path, file in zip(paths, is_file) if not file]
         if listed:
             names = opts.names if opts.names is not None else splits[0].names if splits else None
             if names is None:
