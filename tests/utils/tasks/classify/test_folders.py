@@ -100,7 +100,8 @@ def test_images_listed_one_by_one_take_the_class_their_folder_names(tmp_path: Pa
     assert split.labels.tolist() == [1, 2] and split.read(1)[1] == 2
     (val / "notes.txt").write_text("not an image")
     image(tmp_path / "loose.jpg")
-    for bad in (tmp_path / "loose.jpg", val / "notes.txt", val / "dog" / "missing.jpg"):
+    os.mkfifo(val / "dog" / "pipe.jpg")  # a FIFO named like an image: never opened
+    for bad in (tmp_path / "loose.jpg", val / "notes.txt", val / "dog" / "missing.jpg", val / "dog" / "pipe.jpg"):
         with pytest.raises(DataError, match="not an image in a class folder") as info:
             listed_split([val / "dog" / "a.jpg", bad], ["bird", "cat", "dog"])
         assert "\n" not in str(info.value)
