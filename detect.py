@@ -25,6 +25,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import utils.distributed.openmp  # noqa: F401  first: it sets OpenMP's wait before torch loads
+
+# isort: split
 import cv2
 import numpy as np
 import torch

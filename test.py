@@ -17,6 +17,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import utils.distributed.openmp  # noqa: F401  first: it sets OpenMP's wait before torch loads
+
+# isort: split
 import torch
 
 from utils import api

@@ -60,7 +60,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.harness import EpochClock, Stats, header  # noqa: E402
+from benchmarks.harness import EpochClock, Stats, header, launch_env  # noqa: E402
 
 # our model name -> the ultralytics model YAML trained against it (a model without one is trained by us only)
 ULTRALYTICS_MODELS = {"yolov8n": "yolov8n.yaml", "yolo11n": "yolo11n.yaml", "yolo26n": "yolo26n.yaml"}
@@ -225,7 +225,8 @@ def run_process(command: list[str], name: str, cwd: Path, env: dict[str, str] | 
     tree when each of that file's rows appeared (a row written as it ended: its whole CPU seconds). Runs are
     sequential, so the CPU time is this run's alone; on a loaded machine it is the fairer of the two figures."""
     cpu, start = children_cpu_seconds(), time.perf_counter()
-    proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env if env is not None else launch_env())
     clock = EpochClock(proc.pid, results_csv) if results_csv is not None else None
     if clock is not None:
         clock.start()
@@ -294,8 +295,8 @@ def offline_env(config_dir: Path) -> dict[str, str]:
     for name in ("Arial.ttf", "Arial.Unicode.ttf"):
         if not (config_dir / name).exists():
             shutil.copyfile(font, config_dir / name)
-    return {**os.environ, "YOLO_OFFLINE": "true", "YOLO_AUTOINSTALL": "false", "YOLO_VERBOSE": "false",
-            "YOLO_CONFIG_DIR": str(config_dir)}
+    return launch_env(YOLO_OFFLINE="true", YOLO_AUTOINSTALL="false", YOLO_VERBOSE="false",
+                      YOLO_CONFIG_DIR=str(config_dir))
 
 
 def without_network() -> list[str]:

@@ -57,6 +57,7 @@ from benchmarks.harness import (  # noqa: E402
     Stats,
     add_timing_flags,
     header,
+    launch_env,
 )
 
 SYNTHETIC_TRAIN_IMAGES = 512  # data/synthetic.yaml's train split
@@ -224,7 +225,7 @@ def epoch_run(tree: Path, opt: argparse.Namespace, workers: int | None = None) -
     (benchmarks/epoch_phases.py), with OMP_NUM_THREADS = --threads and ``workers`` (None: train.py's default)."""
     with tempfile.TemporaryDirectory() as project:
         out = Path(project) / "phases.json"
-        env = {**os.environ, "OMP_NUM_THREADS": str(opt.threads or torch.get_num_threads())}
+        env = launch_env(OMP_NUM_THREADS=str(opt.threads or torch.get_num_threads()))
         args = ["--cfg", "yolov5n", "--img", "320", "--epochs", "1", "--batch-size", str(opt.epoch_batch),
                 "--device", "cpu", "--project", project, "--name", "bench"]
         args += ["--workers", str(workers)] if workers is not None else []

@@ -228,6 +228,15 @@ def header(title: str, device: torch.device | str = "cpu", clock: str = "wall") 
             f"torch {torch.__version__}, {torch.get_num_threads()} threads, {cuda}, {clock} clock")
 
 
+def launch_env(**extra: str) -> dict[str, str]:
+    """The environment of a benchmark's child process: this one's without the defaults our utils package set in it
+    (utils.distributed.openmp.PROCESS_DEFAULTS: a baseline trainer, or another checkout, runs with its own), plus
+    ``extra``."""
+    from utils.distributed.openmp import PROCESS_DEFAULTS
+
+    return {**{k: v for k, v in os.environ.items() if k not in PROCESS_DEFAULTS}, **extra}
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now (for a process group of the benchmark)."""
     with socket.socket() as s:
@@ -242,7 +251,7 @@ class ServeProcess:
     def __init__(self, tree: Path, command: list[str], env: dict[str, str] | None = None) -> None:
         self.tree = tree
         self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=tree,
-                                     env=env)
+                                     env=env if env is not None else launch_env())
         self._read()  # ready
 
     def ask(self, **request: Any) -> Any:

@@ -67,7 +67,8 @@ LAYERS: list[list[str]] = [
 # Inside each package, its modules lowest first; modules on one line are one layer and may not import each other.
 # A declared module may be absent (a file another branch adds); a present one must be declared.
 MODULE_LAYERS: dict[str, list[list[str]]] = {
-    "utils.distributed": [["launcher", "signals", "watchdog"], ["comm", "elastic"], ["loss_share", "ray_train"]],
+    "utils.distributed": [["launcher", "openmp", "signals", "watchdog"], ["comm", "elastic"],
+                          ["loss_share", "ray_train"]],
     "utils.compat": [["ultralytics"]],
     "utils.data": [["batch_memory", "colour", "generated", "heap"],
                    ["augment", "batch_pool", "errors", "ram_cache", "regular_files", "shard_urls", "synthetic"],

@@ -86,9 +86,9 @@ def test_the_thread_count_is_measured_again_between_epochs(tmp_path: Path, tiny_
     from tests.helpers import one_thread_and_logger_kept, train_args
     from utils.distributed import comm
 
-    verdicts, asked = iter([1, 2, 2]), []
+    verdicts, asked = iter([1, 1, 2, 2]), []
 
-    def probe(most: int, apply: bool = True) -> int:  # busy at start-up, free after each epoch
+    def probe(most: int, apply: bool = True) -> int:  # busy at start-up (two probes), free after each epoch
         asked.append((most, apply))
         chosen = min(next(verdicts), most)
         if apply:
@@ -100,7 +100,7 @@ def test_the_thread_count_is_measured_again_between_epochs(tmp_path: Path, tiny_
     monkeypatch.setattr(comm, "available_cores", lambda: 2)
     with one_thread_and_logger_kept():
         train.main(train.parse_opt(train_args(tiny_dataset, tiny_cfg_file, tmp_path, epochs=3)[1:]))
-    assert asked == [(2, True), (2, False), (2, False)]  # start-up, after epoch 0, after epoch 1; not the last
+    assert asked == [(2, True), (2, True), (2, False), (2, False)]  # start-up, after epochs 0 and 1; not the last
     changes = [line for line in capsys.readouterr().out.splitlines() if line.startswith("CPU threads")]
     assert changes == ["CPU threads 1 -> 2: two probes in a row between epochs found 2 faster "
                        "(utils.device.measured_threads)"]

@@ -35,14 +35,15 @@ def mps_available() -> bool:
 
 
 def measured_threads(max_threads: int | None = None, rounds: int = 5, min_gain: float = 1.2,
-                     apply: bool = True) -> int:
+                     apply: bool = True, settle: int = 12) -> int:
     """torch CPU threads for this process, measured: ``max_threads`` (default: the usable cores) when a small
     convolution runs at least ``min_gain`` times faster in wall time with them than with 1, else 1.
 
-    The two settings take turns ``rounds`` times (~0.1 s on an idle machine). On cores that other jobs keep
-    busy, a parallel region waits for its slowest thread: a yolov5n training step measured 6x slower in wall time
-    with 2 threads than with 1 on a loaded 2-core machine (docs/performance.md). Leaves torch set to the result
-    (``apply``), or as it found it.
+    The two settings take turns ``rounds`` times (~0.1 s on an idle machine), after ``settle`` untimed runs with
+    all the threads (a thread just woken from its OpenMP sleep can share its waker's core for a while). On cores
+    that other jobs keep busy, a parallel region waits for its slowest thread: a yolov5n training step measured 6x
+    slower in wall time with 2 threads than with 1 on a loaded 2-core machine (docs/performance.md). Leaves torch
+    set to the result (``apply``), or as it found it.
     """
     import time
 
@@ -55,6 +56,9 @@ def measured_threads(max_threads: int | None = None, rounds: int = 5, min_gain: 
     image = torch.randn(1, 64, 56, 56, generator=torch.Generator().manual_seed(1))
     seconds: dict[int, list[float]] = {1: [], most: []}
     with torch.no_grad():
+        torch.set_num_threads(most)
+        for _ in range(settle):
+            torch.nn.functional.conv2d(image, weight, padding=1)
         for _ in range(rounds + 1):  # the first round warms oneDNN up and is not counted
             for threads, samples in seconds.items():
                 torch.set_num_threads(threads)

@@ -1,4 +1,5 @@
-"""benchmarks.harness: median and spread of timings on a fake clock, the reference ratio, the header."""
+"""benchmarks.harness: median and spread of timings on a fake clock, the reference ratio, the header, the environment
+of child processes."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import itertools
 import pytest
 import torch
 
-from benchmarks.harness import Reference, Stats, cuda_device_name, header, time_call
+from benchmarks.harness import Reference, Stats, cuda_device_name, header, launch_env, time_call
+from utils.distributed import openmp
 
 
 class FakeClock:
@@ -76,3 +78,14 @@ def test_cuda_device_name_reads_cli_and_torch_device_strings():
     assert cuda_device_name("cpu") is None and cuda_device_name(torch.device("cpu")) is None
     for device in ("0", "0,1", "cuda", "cuda:0"):
         assert cuda_device_name(device) is not None  # the GPU's name, or 'unavailable' without CUDA
+
+
+def test_a_child_process_runs_without_the_defaults_our_package_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A baseline trainer (ultralytics, YOLOv5) or another checkout must not inherit our OpenMP default."""
+    monkeypatch.setattr(openmp, "PROCESS_DEFAULTS", {"GOMP_SPINCOUNT": "10000"})
+    monkeypatch.setenv("GOMP_SPINCOUNT", "10000")
+    monkeypatch.setenv("BENCH_KEPT", "yes")
+    env = launch_env(YOLO_OFFLINE="true")
+    assert "GOMP_SPINCOUNT" not in env and env["BENCH_KEPT"] == "yes" and env["YOLO_OFFLINE"] == "true"
+    monkeypatch.setattr(openmp, "PROCESS_DEFAULTS", {})  # the user's own setting is passed on
+    assert launch_env()["GOMP_SPINCOUNT"] == "10000"

@@ -4,8 +4,8 @@ Rank state comes from the launcher's environment, read once at start-up by utils
 only module that calls ``init_process_group``, and everything else asks it. When the process is not part of a
 group, the answers are rank 0, world size 1, main process True, and collectives are no-ops.
 
-Every function here that runs a collective says so: all ranks must call it, in the same
-order, or the job deadlocks (until the group's timeout ends it).
+Every function here that runs a collective says so: all ranks must call it, in the same order, or the job
+deadlocks (until the group's timeout ends it).
 """
 
 from __future__ import annotations
@@ -228,13 +228,12 @@ def cpu_share() -> int:
 def configure_threads() -> int:
     """Size torch's intra-op threads for this rank and return the number chosen.
 
-    Rule: an OMP_NUM_THREADS the user set is respected. torchrun exports OMP_NUM_THREADS=1 to its
-    workers whenever it starts more than one per machine, and that value is indistinguishable from
-    a user's, so with several local ranks "1" is read as torchrun's default and replaced by this
-    rank's share of the cores (cores // local world size; 1 on a 2-core machine with 2 ranks anyway).
+    Rule: an OMP_NUM_THREADS the user set is respected. torchrun exports OMP_NUM_THREADS=1 to its workers whenever
+    it starts more than one per machine, and that value is indistinguishable from a user's, so with several local
+    ranks "1" is read as torchrun's default and replaced by this rank's share of the cores (cores // local world).
     Without OMP_NUM_THREADS a single process measures (utils.device.measured_threads, ~0.1 s): all its cores
-    where they are faster than one, else one (busy cores make a parallel region wait for its slowest thread);
-    remeasure_threads measures again later. Call after init_distributed (it needs the local world size).
+    where they are faster than one, else one when two probes in a row find it (busy cores make a parallel region
+    wait for its slowest thread); remeasure_threads measures again later. Call after init_distributed.
     """
     value = os.environ.get("OMP_NUM_THREADS", "").strip()
     local_world = get_local_world_size()
@@ -244,7 +243,8 @@ def configure_threads() -> int:
         threads = cpu_share()
     else:
         _STATE.threads_vote = ThreadVote()
-        return measured_threads(cpu_share())
+        share = cpu_share()
+        return share if measured_threads(share) == share else measured_threads(share)
     torch.set_num_threads(threads)
     return threads
 

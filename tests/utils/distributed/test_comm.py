@@ -92,7 +92,7 @@ def test_configure_threads_rule(omp, local_world, expected, monkeypatch: pytest.
     try:
         want = {"share": 8 // local_world, "measured": 5}.get(expected, expected)
         assert dist.configure_threads() == want and torch.get_num_threads() == want
-        assert measured == ([8] if expected == "measured" else [])
+        assert measured == ([8, 8] if expected == "measured" else [])  # 5 of 8 cores: taken when a second agrees
     finally:
         torch.set_num_threads(before)
 
@@ -137,7 +137,7 @@ def test_remeasured_threads_change_only_after_two_agreeing_probes(monkeypatch: p
     monkeypatch.setattr(dist, "_STATE", dist._State())  # this test's own module state, put back after it
     monkeypatch.setattr(dist, "get_local_world_size", lambda: 1)
     monkeypatch.setattr(dist, "available_cores", lambda: 2)
-    verdicts, asked = iter([1, 2, 1, 2, 2, 2, 1, 1]), []
+    verdicts, asked = iter([1, 1, 2, 1, 2, 2, 2, 1, 1]), []
 
     def probe(most: int, apply: bool = True) -> int:  # the measurement's verdicts in turn
         asked.append(apply)
@@ -153,10 +153,39 @@ def test_remeasured_threads_change_only_after_two_agreeing_probes(monkeypatch: p
         dist.configure_threads()
         assert dist.remeasure_threads() is None and asked == []  # a count the user set is never measured
         monkeypatch.delenv("OMP_NUM_THREADS")
-        assert dist.configure_threads() == 1  # start-up: busy
+        assert dist.configure_threads() == 1  # start-up: busy in two probes in a row
         changes = [dist.remeasure_threads() for _ in range(7)]
         # 2 then 1: a single idle moment, no change; 2, 2: changed; 2: kept; 1 then 1: changed back
         assert changes == [None, None, None, (1, 2), None, None, (2, 1)] and torch.get_num_threads() == 1
-        assert asked == [True] + [False] * 7  # the probes between epochs leave torch as they found it
+        assert asked == [True, True] + [False] * 7  # the probes between epochs leave torch as they found it
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("verdicts, expected, probes", [
+    ([2], 2, 1),  # all the cores at once
+    ([1, 2], 2, 2),  # one slow probe at start-up is not enough for one thread
+    ([1, 1], 1, 2),  # two are
+])
+def test_start_up_takes_fewer_threads_only_when_two_probes_agree(verdicts, expected, probes,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dist, "_STATE", dist._State())
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(dist, "get_local_world_size", lambda: 1)
+    monkeypatch.setattr(dist, "available_cores", lambda: 2)
+    given = iter(verdicts)
+    asked = []
+
+    def probe(most: int) -> int:
+        asked.append(most)
+        chosen = next(given)
+        torch.set_num_threads(chosen)
+        return chosen
+
+    monkeypatch.setattr(dist, "measured_threads", probe)
+    before = torch.get_num_threads()
+    try:
+        assert dist.configure_threads() == expected and torch.get_num_threads() == expected
+        assert asked == [2] * probes
     finally:
         torch.set_num_threads(before)
