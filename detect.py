@@ -394,7 +394,8 @@ def main(opt: argparse.Namespace) -> DetectResult:
     model = InferenceModel(weights, device, half=opt.half, trusted=opt.trust_weights)
     check_model_options(opt, model)
     img_size = resolve_img_size(opt, model)
-    dataset = load_source(source, img_size, model.stride, auto=model.dynamic, vid_stride=opt.vid_stride)
+    dataset = load_source(source, img_size, model.stride, auto=model.dynamic, vid_stride=opt.vid_stride,
+                          fit=task_outputs(model).fit_input)
     save_dir = paths.new_run_folder(opt.project, opt.name, opt.exist_ok)
     with paths.discarded_on_failure(save_dir):  # a run that fails before writing anything leaves no empty folder
         model.warmup(img_size)

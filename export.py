@@ -60,6 +60,7 @@ from utils.deploy.verify import (
     Verification,
     calibration_batches,
     map_on_data,
+    model_task,
     verify_float,
     verify_int8,
     verify_written,
@@ -207,7 +208,8 @@ class ExportJob:
 
     def calibration(self) -> list[torch.Tensor]:
         if self._calibration is None:
-            self._calibration = calibration_batches(self.options.data, self.options, self.stride)
+            self._calibration = calibration_batches(self.options.data, self.options, self.stride,
+                                                    model_task(self.model))
             self._calibration = [b.to(self.checks[0].device) for b in self._calibration]
         return self._calibration
 

@@ -1,14 +1,14 @@
 """Images in, detections out: the model wrapper that ``hubconf.py`` returns, and its result class.
 
-``Detector(model)(images)`` takes a file path (str or Path; read by OpenCV), a numpy HWC uint8 image in RGB
-order (as PIL gives it; pass ``cv2.imread(...)[..., ::-1]`` for an OpenCV image), a PIL image, or a list of these.
-It letterboxes them to one batch shape, runs the model, post-processes its output as the model's output contract
-says (utils.tasks.contract.postprocess: NMS, or thresholds only for an end-to-end head) and maps the boxes back to each
-original image: ``Detections.xyxy[i]`` is a (k, 6) tensor [x1, y1, x2, y2, score, class] in that image's pixels.
-What a model's task predicts beyond the boxes comes by name, per image, from the task's ``predict`` part
-(utils/evaluation/task_outputs.py): a segmenter's ``Detections.masks[i]`` (k, h, w) bool at that image's size (its
-prototypes and the rows' coefficients, then resized). A float tensor batch (b, 3, h, w) in [0, 1] is passed
-straight to the model (raw decoded predictions).
+``Detector(model)(images)`` takes a file path (str or Path; read by OpenCV), a numpy HWC uint8 image in RGB order
+(as PIL gives it; pass ``cv2.imread(...)[..., ::-1]`` for an OpenCV image), a PIL image, or a list of these. It fits
+them to one batch shape as the model's task does (letterboxed; a classifier's centre-cropped), runs the model,
+post-processes its output as the model's output contract says (utils.tasks.contract.postprocess: NMS, or thresholds
+only for an end-to-end head) and maps the boxes back to each original image: ``Detections.xyxy[i]`` is a (k, 6)
+tensor [x1, y1, x2, y2, score, class] in that image's pixels. What a model's task predicts beyond the boxes comes by
+name, per image, from the task's ``predict`` part (utils/evaluation/task_outputs.py): a segmenter's
+``Detections.masks[i]`` (k, h, w) bool at that image's size (its prototypes and the rows' coefficients, then
+resized). A float tensor batch (b, 3, h, w) in [0, 1] is passed straight to the model (raw decoded predictions).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import torch
 from torch import nn
 
 from utils.boxes import scale_boxes, xyxy2xywh
-from utils.data.augment import letterbox
 from utils.data.image_io import ImageRefused, read_image
 from utils.errors import UserError
 from utils.evaluation.evaluate import model_contract
@@ -123,17 +122,16 @@ class Detector(nn.Module):
             raise ImageInputError("no images given")
         arrays, sources = zip(*(read_rgb(image, i) for i, image in enumerate(batch)))
         shape = getattr(self.model, "img_size", None) or batch_shape([a.shape[:2] for a in arrays], size, self.stride)
-        boxed = [letterbox(a, shape, auto=False) for a in arrays]
+        outputs, extras = get_task(self.contract.task).load("predict") or BOXES_ONLY, {}
+        fitted = [outputs.fit_input(a, shape, self.stride, False) for a in arrays]
         parameter = next(iter([*self.model.parameters(), *self.model.buffers()]))  # exports: the stride buffer
-        x = torch.from_numpy(np.stack([b[0].transpose(2, 0, 1) for b in boxed]))
+        x = torch.from_numpy(np.stack([image.transpose(2, 0, 1) for image, _ in fitted]))
         x = x.to(parameter.device, parameter.dtype) / 255
         output = self.model(x)
         predictions, others = (output[0], tuple(output[1:])) if isinstance(output, (list, tuple)) else (output, ())
         kept = postprocess(predictions.float(), self.contract, self.conf, self.iou, self.classes, self.agnostic,
                            self.multi_label, max_det=self.max_det)
-        outputs, extras = get_task(self.contract.task).load("predict") or BOXES_ONLY, {}
-        for i, (det, array, (_, ratio, pad)) in enumerate(zip(kept, arrays, boxed)):
-            ratio_pad = ((ratio[1], ratio[0]), pad)
+        for i, (det, array, (_, ratio_pad)) in enumerate(zip(kept, arrays, fitted)):
             boxes0 = scale_boxes(shape, det[:, :4].clone(), array.shape[:2], ratio_pad=ratio_pad)
             for name, value in (outputs.image(det, others, i, shape, boxes0, array.shape[:2], ratio_pad)
                                 if others or self.contract.extra or self.contract.rank != 3 else {}).items():

@@ -21,6 +21,7 @@ import yaml
 
 from tests.helpers import ROOT, finish, results_rows, start, torchrun_cmd, weights_diff
 from tests.plugins.faults import FailAt
+from utils.data.sources import load_source
 from utils.errors import UserError
 from utils.weights.checkpoint import load_checkpoint
 
@@ -44,10 +45,12 @@ def cls_args(data: Path, project: Path, name: str, *extra: str, batch: int = 8, 
 
 
 def test_a_classifier_trains_resumes_validates_detects_and_exports(tmp_path: Path, in_process: Callable[..., int],
-                                                                  capsys: pytest.CaptureFixture) -> None:
+                                                                  capsys: pytest.CaptureFixture,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     import detect
     import export
     import test as test_script
+    from utils.tasks.classify.predict import OUTPUTS
 
     data, project = cls_data(tmp_path, 24), tmp_path / "runs"
     args = lambda name: cls_args(data, project, name, "--save-interval-steps", "1")  # noqa: E731
@@ -71,9 +74,17 @@ def test_a_classifier_trains_resumes_validates_detects_and_exports(tmp_path: Pat
     assert set(result.named_results()) == {"accuracy_top1", "accuracy_top5"}
 
     val = data.parent / "set" / "val"
+    sources = []  # the sources detect.py reads: their frames fitted as the classifier's validation fits images
+
+    def recorded(*args, **kwargs):
+        sources.append(load_source(*args, **kwargs))
+        return sources[-1]
+
+    monkeypatch.setattr(detect, "load_source", recorded)
     found = detect.run(weights=str(weights), source=str(val / "square"), img_size=64, save_txt=True,
                        project=str(tmp_path / "detect"), name="exp", device="cpu")
     assert len(found.detections) == 3 and all(len(d) == 3 and not d[:, :4].any() for _, d in found.detections)
+    assert sources[0].fit == OUTPUTS.fit_input  # 64 x 80 images: centre-cropped to 64 x 64, not letterboxed
     for (_, det), top5, label in zip(found.detections, found.top5, sorted((found.save_dir / "labels").iterdir())):
         assert [c for c, _ in top5] == det[:, 5].astype(int).tolist()  # ranked, best first
         lines = label.read_text().splitlines()

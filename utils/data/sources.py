@@ -21,9 +21,10 @@ import os
 import stat
 import threading
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -52,7 +53,7 @@ class Frame:
     """One network input and where it came from (``frame``/``frames`` are 1-based, 0 for still images)."""
 
     path: str
-    image: np.ndarray  # (3, h, w) RGB uint8, letterboxed, contiguous
+    image: np.ndarray  # (3, h, w) RGB uint8, fitted to the network (letterboxed by default), contiguous
     original: np.ndarray  # (h0, w0, 3) BGR uint8 as read
     ratio_pad: tuple  # ((gain, gain), (pad_w, pad_h)) for utils.boxes.scale_boxes
     kind: str  # "image", "video", "webcam" or "stream"
@@ -95,12 +96,25 @@ def media_suffix(source: str | Path) -> str:
     return Path(media_name(source)).suffix.lower()
 
 
+def letterbox_fit(image: np.ndarray, img_size: int | tuple[int, int], stride: int = 32,
+                  auto: bool = True) -> tuple[np.ndarray, tuple]:
+    """An (h0, w0, 3) image letterboxed to ``img_size`` (``auto``: padded only up to a multiple of ``stride``), in
+    the channel order it came in, and its ratio_pad ((ratio_h, ratio_w), (pad_w, pad_h)) for scale_boxes: how the
+    base task fits an image to the network (a task's TaskOutputs.fit_input may fit it otherwise)."""
+    boxed, ratio, pad = letterbox(image, img_size, stride=stride, auto=auto)
+    return boxed, ((ratio[1], ratio[0]), pad)
+
+
+Fit = Callable[[np.ndarray, Any, int, bool], tuple[np.ndarray, tuple]]  # letterbox_fit's signature
+
+
 def letterbox_image(image_bgr: np.ndarray, img_size: int | tuple[int, int], stride: int = 32,
-                    auto: bool = True) -> tuple[np.ndarray, tuple]:
-    """BGR image -> ((3, h, w) RGB uint8 network input, ratio_pad for scale_boxes)."""
-    boxed, ratio, pad = letterbox(image_bgr, img_size, stride=stride, auto=auto)
-    chw = np.ascontiguousarray(boxed.transpose(2, 0, 1)[::-1])  # HWC BGR -> CHW RGB
-    return chw, ((ratio[1], ratio[0]), pad)
+                    auto: bool = True, fit: Fit = letterbox_fit) -> tuple[np.ndarray, tuple]:
+    """BGR image -> ((3, h, w) RGB uint8 network input, ratio_pad for scale_boxes), fitted by ``fit`` (default:
+    letterboxed)."""
+    fitted, ratio_pad = fit(image_bgr, img_size, stride, auto)
+    chw = np.ascontiguousarray(fitted.transpose(2, 0, 1)[::-1])  # HWC BGR -> CHW RGB
+    return chw, ratio_pad
 
 
 def read_list(listing: Path) -> list[str]:
@@ -219,9 +233,9 @@ class LoadImages:
     """Images and videos from files or URLs; videos are read frame by frame (every ``vid_stride``-th)."""
 
     def __init__(self, source: str | Path, img_size: int | tuple[int, int] = 640, stride: int = 32,
-                 auto: bool = True, vid_stride: int = 1) -> None:
+                 auto: bool = True, vid_stride: int = 1, fit: Fit = letterbox_fit) -> None:
         self.files = collect_files(source)
-        self.img_size, self.stride, self.auto, self.vid_stride = img_size, stride, auto, vid_stride
+        self.img_size, self.stride, self.auto, self.vid_stride, self.fit = img_size, stride, auto, vid_stride, fit
         self.skipped = 0  # unreadable images, counted and reported
         self.videos = [p for p in self.files if media_suffix(p) in VID_SUFFIXES]
         for video in self.videos:  # fail before any work when a video cannot be opened
@@ -241,7 +255,7 @@ class LoadImages:
                 self.skipped += 1
                 LOGGER.warning(f"WARNING: skipping unreadable image {path}: {e}")
                 continue
-            image, ratio_pad = letterbox_image(original, self.img_size, self.stride, self.auto)
+            image, ratio_pad = letterbox_image(original, self.img_size, self.stride, self.auto, self.fit)
             yield Frame(str(path), image, original, ratio_pad, "image", index, len(self.files))
 
     def _video_frames(self, path: str, index: int) -> Iterator[Frame]:
@@ -250,7 +264,7 @@ class LoadImages:
         fps = (capture.get(cv2.CAP_PROP_FPS) or 30.0) / self.vid_stride
         try:
             for number, original in read_frames(capture, self.vid_stride):
-                image, ratio_pad = letterbox_image(original, self.img_size, self.stride, self.auto)
+                image, ratio_pad = letterbox_image(original, self.img_size, self.stride, self.auto, self.fit)
                 yield Frame(path, image, original, ratio_pad, "video", index, len(self.files), number,
                             max(frames, number), fps)
         finally:
@@ -261,9 +275,9 @@ class LoadWebcam:
     """Frames from a camera index (``--source 0``) until the stream ends or the user interrupts."""
 
     def __init__(self, source: int | str, img_size: int | tuple[int, int] = 640, stride: int = 32,
-                 auto: bool = True, vid_stride: int = 1) -> None:
+                 auto: bool = True, vid_stride: int = 1, fit: Fit = letterbox_fit) -> None:
         self.source = int(source) if str(source).isdigit() else source
-        self.img_size, self.stride, self.auto, self.vid_stride = img_size, stride, auto, vid_stride
+        self.img_size, self.stride, self.auto, self.vid_stride, self.fit = img_size, stride, auto, vid_stride, fit
         self.capture = open_video(self.source)
         self.fps = (self.capture.get(cv2.CAP_PROP_FPS) or 30.0) / vid_stride
         self.skipped = 0
@@ -274,7 +288,7 @@ class LoadWebcam:
     def __iter__(self) -> Iterator[Frame]:
         try:
             for number, original in read_frames(self.capture, self.vid_stride):
-                image, ratio_pad = letterbox_image(original, self.img_size, self.stride, self.auto)
+                image, ratio_pad = letterbox_image(original, self.img_size, self.stride, self.auto, self.fit)
                 yield Frame(str(self.source), image, original, ratio_pad, "webcam", 1, 1, number, 0, self.fps)
         finally:
             self.capture.release()
@@ -340,9 +354,9 @@ class LoadStreams:
     until every stream has ended."""
 
     def __init__(self, sources: list[str], img_size: int | tuple[int, int] = 640, stride: int = 32,
-                 auto: bool = True, vid_stride: int = 1) -> None:
+                 auto: bool = True, vid_stride: int = 1, fit: Fit = letterbox_fit) -> None:
         self.sources = sources
-        self.img_size, self.stride, self.auto = img_size, stride, auto
+        self.img_size, self.stride, self.auto, self.fit = img_size, stride, auto, fit
         self.skipped = 0
         self.readers: list[StreamReader] = []
         try:
@@ -368,7 +382,7 @@ class LoadStreams:
                         LOGGER.info(f"stream {i + 1}/{len(self.readers)} {self.sources[i]} ended")
                         continue
                     seen[i], original = newest
-                    image, ratio_pad = letterbox_image(original, self.img_size, self.stride, self.auto)
+                    image, ratio_pad = letterbox_image(original, self.img_size, self.stride, self.auto, self.fit)
                     yield Frame(self.sources[i], image, original, ratio_pad, "stream", i + 1, len(self.readers),
                                 seen[i], 0, self.readers[i].fps)
         finally:
@@ -380,17 +394,18 @@ class LoadStreams:
 
 
 def load_source(source: str | Path, img_size: int | tuple[int, int] = 640, stride: int = 32, auto: bool = True,
-                vid_stride: int = 1) -> LoadImages | LoadWebcam | LoadStreams:
+                vid_stride: int = 1, fit: Fit = letterbox_fit) -> LoadImages | LoadWebcam | LoadStreams:
     """A webcam for a bare integer; streams for a ``.streams`` file, an rtsp:// or rtmp:// URL, or an http(s) URL
-    that names no image or video file; otherwise image/video files (and http(s) URLs of such files)."""
+    that names no image or video file; otherwise image/video files (and http(s) URLs of such files). Every frame is
+    fitted to the network by ``fit`` (default: letterboxed; a task's TaskOutputs.fit_input)."""
     if vid_stride < 1:
         raise SourceError(f"--vid-stride {vid_stride} must be at least 1")
     text = str(source).strip()
     if text.isdigit():
-        return LoadWebcam(text, img_size, stride, auto, vid_stride)
+        return LoadWebcam(text, img_size, stride, auto, vid_stride, fit)
     if text.lower().endswith(".streams"):
-        return LoadStreams(read_streams_file(Path(text).expanduser()), img_size, stride, auto, vid_stride)
+        return LoadStreams(read_streams_file(Path(text).expanduser()), img_size, stride, auto, vid_stride, fit)
     live = text.lower().startswith(("rtsp://", "rtmp://"))
     if is_url(text) and (live or media_suffix(text) not in IMG_SUFFIXES | VID_SUFFIXES):
-        return LoadStreams([text], img_size, stride, auto, vid_stride)
-    return LoadImages(text, img_size, stride, auto, vid_stride)
+        return LoadStreams([text], img_size, stride, auto, vid_stride, fit)
+    return LoadImages(text, img_size, stride, auto, vid_stride, fit)

@@ -16,6 +16,7 @@ from torch import nn
 from utils.deploy.formats import MAX_INT8_MAP_DROP, ExportFormat, ExportOptions, FormatError, Tolerance
 from utils.deploy.runtime import InferenceModel
 from utils.evaluation.results import EvalResult
+from utils.evaluation.task_outputs import BOXES_ONLY
 from utils.log import LOGGER
 from utils.tasks.contract import ContractError, OutputContract
 from utils.tasks.registry import BASE_TASK, get_task
@@ -178,15 +179,23 @@ def spread(items: list, count: int) -> list:
     return [items[i] for i in np.linspace(0, len(items) - 1, count).round().astype(int)]
 
 
-def calibration_batches(data_yaml: str, options: ExportOptions, stride: int) -> list[torch.Tensor]:
-    """At most ``options.calib_images`` training images of ``data_yaml``, letterboxed to the export's input size,
-    in batches of the export's batch size (float in [0, 1])."""
+def model_task(module: nn.Module) -> str:
+    """The task of ``module``'s head (the base task's when it has none)."""
+    return getattr(getattr(module, "head", None), "task", BASE_TASK)
+
+
+def calibration_batches(data_yaml: str, options: ExportOptions, stride: int,
+                        task: str | None = None) -> list[torch.Tensor]:
+    """At most ``options.calib_images`` training images of ``data_yaml``, fitted to the export's input size as
+    ``task``'s model reads them (letterboxed; a classifier's centre-cropped: its TaskOutputs.fit_input), in batches
+    of the export's batch size (float in [0, 1])."""
     from utils.data.config import load_data_config
     from utils.data.image_io import ImageRefused, read_image
     from utils.data.label_cache import list_image_files
     from utils.data.sources import letterbox_image
 
     files = spread(list_image_files(load_data_config(data_yaml).train), options.calib_images)
+    fit = (get_task(task).load("predict") or BOXES_ONLY).fit_input
     images, refused = [], 0
     for file in files:
         try:  # the same bounded, header-checked reader as training: a calibration image is a file from a stranger
@@ -195,7 +204,7 @@ def calibration_batches(data_yaml: str, options: ExportOptions, stride: int) -> 
             refused += 1
             LOGGER.warning(f"INT8 calibration: {file} skipped: {e}")
             continue
-        images.append(torch.from_numpy(letterbox_image(image, options.img_size, stride, auto=False)[0]))
+        images.append(torch.from_numpy(letterbox_image(image, options.img_size, stride, False, fit)[0]))
     if refused:
         LOGGER.warning(f"INT8 calibration: {refused} of {len(files)} images skipped")
     if not images:
@@ -217,7 +226,7 @@ def evaluate_on_data(module: nn.Module, data_yaml: str, options: ExportOptions, 
                      task: str | None = None) -> EvalResult:
     """map_on_data's validation pass (square ``options.img_size`` inputs, test.py's thresholds) and all it measured:
     box P, R, mAP@.5 and mAP@.5:.95, and each view of its task's metric beside them."""
-    task = task or getattr(getattr(module, "head", None), "task", BASE_TASK)
+    task = task or model_task(module)
     from utils.data.config import load_data_config
     from utils.data.datasets import DatasetOptions
     from utils.data.label_cache import list_image_files
@@ -239,7 +248,7 @@ def verify_int8(file: Path, model: nn.Module, options: ExportOptions, stride: in
                 reference_map: float | None = None) -> Verification:
     """mAP of the INT8 ``file`` and of the float ``model`` on --data (a classifier's top-1 accuracy: the evaluation's
     ``map``, named by its MAP_LABEL); VerificationError when the drop exceeds MAX_INT8_MAP_DROP."""
-    task = getattr(getattr(model, "head", None), "task", BASE_TASK)
+    task = model_task(model)
     reference = map_on_data(model, options.data, options, stride, task) if reference_map is None else reference_map
     exported = evaluate_on_data(InferenceModel(file, trusted=True).as_module(), options.data, options, stride, task)
     result = Verification(map_reference=reference, map_export=exported.map, metric=exported.MAP_LABEL)

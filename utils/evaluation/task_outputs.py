@@ -1,10 +1,11 @@
 """What a task's predictions hold beyond the boxes, per image, for detect.py, the hub model and the trackers: a
 task's ``predict`` part (utils/tasks/registry.py); the base task's holds nothing.
 
-``image`` makes one image's results in its original pixels from the model's other outputs (a segmenter's masks
-from its prototypes and the rows' coefficients); ``summary`` is what detect.run's result keeps per frame (a
-segmenter's outlines); ``draw`` paints the results under the boxes; ``label_rows`` writes --save-txt's rows (None:
-the boxes' YOLO rows); ``deaugment`` moves a test-time augmentation pass's task columns back to the input's frame
+``fit_input`` makes an image the model's input (the base task letterboxes it; a classifier crops it); ``image``
+makes one image's results in its original pixels from the model's other outputs (a segmenter's masks from its
+prototypes and the rows' coefficients); ``summary`` is what detect.run's result keeps per frame (a segmenter's
+outlines); ``draw`` paints the results under the boxes; ``label_rows`` writes --save-txt's rows (None: the boxes'
+YOLO rows); ``deaugment`` moves a test-time augmentation pass's task columns back to the input's frame
 (utils/evaluation/tta.py), for a task that can (``deaugments``).
 """
 
@@ -16,11 +17,20 @@ from typing import Any
 import numpy as np
 import torch
 
+from utils.data.sources import letterbox_fit
+
 
 class TaskOutputs:
     """The base task's: nothing beyond the boxes (see the module docstring)."""
 
     deaugments = False  # whether ``deaugment`` moves its task's columns (else --augment is refused for them)
+
+    def fit_input(self, image: np.ndarray, size: int | tuple[int, int], stride: int = 32,
+                  auto: bool = True) -> tuple[np.ndarray, tuple]:
+        """An (h0, w0, 3) image as the model reads it, (h, w, 3) in the same channel order, and its ratio_pad for
+        utils.boxes.scale_boxes; detect.py, the hub model and --int8's calibration fit images with it. The base
+        task's: letterboxed (utils.data.sources.letterbox_fit)."""
+        return letterbox_fit(image, size, stride, auto)
 
     def image(self, rows: torch.Tensor, outputs: tuple, index: int, input_hw: tuple[int, int],
               boxes0: torch.Tensor, shape0: tuple[int, int], ratio_pad: Any, native: bool = False) -> dict[str, Any]:

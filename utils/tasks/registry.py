@@ -63,8 +63,8 @@ class Task:
     classifier's class folders), ``labels`` (a
     utils.data.annotations.LabelReader), ``sample`` (a utils.data.samples.SampleExtras subclass, called with the
     DatasetOptions; a utils.data.augment.Geometry), ``postprocess`` (called as utils.tasks.contract.postprocess, it
-    replaces NMS), ``predict`` (per-image extras from the outputs,
-    their drawing and label rows: utils.evaluation.task_outputs.TaskOutputs), ``metric`` (a
+    replaces NMS), ``predict`` (how an image becomes the model's input, per-image extras
+    from the outputs, their drawing and label rows: utils.evaluation.task_outputs.TaskOutputs), ``metric`` (a
     utils.evaluation.task_metric.TaskMetric), ``export`` (a module that registers the export translations of its
     heads), ``synthetic`` (the offline set's ``ensure`` function), ``hub`` (torch.hub entries: (name, parameters)
     pairs, or (name, parameters, classes) where its release files' class count is not 80), ``releases`` (per

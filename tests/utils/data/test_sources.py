@@ -167,3 +167,22 @@ def test_a_txt_list_reads_only_inside_its_folder(tmp_path: Path) -> None:
     os.mkfifo(fifo)
     with pytest.raises(SourceError, match="cannot read the list .*a FIFO"):
         collect_files(fifo)
+
+
+def test_every_source_fits_its_frames_by_the_fit_it_was_given(video: Path, tmp_path: Path) -> None:
+    """The network input of every frame comes from ``fit`` (a task's TaskOutputs.fit_input), as CHW RGB; without one
+    it is letterboxed."""
+    from utils.data.augment import letterbox
+
+    def top_left(image: np.ndarray, size, stride: int, auto: bool) -> tuple[np.ndarray, tuple]:
+        return image[:32, :32], ((1.0, 1.0), (7, 9))  # a fit no task uses, easy to recognise
+
+    still = np.random.default_rng(0).integers(0, 255, (40, 60, 3), dtype=np.uint8)
+    cv2.imwrite(str(tmp_path / "a.png"), still)
+    (frame,) = load_source(tmp_path / "a.png", 64, 32, fit=top_left)
+    assert np.array_equal(frame.image, still[:32, :32, ::-1].transpose(2, 0, 1)) and frame.ratio_pad[1] == (7, 9)
+    (frame,) = load_source(tmp_path / "a.png", 64, 32, auto=False)
+    boxed = letterbox(still, 64, stride=32, auto=False)[0]
+    assert np.array_equal(frame.image, boxed[:, :, ::-1].transpose(2, 0, 1))
+    frames = list(load_source(video, 64, 32, fit=top_left))
+    assert len(frames) == 7 and all(f.image.shape == (3, 32, 32) and f.ratio_pad[1] == (7, 9) for f in frames)

@@ -1,5 +1,5 @@
 """INT8 calibration images are files from strangers: read by the bounded, header-checked reader, a refused one
-skipped and counted, never decoded."""
+skipped and counted, never decoded; each is fitted to the input as the model's task reads images."""
 
 from __future__ import annotations
 
@@ -42,3 +42,22 @@ def test_only_refused_images_is_one_line_error(tmp_path: Path) -> None:
     data = write_split(tmp_path, {"c.png": write_bomb_png})
     with pytest.raises(UserError, match="no readable training images"):
         calibration_batches(str(data), ExportOptions(img_size=(64, 64), calib_images=8), 32)
+
+
+def test_calibration_images_are_fitted_as_the_models_task_reads_them(tmp_path: Path) -> None:
+    """A detector's are letterboxed, a classifier's resized and centre-cropped (as its validation and detect.py read
+    them): calibrated on letterboxed images, a classifier's activation ranges would include grey bars it never sees."""
+    from utils.data.augment import letterbox
+    from utils.tasks.classify.augment import val_transform
+
+    wide = np.random.default_rng(0).integers(0, 255, (40, 60, 3), dtype=np.uint8)
+    data = write_split(tmp_path, {"a.png": lambda path: cv2.imwrite(str(path), wide)})
+    options = ExportOptions(img_size=(32, 32), batch_size=1, calib_images=8)
+
+    def as_input(image: np.ndarray) -> np.ndarray:
+        return image[:, :, ::-1].transpose(2, 0, 1).astype(np.float32) / 255
+
+    (boxed,) = calibration_batches(str(data), options, 32)
+    np.testing.assert_array_equal(boxed[0].numpy(), as_input(letterbox(wide, (32, 32), stride=32, auto=False)[0]))
+    (cropped,) = calibration_batches(str(data), options, 32, task="classify")
+    np.testing.assert_array_equal(cropped[0].numpy(), as_input(val_transform(wide, 32)))

@@ -84,17 +84,18 @@ def train_transform(img: np.ndarray, size: int, rng: np.random.Generator, hyp: d
     return color_jitter(img, rng, settings["hsv_v"], settings["hsv_v"], settings["hsv_s"], settings["hsv_h"])
 
 
-def resize_center_crop(img: np.ndarray, size: int, crop_fraction: float = 1.0) -> np.ndarray:
-    """The shorter side resized to ``size / crop_fraction``, then the centre ``size`` x ``size``."""
+def resize_center_crop(img: np.ndarray, size: int | tuple[int, int], crop_fraction: float = 1.0) -> np.ndarray:
+    """Scaled to cover ``size`` / ``crop_fraction`` (a square ``size``: the shorter side to it), then the centre
+    ``size`` x ``size`` (or (h, w))."""
     h, w = img.shape[:2]
-    short = math.floor(size / crop_fraction)
-    scale = short / min(h, w)
-    new_w, new_h = max(size, round(w * scale)), max(size, round(h * scale))
+    crop_h, crop_w = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+    scale = max(math.floor(crop_h / crop_fraction) / h, math.floor(crop_w / crop_fraction) / w)
+    new_h, new_w = max(crop_h, round(h * scale)), max(crop_w, round(w * scale))
     resized = cv2.resize(img, (new_w, new_h), interpolation=cv2.INTER_LINEAR) if (new_w, new_h) != (w, h) else img
-    top, left = (new_h - size) // 2, (new_w - size) // 2
-    return resized[top:top + size, left:left + size]
+    top, left = (new_h - crop_h) // 2, (new_w - crop_w) // 2
+    return resized[top:top + crop_h, left:left + crop_w]
 
 
-def val_transform(img: np.ndarray, size: int, crop_fraction: float = 1.0) -> np.ndarray:
+def val_transform(img: np.ndarray, size: int | tuple[int, int], crop_fraction: float = 1.0) -> np.ndarray:
     """A validation sample: resize, centre crop."""
     return resize_center_crop(img, size, crop_fraction)

@@ -23,6 +23,7 @@ import torch
 
 from utils.evaluation.task_outputs import TaskOutputs
 from utils.plots.annotate import class_name
+from utils.tasks.classify.augment import val_transform
 from utils.tasks.contract import OutputContract
 
 TOP_K = 5
@@ -76,7 +77,15 @@ def postprocess(pred: torch.Tensor, contract: OutputContract, conf_thres: float 
 
 
 class ClassifyOutputs(TaskOutputs):
-    """``top5`` per image and per frame: the most probable (class, probability) pairs, best first."""
+    """``top5`` per image and per frame: the most probable (class, probability) pairs, best first; images fitted as
+    validation fits them."""
+
+    def fit_input(self, image: np.ndarray, size: int | tuple[int, int], stride: int = 32,
+                  auto: bool = True) -> tuple[np.ndarray, tuple]:
+        """Resized and centre-cropped to ``size`` as validation reads a classifier's images (no letterbox: it never
+        trained on padding), whatever ``stride`` and ``auto``. Its rows hold no boxes, so the ratio_pad is the
+        identity: their zero box columns stay zeros."""
+        return val_transform(image, size), ((1.0, 1.0), (0.0, 0.0))
 
     def image(self, rows: torch.Tensor, outputs: tuple, index: int, input_hw: tuple[int, int],
               boxes0: torch.Tensor, shape0: tuple[int, int], ratio_pad: Any, native: bool = False) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """The classifiers' torch.hub entry points (yolov8n_cls ... yolo26x_cls): each docstring's size is the model its YAML
 builds at nc 1000 (on the meta device); ``pretrained=True`` reads ultralytics' release file through the download
 path (a loopback server offering the yolov8n-cls fixture) and gives its stored probabilities; another class count
-re-initialises the head alone; an image in gives its top-5."""
+re-initialises the head alone; an image in gives its top-5, read centre-cropped."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tests.helpers import ROOT, built_on_meta, serve_folder
+from utils.tasks.classify.augment import val_transform
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 FIXTURES = ROOT / "tests" / "fixtures" / "ultralytics"
@@ -46,3 +47,9 @@ def test_a_release_classifier_through_the_hub(tmp_path: Path, monkeypatch: pytes
     (top5,) = found.top5
     assert [c for c, _ in top5] == found.xyxy[0][:, 5].int().tolist() and len(top5) == 3  # three classes, ranked
     assert sum(p for _, p in top5) == pytest.approx(1.0, abs=1e-5) and found.rboxes is None
+    seen = []
+    three.model.register_forward_pre_hook(lambda module, inputs: seen.append(inputs[0]))  # what the model reads
+    wide = np.random.default_rng(1).integers(0, 255, (48, 80, 3), dtype=np.uint8)  # RGB, as the hub reads arrays
+    three(wide, size=64)  # a batch of 64 x 64: 80 px to 64, 38.4 px up to the stride
+    expected = torch.from_numpy(val_transform(wide, 64).transpose(2, 0, 1).copy()).float()[None] / 255
+    assert torch.equal(seen[-1], expected)  # resized and centre-cropped as validation reads it, not letterboxed

@@ -45,3 +45,23 @@ def test_probabilities_become_ranked_rows_without_thresholds() -> None:
     drawn = OUTPUTS.draw_labelled(image.copy(), first.numpy(), results, names, 2, False, False)
     assert np.array_equal(drawn, draw_topk(image.copy(), np.array([0.1, 0.6, 0.05, 0.25]), names))
     assert np.array_equal(OUTPUTS.draw_labelled(image.copy(), first.numpy(), results, names, 2, True, False), image)
+
+
+def test_a_classifier_fits_its_input_as_validation_does_and_the_base_task_letterboxes() -> None:
+    """detect.py, the hub model and --int8's calibration read images through the task's fit_input: a classifier's
+    are resized and centre-cropped as validation crops them (a letterbox's grey bars are nothing it trained on)."""
+    from utils.boxes import scale_boxes
+    from utils.data.augment import letterbox
+    from utils.evaluation.task_outputs import BOXES_ONLY
+    from utils.tasks.classify.augment import val_transform
+
+    wide = np.random.default_rng(0).integers(0, 255, (90, 150, 3), dtype=np.uint8)
+    image, ratio_pad = OUTPUTS.fit_input(wide, (64, 64), 32, True)  # stride and auto do not apply to a crop
+    assert np.array_equal(image, val_transform(wide, 64))
+    no_box = torch.zeros(1, 4)  # a classifier's rows: their box columns stay zeros in the original
+    assert not scale_boxes((64, 64), no_box, (90, 150), ratio_pad).any()
+    assert OUTPUTS.fit_input(wide, (48, 64), 32, False)[0].shape == (48, 64, 3)  # an (h, w) input: covered, cropped
+    assert np.array_equal(OUTPUTS.fit_input(wide, 64)[0], image)
+    boxed, ratio_pad = BOXES_ONLY.fit_input(wide, (64, 64), 32, False)
+    expected, ratio, pad = letterbox(wide, (64, 64), stride=32, auto=False)
+    assert np.array_equal(boxed, expected) and ratio_pad == ((ratio[1], ratio[0]), pad)
