@@ -9,6 +9,7 @@ import functools
 import importlib.util
 import io
 import os
+import random
 import re
 import signal
 import socket
@@ -135,10 +136,30 @@ def gcs_server() -> Iterator[dict[str, str]]:
 
 # ------------------------------------------------------------------------------------------------ processes
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket() as s:
+    """A TCP port on 127.0.0.1 that nothing uses right now, taken below the kernel's ephemeral range: a port from
+    that range can become the source port of any outgoing connection (gloo's own, a test's HTTP client) between
+    this check and the bind of the process that listens on it (EADDRINUSE in a full parallel run)."""
+    low, draw = ephemeral_ports()[0], random.SystemRandom()  # not the seeded generator training code resets
+    for _ in range(200):
+        port = draw.randrange(max(low - 16384, 1024), low)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as s:  # everything below the range taken: the kernel's choice
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's range of ports for outgoing connections (Linux's ip_local_port_range; its default elsewhere)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 @contextlib.contextmanager
