@@ -12,6 +12,7 @@ compares the two).
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import pytest
@@ -121,6 +122,21 @@ def project_files() -> list[Path]:
 def test_the_top_packages_are_empty():
     assert (ROOT / "utils" / "__init__.py").read_text().strip() == ""
     assert (ROOT / "models" / "__init__.py").read_text().strip() == ""
+
+
+ENTRY_POINTS = {"train.py", "test.py", "detect.py", "export.py"}
+
+
+def test_only_the_scripts_import_the_module_that_acts_on_import():
+    """utils.distributed.openmp sets the process's OpenMP wait when imported (it must act before torch loads): the
+    four scripts import it first, and no library module imports it (importing the library has no side effects)."""
+    importers = {str(path.relative_to(ROOT)) for path in project_files()
+                 if any(name == "utils.distributed.openmp" for _, name in imports_of(path))}
+    assert importers == ENTRY_POINTS | {"benchmarks/harness.py"}  # the harness reads what it set, for baselines
+    for script in ENTRY_POINTS:
+        imported = [n.names[0].name if isinstance(n, ast.Import) else n.module or ""
+                    for n in ast.parse((ROOT / script).read_text()).body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        assert [m for m in imported if m.split(".")[0] not in sys.stdlib_module_names][0] == "utils.distributed.openmp"
 
 
 def _is_main_block(node: ast.AST) -> bool:

@@ -6,6 +6,9 @@ assignment, the optimizer, Python) they keep the other cores busy doing nothing,
 other ranks need. Unless the user chose (GOMP_SPINCOUNT or OMP_WAIT_POLICY set), the spin is cut to 10000 rounds
 (docs/performance.md has what it saves). OpenMP reads it once, when torch loads: a process that imported torch
 before this module keeps its own. Nothing else is imported here, so importing it never loads torch.
+
+It is the one module whose import acts (it must, to come before torch): only the scripts import it, never the
+library (tests/test_layers.py), so importing the library changes nothing in the process.
 """
 
 import os
