@@ -50,7 +50,7 @@ from utils.data.sources import Frame, LoadImages, LoadStreams, LoadWebcam, load_
 from utils.deploy.runtime import InferenceModel, check_img_size, default_img_size, resolve_weights_arg
 from utils.device import check_half, one_device_warning, select_device
 from utils.errors import UserError
-from utils.evaluation.task_outputs import BOXES_ONLY, TaskOutputs
+from utils.evaluation.task_outputs import BOXES_ONLY, TaskOutputs, outputs_of
 from utils.evaluation.tta import augmented_forward, merges
 from utils.log import LOGGER, colorstr, print_options, setup_logging
 from utils.plots.annotate import class_name, draw_detections
@@ -309,7 +309,7 @@ def predict(model: InferenceModel, image: torch.Tensor, opt: argparse.Namespace,
 
 def task_outputs(model: InferenceModel) -> TaskOutputs:
     """What the model's task predicts beyond the boxes, made, drawn and written (its ``predict`` part)."""
-    return get_task(model.contract.task).load("predict") or BOXES_ONLY
+    return outputs_of(model.contract.task)
 
 
 def detect_frame(model: InferenceModel, frame: Frame, opt: argparse.Namespace,

@@ -26,9 +26,9 @@ from utils.boxes import scale_boxes, xyxy2xywh
 from utils.data.image_io import ImageRefused, read_image
 from utils.errors import UserError
 from utils.evaluation.evaluate import model_contract
-from utils.evaluation.task_outputs import BOXES_ONLY
+from utils.evaluation.task_outputs import outputs_of
 from utils.tasks.contract import postprocess
-from utils.tasks.registry import all_tasks, get_task
+from utils.tasks.registry import all_tasks
 
 
 class ImageInputError(UserError, ValueError):
@@ -122,7 +122,7 @@ class Detector(nn.Module):
             raise ImageInputError("no images given")
         arrays, sources = zip(*(read_rgb(image, i) for i, image in enumerate(batch)))
         shape = getattr(self.model, "img_size", None) or batch_shape([a.shape[:2] for a in arrays], size, self.stride)
-        outputs, extras = get_task(self.contract.task).load("predict") or BOXES_ONLY, {}
+        outputs, extras = outputs_of(self.contract.task), {}
         fitted = [outputs.fit_input(a, shape, self.stride, False) for a in arrays]
         parameter = next(iter([*self.model.parameters(), *self.model.buffers()]))  # exports: the stride buffer
         x = torch.from_numpy(np.stack([image.transpose(2, 0, 1) for image, _ in fitted]))

@@ -16,7 +16,7 @@ from torch import nn
 from utils.deploy.formats import MAX_INT8_MAP_DROP, ExportFormat, ExportOptions, FormatError, Tolerance
 from utils.deploy.runtime import InferenceModel
 from utils.evaluation.results import EvalResult
-from utils.evaluation.task_outputs import BOXES_ONLY
+from utils.evaluation.task_outputs import outputs_of
 from utils.log import LOGGER
 from utils.tasks.contract import ContractError, OutputContract
 from utils.tasks.registry import BASE_TASK, get_task
@@ -195,7 +195,7 @@ def calibration_batches(data_yaml: str, options: ExportOptions, stride: int,
     from utils.data.sources import letterbox_image
 
     files = spread(list_image_files(load_data_config(data_yaml).train), options.calib_images)
-    fit = (get_task(task).load("predict") or BOXES_ONLY).fit_input
+    fit = outputs_of(task).fit_input
     images, refused = [], 0
     for file in files:
         try:  # the same bounded, header-checked reader as training: a calibration image is a file from a stranger

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from utils.data.sources import letterbox_fit
+from utils.tasks.registry import get_task
 
 
 class TaskOutputs:
@@ -67,3 +68,9 @@ class TaskOutputs:
 
 
 BOXES_ONLY = TaskOutputs()
+
+
+def outputs_of(task: str | None) -> TaskOutputs:
+    """The ``predict`` part of the task called ``task`` (None: the base task); the base task's, boxes alone, for a
+    task that adds nothing there."""
+    return get_task(task).load("predict") or BOXES_ONLY

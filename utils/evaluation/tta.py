@@ -23,9 +23,8 @@ import torch
 from torch.nn import functional as F
 
 from utils.errors import UserError
-from utils.evaluation.task_outputs import BOXES_ONLY, TaskOutputs
+from utils.evaluation.task_outputs import outputs_of
 from utils.tasks.contract import OutputContract
-from utils.tasks.registry import get_task
 
 SCALES = (1.0, 0.83, 0.67)
 FLIPS = (False, True, False)  # left-right flip of each pass
@@ -62,16 +61,11 @@ def layout_of(model: object) -> DetectLayout:
                         dict(getattr(model, "head_meta", None) or {}))
 
 
-def task_outputs_of(contract: OutputContract) -> TaskOutputs:
-    """The ``predict`` part of ``contract``'s task (the base task's: boxes alone)."""
-    return get_task(contract.task).load("predict") or BOXES_ONLY
-
-
 def merges(contract: OutputContract) -> bool:
     """Whether test-time augmentation can merge the passes of a model of ``contract``: rows of boxes that go
     through NMS, no other outputs, and task columns (if any) that its ``predict`` part moves back (``deaugments``)."""
     return (contract.rank == 3 and not contract.end_to_end and len(contract.outputs) == 1
-            and (not contract.extra or task_outputs_of(contract).deaugments))
+            and (not contract.extra or outputs_of(contract.task).deaugments))
 
 
 def scale_image(images: torch.Tensor, ratio: float, stride: int) -> torch.Tensor:
@@ -123,7 +117,7 @@ def augmented_forward(predict: Callable[[torch.Tensor], torch.Tensor], images: t
         scale_xy = (int(width * ratio) / width, int(height * ratio) / height) if ratio != 1.0 else (1.0, 1.0)
         rows = _to_input_frame(predict(x), scale_xy, flip, width)
         if contract is not None and contract.extra:
-            rows = task_outputs_of(contract).deaugment(rows, contract, scale_xy, flip, width, layout.head)
+            rows = outputs_of(contract.task).deaugment(rows, contract, scale_xy, flip, width, layout.head)
         outputs.append((rows, x.shape[2:]))
     (first, first_shape), middle, (last, last_shape) = outputs
     first = _drop_levels(first, layout, first_shape, slice(0, -1))  # scale 1 without its coarsest level

@@ -26,7 +26,7 @@ import torch
 
 from utils.distributed import comm as dist
 from utils.evaluation.evaluate import model_contract
-from utils.evaluation.task_outputs import BOXES_ONLY
+from utils.evaluation.task_outputs import outputs_of
 from utils.hooks import LOGGER_PRIORITY, HookBase, TrainerView
 from utils.log import LOGGER, colorstr
 from utils.loggers.registry import LoggerContext, LoggerError
@@ -34,7 +34,6 @@ from utils.loggers.tracker_queue import CANCELLED_FLUSH_S, FLUSH_S, TrackerQueue
 from utils.paths import derived_path
 from utils.plots.annotate import draw_detections
 from utils.tasks.contract import postprocess
-from utils.tasks.registry import get_task
 
 INSTALL_HINT = "pip install -r requirements-trackers.txt"
 START_WAIT_S = 10.0  # the first checkpoint waits this long at most for a tracker's run id
@@ -296,7 +295,7 @@ def draw_predictions(trainer: TrainerView, folder: Path, count: int = VAL_IMAGES
     what its task predicts beyond them drawn under them), drawn and written to ``folder``."""
     model = trainer.ema_model
     contract = model_contract(model)
-    outputs = get_task(contract.task).load("predict") or BOXES_ONLY
+    outputs = outputs_of(contract.task)
     dataset = trainer.val_loader.dataset
     parameter = next(model.parameters())
     folder.mkdir(parents=True, exist_ok=True)
