@@ -44,7 +44,7 @@ from utils.cli import (
     visible_options,
 )
 from utils.data.image_io import ImageRefused, read_image
-from utils.data.sources import letterbox_image
+from utils.data.sources import network_input
 from utils.deploy.formats import (
     DYNAMO_OPSET,
     ONNX_OPSET,
@@ -190,7 +190,7 @@ def sample_image() -> np.ndarray:
 
 def example_batch(img_size: tuple[int, int], stride: int, batch_size: int, device: torch.device) -> torch.Tensor:
     """The example image ``batch_size`` times (later copies mirrored, so the rows differ), float in [0, 1]."""
-    image = torch.from_numpy(letterbox_image(sample_image(), img_size, stride, auto=False)[0]).float() / 255
+    image = torch.from_numpy(network_input(sample_image(), img_size, stride, auto=False)[0]).float() / 255
     rows = [image if i % 2 == 0 else image.flip(-1) for i in range(batch_size)]
     return torch.stack(rows).to(device)
 

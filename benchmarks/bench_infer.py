@@ -36,7 +36,7 @@ import export  # noqa: E402
 from benchmarks.harness import CLOCKS, Reference, add_timing_flags, cuda_sync, header, load_average, time_call  # noqa: E402
 from models.yolo import Model  # noqa: E402
 from utils.boxes import non_max_suppression  # noqa: E402
-from utils.data.sources import letterbox_image  # noqa: E402
+from utils.data.sources import network_input  # noqa: E402
 from utils.deploy.formats import get_format  # noqa: E402
 from utils.deploy.runtime import InferenceModel  # noqa: E402
 from utils.device import select_device  # noqa: E402
@@ -68,7 +68,7 @@ def bench_model(name: str, folder: Path, opt: argparse.Namespace, device: torch.
     from utils.data.synthetic import draw_sample, make_spec
 
     scene = draw_sample(np.random.default_rng(0), make_spec(img_size=(480, 640)))[0]
-    chw = letterbox_image(scene, opt.img_size, 32, auto=False)[0]
+    chw = network_input(scene, opt.img_size, 32, auto=False)[0]
     image = (torch.from_numpy(chw).float() / 255)[None].to(device)
     sync = cuda_sync(device)
     rows, pt_ms = [], None

@@ -34,12 +34,12 @@ def weights(tiny_weights: Path) -> Path:
 
 def real_images(shape: tuple[int, int], batch: int) -> torch.Tensor:
     """Letterboxed scenes (not noise) as a float batch in [0, 1], every image different."""
-    from utils.data.sources import letterbox_image
+    from utils.data.sources import network_input
     from utils.data.synthetic import draw_sample, make_spec
 
     rng = np.random.default_rng(1)
     spec = make_spec(img_size=(90, 120))
-    rows = [torch.from_numpy(letterbox_image(draw_sample(rng, spec)[0], shape, 32, auto=False)[0])
+    rows = [torch.from_numpy(network_input(draw_sample(rng, spec)[0], shape, 32, auto=False)[0])
             for _ in range(batch)]
     return torch.stack(rows).float() / 255
 

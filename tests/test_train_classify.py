@@ -74,17 +74,17 @@ def test_a_classifier_trains_resumes_validates_detects_and_exports(tmp_path: Pat
     assert set(result.named_results()) == {"accuracy_top1", "accuracy_top5"}
 
     val = data.parent / "set" / "val"
-    sources = []  # the sources detect.py reads: their frames fitted as the classifier's validation fits images
+    fits = []  # how detect.py's source fits its frames: as the classifier's validation fits images
 
     def recorded(*args, **kwargs):
-        sources.append(load_source(*args, **kwargs))
-        return sources[-1]
+        fits.append(kwargs.get("fit"))
+        return load_source(*args, **kwargs)
 
     monkeypatch.setattr(detect, "load_source", recorded)
     found = detect.run(weights=str(weights), source=str(val / "square"), img_size=64, save_txt=True,
                        project=str(tmp_path / "detect"), name="exp", device="cpu")
     assert len(found.detections) == 3 and all(len(d) == 3 and not d[:, :4].any() for _, d in found.detections)
-    assert sources[0].fit == OUTPUTS.fit_input  # 64 x 80 images: centre-cropped to 64 x 64, not letterboxed
+    assert fits == [OUTPUTS.fit_input]  # 64 x 80 images: centre-cropped to 64 x 64, not letterboxed
     for (_, det), top5, label in zip(found.detections, found.top5, sorted((found.save_dir / "labels").iterdir())):
         assert [c for c, _ in top5] == det[:, 5].astype(int).tolist()  # ranked, best first
         lines = label.read_text().splitlines()

@@ -16,6 +16,7 @@ instead of falling behind.
 from __future__ import annotations
 
 import contextlib
+import functools
 import glob
 import os
 import stat
@@ -108,8 +109,8 @@ def letterbox_fit(image: np.ndarray, img_size: int | tuple[int, int], stride: in
 Fit = Callable[[np.ndarray, Any, int, bool], tuple[np.ndarray, tuple]]  # letterbox_fit's signature
 
 
-def letterbox_image(image_bgr: np.ndarray, img_size: int | tuple[int, int], stride: int = 32,
-                    auto: bool = True, fit: Fit = letterbox_fit) -> tuple[np.ndarray, tuple]:
+def network_input(image_bgr: np.ndarray, img_size: int | tuple[int, int], stride: int = 32,
+                  auto: bool = True, fit: Fit = letterbox_fit) -> tuple[np.ndarray, tuple]:
     """BGR image -> ((3, h, w) RGB uint8 network input, ratio_pad for scale_boxes), fitted by ``fit`` (default:
     letterboxed)."""
     fitted, ratio_pad = fit(image_bgr, img_size, stride, auto)
@@ -235,7 +236,8 @@ class LoadImages:
     def __init__(self, source: str | Path, img_size: int | tuple[int, int] = 640, stride: int = 32,
                  auto: bool = True, vid_stride: int = 1, fit: Fit = letterbox_fit) -> None:
         self.files = collect_files(source)
-        self.img_size, self.stride, self.auto, self.vid_stride, self.fit = img_size, stride, auto, vid_stride, fit
+        self.to_input = functools.partial(network_input, img_size=img_size, stride=stride, auto=auto, fit=fit)
+        self.vid_stride = vid_stride
         self.skipped = 0  # unreadable images, counted and reported
         self.videos = [p for p in self.files if media_suffix(p) in VID_SUFFIXES]
         for video in self.videos:  # fail before any work when a video cannot be opened
@@ -255,7 +257,7 @@ class LoadImages:
                 self.skipped += 1
                 LOGGER.warning(f"WARNING: skipping unreadable image {path}: {e}")
                 continue
-            image, ratio_pad = letterbox_image(original, self.img_size, self.stride, self.auto, self.fit)
+            image, ratio_pad = self.to_input(original)
             yield Frame(str(path), image, original, ratio_pad, "image", index, len(self.files))
 
     def _video_frames(self, path: str, index: int) -> Iterator[Frame]:
@@ -264,7 +266,7 @@ class LoadImages:
         fps = (capture.get(cv2.CAP_PROP_FPS) or 30.0) / self.vid_stride
         try:
             for number, original in read_frames(capture, self.vid_stride):
-                image, ratio_pad = letterbox_image(original, self.img_size, self.stride, self.auto, self.fit)
+                image, ratio_pad = self.to_input(original)
                 yield Frame(path, image, original, ratio_pad, "video", index, len(self.files), number,
                             max(frames, number), fps)
         finally:
@@ -277,7 +279,8 @@ class LoadWebcam:
     def __init__(self, source: int | str, img_size: int | tuple[int, int] = 640, stride: int = 32,
                  auto: bool = True, vid_stride: int = 1, fit: Fit = letterbox_fit) -> None:
         self.source = int(source) if str(source).isdigit() else source
-        self.img_size, self.stride, self.auto, self.vid_stride, self.fit = img_size, stride, auto, vid_stride, fit
+        self.to_input = functools.partial(network_input, img_size=img_size, stride=stride, auto=auto, fit=fit)
+        self.vid_stride = vid_stride
         self.capture = open_video(self.source)
         self.fps = (self.capture.get(cv2.CAP_PROP_FPS) or 30.0) / vid_stride
         self.skipped = 0
@@ -288,7 +291,7 @@ class LoadWebcam:
     def __iter__(self) -> Iterator[Frame]:
         try:
             for number, original in read_frames(self.capture, self.vid_stride):
-                image, ratio_pad = letterbox_image(original, self.img_size, self.stride, self.auto, self.fit)
+                image, ratio_pad = self.to_input(original)
                 yield Frame(str(self.source), image, original, ratio_pad, "webcam", 1, 1, number, 0, self.fps)
         finally:
             self.capture.release()
@@ -356,7 +359,7 @@ class LoadStreams:
     def __init__(self, sources: list[str], img_size: int | tuple[int, int] = 640, stride: int = 32,
                  auto: bool = True, vid_stride: int = 1, fit: Fit = letterbox_fit) -> None:
         self.sources = sources
-        self.img_size, self.stride, self.auto, self.fit = img_size, stride, auto, fit
+        self.to_input = functools.partial(network_input, img_size=img_size, stride=stride, auto=auto, fit=fit)
         self.skipped = 0
         self.readers: list[StreamReader] = []
         try:
@@ -382,7 +385,7 @@ class LoadStreams:
                         LOGGER.info(f"stream {i + 1}/{len(self.readers)} {self.sources[i]} ended")
                         continue
                     seen[i], original = newest
-                    image, ratio_pad = letterbox_image(original, self.img_size, self.stride, self.auto, self.fit)
+                    image, ratio_pad = self.to_input(original)
                     yield Frame(self.sources[i], image, original, ratio_pad, "stream", i + 1, len(self.readers),
                                 seen[i], 0, self.readers[i].fps)
         finally:

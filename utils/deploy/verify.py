@@ -192,7 +192,7 @@ def calibration_batches(data_yaml: str, options: ExportOptions, stride: int,
     from utils.data.config import load_data_config
     from utils.data.image_io import ImageRefused, read_image
     from utils.data.label_cache import list_image_files
-    from utils.data.sources import letterbox_image
+    from utils.data.sources import network_input
 
     files = spread(list_image_files(load_data_config(data_yaml).train), options.calib_images)
     fit = outputs_of(task).fit_input
@@ -204,7 +204,7 @@ def calibration_batches(data_yaml: str, options: ExportOptions, stride: int,
             refused += 1
             LOGGER.warning(f"INT8 calibration: {file} skipped: {e}")
             continue
-        images.append(torch.from_numpy(letterbox_image(image, options.img_size, stride, False, fit)[0]))
+        images.append(torch.from_numpy(network_input(image, options.img_size, stride, False, fit)[0]))
     if refused:
         LOGGER.warning(f"INT8 calibration: {refused} of {len(files)} images skipped")
     if not images:

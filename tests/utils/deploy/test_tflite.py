@@ -38,11 +38,11 @@ def tf_exports(tiny_weights: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 def scenes(batch: int) -> torch.Tensor:
-    from utils.data.sources import letterbox_image
+    from utils.data.sources import network_input
     from utils.data.synthetic import draw_sample, make_spec
 
     rng = np.random.default_rng(5)
-    rows = [torch.from_numpy(letterbox_image(draw_sample(rng, make_spec(img_size=(48, 64)))[0], (64, 64), 32,
+    rows = [torch.from_numpy(network_input(draw_sample(rng, make_spec(img_size=(48, 64)))[0], (64, 64), 32,
                                              auto=False)[0]) for _ in range(batch)]
     return torch.stack(rows).float() / 255
 

@@ -50,11 +50,11 @@ def int8_exports(trained: Path, tiny_dataset: Path) -> list[export.ExportResult]
 
 
 def scenes(shape: tuple[int, int], batch: int) -> torch.Tensor:
-    from utils.data.sources import letterbox_image
+    from utils.data.sources import network_input
     from utils.data.synthetic import draw_sample, make_spec
 
     rng = np.random.default_rng(3)
-    rows = [torch.from_numpy(letterbox_image(draw_sample(rng, make_spec(img_size=(64, 96)))[0], shape, 32,
+    rows = [torch.from_numpy(network_input(draw_sample(rng, make_spec(img_size=(64, 96)))[0], shape, 32,
                                              auto=False)[0]) for _ in range(batch)]
     return torch.stack(rows).float() / 255
 
