@@ -1,19 +1,18 @@
 """Images in, detections out: the model wrapper that ``hubconf.py`` returns, and its result class.
 
-``Detector(model)(images)`` takes a file path (str or Path; read by OpenCV), a numpy HWC uint8 image in RGB order
-(as PIL gives it; pass ``cv2.imread(...)[..., ::-1]`` for an OpenCV image), a PIL image, or a list of these. It fits
-them to one batch shape as the model's task does (letterboxed; a classifier's centre-cropped), runs the model,
+``Detector(model)(images)`` takes a file path (str or Path; read by OpenCV), a numpy HWC uint8 image in RGB order (as
+PIL gives it; pass ``cv2.imread(...)[..., ::-1]`` for an OpenCV image), a PIL image, or a list of these. It fits them
+to one batch shape as the model's task does (letterboxed; a classifier's centre-cropped to a square), runs the model,
 post-processes its output as the model's output contract says (utils.tasks.contract.postprocess: NMS, or thresholds
-only for an end-to-end head) and maps the boxes back to each original image: ``Detections.xyxy[i]`` is a (k, 6)
-tensor [x1, y1, x2, y2, score, class] in that image's pixels. What a model's task predicts beyond the boxes comes by
-name, per image, from the task's ``predict`` part (utils/evaluation/task_outputs.py): a segmenter's
-``Detections.masks[i]`` (k, h, w) bool at that image's size (its prototypes and the rows' coefficients, then
-resized). A float tensor batch (b, 3, h, w) in [0, 1] is passed straight to the model (raw decoded predictions).
+only for an end-to-end head) and maps the boxes back to each original image: ``Detections.xyxy[i]`` is a (k, 6) tensor
+[x1, y1, x2, y2, score, class] in that image's pixels. What a model's task predicts beyond the boxes comes by name,
+per image, from the task's ``predict`` part (utils/evaluation/task_outputs.py): a segmenter's ``Detections.masks[i]``
+(k, h, w) bool at that image's size (its prototypes and the rows' coefficients, then resized). A float tensor batch
+(b, 3, h, w) in [0, 1] is passed straight to the model (raw decoded predictions).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -114,15 +113,17 @@ class Detector(nn.Module):
 
     @torch.no_grad()
     def forward(self, images: Any, size: int = 640) -> Detections | torch.Tensor:
-        """Detections for one image or a list (see the module docstring); ``size`` is the longest side fed in."""
+        """Detections for one image or a list (see the module docstring); ``size`` is the longest side fed in (a
+        classifier's: the side of its square input)."""
         if isinstance(images, torch.Tensor):
             return self.model(images)
         batch = list(images) if isinstance(images, (list, tuple)) else [images]
         if not batch:
             raise ImageInputError("no images given")
         arrays, sources = zip(*(read_rgb(image, i) for i, image in enumerate(batch)))
-        shape = getattr(self.model, "img_size", None) or batch_shape([a.shape[:2] for a in arrays], size, self.stride)
         outputs, extras = outputs_of(self.contract.task), {}
+        shape = getattr(self.model, "img_size", None) or \
+            outputs.input_shape([a.shape[:2] for a in arrays], size, self.stride)
         fitted = [outputs.fit_input(a, shape, self.stride, False) for a in arrays]
         parameter = next(iter([*self.model.parameters(), *self.model.buffers()]))  # exports: the stride buffer
         x = torch.from_numpy(np.stack([image.transpose(2, 0, 1) for image, _ in fitted]))
@@ -139,13 +140,6 @@ class Detector(nn.Module):
             det[:, :4] = boxes0
         shapes = [a.shape[:2] for a in arrays]
         return Detections([d[:, :6].cpu() for d in kept], self.names, shapes, list(sources), extras)
-
-
-def batch_shape(shapes: Sequence[tuple[int, int]], size: int, stride: int) -> tuple[int, int]:
-    """(h, w) that fits every image scaled so its longest side is ``size``, rounded up to ``stride``."""
-    scaled = [(h * size / max(h, w), w * size / max(h, w)) for h, w in shapes]
-    height, width = max(s[0] for s in scaled), max(s[1] for s in scaled)
-    return math.ceil(height / stride) * stride, math.ceil(width / stride) * stride
 
 
 def read_rgb(image: Any, index: int = 0) -> tuple[np.ndarray, str]:

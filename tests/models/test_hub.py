@@ -11,8 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
-from models.hub import Detections, Detector, ImageInputError, batch_shape
+from models.hub import Detections, Detector, ImageInputError
 from tests.helpers import built_on_meta
+from utils.data.sources import letterbox_shape
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 ROOT = Path(__file__).resolve().parents[2]
@@ -108,9 +109,9 @@ def test_boxes_are_in_original_image_pixels(detector: Detector, image_file: Path
 
 
 def test_batch_shape_fits_every_image() -> None:
-    assert batch_shape([(96, 150)], 150, 32) == (96, 160)
-    assert batch_shape([(480, 640), (640, 480)], 320, 32) == (320, 320)
-    assert batch_shape([(100, 400)], 640, 32) == (160, 640)
+    assert letterbox_shape([(96, 150)], 150, 32) == (96, 160)
+    assert letterbox_shape([(480, 640), (640, 480)], 320, 32) == (320, 320)
+    assert letterbox_shape([(100, 400)], 640, 32) == (160, 640)
 
 
 def test_unreadable_inputs_give_one_line(detector: Detector, tmp_path: Path) -> None:

@@ -18,11 +18,12 @@ from __future__ import annotations
 import contextlib
 import functools
 import glob
+import math
 import os
 import stat
 import threading
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,14 @@ def letterbox_fit(image: np.ndarray, img_size: int | tuple[int, int], stride: in
 
 
 Fit = Callable[[np.ndarray, Any, int, bool], tuple[np.ndarray, tuple]]  # letterbox_fit's signature
+
+
+def letterbox_shape(shapes: Sequence[tuple[int, int]], size: int, stride: int) -> tuple[int, int]:
+    """The (h, w) input that holds every image of (h0, w0) ``shapes`` letterboxed with its longest side ``size``,
+    each side rounded up to ``stride``: the base task's input for a batch of unlike images (the hub model's)."""
+    scaled = [(h * size / max(h, w), w * size / max(h, w)) for h, w in shapes]
+    height, width = max(s[0] for s in scaled), max(s[1] for s in scaled)
+    return math.ceil(height / stride) * stride, math.ceil(width / stride) * stride
 
 
 def network_input(image_bgr: np.ndarray, img_size: int | tuple[int, int], stride: int = 32,

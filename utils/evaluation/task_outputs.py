@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from utils.data.sources import letterbox_fit
+from utils.data.sources import letterbox_fit, letterbox_shape
 from utils.tasks.registry import get_task
 
 
@@ -32,6 +32,12 @@ class TaskOutputs:
         utils.boxes.scale_boxes; detect.py, the hub model and --int8's calibration fit images with it. The base
         task's: letterboxed (utils.data.sources.letterbox_fit)."""
         return letterbox_fit(image, size, stride, auto)
+
+    def input_shape(self, shapes: Sequence[tuple[int, int]], size: int, stride: int = 32) -> tuple[int, int]:
+        """The (h, w) input of one batch of images of (h0, w0) ``shapes`` at ``size`` (the hub model's batch), each
+        then fitted by ``fit_input``. The base task's holds every image letterboxed with its longest side ``size``
+        (utils.data.sources.letterbox_shape)."""
+        return letterbox_shape(shapes, size, stride)
 
     def image(self, rows: torch.Tensor, outputs: tuple, index: int, input_hw: tuple[int, int],
               boxes0: torch.Tensor, shape0: tuple[int, int], ratio_pad: Any, native: bool = False) -> dict[str, Any]:

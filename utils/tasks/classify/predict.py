@@ -87,6 +87,11 @@ class ClassifyOutputs(TaskOutputs):
         identity: their zero box columns stay zeros."""
         return val_transform(image, size), ((1.0, 1.0), (0.0, 0.0))
 
+    def input_shape(self, shapes: Sequence[tuple[int, int]], size: int, stride: int = 32) -> tuple[int, int]:
+        """``size`` x ``size`` whatever the images' shapes, as validation crops them (the stride does not matter
+        after the head's global pooling)."""
+        return size, size
+
     def image(self, rows: torch.Tensor, outputs: tuple, index: int, input_hw: tuple[int, int],
               boxes0: torch.Tensor, shape0: tuple[int, int], ratio_pad: Any, native: bool = False) -> dict[str, Any]:
         return {"top5": [(int(c), float(p)) for p, c in rows[:TOP_K, 4:6].tolist()]}

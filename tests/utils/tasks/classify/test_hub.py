@@ -53,3 +53,8 @@ def test_a_release_classifier_through_the_hub(tmp_path: Path, monkeypatch: pytes
     three(wide, size=64)  # a batch of 64 x 64: 80 px to 64, 38.4 px up to the stride
     expected = torch.from_numpy(val_transform(wide, 64).transpose(2, 0, 1).copy()).float()[None] / 255
     assert torch.equal(seen[-1], expected)  # resized and centre-cropped as validation reads it, not letterboxed
+    long = np.random.default_rng(2).integers(0, 255, (40, 200, 3), dtype=np.uint8)
+    (top5,) = three([long], size=64).top5  # a detector's batch would be 32 x 64 (13 px up to the stride, and 64)
+    assert seen[-1].shape == (1, 3, 64, 64) and len(top5) == 3  # square, as validation crops
+    expected = torch.from_numpy(val_transform(long, 64).transpose(2, 0, 1).copy()).float()[None] / 255
+    assert torch.equal(seen[-1], expected)
