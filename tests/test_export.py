@@ -200,6 +200,7 @@ def test_dynamo_writes_both_head_kinds_and_a_dynamic_file_that_runs_any_batch_an
                                                   "onnx", "--dynamo", "--dynamic"]))
         assert result.error is None and result.verification.box_error < 1e-4, cfg
         assert [o.version for o in onnx.load(str(result.file)).opset_import if o.domain in ("", "ai.onnx")] == [18]
+        assert sorted(p.name for p in tmp_path.glob(f"{cfg[:-5]}.*")) == [f"{cfg[:-5]}.onnx", f"{cfg[:-5]}.pt"]
         backend = InferenceModel(result.file)
         assert backend.dynamic, cfg
         if cfg not in ("yolov5n.yaml", "yolo11n.yaml"):
@@ -208,6 +209,11 @@ def test_dynamo_writes_both_head_kinds_and_a_dynamic_file_that_runs_any_batch_an
             images = real_images(shape, batch)
             output, reference = backend(images), pytorch_output(weights, images)
             assert output.shape == reference.shape and (output - reference).abs().max() < 1e-3, (cfg, batch, shape)
+    pytest.importorskip("openvino")
+    (result,) = export.main(export.parse_opt(["--weights", str(weights), "--img-size", "64", "--include",
+                                              "openvino", "--dynamo"]))  # the ONNX file it converts is gone after
+    assert result.error is None and sorted(p.name for p in result.file.iterdir()) == \
+        ["yolo11n-cls.bin", "yolo11n-cls.xml", "yolo11n-cls.yaml"]
 
 
 def test_simplify_shrinks_the_graph_and_keeps_the_output(weights: Path, tiny_exports: dict[str, Path],

@@ -56,6 +56,8 @@ def onnx_export_kwargs(options: ExportOptions, parameters: Collection[str] | Non
                     "output_names": list(OUTPUT_NAMES[:len(outputs)]), "verbose": bool(options.verbose)}
     if "dynamo" in parameters:
         kwargs["dynamo"] = options.dynamo
+        if options.dynamo and "external_data" in parameters:  # else its weights go to a second file, <file>.data
+            kwargs["external_data"] = False
     elif options.dynamo:
         raise FormatError(f"--dynamo needs torch 2.5 or newer (this is torch {torch.__version__}); drop --dynamo")
     if options.dynamic and options.dynamo:
