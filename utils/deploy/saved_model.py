@@ -77,7 +77,7 @@ class SavedModelFormat(ExportFormat):
         tf = import_tensorflow()
         set_tf_threads(tf, options.threads)
         try:
-            loaded = tf.saved_model.load(str(file))
+            loaded = tf.saved_model.load(str(file.resolve()))  # asset paths come back as the folder was named
             serve = loaded.signatures["serving_default"]
             asset = confined(loaded.metadata_file.asset_path.numpy().decode(), file, "its metadata asset", FormatError)
             if not asset.is_file() or asset.stat().st_size > MAX_METADATA_TEXT:

@@ -77,6 +77,15 @@ def test_float_files_give_the_pt_boxes_and_carry_their_metadata(tf_exports) -> N
     assert reference[..., :4].abs().max() > 8  # boxes in pixels: not a comparison of near-zero values
 
 
+def test_a_saved_model_given_by_a_relative_path_reads(tf_exports, monkeypatch: pytest.MonkeyPatch) -> None:
+    """TensorFlow gives the metadata asset's path as the folder was named (from the working directory), not from
+    the folder: a relative path, as users type it, reads as an absolute one does."""
+    saved = tf_exports[0].file
+    monkeypatch.chdir(saved.parent.parent)
+    model = InferenceModel(Path(saved.parent.name) / saved.name, trusted=True)
+    assert (model.names, model.stride, model.img_size) == (NAMES, 32, (64, 64))
+
+
 @pytest.mark.slow
 def test_detect_test_and_hubconf_run_the_files_without_data(tf_exports, tiny_dataset: Path, tmp_path: Path,
                                                             capsys) -> None:
