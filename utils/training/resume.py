@@ -181,10 +181,17 @@ RUNTIME_OPTIONS: dict[str, bool] = {
 def resume_options(config: RunConfig, saved_opt: dict, defaults: RunConfig) -> RunConfig:
     """The checkpoint's options, except the runtime ones (see RUNTIME_OPTIONS) that ``config`` keeps; ``defaults``
     (the parser's) tell which were given on the command line. Options the checkpoint lacks (added since) keep
-    their current values."""
+    their current values. Other options given on the command line with another value than the run's are named in
+    one warning: the run goes on with its own."""
     current, default = config.options(), defaults.options()
     keep = {k for k, always in RUNTIME_OPTIONS.items() if always or current.get(k) != default.get(k)}
-    current.update({k: v for k, v in saved_opt.items() if k in current and k not in keep})
+    taken = {k: v for k, v in saved_opt.items() if k in current and k not in keep}
+    ignored = [f"--{k.replace('_', '-')} {current[k]} (the run's: {v})" for k, v in taken.items()
+               if current[k] != default.get(k) and current[k] != v]
+    if ignored:
+        LOGGER.warning(f"WARNING: --resume continues the run with the options it started with; ignored: "
+                       f"{', '.join(ignored)[:400]}")
+    current.update(taken)
     return RunConfig.from_options(current)
 
 

@@ -60,6 +60,23 @@ def test_resume_options_keep_runtime_flags() -> None:
     assert RUNTIME_OPTIONS["device"] and not RUNTIME_OPTIONS["workers"]
 
 
+def test_options_the_run_overrides_are_named_in_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    defaults = RunConfig(epochs=100, batch_size=16, img_size=640)
+    saved = {"epochs": 30, "batch_size": 16, "img_size": 320, "workers": 2}
+    given = RunConfig(epochs=4, batch_size=16, img_size=320, workers=0, resume="x.pt")  # --epochs 4 --img 320 ...
+    with caplog.at_level(logging.WARNING, logger="yolo"):
+        merged = resume_options(given, saved, defaults)
+    assert (merged.epochs, merged.img_size, merged.workers) == (30, 320, 0)  # the run's epochs; workers: runtime
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warnings == ["WARNING: --resume continues the run with the options it started with; ignored: --epochs 4 "
+                        "(the run's: 30)"]  # not --img-size (the run's value), not --workers (kept)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="yolo"):
+        resume_options(defaults.replace(resume="x.pt"), saved, defaults)  # nothing given: nothing to say
+        resume_options(given.replace(epochs=30), saved, defaults)  # a requeued job's command: the same values
+    assert not caplog.records
+
+
 def test_a_resume_takes_the_tracker_deadline_it_is_given() -> None:
     defaults = RunConfig(extra={"tracker_timeout": 10.0})
     saved = {"tracker_timeout": 120.0}
