@@ -62,6 +62,7 @@ from utils.tracking.registry import load_tracker_config
 from utils.tracking.session import TrackingSession
 
 CONF_THRES = 0.25
+DEFAULT_TRACKER = "botsort"  # --track without a name: ultralytics' track mode's default tracker
 TRACK_CONF_THRES = 0.1  # a tracker's second association takes detections down to its track_low_thresh (0.1)
 
 
@@ -109,8 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--visualize", action="store_true", help="save the feature maps of every stage as "
                         "images (.pt weights)")
     parser.add_argument("--vid-stride", type=int, default=1, help="video frame-rate stride: read every N-th frame")
-    parser.add_argument("--track", type=str, default="", metavar="TRACKER", help="keep an ID per object across the "
-                        "frames of each video or stream: bytetrack, botsort, or a tracker YAML (data/trackers)")
+    parser.add_argument("--track", type=str, nargs="?", default="", const=DEFAULT_TRACKER, metavar="TRACKER",
+                        help="keep an ID per object across the frames of each video or stream: bytetrack, botsort, or "
+                        f"a tracker YAML (data/trackers); alone: {DEFAULT_TRACKER}, as ultralytics' track mode")
     add_flags(parser, "save_txt", "save_conf")
     parser.add_argument("--save-crop", action="store_true", help="save cropped boxes to crops/<class>/")
     parser.add_argument("--retina-masks", action="store_true", help="segmenters: make the masks at the original "

@@ -129,6 +129,13 @@ def test_track_lowers_the_default_confidence_threshold_only() -> None:
     assert detect.parse_opt(["--track", "botsort", "--conf-thres", "0.3"]).conf_thres == 0.3
 
 
+def test_track_alone_takes_ultralytics_default_tracker() -> None:
+    assert detect.parse_opt(["--track"]).track == detect.DEFAULT_TRACKER == "botsort"
+    opt = detect.parse_opt(["--track", "--save-txt"])  # before another flag
+    assert (opt.track, opt.save_txt, opt.conf_thres) == ("botsort", True, detect.TRACK_CONF_THRES)
+    assert detect.parse_opt(["--track", "bytetrack"]).track == "bytetrack" and detect.parse_opt([]).track == ""
+
+
 def test_a_bad_tracker_is_one_line_before_any_work(tiny_weights: Path, tmp_path: Path, capsys) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("tracker_type: bytetrack\nmatch_thres: 0.8\n")
