@@ -41,6 +41,7 @@ class Verification:
     map_export: float | None = None
     metric: str = EvalResult.MAP_LABEL  # what the two measure (the evaluation's own name for its ``map``)
     read_back: str | None = None  # a format without a runtime here: what was read back from the written file
+    boxes: bool = True  # whether the rows hold boxes (a classifier's do not: its box error is 0 and not described)
 
     def describe(self) -> str:
         if self.read_back is not None:
@@ -49,7 +50,8 @@ class Verification:
             return (f"{self.metric} {self.map_export:.4f} vs {self.map_reference:.4f} float "
                     f"(drop {self.map_reference - self.map_export:+.4f}, limit {MAX_INT8_MAP_DROP})")
         extra = "" if self.extra_error is None else f", {self.extra_noun} {self.extra_error:.1e}"
-        return f"max error boxes {self.box_error:.1e} x size, scores {self.score_error:.1e}{extra}"
+        boxes = f"boxes {self.box_error:.1e} x size, " if self.boxes else ""
+        return f"max error {boxes}scores {self.score_error:.1e}{extra}"
 
 
 def output_errors(reference: torch.Tensor, output: torch.Tensor, contract: OutputContract | None = None,
@@ -127,8 +129,9 @@ def verify_float(file: Path, model: nn.Module, checks: list[torch.Tensor], toler
     contract = inference.contract
     several, extra = len(contract.outputs) > 1, bool(contract.extra or len(contract.outputs) > 1)
     task = get_task(contract.task)
+    boxes = contract.rank == 3  # rows of boxes (a classifier's rows hold its probabilities only)
     worst = Verification(box_error=0.0, score_error=0.0, extra_error=0.0 if extra else None,
-                         extra_noun=task.results_noun)
+                         extra_noun=task.results_noun, boxes=boxes)
     with torch.no_grad():
         for images in checks:
             reference, output = model(images), inference(images)
@@ -144,7 +147,8 @@ def verify_float(file: Path, model: nn.Module, checks: list[torch.Tensor], toler
                 raise VerificationError(f"{what} differ from PyTorch's by {error:.1e} of their largest magnitude "
                                         f"(limit {tolerance.score:.0e})")
             worst = Verification(max(worst.box_error, box), max(worst.score_error, score),
-                                 None if error is None else max(worst.extra_error, error), task.results_noun)
+                                 None if error is None else max(worst.extra_error, error), task.results_noun,
+                                 boxes=boxes)
     return worst
 
 
