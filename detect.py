@@ -56,7 +56,7 @@ from utils.log import LOGGER, colorstr, print_options, setup_logging
 from utils.plots.annotate import class_name, draw_detections
 from utils.plots.feature_maps import capture_stages, save_feature_maps
 from utils.plots.viewer import Viewer
-from utils.tasks.contract import OutputContract, postprocess
+from utils.tasks.contract import postprocess
 from utils.tasks.registry import all_tasks, get_task
 from utils.tracking.registry import load_tracker_config
 from utils.tracking.session import TrackingSession
@@ -159,7 +159,7 @@ def check_model_options(opt: argparse.Namespace, model: InferenceModel) -> None:
     if opt.augment and model.contract.end_to_end:
         raise DetectError(f"--augment merges three passes before NMS; {model.weights.name} returns final rows "
                           f"({model.contract.layout}, no NMS): drop --augment")
-    if opt.track and model.contract.rank != 3:
+    if opt.track and not model.contract.has_boxes:
         task = get_task(model.contract.task)
         raise DetectError(f"--track follows boxes across frames; {model.weights.name} is {task.model_noun}, which "
                           f"predicts {task.results_noun} and no boxes: drop --track")
@@ -197,11 +197,6 @@ def crop_folder(crop_dir: Path, names: list[str], cls: float) -> Path:
     """crops/<class name>/, the name made safe (paths.safe_stem: no separator or unprintable character, no leading
     dot, at most 64 characters, the class index when nothing is left); always a folder inside ``crop_dir``."""
     return paths.derived_path(crop_dir, paths.safe_stem(class_name(names, cls), str(int(cls)), limit=64))
-
-
-def boxes_alone(contract: OutputContract) -> bool:
-    """Whether a model of ``contract`` predicts boxes alone (rows of boxes, no task columns, no other outputs)."""
-    return contract.rank == 3 and not contract.extra and len(contract.outputs) == 1
 
 
 def save_crops(image: np.ndarray, det: np.ndarray, names: list[str], crop_dir: Path, stem: str) -> None:
@@ -329,7 +324,7 @@ def detect_frame(model: InferenceModel, frame: Frame, opt: argparse.Namespace,
     det = postprocess(pred.float(), model.contract, opt.conf_thres, opt.iou_thres, opt.classes, opt.agnostic_nms,
                       max_det=opt.max_det)[0]
     boxes0 = scale_boxes(image.shape[2:], det[:, :4].clone(), frame.original.shape[:2], frame.ratio_pad)
-    extras = {} if boxes_alone(model.contract) else task_outputs(model).image(
+    extras = {} if model.contract.boxes_alone else task_outputs(model).image(
         det, others, 0, tuple(image.shape[2:]), boxes0, frame.original.shape[:2], frame.ratio_pad,
         native=opt.retina_masks)
     det = torch.cat((boxes0, det[:, 4:6]), 1)

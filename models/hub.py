@@ -135,7 +135,7 @@ class Detector(nn.Module):
         for i, (det, array, (_, ratio_pad)) in enumerate(zip(kept, arrays, fitted)):
             boxes0 = scale_boxes(shape, det[:, :4].clone(), array.shape[:2], ratio_pad=ratio_pad)
             for name, value in (outputs.image(det, others, i, shape, boxes0, array.shape[:2], ratio_pad)
-                                if others or self.contract.extra or self.contract.rank != 3 else {}).items():
+                                if not self.contract.boxes_alone else {}).items():
                 extras.setdefault(name, []).append(value)
             det[:, :4] = boxes0
         shapes = [a.shape[:2] for a in arrays]

@@ -129,7 +129,7 @@ def verify_float(file: Path, model: nn.Module, checks: list[torch.Tensor], toler
     contract = inference.contract
     several, extra = len(contract.outputs) > 1, bool(contract.extra or len(contract.outputs) > 1)
     task = get_task(contract.task)
-    boxes = contract.rank == 3  # rows of boxes (a classifier's rows hold its probabilities only)
+    boxes = contract.has_boxes
     worst = Verification(box_error=0.0, score_error=0.0, extra_error=0.0 if extra else None,
                          extra_noun=task.results_noun, boxes=boxes)
     with torch.no_grad():

@@ -82,9 +82,19 @@ class OutputContract:
         return 4 + (self.layout == "xywh_obj_cls") + self.nc + self.extra
 
     @property
+    def has_boxes(self) -> bool:
+        """Whether the rows are boxes (a classifier's ``probs`` rows are its class probabilities only)."""
+        return self.layout != "probs"
+
+    @property
+    def boxes_alone(self) -> bool:
+        """Whether the model predicts boxes alone (rows of boxes, no task columns, no other outputs)."""
+        return self.has_boxes and not self.extra and len(self.outputs) == 1
+
+    @property
     def rank(self) -> int:
         """The dimensions of the first output: (b, n, columns), or (b, columns) for ``probs``."""
-        return 2 if self.layout == "probs" else 3
+        return 3 if self.has_boxes else 2
 
     @property
     def outputs(self) -> tuple[str, ...]:

@@ -94,3 +94,13 @@ def test_a_classifier_contract_has_no_rows_and_its_task_post_processes(monkeypat
 def top_class(pred: torch.Tensor, contract: OutputContract, *args: object) -> list[int]:
     """A toy task's post-processing: each image's best class."""
     return pred.argmax(1).tolist()
+
+
+def test_which_contracts_hold_boxes_and_which_boxes_alone() -> None:
+    """detect.py, the hub model and export's verification ask the contract, not its layout or rank."""
+    detector, end_to_end = OutputContract("xywh_cls", 3), OutputContract("xyxy_score_cls", 3)
+    segmenter, pose = OutputContract("xywh_cls", 3, 32, "segment"), OutputContract("xywh_cls", 1, 51, "pose")
+    classifier = OutputContract("probs", 3, task="classify")
+    assert [c.has_boxes for c in (detector, end_to_end, segmenter, pose, classifier)] == [True] * 4 + [False]
+    assert [c.boxes_alone for c in (detector, end_to_end, segmenter, pose, classifier)] == [True, True] + [False] * 3
+    assert [c.rank for c in (detector, classifier)] == [3, 2]
